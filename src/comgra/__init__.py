@@ -1,0 +1,25 @@
+"""comgra: computation graph analysis for PyTorch.
+
+The conventional global recorder lives here, as in the original Comgra::
+
+    import comgra
+    from comgra.recorder import ComgraRecorder
+    comgra.my_recorder = ComgraRecorder(...)
+
+Importing comgra has no side effects and does not import torch.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from comgra.errors import ComgraError
+
+__version__ = "1.0.0.dev0"
+__all__ = ["ComgraError", "__version__", "my_recorder"]
+
+if TYPE_CHECKING:
+    from comgra.recorder import ComgraRecorder
+
+    my_recorder: ComgraRecorder
+else:
+    my_recorder: Any = None

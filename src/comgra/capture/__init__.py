@@ -1,0 +1,1 @@
+"""The torch side of recording: registration, autograd traversal, on-device statistics."""

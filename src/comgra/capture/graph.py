@@ -1,0 +1,159 @@
+"""The dependency graph of named tensors, found by walking the autograd graph.
+
+From each tensor registered in an iteration, the walk follows ``grad_fn``
+backwards and stops at the nearest registered tensors and tracked parameters;
+everything in between is left out. Manual connections
+(``add_tensor_connection``) are extra edges that the walk follows like
+autograd's own. The walk is iterative (deep recurrent graphs exceed Python's
+recursion limit) and memoised, so each autograd node is visited once.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Connections:
+    """Where the walk stops (registered tensors) and which extra edges it follows."""
+
+    by_grad_fn: dict[Any, Hashable] = field(default_factory=dict)  # grad_fn -> registration key
+    by_leaf: dict[int, Hashable] = field(default_factory=dict)  # id(leaf tensor) -> registration key
+    extra_by_grad_fn: dict[Any, list[Any]] = field(default_factory=dict)  # grad_fn -> sources
+    extra_by_leaf: dict[int, list[Any]] = field(default_factory=dict)  # id(leaf) -> sources
+
+    def add_manual(self, source: Any, sink: torch.Tensor) -> None:
+        """``source`` (a registration key or a tensor) feeds ``sink``."""
+        if sink.grad_fn is not None:
+            self.extra_by_grad_fn.setdefault(sink.grad_fn, []).append(source)
+        else:
+            self.extra_by_leaf.setdefault(id(sink), []).append(source)
+
+
+def dependencies(tensor: torch.Tensor, connections: Connections, memo: dict[Any, frozenset]) -> frozenset:
+    """The registration keys that ``tensor`` depends on directly (through unregistered ops only)."""
+    found: set = set()
+    for child in _children_of_tensor(tensor, connections):
+        found |= _resolve(child, connections, memo)
+    return frozenset(found)
+
+
+def _children_of_tensor(tensor: torch.Tensor, connections: Connections) -> list[Any]:
+    if tensor.grad_fn is None:
+        return list(connections.extra_by_leaf.get(id(tensor), ()))
+    return _children(tensor.grad_fn, connections)
+
+
+def _children(fn: Any, connections: Connections) -> list[Any]:
+    children: list[Any] = [nf for nf, _ in fn.next_functions if nf is not None]
+    children.extend(connections.extra_by_grad_fn.get(fn, ()))
+    variable = getattr(fn, "variable", None)  # AccumulateGrad of an unregistered leaf
+    if variable is not None:
+        children.extend(connections.extra_by_leaf.get(id(variable), ()))
+    return children
+
+
+def _terminal(item: Any, connections: Connections) -> frozenset | None:
+    """The keys an item stands for if the walk stops there, else None."""
+    if isinstance(item, torch.Tensor):
+        return None
+    if not hasattr(item, "next_functions"):
+        return frozenset([item])  # a registration key from a manual connection
+    key = connections.by_grad_fn.get(item)
+    if key is None:
+        variable = getattr(item, "variable", None)
+        key = None if variable is None else connections.by_leaf.get(id(variable))
+    return None if key is None else frozenset([key])
+
+
+def _resolve(start: Any, connections: Connections, memo: dict[Any, frozenset]) -> frozenset:
+    """Iterative post-order walk from ``start``; memo maps autograd nodes to their nearest keys."""
+    stack = [start]
+    while stack:
+        item = stack[-1]
+        node = _as_node(item)
+        if node in memo:
+            stack.pop()
+            continue
+        terminal = _terminal(item, connections)
+        if terminal is not None:
+            memo[node] = terminal
+            stack.pop()
+            continue
+        children = _children_of_item(item, connections)
+        pending = [c for c in children if _as_node(c) not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        memo[node] = frozenset().union(*(memo[_as_node(c)] for c in children))
+    return memo[_as_node(start)]
+
+
+def _as_node(item: Any) -> Any:
+    return ("tensor", id(item)) if isinstance(item, torch.Tensor) else item
+
+
+def _children_of_item(item: Any, connections: Connections) -> list[Any]:
+    if isinstance(item, torch.Tensor):  # an unregistered source tensor of a manual connection
+        key = connections.by_leaf.get(id(item)) if item.grad_fn is None else connections.by_grad_fn.get(item.grad_fn)
+        if key is not None:
+            return [key]
+        return _children_of_tensor(item, connections)
+    return _children(item, connections)
+
+
+# -- graph documents ----------------------------------------------------------------------------
+
+def layout(nodes: list[dict[str, Any]], edges: Iterable[tuple[str, str]]) -> None:
+    """Set ``column`` and ``row`` on each node: columns left to right by dependency.
+
+    A node's column is the length of the longest path reaching it. Parameters
+    move right, to just before their first consumer, and all parameters of one
+    visual group share a column.
+    """
+    incoming: dict[str, set[str]] = {n["id"]: set() for n in nodes}
+    outgoing: dict[str, set[str]] = {n["id"]: set() for n in nodes}
+    for source, target in edges:
+        if source != target:
+            incoming[target].add(source)
+            outgoing[source].add(target)
+    column = _longest_path_layers(incoming)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        if node["role"] == "parameter":
+            groups.setdefault(node.get("group", ""), []).append(node)
+    for members in groups.values():
+        consumers = [column[t] for m in members for t in outgoing[m["id"]]]
+        target_column = max(0, min(consumers) - 1) if consumers else 0
+        for m in members:
+            column[m["id"]] = target_column
+    rows: dict[int, int] = {}
+    order = {"parameter": 1}
+    for node in sorted(nodes, key=lambda n: (column[n["id"]], order.get(n["role"], 0), n.get("group", ""), n["id"])):
+        node["column"] = column[node["id"]]
+        node["row"] = rows.get(node["column"], 0)
+        rows[node["column"]] = node["row"] + 1
+
+
+def _longest_path_layers(incoming: dict[str, set[str]]) -> dict[str, int]:
+    layer: dict[str, int] = {}
+    remaining = dict(incoming)
+    while remaining:
+        ready = [n for n, deps in remaining.items() if all(d in layer for d in deps)]
+        if not ready:  # a cycle from manual connections: place the rest after what is known
+            ready = sorted(remaining)[:1]
+        for n in ready:
+            layer[n] = 1 + max((layer[d] for d in remaining[n] if d in layer), default=-1)
+            del remaining[n]
+    return layer
+
+
+def graph_hash(document: dict[str, Any]) -> str:
+    canonical = json.dumps({"nodes": document["nodes"], "edges": document["edges"]}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

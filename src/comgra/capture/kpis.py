@@ -1,0 +1,43 @@
+"""KPI points, buffered so that tensors reach the host in one transfer per flush, not one sync per call."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from comgra.errors import RecordingError
+from comgra.store import format as fmt
+
+
+@dataclass
+class KpiBuffer:
+    rows: list[tuple[str, str, str | None, int, Any]] = field(default_factory=list)
+
+    def add(self, group: str, name: str, type_of_execution: str | None, timepoint: int, value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise RecordingError(f"record_kpi_in_graph({group!r}, {name!r}, ...) got a tensor of shape "
+                                     f"{tuple(value.shape)}; pass a number or a one-element tensor, e.g. loss.mean().")
+            value = value.detach().reshape(())
+        elif not isinstance(value, (int, float)):
+            raise RecordingError(f"record_kpi_in_graph({group!r}, {name!r}, val={value!r}): val must be a number "
+                                 "or a one-element tensor.")
+        self.rows.append((str(group), str(name), type_of_execution, int(timepoint), value))
+
+    def set_type(self, type_of_execution: str | None) -> None:
+        """Dynamic recordings learn their type at the end of the step: fill it in for its points."""
+        self.rows = [(g, n, type_of_execution if t is None else t, p, v) for g, n, t, p, v in self.rows]
+
+    def take(self) -> pa.Table | None:
+        if not self.rows:
+            return None
+        rows, self.rows = self.rows, []
+        tensors = [v for *_, v in rows if isinstance(v, torch.Tensor)]
+        host = iter(torch.stack([t.float() for t in tensors]).cpu().tolist()) if tensors else iter(())
+        values = [next(host) if isinstance(v, torch.Tensor) else float(v) for *_, v in rows]
+        return pa.table({
+            "kpi_group": [r[0] for r in rows], "kpi_name": [r[1] for r in rows],
+            "type_of_execution": [r[2] or "" for r in rows], "timepoint": [r[3] for r in rows], "value": values,
+        }, schema=fmt.KPIS_SCHEMA)

@@ -1,0 +1,35 @@
+"""What a recorded step knows about each registered tensor."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+RECORDING_TYPES = ("neuron", "kpis", "kpis_and_svd", "single_value")
+TENSOR_TYPES = ("input", "target", "loss", "parameter", "calculated", "initial_value")
+
+
+@dataclass
+class Registration:
+    """One named tensor of one iteration. ``tensor`` is dropped once its values are summarised."""
+
+    tensor_name: str
+    iteration: int  # -1: parameters and initial values
+    node: str
+    role: str
+    tensor_type: str
+    recording_type: str
+    batch_dim: int | None  # None: no batch dimension
+    per_sample: bool
+    shape: tuple[int, ...]
+    tensor: torch.Tensor | None
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.iteration, self.tensor_name)
+
+    def batch_first(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (the tensor or its gradient) as (B, ...) or (1, ...) without a batch dimension."""
+        if self.batch_dim is None:
+            return value.reshape(1, -1)
+        return value.movedim(self.batch_dim, 0) if self.batch_dim else value

@@ -1,0 +1,272 @@
+"""A recorder's link to its trial on disk, and the step being recorded.
+
+Faults of comgra's own (a folder that cannot be written, a full disk, a bug
+in the capture code) are reported once with a warning and switch recording
+off; the training goes on.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from comgra.capture.kpis import KpiBuffer
+from comgra.capture.modules import ModuleTracker, parameter_nodes
+from comgra.capture.options import RecorderOptions
+from comgra.capture.registry import RECORDING_TYPES, Registration
+from comgra.capture.step import StepOptions, StepRecording
+from comgra.capture.summaries import SampleChoice
+from comgra.errors import RecordingError
+from comgra.objects import DecisionMakerForRecordings
+from comgra.store import format as fmt
+from comgra.store.writer import ChunkWriter
+
+
+class ComgraWarning(UserWarning):
+    """Something the user should know that does not stop the recording (or the training)."""
+
+
+@dataclass
+class Session:
+    options: RecorderOptions
+    directory: Path
+    writer: ChunkWriter | None
+    metadata: dict[str, Any]
+    broken: bool = False
+    step: StepRecording | None = None
+    per_sample_default: bool = True
+    graphs_written: set[str] = field(default_factory=set)
+    warned: set[str] = field(default_factory=set)
+    parameter_names: dict[str, tuple[str, str]] = field(default_factory=dict)
+    modules: ModuleTracker | None = None
+    notes_written: int = 0
+    closed: bool = False
+
+    @classmethod
+    def open(cls, options: RecorderOptions, version: str) -> Session:
+        directory = fmt.trial_dir(options.group_dir, options.trial_id)
+        metadata = {"format_version": fmt.FORMAT_VERSION, "trial_id": options.trial_id, "group": options.group,
+                    "created": time.time(), "comgra_version": version, "modules": [], "types_of_execution": [],
+                    "config": {"max_num_batch_size_to_record": options.max_samples,
+                               "max_num_neurons_to_record": options.max_neurons,
+                               "prefixes_for_grouping_module_parameters_visually": list(options.visual_prefixes),
+                               "prefixes_for_grouping_module_parameters_in_nodes": list(options.node_prefixes)}}
+        try:
+            _move_aside_earlier_trial(options.group_dir, directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            fmt.write_json_atomic(directory / fmt.TRIAL_META, metadata)
+            writer = ChunkWriter(directory, flush_seconds=options.flush_seconds)
+        except OSError as error:
+            session = cls(options, directory, None, metadata, broken=True)
+            _warn(f"comgra cannot write to {str(directory)!r} ({error}); recording is off, training goes on. "
+                  "Pass a writable comgra_root_path.")
+            return session
+        return cls(options, directory, writer, metadata)
+
+    # -- metadata, notes, KPIs ----------------------------------------------------------------
+    def set_modules(self, modules: ModuleTracker) -> None:
+        self.modules = modules
+        self.parameter_names = parameter_nodes(list(modules.parameters), list(self.options.visual_prefixes),
+                                               list(self.options.node_prefixes))
+        self.metadata["modules"] = modules.trees
+        self._put_json(fmt.TRIAL_META, self.metadata)
+
+    def add_note(self, note: str) -> None:
+        self.notes_written += 1
+        self._put_table("notes", pa.table({"seq": [self.notes_written], "wall_time": [time.time()], "note": [note]},
+                                          schema=fmt.NOTES_SCHEMA))
+
+    def flush_kpis(self, buffer: KpiBuffer, *, force: bool) -> None:
+        if force or len(buffer.rows) >= 256:
+            table = buffer.take()
+            if table is not None:
+                self._put_table("kpis", table)
+
+    # -- one training step ------------------------------------------------------------------
+    def start_step(self, training_step: int, batch_size: int, type_of_execution: str | None,
+                   modules: ModuleTracker, per_sample_default: bool) -> bool:
+        if self.broken:
+            return False
+        options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
+        self.step = StepRecording(training_step, batch_size, type_of_execution, options)
+        self.per_sample_default = per_sample_default
+        for name, parameter in modules.parameters.items():
+            node, _ = self.parameter_names[name]
+            self.step.register(Registration(name, -1, node, name, "parameter", "neuron", None, False,
+                                            tuple(parameter.shape), parameter), parameter)
+        return True
+
+    def register(self, tensor_name: str, tensor: torch.Tensor, *, index_of_batch_dimension: int | None,
+                 flags: dict[str, bool], recording_type: str | None, record_per_batch_index: bool | None,
+                 node_name: str | None, role_within_node: str | None) -> None:
+        step = self.step
+        assert step is not None
+        registration = _registration(step, tensor_name, tensor, index_of_batch_dimension, flags, recording_type,
+                                     self.per_sample_default if record_per_batch_index is None else record_per_batch_index,
+                                     node_name, role_within_node)
+        if tensor.is_floating_point() or tensor.is_complex():
+            if not tensor.requires_grad and tensor.grad_fn is None:
+                tensor.requires_grad_(True)  # so that its gradient can be recorded, as in the original
+        else:
+            self.warn_once(f"dtype:{tensor_name}",
+                           f"Tensor {tensor_name!r} has dtype {tensor.dtype}, which cannot carry gradients: its values "
+                           "are recorded, its gradients are not, and the graph cannot see what it feeds. Connect it with "
+                           f"comgra.my_recorder.add_tensor_connection({tensor_name!r}, <tensor computed from it>).")
+        registration.tensor = tensor
+        step.register(registration, tensor)
+
+    def finish_iteration(self) -> None:
+        step = self.step
+        assert step is not None
+        groups = {name: group for name, (_, group) in self.parameter_names.items()}
+        document, unconnected = step.finish_iteration(groups)
+        if document["hash"] not in self.graphs_written:
+            self.graphs_written.add(document["hash"])
+            self._put_json(f"graphs/{document['hash']}.json", document)
+        for name in unconnected:
+            self.warn_once(f"unconnected:{name}",
+                           f"Tensor {name!r} has no connection to any other registered tensor in iteration "
+                           f"{step.iteration} of step {step.training_step}. That is fine for a helper value; to draw "
+                           f"an edge, call comgra.my_recorder.add_tensor_connection(<source>, {name!r}).")
+
+    def decide(self, wanted: bool, type_of_execution: str | None, categories: list[Any]) -> bool:
+        step = self.step
+        assert step is not None
+        if len(categories) != step.batch_size:
+            raise RecordingError(f"category_per_sample has {len(categories)} entries but the batch has "
+                                 f"{step.batch_size} samples; give one category per sample.")
+        if not wanted:
+            step.close()
+            self.step = None
+            return False
+        step.type_of_execution = type_of_execution
+        step.choice = _balanced_choice([str(c) for c in categories], self.options.max_samples)
+        return True
+
+    def finish_step(self, policy: DecisionMakerForRecordings) -> None:
+        step = self.step
+        assert step is not None
+        try:
+            choice = getattr(step, "choice", None) or SampleChoice(
+                list(range(min(step.batch_size, step.batch_size if self.options.max_samples is None
+                               else self.options.max_samples))))
+            values, steps = step.to_tables(choice)
+            self._put_table("tensors", values)
+            self._put_table("steps", steps)
+            policy.mark_recording_on_this_step(step.training_step, step.type_of_execution)  # type: ignore[arg-type]
+        finally:
+            step.close()
+            self.step = None
+
+    def close(self, types_of_execution: list[str]) -> None:
+        if self.closed or self.writer is None:
+            return
+        self.closed = True
+        self.metadata["types_of_execution"] = types_of_execution
+        self._put_json(fmt.TRIAL_META, self.metadata)
+        self.writer.close()
+        self._check_writer()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _put_table(self, name: str, table: pa.Table) -> None:
+        if self.writer is not None and not self.broken and table.num_rows:
+            self.writer.put_table(name, table)
+            self._check_writer()
+
+    def _put_json(self, relative_path: str, document: dict[str, Any]) -> None:
+        if self.writer is not None and not self.broken:
+            self.writer.put_json(relative_path, document)
+            self._check_writer()
+
+    def _check_writer(self) -> None:
+        if self.writer is not None and self.writer.error is not None and not self.broken:
+            report_fault(self, self.writer.error)
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key not in self.warned:
+            self.warned.add(key)
+            _warn(message)
+
+
+def report_fault(session: Session, error: BaseException) -> None:
+    """Report a fault of comgra's own once and stop recording; the training goes on."""
+    if session.broken:
+        return
+    session.broken = True
+    if session.step is not None:
+        session.step.close()
+        session.step = None
+    _warn(f"comgra stopped recording trial {session.options.trial_id!r} after an internal error: "
+          f"{type(error).__name__}: {error}. Training goes on; steps flushed before this are readable "
+          f"in {str(session.directory)!r}.")
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ComgraWarning, stacklevel=4)
+
+
+def _move_aside_earlier_trial(group_dir: Path, directory: Path) -> None:
+    """The original deleted an existing trial folder; we keep it under GROUP/.replaced/."""
+    if directory.exists() and any(directory.iterdir()):
+        target = group_dir / ".replaced" / f"{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(directory), str(target))
+        print(f"comgra: an earlier recording of trial {directory.name!r} was moved to {str(target)!r}",
+              file=sys.stderr)
+
+
+def _registration(step: StepRecording, tensor_name: str, tensor: torch.Tensor, batch_dim: int | None,
+                  flags: dict[str, bool], recording_type: str | None, per_sample: bool,
+                  node_name: str | None, role_within_node: str | None) -> Registration:
+    if not isinstance(tensor, torch.Tensor):
+        raise RecordingError(f"register_tensor({tensor_name!r}, ...) needs a torch.Tensor, got {type(tensor).__name__}.")
+    if not isinstance(tensor_name, str) or not tensor_name or "*" in tensor_name:
+        raise RecordingError(f"tensor_name={tensor_name!r} must be a non-empty string without '*'.")
+    kinds = [k for k in ("is_input", "is_parameter", "is_target", "is_loss") if flags[k]]
+    if len(kinds) > 1:
+        raise RecordingError(f"register_tensor({tensor_name!r}) got {' and '.join(kinds)}; set at most one of "
+                             "is_input, is_parameter, is_target, is_loss.")
+    if recording_type is not None and recording_type not in RECORDING_TYPES:
+        raise RecordingError(f"register_tensor({tensor_name!r}, recording_type={recording_type!r}): unknown "
+                             f"recording_type; use one of {list(RECORDING_TYPES)} or None for the default.")
+    tensor_type = kinds[0][3:] if kinds else ("initial_value" if flags["is_initial_value"] else "calculated")
+    if tensor_type in ("loss", "parameter"):
+        recording_type, batch_dim = ("single_value" if tensor_type == "loss" else recording_type or "kpis"), None
+    if batch_dim is not None:
+        if not -tensor.dim() <= batch_dim < tensor.dim():
+            raise RecordingError(f"register_tensor({tensor_name!r}): index_of_batch_dimension={batch_dim} does not "
+                                 f"exist in shape {tuple(tensor.shape)}; pass index_of_batch_dimension=None for a tensor "
+                                 "without a batch dimension.")
+        batch_dim %= tensor.dim()
+        if tensor.shape[batch_dim] != step.batch_size:
+            raise RecordingError(f"register_tensor({tensor_name!r}): dimension {batch_dim} of shape "
+                                 f"{tuple(tensor.shape)} is {tensor.shape[batch_dim]}, but start_batch() was given "
+                                 f"current_batch_size={step.batch_size}. Pass the right index_of_batch_dimension, or None "
+                                 "if the tensor has no batch dimension.")
+    iteration = -1 if flags["is_initial_value"] else step.iteration
+    return Registration(tensor_name, iteration, node_name or tensor_name, role_within_node or tensor_name, tensor_type,
+                        recording_type or "neuron", batch_dim, per_sample, tuple(tensor.shape), None)
+
+
+def _balanced_choice(categories: list[str], limit: int | None) -> SampleChoice:
+    """Up to ``limit`` samples, taken round-robin over the categories, sorted by (category, index)."""
+    by_category: dict[str, list[int]] = {}
+    for index, category in enumerate(categories):
+        by_category.setdefault(category, []).append(index)
+    limit = len(categories) if limit is None else min(limit, len(categories))
+    chosen: list[tuple[str, int]] = []
+    queues = {c: list(v) for c, v in sorted(by_category.items())}
+    while len(chosen) < limit:
+        for category, indices in queues.items():
+            if indices and len(chosen) < limit:
+                chosen.append((category, indices.pop(0)))
+    chosen.sort()
+    return SampleChoice([i for _, i in chosen], [c for c, _ in chosen])

@@ -1,0 +1,238 @@
+"""One recorded training step: registrations, graphs per iteration, gradients.
+
+Everything here lives only between ``start_batch`` and ``finish_batch``;
+``close`` removes the gradient hooks and drops every tensor reference, so the
+recorder keeps nothing alive after a step.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from comgra.capture import graph as graphs
+from comgra.capture.registry import Registration
+from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table
+from comgra.errors import RecordingError, did_you_mean
+from comgra.store import format as fmt
+
+
+@dataclass
+class StepOptions:
+    max_neurons: int
+    with_svd: bool
+    max_samples: int | None
+
+
+@dataclass
+class StepRecording:
+    training_step: int
+    batch_size: int
+    type_of_execution: str | None
+    options: StepOptions
+    iteration: int = -1
+    registrations: dict[tuple[int, str], Registration] = field(default_factory=dict)
+    latest_by_name: dict[str, tuple[int, str]] = field(default_factory=dict)
+    connections: graphs.Connections = field(default_factory=graphs.Connections)
+    graph_documents: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=lambda: [fmt.FORWARD])
+    choice: SampleChoice | None = None
+    keep_alive: list[torch.Tensor] = field(default_factory=list)
+    _grads: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    _hooks: list[Any] = field(default_factory=list)
+    _pending_forward: list[Registration] = field(default_factory=list)
+
+    # -- registration -----------------------------------------------------------------------
+    def register(self, registration: Registration, tensor: torch.Tensor) -> None:
+        key = registration.key
+        if key in self.registrations:
+            raise RecordingError(
+                f"Tensor {registration.tensor_name!r} is registered twice in iteration {registration.iteration} "
+                f"of training step {self.training_step}. Give each tensor of an iteration its own name, or use "
+                "node_name=... with a distinct role_within_node=... to group several tensors in one node.")
+        for other in self.registrations.values():
+            if (other.iteration, other.node, other.role) == (registration.iteration, registration.node, registration.role):
+                raise RecordingError(
+                    f"Node {registration.node!r} already has a tensor with role {registration.role!r} in iteration "
+                    f"{registration.iteration} ({other.tensor_name!r}); pass a distinct role_within_node=...")
+        self.registrations[key] = registration
+        self.latest_by_name[registration.tensor_name] = key
+        self._pending_forward.append(registration)
+        if tensor.grad_fn is not None:
+            self.connections.by_grad_fn.setdefault(tensor.grad_fn, key)
+        else:
+            self.connections.by_leaf.setdefault(id(tensor), key)
+        if tensor.requires_grad and registration.tensor_type != "parameter":
+            self._hooks.append(tensor.register_hook(self._gradient_hook(key)))
+
+    def _gradient_hook(self, key: tuple[int, str]) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            previous = self._grads.get(key)
+            self._grads[key] = grad.detach() if previous is None else previous + grad.detach()
+        return hook
+
+    def resolve(self, item: Any, argument: str) -> Any:
+        """A registered name or a tensor, as a registration key or the tensor itself."""
+        if isinstance(item, str):
+            if item not in self.latest_by_name:
+                raise RecordingError(f"{argument}={item!r} is not a registered tensor name in training step "
+                                     f"{self.training_step}" + did_you_mean(item, self.latest_by_name))
+            return self.latest_by_name[item]
+        if not isinstance(item, torch.Tensor):
+            raise RecordingError(f"{argument} must be a tensor or a registered tensor name, got {type(item).__name__}.")
+        key = self.connections.by_grad_fn.get(item.grad_fn) if item.grad_fn is not None else \
+            self.connections.by_leaf.get(id(item))
+        return key if key is not None else item
+
+    def connect(self, source: Any, sink: Any) -> None:
+        source_key = self.resolve(source, "src")
+        sink_item = self.resolve(sink, "sink")
+        if isinstance(sink_item, torch.Tensor):
+            self.keep_alive.append(sink_item)
+            self.connections.add_manual(source_key, sink_item)
+        else:
+            self.connections.add_manual(source_key, self._tensor_of(sink_item))
+        if isinstance(source_key, torch.Tensor):
+            self.keep_alive.append(source_key)
+
+    def _tensor_of(self, key: tuple[int, str]) -> torch.Tensor:
+        tensor = self.registrations[key].tensor
+        if tensor is None:
+            raise RecordingError(f"Tensor {key[1]!r} of iteration {key[0]} was already summarised; add connections "
+                                 "to it before finish_iteration() of its iteration.")
+        return tensor
+
+    # -- iteration and batch ends -------------------------------------------------------------
+    def start_iteration(self) -> None:
+        """Summarise what came before the forward pass (parameters, initial values) while it is unchanged."""
+        self._summarize_pending()
+        self.iteration += 1
+
+    def finish_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+        """Walk the autograd graph of this iteration; summarise its forward values on the device."""
+        document, unconnected = self._graph_of_iteration(groups_of_parameters)
+        self.graph_documents.append(document)
+        self._summarize_pending()
+        return document, unconnected
+
+    def _summarize_pending(self) -> None:
+        pending, self._pending_forward = self._pending_forward, []
+        items = [(r, r.tensor) for r in pending if r.tensor is not None]
+        if items:
+            self.blocks += summarize_values(fmt.FORWARD, items, max_neurons=self.options.max_neurons,
+                                            with_svd=self.options.with_svd)
+
+    def record_gradients(self, kind: str, zero_non_parameters: bool) -> None:
+        if kind not in self.kinds:
+            self.kinds.append(kind)
+        items = []
+        for key, registration in self.registrations.items():
+            if registration.tensor_type == "parameter":
+                grad = registration.tensor.grad if registration.tensor is not None else None
+            else:
+                grad = self._grads.get(key)
+            if grad is not None:
+                items.append((registration, grad))
+        if items:
+            self.blocks += summarize_values(kind, items, max_neurons=self.options.max_neurons,
+                                            with_svd=self.options.with_svd)
+        if zero_non_parameters:
+            self._grads.clear()
+
+    def to_tables(self, choice: SampleChoice, now: float | None = None) -> tuple[pa.Table, pa.Table]:
+        """The tensors rows and the steps rows of this step (one host transfer)."""
+        self._summarize_pending()
+        values = to_table(self.training_step, self.blocks, choice)
+        rows = [{
+            "training_step": self.training_step, "type_of_execution": self.type_of_execution,
+            "iteration": i, "graph": document["hash"], "batch_size": self.batch_size,
+            "kinds": list(self.kinds), "samples": list(choice.indices), "categories": choice.categories,
+            "wall_time": now if now is not None else time.time(),
+        } for i, document in enumerate(self.graph_documents)]
+        return values, pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA)
+
+    def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        self._grads.clear()
+        self.keep_alive.clear()
+        for registration in self.registrations.values():
+            registration.tensor = None
+        self.connections = graphs.Connections()
+        self.blocks.clear()
+
+    # -- the graph of one iteration -----------------------------------------------------------
+    def _graph_of_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+        memo: dict[Any, frozenset] = {}
+        targets = [r for r in self.registrations.values() if r.iteration == self.iteration]
+        edges: set[tuple[Hashable, Hashable]] = set()
+        for registration in targets:
+            tensor = registration.tensor
+            if tensor is None:
+                continue
+            owner = self.connections.by_grad_fn.get(tensor.grad_fn) if tensor.grad_fn is not None else None
+            if owner is not None and owner != registration.key:  # the same tensor under a second name
+                sources: frozenset = frozenset([owner])
+            else:
+                sources = graphs.dependencies(tensor, self.connections, memo)
+            edges |= {(source, registration.key) for source in sources if source != registration.key}
+        return self._document(targets, edges, groups_of_parameters)
+
+    def _document(self, targets: list[Registration], edges: set[tuple[Hashable, Hashable]],
+                  groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+        keys = {r.key for r in targets} | {k for edge in edges for k in edge}
+        nodes: dict[str, dict[str, Any]] = {}
+        for key in sorted(keys, key=lambda k: (k[0], k[1])):
+            registration = self.registrations[key]
+            node_id = self._node_id(registration)
+            node = nodes.setdefault(node_id, _node_entry(node_id, registration, self.iteration, groups_of_parameters))
+            if registration.role not in node["roles"]:
+                node["roles"].append(registration.role)
+        edge_rows = sorted({(self._node_id(self.registrations[s]), self.registrations[s].role,
+                             self._node_id(self.registrations[t]), self.registrations[t].role) for s, t in edges})
+        loss_nodes = {n["id"] for n in nodes.values() if n["role"] == "loss"}
+        for source, _, target, _ in edge_rows:
+            if target in loss_nodes and nodes[source]["role"] == "intermediate":
+                nodes[source]["role"] = "output"
+        node_list = list(nodes.values())
+        graphs.layout(node_list, [(e[0], e[2]) for e in edge_rows])
+        document = {
+            "format_version": fmt.FORMAT_VERSION,
+            "nodes": node_list,
+            "edges": [dict(zip(("source", "source_role", "target", "target_role"), e)) for e in edge_rows],
+        }
+        document["hash"] = graphs.graph_hash(document)
+        touched = {e[0] for e in edge_rows} | {e[2] for e in edge_rows}
+        unconnected = [r.tensor_name for r in targets if self._node_id(r) not in touched]
+        return document, unconnected
+
+    def _node_id(self, registration: Registration) -> str:
+        if registration.iteration < 0 or registration.iteration == self.iteration:
+            return registration.node
+        back = self.iteration - registration.iteration
+        return f"{registration.node}*old" + ("" if back == 1 else str(back))
+
+
+_ROLE_OF_TYPE = {"calculated": "intermediate"}
+
+
+def _node_entry(node_id: str, registration: Registration, iteration: int,
+                groups_of_parameters: dict[str, str]) -> dict[str, Any]:
+    absolute = registration.iteration < 0
+    return {
+        "id": node_id,
+        "node": registration.node,
+        "role": _ROLE_OF_TYPE.get(registration.tensor_type, registration.tensor_type),
+        "tensor_type": registration.tensor_type,
+        "roles": [],
+        "has_batch": registration.batch_dim is not None,
+        "iteration_offset": 0 if absolute else registration.iteration - iteration,
+        "absolute_iteration": -1 if absolute else None,
+        "group": groups_of_parameters.get(registration.tensor_name, ""),
+    }

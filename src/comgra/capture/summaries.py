@@ -1,0 +1,135 @@
+"""From registered tensors to rows of the ``tensors`` table, with one host transfer per step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from comgra.capture.registry import Registration
+from comgra.capture.stats import Summary, batch_aggregates, largest_singular_value, summarize
+from comgra.store import format as fmt
+
+
+@dataclass
+class Block:
+    """Statistics of several tensors of one kind that share a batch size, still on the device."""
+
+    kind: str  # "forward" or a gradient group
+    registrations: list[Registration]
+    summary: Summary
+    has_batch: bool
+    svd: torch.Tensor | None  # (S,) NaN where not computed
+
+
+def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], *,
+                     max_neurons: int, with_svd: bool) -> list[Block]:
+    """Group by (device, batch size) and summarise each group in a few kernels."""
+    groups: dict[tuple[str, int | None], list[tuple[Registration, torch.Tensor]]] = {}
+    for registration, value in items:
+        batched = registration.batch_first(value)
+        size = batched.shape[0] if registration.batch_dim is not None else None
+        groups.setdefault((str(batched.device), size), []).append((registration, batched))
+    blocks = []
+    for (_, size), members in groups.items():
+        registrations = [r for r, _ in members]
+        summary = summarize([v for _, v in members], batch_size=members[0][1].shape[0],
+                            max_neurons=[0 if r.recording_type in ("kpis", "kpis_and_svd") else max_neurons
+                                         for r in registrations])
+        blocks.append(Block(kind, registrations, summary, size is not None, _svd(members, with_svd)))
+    return blocks
+
+
+def _svd(members: list[tuple[Registration, torch.Tensor]], with_svd: bool) -> torch.Tensor | None:
+    wanted = [(i, r) for i, (r, _) in enumerate(members)
+              if r.batch_dim is None and len(r.shape) == 2
+              and ((with_svd and r.tensor_type == "parameter") or r.recording_type == "kpis_and_svd")]
+    if not wanted:
+        return None
+    device = members[0][1].device
+    values = torch.full((len(members),), float("nan"), device=device)
+    for i, registration in wanted:
+        values[i] = largest_singular_value(members[i][1].reshape(registration.shape))
+    return values
+
+
+@dataclass
+class SampleChoice:
+    """Which samples of the batch get rows of their own, and their categories."""
+
+    indices: list[int]
+    categories: list[str] | None = None
+
+
+def to_table(training_step: int, blocks: list[Block], choice: SampleChoice) -> pa.Table:
+    """Move every block to the host in one transfer and build the rows."""
+    if not blocks:
+        return pa.table({})
+    parts, shapes = [], []
+    for block in blocks:
+        for tensor in _block_parts(block, choice):
+            parts.append(tensor.reshape(-1))
+            shapes.append(tensor.shape)
+    flat = torch.cat(parts).cpu().numpy()
+    arrays, offset = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape))
+        arrays.append(flat[offset:offset + size].reshape(shape))
+        offset += size
+    tables, position = [], 0
+    for block in blocks:
+        stats, neurons = arrays[position], arrays[position + 1]
+        svd = arrays[position + 2] if block.svd is not None else None
+        position += 2 if svd is None else 3
+        tables.append(_rows(training_step, block, choice, stats, neurons, svd))
+    return pa.concat_tables(tables)
+
+
+def _block_parts(block: Block, choice: SampleChoice) -> list[torch.Tensor]:
+    per_sample, neurons = block.summary.per_sample, block.summary.neurons
+    if block.has_batch:
+        index = torch.tensor(choice.indices, dtype=torch.long, device=per_sample.device)
+        per_sample = torch.cat([batch_aggregates(per_sample), per_sample.index_select(0, index)])
+        neurons = torch.cat([batch_aggregates(neurons), neurons.index_select(0, index)])
+    parts = [per_sample, neurons]
+    if block.svd is not None:
+        parts.append(block.svd)
+    return parts
+
+
+def _rows(training_step: int, block: Block, choice: SampleChoice, stats: np.ndarray,
+          neurons: np.ndarray, svd: np.ndarray | None) -> pa.Table:
+    regs = block.registrations
+    n_rows, n_tensors = stats.shape[0], len(regs)
+    if block.has_batch:
+        aggregation = ["mean", "std", "abs_max"] + ["sample"] * len(choice.indices)
+        sample = [-1, -1, -1] + list(choice.indices)
+        category = [None] * 3 + (list(choice.categories) if choice.categories else [None] * len(choice.indices))
+    else:
+        aggregation, sample, category = ["none"], [-1], [None]
+    kept = np.array([b - a for a, b in block.summary.neuron_slices], dtype=np.int32)
+    offsets = np.concatenate([[0], np.cumsum(np.tile(kept, n_rows))]).astype(np.int32)
+    columns = {
+        "training_step": np.full(n_rows * n_tensors, training_step, dtype=np.int64),
+        "kind": [block.kind] * (n_rows * n_tensors),
+        "iteration": np.tile([r.iteration for r in regs], n_rows).astype(np.int32),
+        "node": [r.node for r in regs] * n_rows,
+        "role": [r.role for r in regs] * n_rows,
+        "tensor_name": [r.tensor_name for r in regs] * n_rows,
+        "tensor_type": [r.tensor_type for r in regs] * n_rows,
+        "aggregation": np.repeat(aggregation, n_tensors).tolist(),
+        "sample": np.repeat(sample, n_tensors).astype(np.int32),
+        "category": [c for c in category for _ in range(n_tensors)],
+        "shape": [list(r.shape) for r in regs] * n_rows,
+    }
+    flat_stats = stats.reshape(n_rows * n_tensors, -1)
+    for i, name in enumerate(("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")):
+        columns[name] = flat_stats[:, i].astype(np.float32)
+    columns["svd_max"] = (np.tile(svd, n_rows).astype(np.float32) if svd is not None
+                          else np.full(n_rows * n_tensors, np.nan, dtype=np.float32))
+    columns["num_neurons"] = np.tile(block.summary.sizes, n_rows).astype(np.int64)
+    columns["neurons"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(neurons.reshape(-1), pa.float32()))
+    table = pa.table(columns, schema=fmt.TENSORS_SCHEMA)
+    keep = np.array([a != "sample" or r.per_sample for a in aggregation for r in regs])
+    return table if keep.all() else table.filter(pa.array(keep))

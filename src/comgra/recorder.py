@@ -1,0 +1,308 @@
+"""ComgraRecorder: the Comgra-compatible recording API.
+
+Thin by design: it checks the call order and the arguments, and delegates
+to ``capture`` (the torch side) and ``store`` (the files). On a step that is
+not recorded every call returns after a flag check.
+
+    >>> import comgra
+    >>> from comgra.recorder import ComgraRecorder
+    >>> from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
+    >>> comgra.my_recorder = ComgraRecorder("/tmp/comgra", "my_group", "trial_1",
+    ...     DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=10))  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import atexit
+import re
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from comgra import __version__
+from comgra.capture import kpis as kpi_buffer
+from comgra.capture.options import RecorderOptions
+from comgra.capture.session import Session, report_fault
+from comgra.capture.modules import ModuleTracker
+from comgra.errors import ConfigError, RecordingError
+from comgra.objects import DecisionMakerForRecordings
+
+_TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9\-_]+$")
+_STAGES_FOR = {
+    "start_iteration": ("started", "after_iteration"),
+    "finish_iteration": ("forward",),
+    "finish_batch": ("started", "after_iteration"),
+    "decide_recording_of_batch": ("started", "after_iteration"),
+}
+
+
+class ComgraRecorder:
+    """Records named tensors, their gradients and the tracked parameters on the steps a policy picks.
+
+    The arguments are those of the original Comgra 0.11.5.
+    ``max_num_mappings_to_save_at_once_during_serialization`` and ``type_of_serialization`` are
+    accepted and have no effect (comgra always writes Parquet). ``max_num_neurons_to_record``
+    (ours) caps how many values of each tensor are kept per sample.
+    """
+
+    def __init__(
+        self,
+        comgra_root_path: str | Path,
+        group: str,
+        trial_id: str,
+        decision_maker_for_recordings: DecisionMakerForRecordings,
+        max_num_batch_size_to_record: int | None = None,
+        prefixes_for_grouping_module_parameters_visually: list[str] | None = None,
+        prefixes_for_grouping_module_parameters_in_nodes: list[str] | None = None,
+        comgra_is_active: bool = True,
+        max_num_mappings_to_save_at_once_during_serialization: int = 10000,
+        type_of_serialization: str = "msgpack",
+        calculate_svd_and_other_expensive_operations_of_parameters: bool = True,
+        *,
+        max_num_neurons_to_record: int = 256,
+        flush_seconds: float = 2.0,
+    ):
+        self.options = RecorderOptions.create(
+            root=comgra_root_path, group=group, trial_id=trial_id, policy=decision_maker_for_recordings,
+            max_samples=max_num_batch_size_to_record,
+            visual_prefixes=prefixes_for_grouping_module_parameters_visually,
+            node_prefixes=prefixes_for_grouping_module_parameters_in_nodes,
+            active=comgra_is_active, with_svd=calculate_svd_and_other_expensive_operations_of_parameters,
+            max_neurons=max_num_neurons_to_record, flush_seconds=flush_seconds,
+        )
+        self.comgra_is_active = comgra_is_active
+        self.decision_maker_for_recordings = decision_maker_for_recordings
+        self.modules = ModuleTracker()
+        self.current_stage = "inactive"
+        self.training_step: int | None = None
+        self.type_of_execution: str | None = None
+        self._recording = False
+        self._dynamic = False
+        self._all_types_declared = False
+        self._types_seen: set[str] = set()
+        self._kpis = kpi_buffer.KpiBuffer()
+        self.session: Session | None = None
+        if comgra_is_active:
+            self.session = Session.open(self.options, __version__)
+            atexit.register(_finalize_quietly, weakref.ref(self))
+
+    # -- setup ---------------------------------------------------------------------------------
+    def track_module(self, module_name: str, module: torch.nn.Module) -> None:
+        """Track the parameters of ``module`` and its submodules under ``module_name``."""
+        if self.current_stage != "inactive":
+            raise RecordingError(f"track_module({module_name!r}, ...) was called inside training step "
+                                 f"{self.training_step}; track modules before the first start_batch().")
+        self.modules.track(module_name, module)
+        if self.session is not None:
+            self.session.set_modules(self.modules)
+
+    def get_name_of_module(self, module: torch.nn.Module) -> str:
+        return self.modules.name_of(module)
+
+    def add_note(self, note: Any) -> None:
+        """Log a line for the Notes tab, whether or not the step is recorded."""
+        if self.session is not None:
+            self.session.add_note(str(note))
+
+    def recording_is_active(self) -> bool:
+        return self._recording
+
+    def declare_that_all_different_types_of_execution_have_been_encountered(self) -> None:
+        self._all_types_declared = True
+
+    # -- training steps ---------------------------------------------------------------------------
+    def start_batch(self, training_step: int, current_batch_size: int,
+                    type_of_execution: str | None = "main_execution_type",
+                    record_all_tensors_per_batch_index_by_default: bool = True,
+                    override__recording_is_active: bool | None = None) -> None:
+        if not self.comgra_is_active:
+            return
+        if self.current_stage != "inactive":
+            raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
+                                 "is still open; call finish_batch() at the end of each training step.")
+        if self.training_step is not None and training_step <= self.training_step:
+            raise RecordingError(f"training_step={training_step} does not increase (the previous step was "
+                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call.")
+        if type_of_execution is not None:
+            _check_type(type_of_execution)
+            self._types_seen.add(type_of_execution)
+        self.training_step, self.type_of_execution = training_step, type_of_execution
+        self.current_stage = "started"
+        self._dynamic = type_of_execution is None
+        self._recording = self._decide(training_step, type_of_execution, override__recording_is_active)
+        if self._recording and self.session is not None:
+            self._recording = self.session.start_step(
+                training_step, current_batch_size, type_of_execution, self.modules,
+                record_all_tensors_per_batch_index_by_default)
+
+    def _decide(self, step: int, type_of_execution: str | None, override: bool | None) -> bool:
+        if self.session is None or self.session.broken:
+            return False
+        if override is not None:
+            return bool(override)
+        policy = self.decision_maker_for_recordings
+        if type_of_execution is None:
+            return not self._all_types_declared or any(policy.is_record_on_this_step(step, t) for t in self._types_seen)
+        return policy.is_record_on_this_step(step, type_of_execution)
+
+    def start_iteration(self) -> None:
+        if not self.comgra_is_active:
+            return
+        self._check_stage("start_iteration")
+        self.current_stage = "forward"
+        if self._recording:
+            self._guarded(lambda session: session.step.start_iteration())
+
+    def register_tensor(self, tensor_name: str, tensor: torch.Tensor, index_of_batch_dimension: int | None = 0,
+                        is_input: bool = False, is_parameter: bool = False, is_target: bool = False,
+                        is_loss: bool = False, recording_type: str | None = None,
+                        record_per_batch_index: bool | None = None, node_name: str | None = None,
+                        role_within_node: str | None = None, is_initial_value: bool = False) -> None:
+        """Name a tensor of the current iteration (or, with ``is_initial_value``, of none yet)."""
+        if not self.comgra_is_active:
+            return
+        expected = ("started",) if is_initial_value else ("forward",)
+        if self.current_stage not in expected:
+            where = "between start_batch() and the first start_iteration()" if is_initial_value else \
+                "between start_iteration() and finish_iteration()"
+            raise RecordingError(f"register_tensor({tensor_name!r}) was called {_stage_text(self.current_stage)}; "
+                                 f"call it {where}.")
+        if self._recording:
+            self.session.register(  # type: ignore[union-attr]
+                tensor_name, tensor, index_of_batch_dimension=index_of_batch_dimension,
+                flags=dict(is_input=is_input, is_parameter=is_parameter, is_target=is_target, is_loss=is_loss,
+                           is_initial_value=is_initial_value),
+                recording_type=recording_type, record_per_batch_index=record_per_batch_index,
+                node_name=node_name, role_within_node=role_within_node)
+
+    def add_tensor_connection(self, src: torch.Tensor | str, sink: torch.Tensor | str) -> None:
+        """Draw an edge the autograd graph does not show (after detach(), or through integer tensors)."""
+        if self._recording:
+            self.session.step.connect(src, sink)  # type: ignore[union-attr]
+
+    def detach_while_keeping_connection(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor.detach()``, still connected to ``tensor`` in the dependency graph."""
+        result = tensor.detach()
+        if self._recording:
+            if result.is_floating_point():
+                result.requires_grad_(True)
+            self.session.step.connect(tensor, result)  # type: ignore[union-attr]
+        return result
+
+    def record_current_gradients(self, name_of_loss_group: str,
+                                 set_gradients_to_zero_if_not_a_parameter: bool = False) -> None:
+        """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group``."""
+        if not self._recording:
+            return
+        if name_of_loss_group == "forward" or not _TYPE_PATTERN.match(str(name_of_loss_group)):
+            raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
+                                 "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
+        self._guarded(lambda session: session.step.record_gradients(
+            name_of_loss_group, set_gradients_to_zero_if_not_a_parameter))
+
+    def finish_iteration(self) -> None:
+        if not self.comgra_is_active:
+            return
+        self._check_stage("finish_iteration")
+        self.current_stage = "after_iteration"
+        if self._recording:
+            self._guarded(lambda session: session.finish_iteration())
+
+    def decide_recording_of_batch(self, type_of_execution: str | None, category_per_sample: list[Any]) -> None:
+        """For dynamic recordings (``start_batch(..., type_of_execution=None)``): decide at the end."""
+        if not self.comgra_is_active:
+            return
+        self._check_stage("decide_recording_of_batch")
+        if not self._dynamic:
+            if type_of_execution != self.type_of_execution:
+                raise RecordingError(f"decide_recording_of_batch({type_of_execution!r}) disagrees with start_batch("
+                                     f"type_of_execution={self.type_of_execution!r}); pass None to start_batch to decide late.")
+            return
+        self._dynamic = False
+        if type_of_execution is not None:
+            _check_type(type_of_execution)
+            if self._all_types_declared and type_of_execution not in self._types_seen:
+                raise RecordingError(f"type_of_execution={type_of_execution!r} appeared after "
+                                     "declare_that_all_different_types_of_execution_have_been_encountered(); "
+                                     f"known types: {sorted(self._types_seen)}.")
+            self._types_seen.add(type_of_execution)
+        self.type_of_execution = type_of_execution
+        self._kpis.set_type(type_of_execution)
+        wanted = type_of_execution is not None and self.decision_maker_for_recordings.is_record_on_this_step(
+            self.training_step, type_of_execution)  # type: ignore[arg-type]
+        if self._recording:
+            self._recording = self.session.decide(wanted, type_of_execution, list(category_per_sample))  # type: ignore[union-attr]
+
+    def finish_batch(self) -> None:
+        if not self.comgra_is_active:
+            return
+        self._check_stage("finish_batch")
+        if self._dynamic:
+            raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
+                                 "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
+        self.current_stage = "inactive"
+        if self._recording:
+            self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
+        self._recording = False
+        if self.session is not None:
+            self.session.flush_kpis(self._kpis, force=False)
+
+    def finalize(self) -> None:
+        """Write everything still buffered. Safe to call more than once."""
+        if self.session is not None:
+            self.session.flush_kpis(self._kpis, force=True)
+            self.session.close(sorted(self._types_seen))
+
+    # -- KPIs -----------------------------------------------------------------------------------
+    def record_kpi_in_graph(self, kpi_group: str, kpi_name: str, val: Any, timepoint: int | None = None,
+                            record_even_if_recording_is_inactive: bool = False) -> None:
+        """A scalar for the Graphs tab. Tensors are moved to the host in batches, not one by one."""
+        if self.session is None or not (self._recording or record_even_if_recording_is_inactive):
+            return
+        point = self.training_step if timepoint is None else timepoint
+        if point is None:
+            raise RecordingError(f"record_kpi_in_graph({kpi_group!r}, {kpi_name!r}, ...) outside a training step "
+                                 "needs timepoint=...")
+        self._kpis.add(kpi_group, kpi_name, self.type_of_execution, point, val)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _check_stage(self, call: str) -> None:
+        if self.current_stage not in _STAGES_FOR[call]:
+            raise RecordingError(f"{call}() was called {_stage_text(self.current_stage)}; the order is start_batch(), "
+                                 "then per iteration start_iteration() ... finish_iteration(), then finish_batch().")
+
+    def _guarded(self, action: Any) -> None:
+        """Run a recording action; a fault of comgra's own stops recording, never the training."""
+        try:
+            action(self.session)
+        except RecordingError:
+            raise
+        except Exception as error:  # noqa: BLE001
+            report_fault(self.session, error)  # type: ignore[arg-type]
+            self._recording = False
+
+
+def _check_type(type_of_execution: str) -> None:
+    if (not isinstance(type_of_execution, str) or not _TYPE_PATTERN.match(type_of_execution)
+            or type_of_execution == "any_value" or type_of_execution.startswith("__")):
+        raise ConfigError(f"type_of_execution={type_of_execution!r} is not usable; use letters, digits, '-' and '_' "
+                          "(not starting with '__', not 'any_value'), e.g. '05_iterations'.")
+
+
+def _stage_text(stage: str) -> str:
+    return {
+        "inactive": "outside a training step (before start_batch() or after finish_batch())",
+        "started": "after start_batch() but before start_iteration()",
+        "forward": "inside an iteration (after start_iteration(), before finish_iteration())",
+        "after_iteration": "after finish_iteration() but before the next start_iteration() or finish_batch()",
+    }[stage]
+
+
+def _finalize_quietly(reference: weakref.ref) -> None:
+    recorder = reference()
+    if recorder is not None:
+        try:
+            recorder.finalize()
+        except Exception:  # noqa: BLE001 - at interpreter exit there is no one left to tell
+            pass
