@@ -55,25 +55,27 @@ def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list
 
 
 def _segment_statistics(values: torch.Tensor, segment: torch.Tensor, n: int, count: torch.Tensor) -> torch.Tensor:
-    rows = values.shape[0]
+    """Per-segment reductions along dim 0 of the transposed values, (sum of D, B): contiguous rows
+    make ``index_add_`` about ten times faster on the CPU than reducing along dim 1."""
+    columns = values.T.contiguous()
+    rows = columns.shape[1]
+    count = count[:, None]
 
     def segment_sum(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(rows, n, device=values.device, dtype=x.dtype).index_add_(1, segment, x)
+        return torch.zeros(n, rows, device=x.device, dtype=x.dtype).index_add_(0, segment, x)
 
-    def segment_reduce(x: torch.Tensor, how: str, fill: float) -> torch.Tensor:
-        out = torch.full((rows, n), fill, device=values.device, dtype=x.dtype)
-        return out.scatter_reduce_(1, segment.expand(rows, -1), x, reduce=how, include_self=False)
+    def segment_reduce(x: torch.Tensor, how: str) -> torch.Tensor:
+        out = torch.full((n, rows), float("nan"), device=x.device, dtype=x.dtype)
+        return out.scatter_reduce_(0, segment[:, None].expand(-1, rows), x, reduce=how, include_self=False)
 
-    mean = segment_sum(values) / count
-    abs_values = values.abs()
-    abs_mean = segment_sum(abs_values) / count
-    std = (segment_sum((values - mean[:, segment]) ** 2) / count).sqrt()  # population std: no NaN for size 1
-    minimum = segment_reduce(values, "amin", float("nan"))
-    maximum = segment_reduce(values, "amax", float("nan"))
-    abs_max = segment_reduce(abs_values, "amax", float("nan"))
-    nan_count = segment_sum(torch.isnan(values).float())
-    inf_count = segment_sum(torch.isinf(values).float())
-    return torch.stack([mean, abs_mean, std, minimum, maximum, abs_max, nan_count, inf_count], dim=2)
+    mean = segment_sum(columns) / count
+    abs_columns = columns.abs()
+    abs_mean = segment_sum(abs_columns) / count
+    std = (segment_sum((columns - mean[segment]) ** 2) / count).sqrt()  # population std: no NaN for size 1
+    stats = [mean, abs_mean, std, segment_reduce(columns, "amin"), segment_reduce(columns, "amax"),
+             segment_reduce(abs_columns, "amax"), segment_sum(torch.isnan(columns).to(columns.dtype)),
+             segment_sum(torch.isinf(columns).to(columns.dtype))]
+    return torch.stack(stats, dim=2).transpose(0, 1)  # (B, S, 8)
 
 
 def batch_aggregates(x: torch.Tensor) -> torch.Tensor:
@@ -81,19 +83,34 @@ def batch_aggregates(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([x.mean(0), x.std(0, correction=0), x.abs().amax(0)])
 
 
-def largest_singular_value(matrix: torch.Tensor, *, exact_up_to: int = 512, iterations: int = 30) -> torch.Tensor:
-    """The spectral norm of a 2-D tensor, on its device.
+def largest_singular_values(matrices: list[torch.Tensor], *, exact_up_to: int = 512,
+                            iterations: int = 50) -> torch.Tensor:
+    """Spectral norms of 2-D tensors, on their device, batched by shape.
 
-    Exact (``matrix_norm(ord=2)``) up to ``exact_up_to`` on the smaller side; above
-    that, power iteration, which costs a few matrix-vector products instead of a
-    full SVD (the original spent 17 s per step on a 4096x4096 layer).
+    Up to ``exact_up_to`` on the smaller side: the square root of the top eigenvalue of
+    the smaller Gram matrix, one batched ``eigvalsh`` per shape (about half the cost
+    of an SVD). Above it: power iteration, a few matrix-vector products instead of
+    the full decomposition (the original spent 17 s per step on a 4096x4096 layer).
     """
-    m = matrix.detach().float()
-    if min(m.shape) <= exact_up_to:
-        return torch.linalg.matrix_norm(m, ord=2)
-    generator = torch.Generator(device=m.device).manual_seed(0)
-    v = torch.randn(m.shape[1], device=m.device, generator=generator)
+    result = torch.empty(len(matrices), device=matrices[0].device)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for index, matrix in enumerate(matrices):
+        by_shape.setdefault(tuple(matrix.shape), []).append(index)
+    for shape, indices in by_shape.items():
+        stack = torch.stack([matrices[i].detach().float() for i in indices])
+        if min(shape) <= exact_up_to:
+            gram = stack.mT @ stack if shape[0] >= shape[1] else stack @ stack.mT
+            values = torch.linalg.eigvalsh(gram)[:, -1].clamp_min(0).sqrt()
+        else:
+            values = _power_iteration(stack, iterations)
+        result[torch.tensor(indices, device=result.device)] = values
+    return result
+
+
+def _power_iteration(stack: torch.Tensor, iterations: int) -> torch.Tensor:
+    generator = torch.Generator(device=stack.device).manual_seed(0)
+    v = torch.randn(stack.shape[0], stack.shape[2], 1, device=stack.device, generator=generator)
     for _ in range(iterations):
-        v = m.T @ (m @ v)
-        v = v / v.norm().clamp_min(1e-30)
-    return (m @ v).norm()
+        v = stack.mT @ (stack @ v)
+        v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    return (stack @ v).norm(dim=(1, 2))

@@ -8,7 +8,7 @@ import pyarrow as pa
 import torch
 
 from comgra.capture.registry import Registration
-from comgra.capture.stats import Summary, batch_aggregates, largest_singular_value, summarize
+from comgra.capture.stats import Summary, batch_aggregates, largest_singular_values, summarize
 from comgra.store import format as fmt
 
 
@@ -49,8 +49,8 @@ def _svd(members: list[tuple[Registration, torch.Tensor]], with_svd: bool) -> to
         return None
     device = members[0][1].device
     values = torch.full((len(members),), float("nan"), device=device)
-    for i, registration in wanted:
-        values[i] = largest_singular_value(members[i][1].reshape(registration.shape))
+    norms = largest_singular_values([members[i][1].reshape(r.shape) for i, r in wanted])
+    values[torch.tensor([i for i, _ in wanted], device=device)] = norms
     return values
 
 
