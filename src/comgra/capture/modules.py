@@ -24,20 +24,20 @@ class ModuleTracker:
         if "." in module_name or not module_name:
             raise RecordingError(f"module_name={module_name!r} must be non-empty and contain no '.'; "
                                  "dots separate the levels of the module tree, e.g. 'main_model'.")
-        if any(tree["name"] == module_name for tree in self.trees):
+        if any(str(tree["name"]) == module_name for tree in self.trees):
             raise RecordingError(f"A module is already tracked as {module_name!r}; choose another module_name.")
         self.trees.append(self._tree(module_name, module_name, module))
 
     def _tree(self, name: str, full_name: str, module: torch.nn.Module) -> dict[str, Any]:
         self.module_names.setdefault(id(module), full_name)
-        parameters = []
+        parameters: list[dict[str, Any]] = []
         for parameter_name, parameter in module.named_parameters(recurse=False):
             full = f"{full_name}.{parameter_name}"
             self.parameters[full] = parameter
             parameters.append({"name": parameter_name, "full_name": full, "shape": list(parameter.shape),
                                "numel": parameter.numel(), "requires_grad": parameter.requires_grad})
         submodules = [self._tree(child, f"{full_name}.{child}", sub) for child, sub in module.named_children()]
-        total = sum(p["numel"] for p in parameters) + sum(s["num_parameters"] for s in submodules)
+        total = sum(int(p["numel"]) for p in parameters) + sum(int(s["num_parameters"]) for s in submodules)
         return {"name": name, "full_name": full_name, "type": type(module).__name__,
                 "num_parameters": total, "parameters": parameters, "submodules": submodules}
 

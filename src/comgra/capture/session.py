@@ -132,6 +132,8 @@ class Session:
             self.graphs_written.add(document["hash"])
             self._put_json(f"graphs/{document['hash']}.json", document)
         for name in unconnected:
+            if f"dtype:{name}" in self.warned:
+                continue  # its dtype warning already gave the same advice: one warning per problem
             self.warn_once(f"unconnected:{name}",
                            f"Tensor {name!r} has no connection to any other registered tensor in iteration "
                            f"{step.iteration} of step {step.training_step}. That is fine for a helper value; to draw "

@@ -7,7 +7,6 @@ recorder keeps nothing alive after a step.
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,7 +170,7 @@ class StepRecording:
     def _graph_of_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
         memo: dict[Any, frozenset] = {}
         targets = [r for r in self.registrations.values() if r.iteration == self.iteration]
-        edges: set[tuple[Hashable, Hashable]] = set()
+        edges: set[tuple[Any, Any]] = set()
         for registration in targets:
             tensor = registration.tensor
             if tensor is None:
@@ -184,7 +183,7 @@ class StepRecording:
             edges |= {(source, registration.key) for source in sources if source != registration.key}
         return self._document(targets, edges, groups_of_parameters)
 
-    def _document(self, targets: list[Registration], edges: set[tuple[Hashable, Hashable]],
+    def _document(self, targets: list[Registration], edges: set[tuple[Any, Any]],
                   groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
         keys = {r.key for r in targets} | {k for edge in edges for k in edge}
         nodes: dict[str, dict[str, Any]] = {}
