@@ -94,7 +94,8 @@ class DecisionMakerForRecordingsFrequencyPerType(DecisionMakerForRecordings):
 
     def mark_recording_on_this_step(self, training_step: int, type_of_execution: str) -> None:
         last = self.identifier_to_last_recorded_step_and_min_difference.get(type_of_execution)
-        gap = float(self.min_training_steps_difference) if last is None else last[1] * self.exponential_backoff_factor
         if last is not None and last[0] == training_step:
-            gap = last[1]
+            return  # the same step marked twice counts once
+        # As in the original, the gap grows after every recording, the first one included.
+        gap = (float(self.min_training_steps_difference) if last is None else last[1]) * self.exponential_backoff_factor
         self.identifier_to_last_recorded_step_and_min_difference[type_of_execution] = (training_step, gap)

@@ -28,6 +28,8 @@ from comgra.capture.modules import ModuleTracker
 from comgra.errors import ConfigError, RecordingError
 from comgra.objects import DecisionMakerForRecordings
 
+__all__ = ["ComgraRecorder"]
+
 _TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9\-_]+$")
 _STAGES_FOR = {
     "start_iteration": ("started", "after_iteration"),
@@ -86,6 +88,15 @@ class ComgraRecorder:
         if comgra_is_active:
             self.session = Session.open(self.options, __version__)
             atexit.register(_finalize_quietly, weakref.ref(self))
+
+    @property
+    def _recording(self) -> bool:
+        """True while this step is recorded. A fault of comgra's own, found at any call, ends it at once."""
+        return self._recording_step and self.session is not None and not self.session.broken
+
+    @_recording.setter
+    def _recording(self, value: bool) -> None:
+        self._recording_step = value
 
     # -- setup ---------------------------------------------------------------------------------
     def track_module(self, module_name: str, module: torch.nn.Module) -> None:
@@ -276,7 +287,7 @@ class ComgraRecorder:
         """Run a recording action; a fault of comgra's own stops recording, never the training."""
         try:
             action(self.session)
-        except RecordingError:
+        except (RecordingError, Warning):  # the user's mistake, or a warning the user made an error
             raise
         except Exception as error:  # noqa: BLE001
             report_fault(self.session, error)  # type: ignore[arg-type]

@@ -27,8 +27,12 @@ class KpiBuffer:
         self.rows.append((str(group), str(name), type_of_execution, int(timepoint), value))
 
     def set_type(self, type_of_execution: str | None) -> None:
-        """Dynamic recordings learn their type at the end of the step: fill it in for its points."""
-        self.rows = [(g, n, type_of_execution if t is None else t, p, v) for g, n, t, p, v in self.rows]
+        """Dynamic recordings learn their type at the end of the step: fill it in for its points.
+
+        A step decided as None gets "" at once, so that a later step's type cannot claim its points.
+        """
+        decided = type_of_execution or ""
+        self.rows = [(g, n, decided if t is None else t, p, v) for g, n, t, p, v in self.rows]
 
     def take(self) -> pa.Table | None:
         if not self.rows:

@@ -48,6 +48,7 @@ class Session:
     parameter_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     modules: ModuleTracker | None = None
     notes_written: int = 0
+    kpis_flushed_at: float = 0.0
     closed: bool = False
 
     @classmethod
@@ -85,7 +86,10 @@ class Session:
                                           schema=fmt.NOTES_SCHEMA))
 
     def flush_kpis(self, buffer: KpiBuffer, *, force: bool) -> None:
-        if force or len(buffer.rows) >= 256:
+        """KPI points go to the writer in batches: at least every ``flush_seconds``, or per 256 points."""
+        now = time.monotonic()
+        if force or len(buffer.rows) >= 256 or (buffer.rows and now - self.kpis_flushed_at >= self.options.flush_seconds):
+            self.kpis_flushed_at = now
             table = buffer.take()
             if table is not None:
                 self._put_table("kpis", table)
@@ -114,7 +118,8 @@ class Session:
                                      node_name, role_within_node)
         if tensor.is_floating_point() or tensor.is_complex():
             if not tensor.requires_grad and tensor.grad_fn is None:
-                tensor.requires_grad_(True)  # so that its gradient can be recorded, as in the original
+                tensor.requires_grad_(True)  # so that its gradient can be recorded; undone at finish_batch
+                step.switched_on_grad.append(tensor)
         else:
             self.warn_once(f"dtype:{tensor_name}",
                            f"Tensor {tensor_name!r} has dtype {tensor.dtype}, which cannot carry gradients: its values "

@@ -42,6 +42,7 @@ class StepRecording:
     kinds: list[str] = field(default_factory=lambda: [fmt.FORWARD])
     choice: SampleChoice | None = None
     keep_alive: list[torch.Tensor] = field(default_factory=list)
+    switched_on_grad: list[torch.Tensor] = field(default_factory=list)  # leaves we set requires_grad on
     _grads: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     _hooks: list[Any] = field(default_factory=list)
     _pending_forward: list[Registration] = field(default_factory=list)
@@ -55,10 +56,19 @@ class StepRecording:
                 f"of training step {self.training_step}. Give each tensor of an iteration its own name, or use "
                 "node_name=... with a distinct role_within_node=... to group several tensors in one node.")
         for other in self.registrations.values():
-            if (other.iteration, other.node, other.role) == (registration.iteration, registration.node, registration.role):
+            if (other.node, other.role) != (registration.node, registration.role):
+                continue
+            if other.iteration == registration.iteration:
                 raise RecordingError(
                     f"Node {registration.node!r} already has a tensor with role {registration.role!r} in iteration "
                     f"{registration.iteration} ({other.tensor_name!r}); pass a distinct role_within_node=...")
+            if -1 in (other.iteration, registration.iteration):
+                # An initial value is drawn in the graph of every iteration that uses it, under its own node name.
+                raise RecordingError(
+                    f"Node {registration.node!r} with role {registration.role!r} is used both before the first "
+                    f"iteration and in iteration {max(other.iteration, registration.iteration)} "
+                    f"({other.tensor_name!r}, {registration.tensor_name!r}); the graph could not tell them apart. "
+                    f"Give the initial value a name of its own, e.g. 'initial_{registration.tensor_name}'.")
         self.registrations[key] = registration
         self.latest_by_name[registration.tensor_name] = key
         self._pending_forward.append(registration)
@@ -161,6 +171,10 @@ class StepRecording:
         self._hooks.clear()
         self._grads.clear()
         self.keep_alive.clear()
+        for tensor in self.switched_on_grad:  # leave the user's tensors as they were before the step
+            tensor.requires_grad_(False)
+            tensor.grad = None
+        self.switched_on_grad.clear()
         for registration in self.registrations.values():
             registration.tensor = None
         self.connections = graphs.Connections()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +112,10 @@ def write_parquet_atomic(path: Path, table: pa.Table, row_group_size: int = 4096
 
 def _write_atomic(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=".tmp-", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
-    tmp = Path(name)
+    # Not tempfile.mkstemp: its files are 0600, and a recording must be readable as the umask allows
+    # (a GUI run by another user, a shared results folder).
+    tmp = path.parent / f".tmp-{os.getpid()}-{uuid.uuid4().hex}{path.suffix}"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         write(tmp)
         os.replace(tmp, path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,11 +125,14 @@ class TrialReader:
         where = " AND ".join(f'"{k}" = ?' for k in active) or "TRUE"
         select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         sql = f"SELECT {select} FROM read_parquet(?) WHERE {where}"
+
+        def run(paths: list[Path]) -> pa.Table:
+            return self._cursor().sql(sql, params=[[str(p) for p in paths], *active.values()]).to_arrow_table()
+
         try:
-            cursor = self._cursor()
-            return cursor.sql(sql, params=[[str(p) for p in files], *active.values()]).to_arrow_table()
+            return run(files)
         except duckdb.Error:
-            return self._query(self._readable(files), columns, filters) if self._drop_corrupt(files) else \
+            return self._query(self._readable(files), columns, filters) if self._drop_corrupt(files, run) else \
                 fmt.TENSORS_SCHEMA.empty_table().select(columns or fmt.TENSORS_SCHEMA.names)
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
@@ -148,7 +152,7 @@ class TrialReader:
     def _readable(self, files: list[Path]) -> list[Path]:
         return [p for p in files if str(p) not in self.problems]
 
-    def _drop_corrupt(self, files: list[Path]) -> bool:
+    def _drop_corrupt(self, files: list[Path], run: Callable[[list[Path]], pa.Table]) -> bool:
         """Find the chunks DuckDB could not read, remember them, and say whether any were found."""
         found = False
         for path in files:
@@ -157,6 +161,13 @@ class TrialReader:
             except Exception:  # noqa: BLE001 - any failure to parse means the chunk is unusable
                 self.problems.append(str(path))
                 found = True
+        if not found:  # an intact footer over damaged pages: only reading the chunk on its own tells
+            for path in files:
+                try:
+                    run([path])
+                except duckdb.Error:
+                    self.problems.append(str(path))
+                    found = True
         return found
 
     def _cached_table(self, table: str) -> pa.Table:

@@ -66,8 +66,7 @@ class ChunkWriter:
     def flush(self, timeout: float | None = 60.0) -> None:
         """Write everything queued so far and wait until it is on disk."""
         done = threading.Event()
-        self._put(("flush", done))
-        if self._thread.is_alive():
+        if self._put(("flush", done)):  # after a fault nothing is queued, so there is nothing to wait for
             done.wait(timeout)
 
     def close(self, timeout: float | None = 60.0) -> None:
@@ -76,9 +75,11 @@ class ChunkWriter:
             self._put(("stop", None))
             self._thread.join(timeout)
 
-    def _put(self, item: tuple[str, Any]) -> None:
+    def _put(self, item: tuple[str, Any]) -> bool:
         if self.error is None and self._thread.is_alive():
             self._queue.put(item)
+            return True
+        return False
 
     # -- the writer thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -105,8 +106,10 @@ class ChunkWriter:
             relative_path, document = payload
             fmt.write_json_atomic(self.trial_dir / relative_path, document)
         elif kind == "flush":
-            self._write_buffer()
-            payload.set()
+            try:
+                self._write_buffer()
+            finally:  # a failed write must not leave flush() waiting for its timeout
+                payload.set()
             return False
         elif kind == "stop":
             self._write_buffer()

@@ -1,0 +1,1 @@
+"""Runnable examples: the tutorial task and a custom visualization for it."""

@@ -1,0 +1,82 @@
+"""A recorder's trial on disk: reusing a trial id, gradient groups, names that would collide in the graph."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from comgra.errors import RecordingError
+
+
+def _one_step(recorder, model, x: torch.Tensor) -> None:
+    recorder.start_batch(0, x.shape[0])
+    recorder.start_iteration()
+    recorder.register_tensor("x", x, is_input=True)
+    recorder.register_tensor("y", model(x))
+    recorder.finish_iteration()
+    recorder.finish_batch()
+    recorder.finalize()
+
+
+def test_reusing_a_trial_id_keeps_the_earlier_recording(make_recorder, open_trial, store_root, tiny_model,
+                                                        capfd) -> None:
+    _one_step(make_recorder({0}), tiny_model, torch.ones(2, 3))
+    _one_step(make_recorder({0}), tiny_model, torch.full((2, 3), 5.0))
+    assert "earlier recording of trial 'trial' was moved" in capfd.readouterr().err
+    (current,) = open_trial().selection(training_step=0, node="x", aggregation="mean").to_pylist()
+    assert current["mean"] == 5.0
+    (earlier,) = (store_root / "group" / ".replaced").iterdir()
+    assert earlier.name.startswith("trial-")
+    assert any((earlier / "tensors").glob("*.parquet"))
+
+
+def test_gradient_groups_are_kept_apart(make_recorder, open_trial, tiny_model, generator) -> None:
+    recorder = make_recorder({0})
+    recorder.track_module("model", tiny_model)
+    recorder.start_batch(0, 2)
+    recorder.start_iteration()
+    x = torch.randn(2, 3, generator=generator)
+    recorder.register_tensor("x", x, is_input=True)
+    y = tiny_model(x)
+    recorder.register_tensor("y", y)
+    y.sum().backward(retain_graph=True)
+    recorder.record_current_gradients("sum_loss", set_gradients_to_zero_if_not_a_parameter=True)
+    (3 * y.sum()).backward()
+    recorder.record_current_gradients("triple_loss")
+    recorder.finish_iteration()
+    recorder.finish_batch()
+    recorder.finalize()
+    trial = open_trial()
+    assert trial.steps()["kinds"].to_pylist() == [["forward", "sum_loss", "triple_loss"]]
+
+    def y_gradient(kind: str) -> list[float]:
+        (row,) = trial.selection(training_step=0, kind=kind, node="y", aggregation="sample", sample=0).to_pylist()
+        return row["neurons"]
+
+    assert y_gradient("sum_loss") == [1.0, 1.0]
+    assert y_gradient("triple_loss") == [3.0, 3.0]  # zeroed after sum_loss, as the option says
+    weight = {r["kind"]: r["mean"] for r in trial.selection(training_step=0, node="model.2.weight").to_pylist()}
+    assert weight["triple_loss"] == pytest.approx(4 * weight["sum_loss"])  # parameters accumulate, as .grad does
+
+
+def test_initial_value_and_iteration_tensor_may_not_share_a_node(make_recorder) -> None:
+    recorder = make_recorder({0})
+    recorder.start_batch(0, 2)
+    recorder.register_tensor("memory", torch.zeros(2, 3), is_initial_value=True)
+    recorder.start_iteration()
+    with pytest.raises(RecordingError, match=r"Node 'memory'.*'initial_memory'"):
+        recorder.register_tensor("memory", torch.ones(2, 3))
+
+
+def test_record_current_gradients_without_backward_records_no_gradients(make_recorder, open_trial) -> None:
+    recorder = make_recorder({0})
+    recorder.start_batch(0, 2)
+    recorder.start_iteration()
+    x = torch.ones(2, 3)
+    recorder.register_tensor("x", x, is_input=True)
+    recorder.register_tensor("y", x * 2)
+    recorder.record_current_gradients("gradients")
+    recorder.finish_iteration()
+    recorder.finish_batch()
+    recorder.finalize()
+    assert open_trial().selection(training_step=0, kind="gradients").num_rows == 0

@@ -1,0 +1,134 @@
+"""Statistics against NumPy: ``summarize`` on the device, and the rows that end up in the store."""
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from comgra.capture.stats import STATISTICS, batch_aggregates, summarize
+from comgra.objects import DecisionMakerForRecordingsHardcoded
+from comgra.recorder import ComgraRecorder
+from comgra.store import GroupReader
+from comgra.store.format import STATISTICS as STORED_STATISTICS
+
+SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0])
+FINITE = st.floats(min_value=-1e4, max_value=1e4, width=32, allow_nan=False, allow_infinity=False)
+VALUES = st.one_of(FINITE, FINITE, FINITE, SPECIAL)  # mostly finite, some NaN and inf
+VALUE_SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)
+
+
+def reference_statistics(flat: np.ndarray) -> np.ndarray:
+    """(B, D) -> (B, 8) in float64, in the order of comgra.capture.stats.STATISTICS."""
+    flat = flat.astype(np.float64)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.stack([flat.mean(1), np.abs(flat).mean(1), flat.std(1), flat.min(1), flat.max(1),
+                         np.abs(flat).max(1), np.isnan(flat).sum(1), np.isinf(flat).sum(1)], axis=1)
+
+
+def reference_over_batch(per_sample: np.ndarray) -> np.ndarray:
+    """(B, ...) -> (3, ...): mean, population std and max |.| over the batch."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.stack([per_sample.mean(0), per_sample.std(0), np.abs(per_sample).max(0)])
+
+
+def assert_float32_close(actual: np.ndarray, expected: np.ndarray, scale: float) -> None:
+    """NaN where NumPy has NaN, the same infinities, finite values within float32 rounding of ``scale``."""
+    actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
+    np.testing.assert_array_equal(np.isposinf(actual), np.isposinf(expected))
+    np.testing.assert_array_equal(np.isneginf(actual), np.isneginf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-5 * (scale + 1.0))
+
+
+def _scale(*arrays: np.ndarray) -> float:
+    finite = [np.abs(a[np.isfinite(a)]) for a in arrays]
+    return max((float(f.max()) for f in finite if f.size), default=0.0)
+
+
+def test_statistics_are_in_the_stored_order() -> None:
+    assert STATISTICS == STORED_STATISTICS == ("mean", "abs_mean", "std", "min", "max", "abs_max",
+                                                "nan_count", "inf_count")
+
+
+@st.composite
+def batches_of_tensors(draw: st.DrawFn) -> tuple[int, list[np.ndarray], list[int]]:
+    batch = draw(st.integers(1, 4))
+    count = draw(st.integers(1, 4))
+    arrays = [draw(hnp.arrays(np.float32, (batch, *draw(VALUE_SHAPES)), elements=VALUES)) for _ in range(count)]
+    caps = [draw(st.integers(0, 70)) for _ in range(count)]
+    return batch, arrays, caps
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches_of_tensors())
+def test_summarize_matches_numpy(case: tuple[int, list[np.ndarray], list[int]]) -> None:
+    batch, arrays, caps = case
+    summary = summarize([torch.from_numpy(a) for a in arrays], batch_size=batch, max_neurons=caps)
+    assert summary.per_sample.shape == (batch, len(arrays), len(STATISTICS))
+    for i, (array, cap) in enumerate(zip(arrays, caps)):
+        flat = array.reshape(batch, -1)
+        assert summary.sizes[i] == flat.shape[1]
+        assert_float32_close(summary.per_sample[:, i].numpy(), reference_statistics(flat), _scale(flat))
+        start, stop = summary.neuron_slices[i]
+        assert stop - start == min(cap, flat.shape[1])
+        np.testing.assert_array_equal(summary.neurons[:, start:stop].numpy(), flat[:, :stop - start])
+
+
+@settings(max_examples=100, deadline=None)
+@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5), elements=VALUES))
+def test_batch_aggregates_match_numpy(values: np.ndarray) -> None:
+    actual = batch_aggregates(torch.from_numpy(values)).numpy()
+    assert_float32_close(actual, reference_over_batch(values.astype(np.float64)), _scale(values))
+
+
+@st.composite
+def registered_tensors(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    batch = draw(st.integers(1, 4))
+    array = draw(hnp.arrays(np.float32, (batch, *draw(VALUE_SHAPES)), elements=VALUES))
+    return array, draw(st.integers(1, 30))
+
+
+@settings(max_examples=20, deadline=None)
+@given(registered_tensors())
+def test_stored_rows_are_numpy_statistics_of_the_registered_tensor(case: tuple[np.ndarray, int]) -> None:
+    array, max_neurons = case
+    batch = array.shape[0]
+    with tempfile.TemporaryDirectory() as root:
+        recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded({0}),
+                                  max_num_neurons_to_record=max_neurons, flush_seconds=0.01)
+        recorder.start_batch(0, batch)
+        recorder.start_iteration()
+        tensor = torch.from_numpy(array.copy())
+        recorder.register_tensor("t", tensor, is_input=True)
+        recorder.register_tensor("u", tensor * 2)  # a second tensor in the same block, connected to t
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        recorder.finalize()
+        rows = GroupReader(Path(root) / "group").trial("trial").selection(training_step=0, node="t").to_pylist()
+
+    flat = array.reshape(batch, -1).astype(np.float64)
+    per_sample = reference_statistics(flat)
+    kept = min(max_neurons, flat.shape[1])
+    expected = {("sample", k): (per_sample[k], flat[k, :kept]) for k in range(batch)}
+    over_batch_stats, over_batch_neurons = reference_over_batch(per_sample), reference_over_batch(flat[:, :kept])
+    for j, aggregation in enumerate(("mean", "std", "abs_max")):
+        expected[(aggregation, -1)] = (over_batch_stats[j], over_batch_neurons[j])
+    found = {(r["aggregation"], r["sample"]): r for r in rows}
+    assert set(found) == set(expected)
+    scale = _scale(flat)
+    for key, (statistics, neurons) in expected.items():
+        row = found[key]
+        assert row["shape"] == list(array.shape) and row["num_neurons"] == flat.shape[1]
+        assert_float32_close([row[name] for name in STORED_STATISTICS], statistics, max(scale, _scale(statistics)))
+        assert_float32_close(np.array(row["neurons"], dtype=np.float64), neurons, scale)

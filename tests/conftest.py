@@ -1,0 +1,118 @@
+"""Shared fixtures: a tiny model, a seeded generator, a fresh store per test.
+
+Every recording goes to the test's own ``tmp_path``; nothing is shared between tests.
+Recorders made through ``make_recorder`` are finalized at teardown, so no writer
+thread outlives its test. torch is imported only by the fixtures that need it, so
+tests of the store and the server run without it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import comgra
+from comgra.store import GroupReader, TrialReader
+
+GROUP = "group"
+TRIAL = "trial"
+
+
+@pytest.fixture(autouse=True)
+def _no_global_recorder() -> Iterator[None]:
+    """Tests that set ``comgra.my_recorder`` (as the README does) must not leak it."""
+    previous = comgra.my_recorder
+    yield
+    comgra.my_recorder = previous
+
+
+@pytest.fixture
+def generator() -> Any:
+    """A seeded ``torch.Generator``: test data never depends on the global RNG."""
+    torch = pytest.importorskip("torch")
+    return torch.Generator().manual_seed(1234)
+
+
+def make_tiny_model(seed: int = 0, in_features: int = 3, hidden: int = 4, out_features: int = 2) -> Any:
+    """Linear -> tanh -> Linear, with weights that depend on ``seed`` only."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(in_features, hidden), torch.nn.Tanh(),
+                                   torch.nn.Linear(hidden, out_features))
+
+
+@pytest.fixture
+def tiny_model() -> Any:
+    pytest.importorskip("torch")
+    return make_tiny_model()
+
+
+@pytest.fixture
+def store_root(tmp_path: Path) -> Path:
+    """``comgra_root_path`` of a fresh store; recordings land in ``store_root / GROUP``."""
+    root = tmp_path / "store"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def make_recorder(store_root: Path) -> Iterator[Callable[..., Any]]:
+    """``make_recorder(steps={0, 2}, trial_id=..., policy=..., **ComgraRecorder kwargs)``, finalized at teardown."""
+    pytest.importorskip("torch")
+    from comgra.objects import DecisionMakerForRecordingsHardcoded
+    from comgra.recorder import ComgraRecorder
+
+    made: list[Any] = []
+
+    def make(steps: set[int] | None = None, *, trial_id: str = TRIAL, policy: Any = None, **kwargs: Any) -> Any:
+        if policy is None:
+            policy = DecisionMakerForRecordingsHardcoded({0} if steps is None else steps)
+        kwargs.setdefault("flush_seconds", 0.05)
+        recorder = ComgraRecorder(store_root, GROUP, trial_id, policy, **kwargs)
+        made.append(recorder)
+        return recorder
+
+    yield make
+    for recorder in made:
+        recorder.finalize()
+
+
+@pytest.fixture
+def open_trial(store_root: Path) -> Callable[..., TrialReader]:
+    """A fresh reader of a trial in the test's store (fresh, so it sees everything written)."""
+
+    def open_(trial_id: str = TRIAL) -> TrialReader:
+        return GroupReader(store_root / GROUP).trial(trial_id)
+
+    return open_
+
+
+def graph_of(trial: TrialReader, training_step: int, iteration: int) -> dict[str, Any]:
+    rows = [r for r in trial.steps().to_pylist()
+            if r["training_step"] == training_step and r["iteration"] == iteration]
+    assert len(rows) == 1, f"step {training_step} iteration {iteration}: {len(rows)} rows in the steps index"
+    return trial.graph(rows[0]["graph"])
+
+
+@pytest.fixture
+def graph() -> Callable[[TrialReader, int, int], dict[str, Any]]:
+    """The dependency graph document of one (training_step, iteration)."""
+    return graph_of
+
+
+@pytest.fixture
+def edges() -> Callable[[TrialReader, int, int], set[tuple[str, str]]]:
+    """Node-level edges ``{(source, target)}`` of one iteration's dependency graph."""
+    return lambda trial, step, iteration: {
+        (e["source"], e["target"]) for e in graph_of(trial, step, iteration)["edges"]}
+
+
+@pytest.fixture
+def node_roles() -> Callable[[TrialReader, int, int], dict[str, str]]:
+    """``{node id: role}`` of one iteration's dependency graph."""
+    return lambda trial, step, iteration: {
+        n["id"]: n["role"] for n in graph_of(trial, step, iteration)["nodes"]}

@@ -1,0 +1,127 @@
+"""A fault of comgra's own is reported once, stops the recording, and never stops the training."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from comgra.capture.session import ComgraWarning
+from comgra.objects import DecisionMakerForRecordingsHardcoded
+from comgra.recorder import ComgraRecorder
+from comgra.store import format as fmt
+
+
+def _train(recorder: ComgraRecorder, model: torch.nn.Module, steps: range, *, notes: bool = False) -> list[float]:
+    """A full training loop with every recorder call; returns the losses."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder.track_module("model", model)
+    generator = torch.Generator().manual_seed(0)
+    losses = []
+    for step in steps:
+        x = torch.randn(4, 3, generator=generator)
+        recorder.start_batch(step, 4)
+        recorder.start_iteration()
+        if notes:
+            recorder.add_note(f"step {step}")
+        recorder.register_tensor("x", x, is_input=True)
+        y = model(x)
+        recorder.register_tensor("y", y)
+        recorder.add_tensor_connection("x", y)
+        y2 = recorder.detach_while_keeping_connection(y) * 1.0
+        loss = (y2.sum() - 1) ** 2 + y.pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        recorder.record_kpi_in_graph("loss", "train", loss.detach(), record_even_if_recording_is_inactive=True)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        losses.append(loss.item())
+    recorder.finalize()
+    return losses
+
+
+def test_root_path_below_a_file_warns_once_and_training_goes_on(tmp_path: Path, tiny_model) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    def make_and_train() -> tuple[ComgraRecorder, list[float]]:
+        recorder = ComgraRecorder(blocker / "root", "group", "trial", DecisionMakerForRecordingsHardcoded({0, 1, 2}))
+        return recorder, _train(recorder, tiny_model, range(5))
+
+    with pytest.warns(ComgraWarning) as caught:
+        recorder, losses = make_and_train()
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert str(blocker) in message and "training goes on" in message and "comgra_root_path" in message
+    assert len(losses) == 5
+    assert not recorder.recording_is_active()
+    assert blocker.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("flush_seconds", [0.0, 60.0], ids=["flushed_during_training", "flushed_at_finalize"])
+def test_failing_chunk_writer_warns_once_and_stops_recording(flush_seconds: float, make_recorder, store_root,
+                                                            monkeypatch, tiny_model) -> None:
+    def disk_full(path: Path, table: object, row_group_size: int = 4096) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fmt, "write_parquet_atomic", disk_full)
+    recorder = make_recorder(set(range(20)), flush_seconds=flush_seconds)
+    with pytest.warns(ComgraWarning) as caught:
+        losses = _train(recorder, tiny_model, range(20), notes=True)  # finalize() included
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert "No space left on device" in str(caught[0].message)
+    assert len(losses) == 20
+    assert recorder.session is not None and recorder.session.broken
+    trial_dir = store_root / "group" / "trials" / "trial"
+    assert not list(trial_dir.glob("tensors/*.parquet"))
+
+
+def test_fault_found_in_the_middle_of_a_step_does_not_reach_the_training(make_recorder, monkeypatch,
+                                                                          tiny_model) -> None:
+    """The writer fails in the background; the next put (a note, mid-step) finds out."""
+    def disk_full(path: Path, table: object, row_group_size: int = 4096) -> None:
+        raise OSError(28, "No space left on device")
+
+    recorder = make_recorder({0, 1}, flush_seconds=0.0)
+    model = tiny_model
+    recorder.track_module("model", model)
+    recorder.add_note("before")
+    recorder.session.writer.flush()
+    monkeypatch.setattr(fmt, "write_parquet_atomic", disk_full)
+    recorder.add_note("this one fails on the writer thread")
+    recorder.session.writer.flush()
+    recorder.start_batch(0, 2)
+    recorder.start_iteration()
+    x = torch.ones(2, 3)
+    recorder.register_tensor("x", x, is_input=True)
+    with pytest.warns(ComgraWarning, match="No space left"):
+        recorder.add_note("the fault is reported here")
+    y = model(x)
+    recorder.register_tensor("y", y)  # must not raise
+    recorder.add_tensor_connection("x", y)
+    z = recorder.detach_while_keeping_connection(y)
+    loss = z.sum() + y.sum()
+    recorder.register_tensor("loss", loss, is_loss=True)
+    loss.backward()
+    recorder.record_current_gradients("gradients")
+    assert not recorder.recording_is_active()
+    recorder.finish_iteration()
+    recorder.finish_batch()
+    recorder.finalize()
+
+
+def test_internal_error_in_capture_is_reported_once(make_recorder, monkeypatch, tiny_model) -> None:
+    from comgra.capture import step as step_module
+
+    def broken(self, *args, **kwargs):
+        raise ZeroDivisionError("a bug in comgra")
+
+    monkeypatch.setattr(step_module.StepRecording, "finish_iteration", broken)
+    recorder = make_recorder({0, 1, 2})
+    with pytest.warns(ComgraWarning) as caught:
+        losses = _train(recorder, tiny_model, range(3))
+    assert len(caught) == 1 and "ZeroDivisionError: a bug in comgra" in str(caught[0].message)
+    assert len(losses) == 3
