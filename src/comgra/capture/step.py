@@ -118,15 +118,18 @@ class StepRecording:
 
     # -- iteration and batch ends -------------------------------------------------------------
     def start_iteration(self) -> None:
-        """Summarise what came before the forward pass (parameters, initial values) while it is unchanged."""
-        self._summarize_pending()
+        """Before the first forward pass, summarise the parameters and initial values: an optimizer
+        step later in the iteration would change the parameters in place."""
+        if self.iteration < 0:
+            self._summarize_pending()
         self.iteration += 1
 
     def finish_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-        """Walk the autograd graph of this iteration; summarise its forward values on the device."""
+        """Walk the autograd graph of this iteration. Its forward values are summarised at the end of
+        the step, all iterations in one batched pass (a handful of kernels instead of a handful per
+        iteration)."""
         document, unconnected = self._graph_of_iteration(groups_of_parameters)
         self.graph_documents.append(document)
-        self._summarize_pending()
         return document, unconnected
 
     def _summarize_pending(self) -> None:

@@ -34,19 +34,27 @@ class _Buffer:
 
 
 class ChunkWriter:
-    """Writes the chunks of one trial. ``flush_seconds`` bounds how stale a live view can be."""
+    """Writes the chunks of one trial.
+
+    ``flush_seconds`` bounds how stale a live view can be at the start of a run. The interval
+    then grows with the run's age (a sixteenth of it, at most ``max_flush_seconds``), so that a
+    long run leaves tens of chunks rather than thousands: a query across all steps pays per chunk.
+    """
 
     def __init__(
         self,
         trial_dir: Path,
         *,
         flush_seconds: float = 2.0,
+        max_flush_seconds: float = 30.0,
         max_buffered_rows: int = 100_000,
         max_queued_items: int = 256,
         rank: int = 0,
     ):
         self.trial_dir = trial_dir
         self.flush_seconds = flush_seconds
+        self.max_flush_seconds = max(flush_seconds, max_flush_seconds)
+        self._started = time.monotonic()
         self.max_buffered_rows = max_buffered_rows
         self.rank = rank
         self.error: BaseException | None = None
@@ -85,7 +93,7 @@ class ChunkWriter:
     def _run(self) -> None:
         while True:
             timeout = None if self._buffer.since is None else max(
-                0.0, self._buffer.since + self.flush_seconds - time.monotonic()
+                0.0, self._buffer.since + self._interval() - time.monotonic()
             )
             try:
                 kind, payload = self._queue.get(timeout=timeout)
@@ -115,12 +123,16 @@ class ChunkWriter:
             self._write_buffer()
             return True
         due = self._buffer.since is not None and (
-            time.monotonic() - self._buffer.since >= self.flush_seconds
+            time.monotonic() - self._buffer.since >= self._interval()
             or self._buffer.rows >= self.max_buffered_rows
         )
         if due:
             self._write_buffer()
         return False
+
+    def _interval(self) -> float:
+        age = time.monotonic() - self._started
+        return min(self.max_flush_seconds, max(self.flush_seconds, age / 16))
 
     def _drain(self) -> None:
         """After a fault: keep taking items so that the training thread never blocks on a full queue."""
