@@ -87,14 +87,38 @@ def trial_dir(group_dir: Path, trial_id: str) -> Path:
     return group_dir / TRIALS_DIR / trial_id
 
 
-def chunk_name(seq: int, first_step: int = -1, last_step: int = -1, rank: int = 0) -> str:
-    """Chunk names sort by time and carry their step range, so a reader can skip files by name."""
-    return f"{first_step:012d}-{last_step:012d}-r{rank:03d}-{seq:06d}.parquet"
+def chunk_name(seq: int, first_step: int = -1, last_step: int = -1, rank: int = 0, level: int = 0) -> str:
+    """Chunk names sort by time and carry their step range, so a reader can skip files by name.
+
+    ``level`` > 0 marks a chunk merged from earlier ones (see ``visible_chunks``).
+    """
+    suffix = f"-l{level}" if level else ""
+    return f"{first_step:012d}-{last_step:012d}-r{rank:03d}-{seq:06d}{suffix}.parquet"
 
 
 def step_range_of(name: str) -> tuple[int, int]:
     first, last = name.split("-")[:2]
     return int(first), int(last)
+
+
+def _rank_and_level(name: str) -> tuple[str, int]:
+    parts = name[: -len(".parquet")].split("-")
+    level = int(parts[4][1:]) if len(parts) > 4 and parts[4].startswith("l") else 0
+    return parts[2], level
+
+
+def visible_chunks(paths: list[Path]) -> list[Path]:
+    """The chunks a reader uses: a merged chunk hides the parts it was made of.
+
+    The writer first renames the merged chunk into place and then deletes its parts, so
+    between the two a reader sees both; this rule keeps it from reading any row twice.
+    """
+    merged = [(p, *_rank_and_level(p.name), *step_range_of(p.name)) for p in paths]
+    covers = [(rank, level, first, last) for _, rank, level, first, last in merged if level > 0]
+    if not covers:
+        return paths
+    return [p for p, rank, level, first, last in merged
+            if not any(r == rank and lv > level and f <= first and last <= la for r, lv, f, la in covers)]
 
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:

@@ -47,6 +47,15 @@ class GroupReader:
             return []
         return sorted(p.name for p in root.iterdir() if (p / fmt.TRIAL_META).is_file())
 
+    def close(self) -> None:
+        """Forget the opened trials, so that their DuckDB connections are freed once no query uses them.
+
+        A later ``trial()`` opens a trial again. Call it before the interpreter exits:
+        DuckDB reports objects that are still alive then as leaks.
+        """
+        with self._lock:
+            self._trials = {}
+
     def trial(self, trial_id: str) -> TrialReader:
         with self._lock:
             if trial_id not in self._trials:
@@ -132,6 +141,8 @@ class TrialReader:
         try:
             return run(files)
         except duckdb.Error:
+            if not all(p.exists() for p in files):  # merged away by a live writer meanwhile: list again
+                return self._query(self._refreshed(files), columns, filters)
             return self._query(self._readable(files), columns, filters) if self._drop_corrupt(files, run) else \
                 fmt.TENSORS_SCHEMA.empty_table().select(columns or fmt.TENSORS_SCHEMA.names)
 
@@ -147,7 +158,15 @@ class TrialReader:
         if not folder.is_dir():
             return []
         bad = set(self.problems)
-        return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith(".") and str(p) not in bad)
+        paths = sorted(p for p in folder.glob("*.parquet") if not p.name.startswith(".") and str(p) not in bad)
+        return fmt.visible_chunks(paths)
+
+    def _refreshed(self, files: list[Path]) -> list[Path]:
+        """The current chunks that hold the steps ``files`` held."""
+        ranges = [fmt.step_range_of(p.name) for p in files]
+        low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+        return [p for p in self._files("tensors")
+                if fmt.step_range_of(p.name)[0] <= high and fmt.step_range_of(p.name)[1] >= low]
 
     def _readable(self, files: list[Path]) -> list[Path]:
         return [p for p in files if str(p) not in self.problems]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from comgra.store import format as fmt
 
@@ -50,6 +51,7 @@ class ChunkWriter:
         max_buffered_rows: int = 100_000,
         max_queued_items: int = 256,
         rank: int = 0,
+        merge_every: int = 16,
     ):
         self.trial_dir = trial_dir
         self.flush_seconds = flush_seconds
@@ -60,6 +62,8 @@ class ChunkWriter:
         self.error: BaseException | None = None
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max_queued_items)
         self._seq = 0
+        self.merge_every = merge_every
+        self._levels: dict[int, list[Path]] = {}  # tensors chunks written by this writer, by merge level
         self._buffer = _Buffer()
         self._thread = threading.Thread(target=self._run, name="comgra-writer", daemon=True)
         self._thread.start()
@@ -158,7 +162,28 @@ class ChunkWriter:
                 table = table.sort_by(fmt.TENSOR_SORT)
             path = self.trial_dir / name / fmt.chunk_name(self._seq, first, last, self.rank)
             fmt.write_parquet_atomic(path, table)
+            if name == "tensors":
+                self._levels.setdefault(0, []).append(path)
         self._seq += 1
+        self._merge()
+
+    def _merge(self) -> None:
+        """Tiered compaction of the tensors chunks: every ``merge_every`` chunks of one level become
+        one chunk of the next. A query across all steps pays per chunk, so a long run keeps
+        O(merge_every * log(chunks)) of them instead of thousands."""
+        level = 0
+        while len(self._levels.get(level, [])) >= self.merge_every:
+            parts, self._levels[level] = self._levels[level], []
+            table = pa.concat_tables([pq.read_table(p) for p in parts]).cast(fmt.TENSORS_SCHEMA)
+            first, _ = fmt.step_range_of(parts[0].name)
+            _, last = fmt.step_range_of(parts[-1].name)
+            merged = self.trial_dir / "tensors" / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
+            self._seq += 1
+            fmt.write_parquet_atomic(merged, table.sort_by(fmt.TENSOR_SORT))
+            for part in parts:  # after the merged chunk is in place: readers ignore covered parts
+                part.unlink(missing_ok=True)
+            self._levels.setdefault(level + 1, []).append(merged)
+            level += 1
 
 
 def _step_range(name: str, table: pa.Table) -> tuple[int, int]:

@@ -1,0 +1,79 @@
+"""Tiered compaction of tensors chunks: fewer files, every row exactly once, also for a reader mid-merge."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from comgra.store import TrialReader
+from comgra.store import format as fmt
+from comgra.store.writer import ChunkWriter
+
+
+def _tensor_row(step: int) -> pa.Table:
+    row = {name: None for name in fmt.TENSORS_SCHEMA.names}
+    row.update(training_step=step, kind="forward", iteration=0, node="x", role="x", tensor_name="x",
+               tensor_type="calculated", aggregation="mean", sample=-1, shape=[2], mean=float(step),
+               num_neurons=2, neurons=[float(step), 0.0])
+    return pa.Table.from_pylist([row], schema=fmt.TENSORS_SCHEMA)
+
+
+@pytest.fixture
+def trial_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "trial"
+    fmt.write_json_atomic(directory / fmt.TRIAL_META, {"format_version": fmt.FORMAT_VERSION})
+    return directory
+
+
+def _write_chunks(writer: ChunkWriter, steps: range) -> None:
+    for step in steps:
+        writer.put_table("tensors", _tensor_row(step))
+        writer.flush()
+
+
+@pytest.mark.parametrize("chunks, merge_every, expected_files", [(3, 4, 3), (4, 4, 1), (17, 4, 2), (64, 4, 1)])
+def test_merged_chunks_keep_every_row_once(trial_dir: Path, chunks: int, merge_every: int, expected_files: int) -> None:
+    writer = ChunkWriter(trial_dir, merge_every=merge_every)
+    _write_chunks(writer, range(chunks))
+    writer.close()
+    reader = TrialReader(trial_dir)
+    series = reader.series(node="x", role="x", iteration=0)
+    assert series["training_step"].to_pylist() == list(range(chunks))
+    assert series["value"].to_pylist() == [float(s) for s in range(chunks)]
+    assert len(list((trial_dir / "tensors").glob("*.parquet"))) == expected_files
+    for step in (0, chunks // 2, chunks - 1):
+        assert reader.selection(training_step=step)["mean"].to_pylist() == [float(step)]
+
+
+def test_a_merged_chunk_hides_the_parts_it_covers_until_they_are_deleted(tmp_path: Path) -> None:
+    names = [fmt.chunk_name(i, i, i) for i in range(4)] + [fmt.chunk_name(4, 0, 3, level=1), fmt.chunk_name(5, 4, 4)]
+    paths = [tmp_path / n for n in names]
+    assert [p.name for p in fmt.visible_chunks(paths)] == [names[4], names[5]]
+    other_rank = tmp_path / fmt.chunk_name(0, 1, 1, rank=1)
+    assert other_rank in fmt.visible_chunks(paths + [other_rank])
+
+
+def test_a_reader_never_sees_a_row_twice_while_the_writer_merges(trial_dir: Path) -> None:
+    writer = ChunkWriter(trial_dir, merge_every=2)
+    reader = TrialReader(trial_dir)
+    done = threading.Event()
+    seen: list[list[int]] = []
+
+    def read() -> None:
+        while not done.is_set():
+            seen.append(reader.series(node="x", role="x", iteration=0)["training_step"].to_pylist())
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    _write_chunks(writer, range(40))
+    writer.close()
+    done.set()
+    thread.join()
+    assert seen, "the reader never ran"
+    for steps in seen:
+        assert len(steps) == len(set(steps)), steps  # no duplicates
+        assert steps == list(range(len(steps))), steps  # a prefix: nothing lost in the middle
+    assert reader.series(node="x", role="x", iteration=0)["training_step"].to_pylist() == list(range(40))
+    assert reader.problems == []
