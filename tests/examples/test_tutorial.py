@@ -48,6 +48,7 @@ def test_dependency_graph_of_the_last_iteration_is_the_named_chain(tutorial):
     roles = {n["id"]: n["role"] for n in document["nodes"]}
     assert roles["input"] == "input" and roles["loss"] == "loss" and roles["target"] == "target"
     assert roles["main_model.subnet_pre"] == "parameter"
+    assert roles["output"] == "output" and roles["loss_per_sample"] == "intermediate"
     helper = next(n for n in document["nodes"] if n["id"] == "helper_partial_sums")
     assert set(helper["roles"]) == {"partial_sums", "remaining_sums", "final_sums"}
     columns = {n["id"]: n["column"] for n in document["nodes"]}

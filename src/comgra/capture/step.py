@@ -212,10 +212,8 @@ class StepRecording:
                 node["roles"].append(registration.role)
         edge_rows = sorted({(self._node_id(self.registrations[s]), self.registrations[s].role,
                              self._node_id(self.registrations[t]), self.registrations[t].role) for s, t in edges})
-        loss_nodes = {n["id"] for n in nodes.values() if n["role"] == "loss"}
-        for source, _, target, _ in edge_rows:
-            if target in loss_nodes and nodes[source]["role"] == "intermediate":
-                nodes[source]["role"] = "output"
+        for node_id in _outputs(nodes, [(e[0], e[2]) for e in edge_rows]):
+            nodes[node_id]["role"] = "output"
         node_list = list(nodes.values())
         graphs.layout(node_list, [(e[0], e[2]) for e in edge_rows])
         document = {
@@ -236,6 +234,17 @@ class StepRecording:
 
 
 _ROLE_OF_TYPE = {"calculated": "intermediate"}
+
+
+def _outputs(nodes: dict[str, dict[str, Any]], edges: list[tuple[str, str]]) -> set[str]:
+    """The network's outputs: what is compared with a target (it shares a consumer with one);
+    without a registered target, what feeds a loss directly."""
+    def feeding(consumers: set[str]) -> set[str]:
+        return {s for s, t in edges if t in consumers and nodes[s]["role"] == "intermediate"}
+
+    targets = {n for n, node in nodes.items() if node["role"] == "target"}
+    compared = feeding({t for s, t in edges if s in targets})
+    return compared or feeding({n for n, node in nodes.items() if node["role"] == "loss"})
 
 
 def _node_entry(node_id: str, registration: Registration, iteration: int,

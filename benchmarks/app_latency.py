@@ -1,0 +1,311 @@
+"""How fast the app answers, in the browser and on the server, and what the server holds in memory.
+
+For each scale it writes a synthetic recording (cached under --out), starts
+``comgra --path`` as a subprocess (timing the start), then measures:
+
+* server: the time of an HTTP POST to /_dash-update-component, per kind of
+  interaction (node click, step change, aggregation, iteration, trial), and
+  of the series plot, which reads every recorded step of one tensor (a new
+  tensor: all chunks are read; the same tensor at another step: cached);
+* browser (Playwright + Chromium), timed inside the page: from navigation start
+  until the values are shown, and from a click on a node / the next-step button
+  until the values element changed (with a pause between clicks, as a user makes);
+* server RSS after visiting 0, 100, 300 ... training steps (no cache grows
+  with the steps visited).
+
+    python benchmarks/app_latency.py                     # scales 1 and 50
+    python benchmarks/app_latency.py --scale 1 --repeats 10 --no-browser
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
+VIEW_OUTPUT = "selection.data"
+
+
+# -- a Dash client over HTTP ---------------------------------------------------------------------------
+class DashClient:
+    """Plays the browser's part of Dash: keeps component props, posts callback requests.
+
+    ``get_json(path)`` and ``post_json(path, payload)`` do the HTTP; any transport works
+    (urllib against a running server, Flask's test client in tests).
+    """
+
+    def __init__(self, get_json: Callable[[str], Any], post_json: Callable[[str, Any], Any]):
+        self._post = post_json
+        self.props: dict[tuple[str, str], Any] = {}
+        _collect_props(get_json("/_dash-layout"), self.props)
+        self.callbacks = [c for c in get_json("/_dash-dependencies") if not c.get("clientside_function")]
+
+    def trigger(self, output: str, changes: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run the callback whose output mentions ``output``, as if ``changes`` ("id.prop": value) happened."""
+        changes = changes or {}
+        for key, value in changes.items():
+            self.props[tuple(key.rsplit(".", 1))] = value
+        callback = next(c for c in self.callbacks if output in c["output"])
+        payload = {
+            "output": callback["output"], "outputs": _outputs(callback["output"]),
+            "inputs": [self._with_value(d) for d in callback["inputs"]],
+            "state": [self._with_value(d) for d in callback["state"]],
+            "changedPropIds": list(changes),
+        }
+        response = self._post("/_dash-update-component", payload) or {}
+        for component, props in (response.get("response") or {}).items():
+            for prop, value in props.items():
+                self.props[(component, prop)] = value
+        return response
+
+    def _with_value(self, dependency: dict[str, Any]) -> dict[str, Any]:
+        key = (dependency["id"], dependency["property"])
+        return {**dependency, **({"value": self.props[key]} if key in self.props else {})}
+
+    def statistics(self) -> dict[str, float | None]:
+        """The statistics the values panel shows, read from the data-value attributes."""
+        return {p["data-stat"]: _number(p["data-value"]) for p in _walk_props(self.props.get(("values", "children")))
+                if "data-stat" in p}
+
+    def shown(self) -> dict[str, Any] | None:
+        return (self.props.get(("selection", "data")) or {}).get("shown")
+
+
+def _outputs(spec: str) -> Any:
+    if not spec.startswith(".."):
+        component, prop = spec.rsplit(".", 1)
+        return {"id": component, "property": prop}
+    return [dict(zip(("id", "property"), part.rsplit(".", 1))) for part in spec.strip(".").split("...")]
+
+
+def _collect_props(node: Any, props: dict[tuple[str, str], Any]) -> None:
+    for item in _walk_props(node):
+        if isinstance(item.get("id"), str):
+            for name, value in item.items():
+                if name != "children":
+                    props[(item["id"], name)] = value
+
+
+def _walk_props(node: Any):
+    if isinstance(node, list):
+        for child in node:
+            yield from _walk_props(child)
+    elif isinstance(node, dict):
+        props = node.get("props")
+        if isinstance(props, dict):
+            yield props
+            yield from _walk_props(props.get("children"))
+
+
+def _number(text: str) -> float | None:
+    return None if text == "None" else float(text)
+
+
+def urllib_transport(base: str) -> tuple[Callable[[str], Any], Callable[[str, Any], Any]]:
+    def get_json(path: str) -> Any:
+        with urllib.request.urlopen(base + path, timeout=60) as response:
+            return json.loads(response.read())
+
+    def post_json(path: str, payload: Any) -> Any:
+        request = urllib.request.Request(base + path, data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = response.read()
+            return json.loads(body) if body else None
+
+    return get_json, post_json
+
+
+# -- measurements ---------------------------------------------------------------------------------------
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return statistics.median(ordered), p95
+
+
+def timed(action: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    action()
+    return (time.perf_counter() - start) * 1000
+
+
+def server_latencies(client: DashClient, repeats: int, rng: random.Random) -> dict[str, list[float]]:
+    client.trigger(VIEW_OUTPUT)
+    nodes = [o["value"] for o in client.props[("node-search", "options")]]
+    steps = client.props[("step-slider", "max")] + 1
+    trials = [o["value"] for o in client.props[("trial-select", "options")]]
+    actions: dict[str, Callable[[], Any]] = {
+        "node click": lambda: client.trigger(VIEW_OUTPUT, {"node-click.data": {"id": rng.choice(nodes), "t": time.time()}}),
+        "step slider": lambda: client.trigger(VIEW_OUTPUT, {"step-slider.value": rng.randrange(steps)}),
+        "batch/sample": lambda: client.trigger(VIEW_OUTPUT, {"aggregation-select.value": rng.choice(
+            [o["value"] for o in client.props[("aggregation-select", "options")]])}),
+        "iteration": lambda: client.trigger(VIEW_OUTPUT, {"iteration-slider.value": rng.randrange(
+            client.props[("iteration-slider", "max")] + 1)}),
+        "trial": lambda: client.trigger(VIEW_OUTPUT, {"trial-select.value": rng.choice(trials)}),
+    }
+    results = {name: [timed(action) for _ in range(repeats)] for name, action in actions.items()}
+    results["series plot, a new tensor"] = [_series_after(client, rng, {"node-click.data": {
+        "id": rng.choice(nodes), "t": time.time()}}, rng.choice(STATISTICS)) for _ in range(repeats)]
+    results["series plot, same tensor at another step"] = [_series_after(client, rng, {
+        "step-slider.value": rng.randrange(steps)}, "mean") for _ in range(repeats)]
+    return results
+
+
+STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max")
+
+
+def _series_after(client: DashClient, rng: random.Random, change: dict[str, Any], statistic: str) -> float:
+    """Time the series plot's callback after ``change`` (untimed) changed the selection."""
+    client.trigger(VIEW_OUTPUT, change)
+    return timed(lambda: client.trigger("series-plot.children", {"shown.data": client.shown(),
+                                                                 "statistic-select.value": statistic}))
+
+
+def rss_by_steps_visited(client: DashClient, pid: int, checkpoints: list[int]) -> list[tuple[int, float]]:
+    import psutil
+
+    process = psutil.Process(pid)
+    client.trigger(VIEW_OUTPUT)
+    total = client.props[("step-slider", "max")] + 1
+    result, visited = [(0, process.memory_info().rss / 2**20)], 0
+    for checkpoint in checkpoints:
+        target = min(checkpoint, total)
+        while visited < target:
+            index = round(visited * (total - 1) / max(1, target - 1)) if target > 1 else 0
+            client.trigger(VIEW_OUTPUT, {"step-slider.value": index})
+            visited += 1
+        result.append((visited, process.memory_info().rss / 2**20))
+        if target == total:
+            break
+    return result
+
+
+# Timing inside the page: from navigation start, or from the click event, until #values changed.
+PAGE_TIMER = """
+window.__comgra = {start: 0, end: 0, loaded: 0};
+document.addEventListener('click', () => { window.__comgra.start = performance.now(); window.__comgra.end = 0; }, true);
+new MutationObserver((mutations) => {
+  const values = document.getElementById('values');
+  if (!values) return;
+  if (!window.__comgra.loaded && document.getElementById('stat-mean')) window.__comgra.loaded = performance.now();
+  const changed = mutations.some(m => values.contains(m.target));
+  if (changed && window.__comgra.start && !window.__comgra.end) window.__comgra.end = performance.now();
+}).observe(document, {childList: true, subtree: true, characterData: true});
+"""
+PAUSE_MS = 500  # a user looks at the numbers before the next click; the plots finish meanwhile
+
+
+def browser_latencies(url: str, repeats: int) -> dict[str, list[float]]:
+    from playwright.sync_api import sync_playwright
+
+    results: dict[str, list[float]] = {"page load": [], "node click": [], "next step": []}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        for _ in range(max(3, repeats // 5)):
+            page = browser.new_page()
+            page.add_init_script(PAGE_TIMER)
+            page.goto(url)
+            page.wait_for_selector("#series-plot .js-plotly-plot")  # idle again before the next load
+            results["page load"].append(page.evaluate("window.__comgra.loaded"))
+            page.close()
+        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page.add_init_script(PAGE_TIMER)
+        page.goto(url)
+        page.wait_for_selector("#series-plot .js-plotly-plot")
+        nodes = page.locator("#dependency-graph [data-node]").evaluate_all("els => els.map(e => e.dataset.node)")
+        nodes = [n for n in nodes if n != "input"] + ["input"]  # every click changes the selection
+        for i in range(repeats):
+            results["node click"].append(_click_until_values_change(
+                page, f'#dependency-graph [data-node="{nodes[i % len(nodes)]}"]'))
+            results["next step"].append(_click_until_values_change(page, "#step-next"))
+        browser.close()
+    return results
+
+
+def _click_until_values_change(page: Any, selector: str) -> float:
+    """Milliseconds, measured in the page, from the click event until the values panel changed."""
+    page.wait_for_timeout(PAUSE_MS)
+    page.click(selector)
+    page.wait_for_function("window.__comgra.end > 0", timeout=10_000)
+    return page.evaluate("window.__comgra.end - window.__comgra.start")
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+def recording_for(scale: float, out: Path) -> Path:
+    import synthetic_recording
+
+    root = out / f"scale-{scale:g}"
+    group = root / "synthetic"
+    if not (root / "complete").exists():
+        start = time.perf_counter()
+        synthetic_recording.write_recording(root, synthetic_recording.Options(scale=scale))
+        (root / "complete").write_text("")
+        print(f"# wrote scale {scale:g} in {time.perf_counter() - start:.0f} s", flush=True)
+    return group
+
+
+def start_server(group: Path) -> tuple[subprocess.Popen, str, float]:
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(group), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        match = re.search(r"(http://\S+)", line)
+        if match:
+            url = match.group(1)
+            break
+    else:
+        raise RuntimeError("the server did not start")
+    urllib.request.urlopen(url, timeout=30).read()
+    return process, url, time.perf_counter() - start
+
+
+def measure(scale: float, args: argparse.Namespace) -> list[str]:
+    group = recording_for(scale, args.out)
+    process, url, startup = start_server(group)
+    try:
+        client = DashClient(*urllib_transport(url.rstrip("/")))
+        rows = [f"| {scale:g} | start until the page is served | {startup * 1000:.0f} | |"]
+        for name, samples in server_latencies(client, args.repeats, random.Random(0)).items():
+            p50, p95 = percentiles(samples)
+            rows.append(f"| {scale:g} | server: {name} | {p50:.1f} | {p95:.1f} |")
+        if not args.no_browser:
+            for name, samples in browser_latencies(url, args.repeats).items():
+                p50, p95 = percentiles(samples)
+                rows.append(f"| {scale:g} | browser: {name} | {p50:.0f} | {p95:.0f} |")
+        for visited, rss in rss_by_steps_visited(client, process.pid, [100, 300, 1000]):
+            rows.append(f"| {scale:g} | server RSS after visiting {visited} steps (MiB) | {rss:.0f} | |")
+    finally:
+        process.terminate()
+        process.wait(10)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, action="append", help="repeatable; default: 1 and 50")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--no-browser", action="store_true")
+    args = parser.parse_args(argv)
+    print("| scale | measurement | p50 ms | p95 ms |\n|---|---|---|---|", flush=True)
+    for scale in args.scale or [1.0, 50.0]:
+        for row in measure(scale, args):
+            print(row, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""Write a synthetic recording shaped like the tutorial's, without torch.
+
+The recording goes through the real writer (``ChunkWriter``) and the real
+metadata format, so the app and the benchmarks read exactly what a training
+run would leave on disk. At ``--scale 1`` it resembles the tutorial: two
+trials, 15 nodes including three parameter groups, up to 20 iterations per
+step, 5 recorded samples and 240 recorded steps per trial. ``--scale 50``
+records 50 times as many steps (a longer run), and KPIs on every training step.
+
+    python benchmarks/synthetic_recording.py /tmp/comgra-synthetic --scale 1
+    comgra --path /tmp/comgra-synthetic/synthetic
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from comgra.store import format as fmt
+from comgra.store.writer import ChunkWriter
+
+TYPES = {"01_iterations": 1, "03_iterations": 3, "05_iterations": 5, "10_iterations": 10, "20_iterations": 20}
+TYPE_WEIGHTS = np.array([0.3, 0.25, 0.2, 0.15, 0.1])
+SAMPLES = 5
+BATCH = 8
+NEURON_LIMIT = 64
+GRADIENTS = "gradients"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One node of the synthetic network; ``present`` says in which iterations it exists."""
+
+    node: str
+    role: str  # input, target, loss, output, parameter, intermediate, initial_value
+    roles: tuple[str, ...]
+    width: int
+    present: str = "all"  # all, first, later, last, once (parameters and initial values)
+    has_batch: bool = True
+    gradient: bool = True
+    frozen: tuple[str, ...] = ()
+    param_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+HIDDEN = 16
+SPECS = [
+    NodeSpec("input", "input", ("input",), 5, gradient=False),
+    NodeSpec("target", "target", ("target",), 5, present="last", gradient=False),
+    NodeSpec("initial_hidden_state", "initial_value", ("initial_hidden_state",), HIDDEN, present="once"),
+    NodeSpec("helper_partial_sums", "intermediate", ("partial_sums", "running_max"), 5, gradient=False),
+    NodeSpec("subnet_pre__out", "intermediate", ("subnet_pre__out",), HIDDEN),
+    NodeSpec("subnet_mem__out", "intermediate", ("subnet_mem__out",), HIDDEN),
+    NodeSpec("subnet_out__out", "intermediate", ("subnet_out__out",), 5),
+    NodeSpec("output", "output", ("output",), 5),
+    NodeSpec("loss_per_sample", "loss", ("loss_per_sample",), 1, present="last"),
+    NodeSpec("loss", "loss", ("loss",), 1, present="last", has_batch=False),
+    NodeSpec("subnet_pre", "parameter", ("weight0", "bias0", "weight1", "bias1"), 0, present="once",
+             has_batch=False, frozen=("bias1",),
+             param_shapes={"weight0": (HIDDEN, 5), "bias0": (HIDDEN,), "weight1": (HIDDEN, HIDDEN), "bias1": (HIDDEN,)}),
+    NodeSpec("subnet_mem", "parameter", ("weight", "bias"), 0, present="once", has_batch=False,
+             param_shapes={"weight": (HIDDEN, 2 * HIDDEN), "bias": (HIDDEN,)}),
+    NodeSpec("subnet_out", "parameter", ("weight", "bias"), 0, present="once", has_batch=False,
+             param_shapes={"weight": (5, HIDDEN), "bias": (5,)}),
+]
+SPEC_BY_NODE = {spec.node: spec for spec in SPECS}
+# (source id, source role, target id, target role); "subnet_mem__out*old" is the previous iteration's state.
+EDGES = [
+    ("input", "input", "subnet_pre__out", "subnet_pre__out"),
+    ("input", "input", "helper_partial_sums", "partial_sums"),
+    *[("subnet_pre", r, "subnet_pre__out", "subnet_pre__out") for r in ("weight0", "bias0", "weight1", "bias1")],
+    ("subnet_pre__out", "subnet_pre__out", "subnet_mem__out", "subnet_mem__out"),
+    ("initial_hidden_state", "initial_hidden_state", "subnet_mem__out", "subnet_mem__out"),
+    ("subnet_mem__out*old", "subnet_mem__out", "subnet_mem__out", "subnet_mem__out"),
+    *[("subnet_mem", r, "subnet_mem__out", "subnet_mem__out") for r in ("weight", "bias")],
+    ("subnet_mem__out", "subnet_mem__out", "subnet_out__out", "subnet_out__out"),
+    *[("subnet_out", r, "subnet_out__out", "subnet_out__out") for r in ("weight", "bias")],
+    ("subnet_out__out", "subnet_out__out", "output", "output"),
+    ("output", "output", "loss_per_sample", "loss_per_sample"),
+    ("target", "target", "loss_per_sample", "loss_per_sample"),
+    ("loss_per_sample", "loss_per_sample", "loss", "loss"),
+]
+
+
+# -- graphs -------------------------------------------------------------------------------------
+def graph_for(first: bool, last: bool) -> dict:
+    """The dependency graph of an iteration: which nodes exist depends on its position."""
+    ids = [s.node for s in SPECS if _present(s, first, last)]
+    ids.append("initial_hidden_state" if first else "subnet_mem__out*old")
+    ids = [i for i in dict.fromkeys(ids) if not (i == "initial_hidden_state" and not first)]
+    edges = [e for e in EDGES if e[0] in ids and e[2] in ids]
+    columns = _columns(ids, edges)
+    nodes = [_graph_node(node_id, columns[node_id]) for node_id in ids]
+    rows: dict[int, int] = {}
+    for node in sorted(nodes, key=lambda n: (n["role"] == "parameter", ids.index(n["id"]))):
+        node["row"] = rows.get(node["column"], 0)
+        rows[node["column"]] = node["row"] + 1
+    document = {"format_version": fmt.FORMAT_VERSION, "nodes": nodes,
+                "edges": [dict(zip(("source", "source_role", "target", "target_role"), e)) for e in edges]}
+    digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:16]
+    return {"format_version": fmt.FORMAT_VERSION, "hash": digest, **document}
+
+
+def _present(spec: NodeSpec, first: bool, last: bool) -> bool:
+    return {"all": True, "once": True, "first": first, "later": not first, "last": last}[spec.present]
+
+
+def _columns(ids: list[str], edges: list[tuple[str, str, str, str]]) -> dict[str, int]:
+    """Longest path from a source; a parameter sits one column left of its first consumer."""
+    columns: dict[str, int] = {}
+
+    def depth(node_id: str) -> int:
+        if node_id not in columns:
+            sources = [e[0] for e in edges if e[2] == node_id and _spec(e[0]).role != "parameter"]
+            columns[node_id] = 1 + max((depth(s) for s in sources), default=-1)
+        return columns[node_id]
+
+    for node_id in ids:
+        if _spec(node_id).role == "parameter":
+            consumers = [depth(e[2]) for e in edges if e[0] == node_id]
+            columns[node_id] = max(0, min(consumers, default=1) - 1)
+        else:
+            depth(node_id)
+    return columns
+
+
+def _spec(node_id: str) -> NodeSpec:
+    return SPEC_BY_NODE[node_id.removesuffix("*old")]
+
+
+def _graph_node(node_id: str, column: int) -> dict:
+    spec = _spec(node_id)
+    old = node_id.endswith("*old")
+    node = {"id": node_id, "node": spec.node, "role": spec.role, "tensor_type": spec.role,
+            "roles": list(spec.roles), "has_batch": spec.has_batch, "iteration_offset": -1 if old else 0,
+            "absolute_iteration": -1 if spec.present == "once" else None, "column": column, "row": 0}
+    if spec.role == "parameter":
+        node["group"] = f"main_model.{spec.node}"
+    return node
+
+
+# -- tensor rows --------------------------------------------------------------------------------
+@dataclass
+class _Rows:
+    """Columns of the tensors table, gathered block by block and turned into one table at the end."""
+
+    columns: dict[str, list[np.ndarray]] = field(default_factory=lambda: {n: [] for n in fmt.TENSORS_SCHEMA.names})
+    shape_lengths: list[np.ndarray] = field(default_factory=list)
+    neuron_lengths: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, columns: dict[str, object], neurons: np.ndarray) -> None:
+        n = neurons.shape[0]
+        for name in fmt.TENSORS_SCHEMA.names:
+            if name == "neurons":
+                self.columns[name].append(neurons.ravel())
+                self.neuron_lengths.append(np.full(n, neurons.shape[1], dtype=np.int32))
+            elif name == "shape":
+                self.columns[name].append(np.tile(np.asarray(columns[name], dtype=np.int32), n))
+                self.shape_lengths.append(np.full(n, len(columns[name]), dtype=np.int32))
+            else:
+                value = columns[name]
+                self.columns[name].append(value if isinstance(value, np.ndarray) else np.full(n, value, dtype=object))
+
+    def table(self) -> pa.Table:
+        arrays = {}
+        for field_ in fmt.TENSORS_SCHEMA:
+            values = np.concatenate(self.columns[field_.name])
+            if field_.name in ("shape", "neurons"):
+                lengths = self.shape_lengths if field_.name == "shape" else self.neuron_lengths
+                offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int32)
+                arrays[field_.name] = pa.ListArray.from_arrays(
+                    pa.array(offsets), pa.array(values, type=field_.type.value_type))
+            else:
+                arrays[field_.name] = pa.array(values, type=field_.type, from_pandas=True)
+        return pa.table(arrays, schema=fmt.TENSORS_SCHEMA)
+
+
+def _statistics(values: np.ndarray) -> dict[str, np.ndarray]:
+    """The statistics over the last axis (the value dimensions)."""
+    absolute = np.abs(values)
+    return {"mean": values.mean(-1), "abs_mean": absolute.mean(-1), "std": values.std(-1),
+            "min": values.min(-1), "max": values.max(-1), "abs_max": absolute.max(-1),
+            "nan_count": np.zeros(values.shape[:-1]), "inf_count": np.zeros(values.shape[:-1])}
+
+
+def batch_rows(rows: _Rows, x: np.ndarray, base: dict[str, object], iterations: np.ndarray,
+               categories: list[str] | None) -> None:
+    """Rows of a tensor with a batch dimension: x has shape (iterations, batch, width).
+
+    The aggregated rows summarise the per-sample statistics over the batch; the
+    sample rows are the first ``SAMPLES`` entries of the batch.
+    """
+    per_sample = _statistics(x)
+    parts = [
+        ({s: v.mean(1) for s, v in per_sample.items()}, x.mean(1), "mean", -1),
+        ({s: v.std(1) for s, v in per_sample.items()}, x.std(1), "std", -1),
+        ({s: np.abs(v).max(1) for s, v in per_sample.items()}, np.abs(x).max(1), "abs_max", -1),
+        *[({s: v[:, k] for s, v in per_sample.items()}, x[:, k], "sample", k) for k in range(SAMPLES)],
+    ]
+    count = len(iterations)
+    columns = {**base, **{s: np.concatenate([p[0][s] for p in parts]) for s in per_sample},
+               "iteration": np.tile(iterations, len(parts)),
+               "aggregation": np.repeat(np.array([p[2] for p in parts], dtype=object), count),
+               "sample": np.repeat(np.array([p[3] for p in parts], dtype=np.int32), count),
+               "category": np.repeat(np.array([None] * 3 + [categories[k] if categories else None
+                                                           for k in range(SAMPLES)], dtype=object), count)}
+    rows.add(columns, np.concatenate([p[1] for p in parts]).astype(np.float32))
+
+
+def plain_rows(rows: _Rows, x: np.ndarray, base: dict[str, object], iterations: np.ndarray) -> None:
+    """Rows of a tensor without a batch dimension: x has shape (iterations, numel)."""
+    stats = _statistics(x)
+    svd = {"svd_max": np.abs(x).sum(-1)} if len(base["shape"]) == 2 else {}
+    rows.add({**base, **stats, **svd, "iteration": iterations, "aggregation": "none", "sample": -1,
+              "category": None}, x[:, :NEURON_LIMIT].astype(np.float32))
+
+
+@dataclass
+class StepPlan:
+    training_step: int
+    type_of_execution: str
+    progress: float  # 0 at the start of training, 1 at the end
+    categories: list[str] | None
+
+
+def step_tensors(rng: np.random.Generator, plan: StepPlan) -> pa.Table:
+    n = TYPES[plan.type_of_execution]
+    rows = _Rows()
+    for spec in SPECS:
+        for kind in ("forward", GRADIENTS) if spec.gradient else ("forward",):
+            for role in spec.roles:
+                if kind == GRADIENTS and role in spec.frozen:
+                    continue
+                _spec_rows(rng, rows, spec, role, kind, n, plan)
+    return rows.table()
+
+
+def _spec_rows(rng: np.random.Generator, rows: _Rows, spec: NodeSpec, role: str, kind: str, n: int,
+               plan: StepPlan) -> None:
+    iterations = {"all": np.arange(n), "once": np.array([-1]), "last": np.array([n - 1])}[spec.present]
+    iterations = iterations.astype(np.int32)
+    scale = (1.0 + 2.0 * plan.progress) * (0.05 if kind == GRADIENTS else 1.0)
+    loc = (zlib.crc32(f"{spec.node}.{role}".encode()) % 7 - 3) * 0.1 + plan.progress
+    shape = list(spec.param_shapes.get(role, (BATCH, spec.width) if spec.has_batch else ()))
+    numel = int(np.prod(shape[1:] if spec.has_batch else shape, dtype=np.int64))
+    base = {"training_step": plan.training_step, "kind": kind, "node": spec.node, "role": role,
+            "tensor_name": spec.node if len(spec.roles) == 1 else f"{spec.node}.{role}",
+            "tensor_type": spec.role, "shape": shape, "svd_max": None, "num_neurons": numel}
+    if spec.has_batch:
+        x = rng.normal(loc, scale, (len(iterations), BATCH, spec.width))
+        batch_rows(rows, x, base, iterations, plan.categories)
+    else:
+        plain_rows(rows, rng.normal(loc, scale, (len(iterations), max(1, numel))), base, iterations)
+
+
+def step_index(plan: StepPlan, graphs: dict[tuple[bool, bool], dict]) -> pa.Table:
+    n = TYPES[plan.type_of_execution]
+    hashes = [graphs[(i == 0, i == n - 1)]["hash"] for i in range(n)]
+    return pa.table({
+        "training_step": [plan.training_step] * n, "type_of_execution": [plan.type_of_execution] * n,
+        "iteration": list(range(n)), "graph": hashes, "batch_size": [BATCH] * n,
+        "kinds": [["forward", GRADIENTS]] * n, "samples": [list(range(SAMPLES))] * n,
+        "categories": [plan.categories] * n, "wall_time": [time.time()] * n,
+    }, schema=fmt.STEPS_SCHEMA)
+
+
+# -- KPIs, notes, metadata ------------------------------------------------------------------------
+def kpi_table(rng: np.random.Generator, total_steps: int, types: np.ndarray, trial_index: int) -> pa.Table:
+    """A loss and an accuracy on every training step, with rare outliers that a plot must keep."""
+    steps = np.arange(total_steps)
+    progress = steps / max(1, total_steps - 1)
+    loss = (1.0 + 0.3 * trial_index) * np.exp(-3 * progress) + rng.normal(0, 0.02, total_steps) ** 2
+    loss[rng.random(total_steps) < 0.001] *= 10.0
+    accuracy = 1.0 - loss / (1.0 + loss)
+    names = np.array(list(TYPES))[types]
+    return pa.table({
+        "kpi_group": ["loss"] * total_steps + ["accuracy"] * total_steps,
+        "kpi_name": ["loss"] * total_steps + ["accuracy"] * total_steps,
+        "type_of_execution": np.concatenate([names, names]).tolist(),
+        "timepoint": np.concatenate([steps, steps]), "value": np.concatenate([loss, accuracy]),
+    }, schema=fmt.KPIS_SCHEMA)
+
+
+def trial_metadata(trial_id: str, group: str, config: dict) -> dict:
+    def module(name: str, full_name: str) -> dict:
+        spec = SPEC_BY_NODE[name]
+        parameters = [{"name": role, "full_name": f"{full_name}.{role}", "shape": list(shape),
+                       "numel": int(np.prod(shape)), "requires_grad": role not in spec.frozen}
+                      for role, shape in spec.param_shapes.items()]
+        return {"name": name, "full_name": full_name, "parameters": parameters, "submodules": []}
+
+    root = {"name": "main_model", "full_name": "main_model", "parameters": [],
+            "submodules": [module(n, f"main_model.{n}") for n in ("subnet_pre", "subnet_mem", "subnet_out")]}
+    return {"format_version": fmt.FORMAT_VERSION, "trial_id": trial_id, "group": group,
+            "created": time.time(), "comgra_version": "synthetic", "config": config,
+            "modules": [root], "types_of_execution": list(TYPES)}
+
+
+# -- the whole recording -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Options:
+    scale: float = 1.0
+    trials: int = 2
+    seed: int = 0
+    steps_per_chunk: int = 25
+    group: str = "synthetic"
+
+
+def write_trial(group_dir: Path, trial_id: str, trial_index: int, options: Options) -> int:
+    """Write one trial; returns the number of tensor rows."""
+    rng = np.random.default_rng(options.seed + trial_index)
+    recorded = max(2, round(240 * options.scale))
+    total = recorded * 10
+    types = rng.choice(len(TYPES), size=total, p=TYPE_WEIGHTS)
+    directory = fmt.trial_dir(group_dir, trial_id)
+    fmt.write_json_atomic(directory / fmt.TRIAL_META, trial_metadata(
+        trial_id, options.group, {"scale": options.scale, "bug_fixed": bool(trial_index % 2)}))
+    graphs = {(first, last): graph_for(first, last) for first in (True, False) for last in (True, False)}
+    for graph in graphs.values():
+        fmt.write_json_atomic(directory / "graphs" / f"{graph['hash']}.json", graph)
+    writer = ChunkWriter(directory, flush_seconds=3600, max_buffered_rows=10**9)
+    rows = 0
+    for index, training_step in enumerate(range(0, total, 10)):
+        categories = ["positive", "negative", "positive", "negative", "zero"] if trial_index % 2 else None
+        plan = StepPlan(training_step, list(TYPES)[types[training_step]], training_step / total, categories)
+        table = step_tensors(rng, plan)
+        rows += table.num_rows
+        writer.put_table("tensors", table)
+        writer.put_table("steps", step_index(plan, graphs))
+        if index % max(1, recorded // 5) == 0:
+            writer.put_table("notes", _note(index, f"{trial_id}: recorded step {training_step} of {total}"))
+        if (index + 1) % options.steps_per_chunk == 0:
+            writer.flush()
+    writer.put_table("kpis", kpi_table(rng, total, types, trial_index))
+    writer.close()
+    if writer.error is not None:
+        raise writer.error
+    return rows
+
+
+def _note(seq: int, text: str) -> pa.Table:
+    return pa.table({"seq": [seq], "wall_time": [time.time()], "note": [text]}, schema=fmt.NOTES_SCHEMA)
+
+
+def write_recording(root: Path, options: Options = Options()) -> Path:
+    """Write a synthetic group under ``root`` and return the group folder (what ``comgra --path`` takes)."""
+    group_dir = Path(root) / options.group
+    names = ["trial_bugged_original_version", "trial_no_activation_function_on_output_layer"]
+    for index in range(options.trials):
+        trial_id = names[index] if index < len(names) else f"trial_{index:03d}"
+        write_trial(group_dir, trial_id, index, options)
+    return group_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="folder to write the group folder into")
+    parser.add_argument("--scale", type=float, default=1.0, help="1 = tutorial-sized; 50 = 50x the recorded steps")
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps-per-chunk", type=int, default=25)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    options = Options(scale=args.scale, trials=args.trials, seed=args.seed, steps_per_chunk=args.steps_per_chunk)
+    group_dir = write_recording(args.root, options)
+    size = sum(p.stat().st_size for p in group_dir.rglob("*") if p.is_file())
+    print(f"wrote {group_dir} ({size / 2**20:.1f} MiB) in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

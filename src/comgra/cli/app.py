@@ -1,0 +1,153 @@
+"""``comgra``: open a recording in the browser; ``comgra demo``: record the tutorial, then open it.
+
+Usage::
+
+    comgra --path ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F]
+    comgra --use-path-for-test-run          # what comgra-test-run recorded
+    comgra demo [--steps 1500] [--path P]   # record a short tutorial run (needs torch), then serve it
+
+A bad path or option ends with a one-line message and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["main"]
+
+USAGE_ERROR = 2
+DEMO_GROUP = "demo"
+
+
+class UsageError(Exception):
+    """A problem with the command line; its message is printed as it is."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if arguments[:1] == ["demo"]:
+            return _demo(_demo_parser().parse_args(arguments[1:]))
+        return _serve(_parser().parse_args(arguments))
+    except UsageError as error:
+        print(f"comgra: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=8055, help="port to serve on (default: 8055)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: 127.0.0.1, reachable from this machine only)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="comgra", description="Inspect a comgra recording in the browser. "
+        "'comgra demo --help' records and opens the tutorial.")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--path", type=Path, help="the group folder: comgra_root_path/group")
+    where.add_argument("--use-path-for-test-run", action="store_true",
+                       help="open what comgra-test-run recorded in its default location")
+    _add_server_options(parser)
+    parser.add_argument("--visualization-file", type=Path,
+                        help="a Python file with create_visualization(selection, data) for the Visualization tab")
+    return parser
+
+
+def _demo_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="comgra demo",
+                                     description="Record a short run of the tutorial network (needs torch), then open it.")
+    parser.add_argument("--steps", type=_positive_int, default=1500, help="training steps per trial (default: 1500)")
+    parser.add_argument("--path", type=Path, help="root folder for the recording (default: a new temporary folder)")
+    _add_server_options(parser)
+    return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def _serve(args: argparse.Namespace) -> int:
+    path = _test_run_path() if args.use_path_for_test_run else args.path
+    group = check_recording(path)
+    if args.visualization_file is not None and not args.visualization_file.is_file():
+        raise UsageError(f"the visualization file {str(args.visualization_file)!r} does not exist.")
+    return _run_server(group, host=args.host, port=args.port, visualization_file=args.visualization_file)
+
+
+def _test_run_path() -> Path:
+    from comgra.cli.paths import default_test_run_group_path
+
+    path = default_test_run_group_path()
+    if not (path / "trials").is_dir():
+        raise UsageError(f"there is no test run in {str(path)!r} yet. Record one with: comgra-test-run")
+    return path
+
+
+def check_recording(path: Path) -> Path:
+    """The group folder to serve; raises UsageError with a hint when ``path`` holds no recording."""
+    path = path.expanduser().resolve()
+    if not path.exists():
+        raise UsageError(f"the path {str(path)!r} does not exist. Pass the group folder: comgra_root_path/group.")
+    if not path.is_dir():
+        raise UsageError(f"the path {str(path)!r} is a file, not a recording folder.")
+    if (path / "trials").is_dir():
+        return path
+    groups = sorted(p.name for p in path.iterdir() if (p / "trials").is_dir())
+    if groups:
+        hint = " or ".join(repr(str(path / g)) for g in groups[:3])
+        raise UsageError(f"{str(path)!r} is a root folder with groups; pass a group folder: {hint}.")
+    if (path / "trials").exists() or path.name == "trials":
+        raise UsageError(f"pass the group folder, the parent of {str(path)!r}.")
+    raise UsageError(f"{str(path)!r} holds no comgra recording (no 'trials' folder). "
+                     "Pass the group folder: comgra_root_path/group.")
+
+
+def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None) -> int:
+    from comgra.errors import StoreError
+    from comgra.server.app import create_app, make_http_server, url_of
+
+    try:
+        app = create_app(group, visualization_file=visualization_file)
+        server = make_http_server(app, host=host, port=port)
+    except StoreError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"cannot serve on {host}:{port} ({error.strerror or error}); try another --port.") from None
+    print(f"comgra: serving {group}\ncomgra: open {url_of(server)} in a browser (Ctrl+C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("comgra: stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    try:
+        from comgra.examples.tutorial import run_tutorial
+    except ModuleNotFoundError as error:
+        if error.name != "torch":
+            raise
+        raise UsageError("comgra demo trains a small network and needs PyTorch: pip install 'comgra[torch]'") from None
+    root = args.path.expanduser().resolve() if args.path else Path(tempfile.mkdtemp(prefix="comgra-demo-"))
+    if (root / DEMO_GROUP / "trials").is_dir():
+        raise UsageError(f"{str(root / DEMO_GROUP)!r} already holds a recording. Open it with "
+                         f"'comgra --path {root / DEMO_GROUP}', or choose another --path.")
+    # About 30 recorded steps per trial: the tutorial has 12 types of step, each recorded at
+    # most once per this many steps.
+    difference = max(1, args.steps * 2 // 5)
+    print(f"comgra: recording {args.steps} training steps per trial into {root / DEMO_GROUP}", file=sys.stderr)
+    group = run_tutorial(root, DEMO_GROUP, steps=args.steps, min_training_steps_difference=difference, progress=True)
+    return _run_server(Path(group), host=args.host, port=args.port, visualization_file=None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

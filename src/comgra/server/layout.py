@@ -1,0 +1,165 @@
+"""The page skeleton: tabs, selectors, the graph area and the output panels.
+
+Everything dynamic is filled in by callbacks; this module only decides where
+things are and what they are called. The ids in ``ID`` are the contract with
+the callbacks, the keyboard script (assets/comgra.js) and the browser tests.
+"""
+from __future__ import annotations
+
+import dash_bootstrap_components as dbc
+from dash import dcc, html
+from dash.development.base_component import Component
+
+from comgra.server.dom import attributes
+from comgra.server.graph_view import legend
+from comgra.service import PLOT_STATISTICS
+
+TABS = ("tensors", "network", "notes", "graphs", "visualization")
+TAB_LABELS = {"tensors": "Tensors", "network": "Network", "notes": "Notes", "graphs": "Graphs",
+              "visualization": "Visualization"}
+NAVIGATION = {"left": "←", "up": "↑", "down": "↓", "right": "→"}
+NAVIGATION_HELP = {"left": "Go to a node this one depends on", "right": "Go to a node that depends on this one",
+                   "up": "Go to the node above", "down": "Go to the node below"}
+
+
+class ID:
+    """Component ids shared by layout, callbacks, the keyboard script and the tests."""
+
+    SELECTION = "selection"  # dcc.Store: {"wanted": {...}, "shown": {...}}
+    SHOWN = "shown"  # dcc.Store: the shown selection alone, changed only when it changes
+    CURRENT_TRIAL = "current-trial"  # dcc.Store: the trial shown, changed only when it changes
+    DATA_VERSION = "data-version"
+    NODE_CLICK = "node-click"  # set by assets/comgra.js when a node is clicked
+    POLL = "poll"
+    TABS = "tabs"
+    BANNER = "banner"
+    TRIAL = "trial-select"
+    KIND = "kind-select"
+    TYPE = "type-select"
+    STEP_SLIDER = "step-slider"
+    STEP_INPUT = "step-input"
+    STEP_PREV = "step-prev"
+    STEP_NEXT = "step-next"
+    STEP_INFO = "step-info"
+    ITERATION = "iteration-slider"
+    AGGREGATION = "aggregation-select"
+    ROLE = "role-select"
+    SEARCH = "node-search"
+    GRAPH = "dependency-graph"
+    NOTICE = "notice"
+    VALUES = "values"
+    STATISTIC = "statistic-select"
+    SERIES = "series-plot"
+    HISTOGRAM = "histogram-plot"
+    NETWORK = "network"
+    NOTES = "notes"
+    KPIS = "kpi-graphs"
+    VISUALIZATION = "visualization"
+
+    @staticmethod
+    def panel(tab: str) -> str:
+        return f"panel-{tab}"
+
+    @staticmethod
+    def nav(direction: str) -> str:
+        return f"nav-{direction}"
+
+
+def page(*, title: str, data_version: str, poll_ms: int, with_visualization: bool) -> html.Div:
+    tabs = [t for t in TABS if with_visualization or t != "visualization"]
+    return html.Div(className="comgra container-fluid", children=[
+        dcc.Store(id=ID.SELECTION, storage_type="memory", data={"wanted": {}, "shown": None}),
+        dcc.Store(id=ID.SHOWN, storage_type="memory"),
+        dcc.Store(id=ID.CURRENT_TRIAL, storage_type="memory"),
+        dcc.Store(id=ID.DATA_VERSION, data=data_version),
+        dcc.Store(id=ID.NODE_CLICK),
+        dcc.Interval(id=ID.POLL, interval=poll_ms),
+        _header(title, tabs),
+        html.Div(id=ID.BANNER, role="status"),
+        html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
+        html.Div(id=ID.panel("network"), className="panel hidden", children=html.Div(id=ID.NETWORK)),
+        html.Div(id=ID.panel("notes"), className="panel hidden", children=html.Div(id=ID.NOTES)),
+        html.Div(id=ID.panel("graphs"), className="panel hidden", children=html.Div(id=ID.KPIS)),
+        *([html.Div(id=ID.panel("visualization"), className="panel hidden",
+                    children=html.Div(id=ID.VISUALIZATION))] if with_visualization else []),
+    ])
+
+
+def _header(title: str, tabs: list[str]) -> html.Div:
+    return html.Div(className="header d-flex flex-wrap align-items-center gap-3", children=[
+        html.H1("comgra", className="brand"),
+        html.Span(title, className="recording-path text-muted", title=title),
+        dbc.Tabs(id=ID.TABS, active_tab="tensors", className="tabs",
+                 children=[dbc.Tab(label=TAB_LABELS[t], tab_id=t) for t in tabs]),
+        _labelled("Trial", dcc.Dropdown(id=ID.TRIAL, clearable=False, searchable=True), "selector-trial"),
+    ])
+
+
+def _labelled(label: str, control: Component, class_name: str = "") -> html.Div:
+    return html.Div(className=f"selector {class_name}", children=[html.Label(label, className="form-label"), control])
+
+
+def _tensors_panel() -> list[Component]:
+    return [
+        _selectors(),
+        _graph_area(),
+        html.Div(id=ID.NOTICE, className="notice", role="status", **attributes({"aria-live": "polite"})),
+        html.Div(className="row g-3 output", children=[
+            html.Div(id=ID.VALUES, className="col-lg-6 values"),
+            html.Div(className="col-lg-6 plots", children=_plots()),
+        ]),
+    ]
+
+
+def _selectors() -> html.Div:
+    return html.Div(className="selectors", children=[
+        html.Div(className="selector-row", children=[
+            _labelled("Type of recording", dcc.RadioItems(id=ID.KIND, inline=True, className="kind-radio")),
+            _labelled("Type of training step", dcc.Dropdown(id=ID.TYPE, clearable=False)),
+            _labelled("Batch or sample", dcc.Dropdown(id=ID.AGGREGATION, clearable=False)),
+            _labelled("Role of tensor", dcc.Dropdown(id=ID.ROLE, clearable=False)),
+        ]),
+        html.Div(className="selector-row", children=[
+            _labelled("Training step", html.Div(className="slider-with-buttons", children=[
+                html.Button("◀", id=ID.STEP_PREV, className="btn btn-outline-secondary btn-sm",
+                            title="Previous recorded step", **attributes({"aria-label": "Previous training step"})),
+                html.Div(dcc.Slider(id=ID.STEP_SLIDER, min=0, max=0, step=1, value=0, allow_direct_input=False,
+                                    updatemode="mouseup"), className="slider"),
+                html.Button("▶", id=ID.STEP_NEXT, className="btn btn-outline-secondary btn-sm",
+                            title="Next recorded step", **attributes({"aria-label": "Next training step"})),
+                html.Label("Go to training step", htmlFor=ID.STEP_INPUT, className="visually-hidden"),
+                dcc.Input(id=ID.STEP_INPUT, type="number", debounce=True, placeholder="step",
+                          className="form-control form-control-sm step-input"),
+                html.Span(id=ID.STEP_INFO, className="step-info text-muted"),
+            ]), "selector-step"),
+            _labelled("Iteration", html.Div(dcc.Slider(id=ID.ITERATION, min=0, max=0, step=1, value=0,
+                                                       allow_direct_input=False), className="slider"),
+                      "selector-iteration"),
+        ]),
+    ])
+
+
+def _graph_area() -> html.Div:
+    buttons = [html.Button(symbol, id=ID.nav(direction), className="btn btn-outline-primary btn-sm",
+                           title=f"{NAVIGATION_HELP[direction]} (arrow key)",
+                           **attributes({"aria-label": NAVIGATION_HELP[direction]}))
+               for direction, symbol in NAVIGATION.items()]
+    return html.Div(className="graph-area", children=[
+        html.Div(className="graph-toolbar d-flex flex-wrap align-items-center gap-2", children=[
+            html.Div(buttons, className="btn-group nav-buttons", role="group", **attributes({"aria-label": "Move along the graph"})),
+            dcc.Dropdown(id=ID.SEARCH, placeholder="Find a node by name…", className="node-search", clearable=True),
+            legend(),
+        ]),
+        html.Div(id=ID.GRAPH, className="graph-scroll", role="group", **attributes({"aria-label": "Dependency graph"})),
+    ])
+
+
+def _plots() -> list[Component]:
+    return [
+        _labelled("Statistic over the recorded steps", dcc.Dropdown(
+            id=ID.STATISTIC, clearable=False, value="mean",
+            options=[{"label": s, "value": s} for s in PLOT_STATISTICS])),
+        # Filled by callbacks: plotly.js then loads after the values are shown, not before.
+        html.Div(id=ID.SERIES, className="series-plot"),
+        html.Div(id=ID.HISTOGRAM, className="histogram-plot"),
+    ]

@@ -1,0 +1,475 @@
+"""The questions the app asks about a recording, answered from the store as plain data.
+
+The Dash callbacks and the REST API both ask this module, so they never
+disagree. Nothing here imports Dash or torch, keeps per-user state, or loads a
+whole recording: a view reads the step index (small, cached per immutable
+chunk) and the rows of one node at one step.
+
+The central question is :meth:`RecordingService.resolve`: given what the user
+asked for (any field may be missing or stale), which selection can be shown,
+what are the valid choices around it, and what had to change (``notices``)?
+
+    >>> service = RecordingService("/path/to/root/group")        # doctest: +SKIP
+    >>> view = service.resolve({"node_id": "input", "aggregation": "sample:0"})  # doctest: +SKIP
+    >>> view.row["mean"], view.notices                           # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from comgra.errors import StoreError
+from comgra.store import format as fmt
+from comgra.store.reader import GroupReader, TrialReader
+
+ANY_TYPE = "any"
+BATCH_AGGREGATIONS = ("mean", "std", "abs_max")
+AGGREGATION_LABELS = {
+    "mean": "Mean over the batch",
+    "std": "STD over the batch",
+    "abs_max": "Max abs over the batch",
+    "none": "No batch dimension",
+}
+PLOT_STATISTICS = fmt.STATISTICS + ("svd_max",)
+DIRECTIONS = ("left", "right", "up", "down")
+SERIES_CACHE_SIZE = 64  # answers of statistic_series kept; each is two arrays of one value per step
+
+
+def aggregation_value(aggregation: str, sample: int) -> str:
+    """The one-string form of (aggregation, sample) used by selectors: "mean", "sample:3", ..."""
+    return f"sample:{sample}" if aggregation == "sample" else aggregation
+
+
+def parse_aggregation(value: str) -> tuple[str, int]:
+    if value.startswith("sample:"):
+        return "sample", int(value.split(":", 1)[1])
+    return value, -1
+
+
+def aggregation_label(value: str, category: str | None = None) -> str:
+    aggregation, sample = parse_aggregation(value)
+    if aggregation != "sample":
+        return AGGREGATION_LABELS.get(aggregation, aggregation)
+    return f"Sample {sample} ({category})" if category else f"Sample {sample}"
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A selection that exists in the recording: every field is valid for the others."""
+
+    trial: str
+    type_of_execution: str  # the filter: ANY_TYPE or one type of training step
+    training_step: int
+    step_type: str  # the type of the selected step
+    iteration: int
+    node_id: str  # id in the graph; differs from node for a tensor of an earlier iteration
+    node: str
+    data_iteration: int  # the iteration under which the node's values are stored
+    role: str
+    kind: str
+    aggregation: str  # "mean", "std", "abs_max", "none" or "sample:<k>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Choices:
+    """The valid values of every selector around a selection."""
+
+    trials: list[str] = field(default_factory=list)
+    types: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    iterations: list[int] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+    aggregations: list[tuple[str, str]] = field(default_factory=list)  # (value, label)
+    nodes: list[tuple[str, str]] = field(default_factory=list)  # (id, label)
+
+
+@dataclass
+class View:
+    """Everything the tensors page shows; ``selection`` is None when nothing can be shown."""
+
+    selection: Selection | None = None
+    trial: str | None = None  # the trial shown, also when it has nothing to select
+    choices: Choices = field(default_factory=Choices)
+    graph: dict[str, Any] | None = None
+    row: dict[str, Any] | None = None
+    notices: list[str] = field(default_factory=list)
+    banners: list[str] = field(default_factory=list)
+    node_fallback: bool = False  # the wanted node does not exist here; another one is shown
+
+
+@dataclass(frozen=True)
+class Series:
+    trial: str
+    steps: np.ndarray
+    values: np.ndarray
+
+
+class StepIndex:
+    """The steps table of a trial as arrays, for lookups by type and step without Python rows."""
+
+    def __init__(self, table: pa.Table, chunks: tuple[str, ...] = ()):
+        self.table = table
+        self.chunks = chunks  # the steps chunks it was built from: its version
+        self.steps = table.column("training_step").to_numpy()
+        self.types = np.asarray(table.column("type_of_execution").to_pylist(), dtype=object)
+
+    def types_of_execution(self) -> list[str]:
+        return sorted(set(self.types.tolist()))
+
+    def steps_of(self, type_of_execution: str) -> np.ndarray:
+        steps = self.steps if type_of_execution == ANY_TYPE else self.steps[self.types == type_of_execution]
+        return np.unique(steps)
+
+    def rows_of(self, training_step: int) -> list[dict[str, Any]]:
+        first, last = np.searchsorted(self.steps, [training_step, training_step + 1])
+        return self.table.slice(int(first), int(last - first)).to_pylist()
+
+
+class RecordingService:
+    """Answers from one group folder. Thread-safe; holds caches only, never a user's state."""
+
+    def __init__(self, path: str | Path):
+        self.group = GroupReader(path)
+        self._indexes: dict[str, tuple[tuple[str, ...], StepIndex]] = {}
+        self._series: OrderedDict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Let go of the store's connections (DuckDB reports those still alive at exit as leaks)."""
+        self.group.close()
+        with self._lock:
+            self._indexes.clear()
+            self._series.clear()
+
+    # -- small questions ------------------------------------------------------------------------
+    def trials(self) -> list[str]:
+        return self.group.trials()
+
+    def data_version(self) -> str:
+        """A cheap token that changes whenever a run adds a trial or a chunk; compare, don't parse."""
+        parts = []
+        for trial_id in self.trials():
+            folder = fmt.trial_dir(self.group.path, trial_id)
+            counts = [_count_chunks(folder / table) for table in ("steps", "kpis", "notes")]
+            parts.append(f"{trial_id}:{counts}")
+        return "|".join(parts)
+
+    def trial(self, trial_id: str) -> TrialReader:
+        return self.group.trial(trial_id)
+
+    def notes(self, trial_id: str) -> list[str]:
+        return self.trial(trial_id).notes()
+
+    def kpis(self, trial_id: str) -> pa.Table:
+        return self.trial(trial_id).kpis()
+
+    def modules(self, trial_id: str) -> list[dict[str, Any]]:
+        """The tracked module trees with ``total`` (parameters of the subtree) added to every module."""
+        return [_with_totals(tree) for tree in self.trial(trial_id).metadata.get("modules") or []]
+
+    def problems(self, trial_id: str) -> list[str]:
+        """Messages for a banner: damaged chunks that were skipped, an unreadable trial."""
+        try:
+            trial = self.trial(trial_id)
+        except StoreError as error:
+            return [str(error)]
+        return [f"Skipped a damaged chunk of trial {trial_id!r}: {Path(p).parent.name}/{Path(p).name}. "
+                "The rest of the trial is shown." for p in trial.problems]
+
+    def step_index(self, trial_id: str) -> StepIndex:
+        """The trial's steps table, rebuilt only when a new steps chunk appears."""
+        trial = self.trial(trial_id)
+        names = tuple(_chunk_names(trial.directory / "steps"))
+        with self._lock:
+            cached = self._indexes.get(trial_id)
+            if cached is not None and cached[0] == names:
+                return cached[1]
+        index = StepIndex(trial.steps(), names)
+        with self._lock:
+            self._indexes[trial_id] = (names, index)
+        return index
+
+    def statistic_series(self, trial_id: str, selection: Selection, statistic: str) -> tuple[np.ndarray, np.ndarray]:
+        """(training steps, values) of one statistic of the selected tensor in one trial, over all steps.
+
+        This reads every chunk of the trial, so answers are kept (a few, most recent
+        first) until a new chunk appears: scrubbing through the steps of one tensor
+        asks the same question again and again.
+        """
+        aggregation, sample = parse_aggregation(selection.aggregation)
+        version = self.step_index(trial_id).chunks
+        key = (trial_id, len(version), version[-1:], selection.node, selection.role, selection.kind,
+               selection.data_iteration, aggregation, sample, statistic)
+        with self._lock:
+            if key in self._series:
+                self._series.move_to_end(key)
+                return self._series[key]
+        table = self.trial(trial_id).series(node=selection.node, role=selection.role, kind=selection.kind,
+                                            iteration=selection.data_iteration, aggregation=aggregation,
+                                            sample=sample, statistic=statistic)
+        answer = (table.column("training_step").to_numpy(),
+                  table.column("value").to_numpy(zero_copy_only=False).astype(np.float64))
+        with self._lock:
+            self._series[key] = answer
+            while len(self._series) > SERIES_CACHE_SIZE:
+                self._series.popitem(last=False)
+        return answer
+
+    def tensor_rows(self, trial_id: str, training_step: int, **filters: Any) -> pa.Table:
+        """Rows of one step of one trial, filtered like TrialReader.selection."""
+        return self.trial(trial_id).selection(training_step=training_step, **filters)
+
+    # -- the tensors page -----------------------------------------------------------------------------
+    def resolve(self, wanted: Mapping[str, Any], move: str | None = None) -> View:
+        """Turn what the user asked for into a selection that exists, saying what had to change.
+
+        ``wanted`` may hold trial, type_of_execution, training_step, iteration, node_id,
+        roles ({node: role}), kind and aggregation; a missing key means "the default".
+        ``move`` (left/right/up/down) moves the selected node along the graph first.
+        """
+        view = View()
+        view.choices.trials = self.trials()
+        trial_id = view.trial = _pick_trial(view, wanted.get("trial"))
+        if trial_id is None:
+            return view
+        try:
+            index = self.step_index(trial_id)
+        except StoreError as error:
+            view.banners.append(str(error))
+            return view
+        if len(index.steps) == 0:
+            view.banners.append(f"Trial {trial_id!r} has no recorded steps yet. If a run is writing it, "
+                                "they appear here as soon as it flushes.")
+        else:
+            self._resolve_step(view, trial_id, index, wanted, move)
+        view.banners.extend(self.problems(trial_id))  # after reading, so that damage found now is reported
+        return view
+
+    def _resolve_step(self, view: View, trial_id: str, index: StepIndex, wanted: Mapping[str, Any],
+                      move: str | None) -> None:
+        choices = view.choices
+        choices.types = [ANY_TYPE, *index.types_of_execution()]
+        type_ = _pick(view, wanted.get("type_of_execution"), choices.types, ANY_TYPE, "type of training step")
+        choices.steps = index.steps_of(type_).tolist()
+        step = _pick_step(view, wanted.get("training_step"), choices.steps, type_)
+        rows = index.rows_of(step)
+        choices.iterations = [r["iteration"] for r in rows]
+        iteration = _pick_iteration(view, wanted.get("iteration"), choices.iterations, step)
+        step_row = rows[choices.iterations.index(iteration)]
+        graph = self.trial(trial_id).graph(step_row["graph"])
+        view.graph = graph
+        choices.nodes = [(n["id"], _node_label(n)) for n in sorted(graph["nodes"], key=lambda n: n["id"])]
+        node = _pick_node(view, graph, wanted.get("node_id"), iteration)
+        if move in DIRECTIONS:
+            node = _node_by_id(graph, neighbour(graph, node["id"], move)) or node
+            view.node_fallback = False
+        data_iteration = _data_iteration(node, iteration)
+        table = self.tensor_rows(trial_id, step, iteration=data_iteration, node=node["node"])
+        base = {"trial": trial_id, "type_of_execution": type_, "training_step": step,
+                "step_type": step_row["type_of_execution"], "iteration": iteration, "node_id": node["id"],
+                "node": node["node"], "data_iteration": data_iteration}
+        _resolve_tensor(view, base, node, table.to_pylist(), wanted)
+
+
+# -- resolution, one selector at a time -----------------------------------------------------------------
+def _pick(view: View, wanted: Any, valid: list[Any], default: Any, what: str) -> Any:
+    if wanted is None or wanted in valid:
+        return default if wanted is None else wanted
+    view.notices.append(f"The {what} {wanted!r} is not recorded here; showing {default!r}.")
+    return default
+
+
+def _pick_trial(view: View, wanted: str | None) -> str | None:
+    trials = view.choices.trials
+    if not trials:
+        view.banners.append("This recording has no trials yet. If a run is writing it, "
+                            "they appear here as soon as it has written its metadata.")
+        return None
+    if wanted is not None and wanted not in trials:
+        view.notices.append(f"Trial {wanted!r} is not in this recording; showing {trials[0]!r}.")
+        wanted = None
+    return wanted or trials[0]
+
+
+def _pick_step(view: View, wanted: int | None, steps: list[int], type_: str) -> int:
+    if wanted is None:
+        return steps[0]
+    if wanted in steps:
+        return int(wanted)
+    nearest = steps[int(np.argmin(np.abs(np.asarray(steps) - wanted)))]
+    kind = "recorded" if type_ == ANY_TYPE else f"a {type_!r} step"
+    view.notices.append(f"Training step {wanted} is not {kind}; showing the nearest one, {nearest}.")
+    return nearest
+
+
+def _pick_iteration(view: View, wanted: int | None, iterations: list[int], step: int) -> int:
+    if wanted is None:
+        return iterations[0]
+    if wanted in iterations:
+        return int(wanted)
+    shown = iterations[-1] if wanted > iterations[-1] else iterations[0]
+    view.notices.append(f"Training step {step} has iterations {iterations[0]} to {iterations[-1]}; "
+                        f"showing iteration {shown} instead of {wanted}.")
+    return shown
+
+
+def _pick_node(view: View, graph: dict[str, Any], wanted: str | None, iteration: int) -> dict[str, Any]:
+    node = _node_by_id(graph, wanted) if wanted else None
+    if node is None and wanted:
+        name = wanted.removesuffix("*old")
+        node = next((n for n in graph["nodes"] if n["node"] == name), None)
+        shown = node or _default_node(graph)
+        view.node_fallback = True
+        view.notices.append(f"Node {wanted!r} does not exist in iteration {iteration} of this step; "
+                            f"showing {shown['id']!r}.")
+        return shown
+    return node or _default_node(graph)
+
+
+def _default_node(graph: dict[str, Any]) -> dict[str, Any]:
+    ordered = sorted(graph["nodes"], key=lambda n: (n["role"] != "input", n["column"], n["row"]))
+    return ordered[0]
+
+
+def _node_by_id(graph: dict[str, Any], node_id: str | None) -> dict[str, Any] | None:
+    return next((n for n in graph["nodes"] if n["id"] == node_id), None)
+
+
+def _node_label(node: dict[str, Any]) -> str:
+    old = " (previous iteration)" if node.get("iteration_offset", 0) < 0 else ""
+    return f"{node['node']}{old} [{node['role']}]"
+
+
+def _data_iteration(node: dict[str, Any], iteration: int) -> int:
+    absolute = node.get("absolute_iteration")
+    return int(absolute) if absolute is not None else iteration + int(node.get("iteration_offset") or 0)
+
+
+def _resolve_tensor(view: View, base: dict[str, Any], node: dict[str, Any], rows: list[dict[str, Any]],
+                    wanted: Mapping[str, Any]) -> None:
+    """Pick role, kind and aggregation among the rows that exist for the node."""
+    choices = view.choices
+    name = node["node"]
+    choices.roles = [r for r in node.get("roles") or [] if any(row["role"] == r for row in rows)]
+    choices.roles += sorted({row["role"] for row in rows} - set(choices.roles))
+    if not rows:
+        choices.roles = list(node.get("roles") or [])
+        view.notices.append(f"No values were recorded for {name!r} at step {base['training_step']}, "
+                            f"iteration {base['data_iteration']}.")
+        view.selection = Selection(**base, role=(choices.roles or [""])[0], kind=fmt.FORWARD, aggregation="none")
+        return
+    wanted_role = (wanted.get("roles") or {}).get(name)
+    role = _pick(view, wanted_role, choices.roles, choices.roles[0], f"role of {name!r}")
+    of_role = [r for r in rows if r["role"] == role]
+    choices.kinds = sorted({r["kind"] for r in of_role}, key=lambda k: (k != fmt.FORWARD, k))
+    kind = _pick_kind(view, wanted.get("kind"), choices.kinds, name, role)
+    candidates = [r for r in of_role if r["kind"] == kind]
+    choices.aggregations = _aggregation_choices(candidates)
+    aggregation = _pick_aggregation(view, wanted.get("aggregation"), [v for v, _ in choices.aggregations], name)
+    view.row = next(r for r in candidates if aggregation_value(r["aggregation"], r["sample"]) == aggregation)
+    view.selection = Selection(**base, role=role, kind=kind, aggregation=aggregation)
+
+
+def _pick_kind(view: View, wanted: str | None, kinds: list[str], node: str, role: str) -> str:
+    default = fmt.FORWARD if fmt.FORWARD in kinds else kinds[0]
+    if wanted is None or wanted in kinds:
+        return default if wanted is None else wanted
+    view.notices.append(f"No {wanted!r} values were recorded for {node!r} (role {role!r}), e.g. an input "
+                        f"or a frozen parameter; showing {default!r}.")
+    return default
+
+
+def _aggregation_choices(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    order = {"mean": 0, "std": 1, "abs_max": 2, "sample": 3, "none": 4}
+    ordered = sorted(rows, key=lambda r: (order.get(r["aggregation"], 5), r["sample"]))
+    values = {aggregation_value(r["aggregation"], r["sample"]): r.get("category") for r in ordered}
+    return [(value, aggregation_label(value, category)) for value, category in values.items()]
+
+
+def _pick_aggregation(view: View, wanted: str | None, valid: list[str], node: str) -> str:
+    default = "mean" if "mean" in valid else valid[0]
+    if wanted is None or wanted in valid:
+        return default if wanted is None else wanted
+    if valid == ["none"]:
+        reason = f"{node!r} has no batch dimension"
+    else:
+        reason = f"{aggregation_label(wanted)} was not recorded for {node!r} at this step"
+    view.notices.append(f"{reason}; showing {aggregation_label(default)!r}.")
+    return default
+
+
+# -- moving along the graph ---------------------------------------------------------------------------
+def neighbour(graph: dict[str, Any], node_id: str, direction: str) -> str:
+    """The node reached from ``node_id`` by an arrow key; the same node where there is none.
+
+    Left and right prefer a direct dependency (left) or dependent (right), the
+    closest column first; without one they go to the nearest column on that
+    side. Up and down move within the column.
+    """
+    nodes = {n["id"]: n for n in graph["nodes"]}
+    here = nodes[node_id]
+    if direction in ("up", "down"):
+        column = sorted((n for n in nodes.values() if n["column"] == here["column"]), key=lambda n: n["row"])
+        position = column.index(here) + (-1 if direction == "up" else 1)
+        return column[position]["id"] if 0 <= position < len(column) else node_id
+    sign = -1 if direction == "left" else 1
+    linked = {e["source"] for e in graph["edges"] if e["target"] == node_id} if sign < 0 else \
+        {e["target"] for e in graph["edges"] if e["source"] == node_id}
+    side = [n for n in nodes.values() if (n["column"] - here["column"]) * sign > 0]
+    candidates = [n for n in side if n["id"] in linked] or side
+    if not candidates:
+        return node_id
+    best = min(candidates, key=lambda n: (abs(n["column"] - here["column"]), abs(n["row"] - here["row"]), n["row"]))
+    return best["id"]
+
+
+# -- series across trials -------------------------------------------------------------------------------
+def series(service: RecordingService, selection: Selection, statistic: str) -> list[Series]:
+    """The statistic of the selected tensor at every recorded step, one entry per trial that has it.
+
+    Steps are limited to the selected type of training step, so that iteration
+    numbers mean the same thing along the curve.
+    """
+    result = []
+    for trial_id in service.trials():
+        try:
+            steps, values = service.statistic_series(trial_id, selection, statistic)
+            index = service.step_index(trial_id)
+        except StoreError:
+            continue
+        if selection.type_of_execution != ANY_TYPE:
+            keep = np.isin(steps, index.steps_of(selection.type_of_execution))
+            steps, values = steps[keep], values[keep]
+        if len(steps):
+            result.append(Series(trial_id, steps, values))
+    return result
+
+
+# -- helpers for folders and module trees -------------------------------------------------------------
+def _chunk_names(folder: Path) -> list[str]:
+    try:
+        return sorted(e.name for e in os.scandir(folder) if e.name.endswith(".parquet") and e.name[0] != ".")
+    except FileNotFoundError:
+        return []
+
+
+def _count_chunks(folder: Path) -> int:
+    return len(_chunk_names(folder))
+
+
+def _with_totals(tree: Mapping[str, Any]) -> dict[str, Any]:
+    submodules = [_with_totals(child) for child in tree.get("submodules") or []]
+    own = sum(int(p.get("numel") or 0) for p in tree.get("parameters") or [])
+    return {**tree, "submodules": submodules, "own": own, "total": own + sum(s["total"] for s in submodules)}

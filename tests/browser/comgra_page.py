@@ -1,0 +1,111 @@
+"""What a browser test does with the app, and how it checks the page against the store."""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Page, expect
+
+from comgra.service import parse_aggregation
+from comgra.store import GroupReader
+from comgra.store import format as fmt
+
+TIMEOUT = 10_000
+READ_PAGE = """() => {
+  const field = name => { const e = document.querySelector(`#values [data-field="${name}"]`); return e ? e : null; };
+  const text = name => field(name) ? field(name).textContent : null;
+  const selected = document.querySelector('#dependency-graph .graph-node.selected');
+  return {
+    trial: text('trial'), training_step: text('training_step'), iteration: text('iteration'),
+    node: text('node'), role: text('role'), kind: text('kind'), aggregation_label: text('aggregation'),
+    aggregation: field('aggregation') ? field('aggregation').dataset.value : null,
+    tensor_type: text('tensor_type'), type_of_execution: text('type_of_execution'), shape: text('shape'),
+    node_id: selected ? selected.dataset.node : null,
+    stats: Object.fromEntries(Array.from(document.querySelectorAll('#values [data-stat]'))
+                                  .map(e => [e.dataset.stat, [e.dataset.value, e.textContent]])),
+    neurons: Array.from(document.querySelectorAll('#values [data-neuron]')).map(e => e.dataset.value),
+    graphs: document.querySelectorAll('[data-graph]').length,
+    notice: document.getElementById('notice').textContent,
+    banner: document.getElementById('banner').textContent,
+  };
+}"""
+
+
+class ComgraPage:
+    def __init__(self, page: Page, recording: Path):
+        self.page = page
+        self.recording = recording
+        self.errors: list[str] = []
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.set_default_timeout(TIMEOUT)
+
+    def load(self, url: str, ready: str = "#stat-mean") -> None:
+        self.page.goto(url)
+        self.page.wait_for_selector(ready)
+
+    # -- actions -----------------------------------------------------------------------------------
+    def click_node(self, node_id: str) -> None:
+        self.page.click(f'#dependency-graph [data-node="{node_id}"]')
+        expect(self.page.locator(f'#dependency-graph [data-node="{node_id}"]')).to_have_class(has_class("selected"))
+
+    def choose(self, dropdown: str, label: str) -> None:
+        self.page.click(f"#{dropdown}")
+        self.page.locator(".dash-dropdown-option", has_text=label).first.click()
+        expect(self.page.locator(f"#{dropdown}")).to_contain_text(label)
+
+    def field(self, name: str) -> Any:
+        return self.page.locator(f'#values [data-field="{name}"]')
+
+    def wait_for(self, **fields: Any) -> None:
+        for name, value in fields.items():
+            expect(self.field(name)).to_have_text(str(value))
+
+    def read(self) -> dict[str, Any]:
+        return self.page.evaluate(READ_PAGE)
+
+    # -- checks ------------------------------------------------------------------------------------
+    def expected_row(self, shown: dict[str, Any]) -> dict[str, Any]:
+        """The store's row for what the page says it shows, found without asking the app."""
+        trial = GroupReader(self.recording).trial(shown["trial"])
+        step, iteration = int(shown["training_step"]), int(shown["iteration"])
+        (index_row,) = [r for r in trial.steps().to_pylist()
+                        if r["training_step"] == step and r["iteration"] == iteration]
+        (node,) = [n for n in trial.graph(index_row["graph"])["nodes"] if n["id"] == shown["node_id"]]
+        data_iteration = node["absolute_iteration"]
+        if data_iteration is None:
+            data_iteration = iteration + node["iteration_offset"]
+        aggregation, sample = parse_aggregation(shown["aggregation"])
+        rows = trial.selection(training_step=step, kind=shown["kind"], iteration=data_iteration, node=node["node"],
+                               role=shown["role"], aggregation=aggregation, sample=sample).to_pylist()
+        assert len(rows) == 1, (shown, rows)
+        assert shown["node"] == node["node"] and shown["type_of_execution"] == index_row["type_of_execution"]
+        return rows[0]
+
+    def check_against_store(self) -> dict[str, Any]:
+        """Assert that every number shown equals the store's; returns what the page shows."""
+        shown = self.read()
+        assert shown["graphs"] == 1, "exactly one graph (the current iteration's) is in the page"
+        assert "Traceback" not in shown["banner"] and not self.errors, (shown["banner"], self.errors)
+        row = self.expected_row(shown)
+        names = [*fmt.STATISTICS, *(["svd_max"] if row["svd_max"] is not None else [])]
+        assert sorted(shown["stats"]) == sorted(names)
+        for name in names:
+            assert _same(shown["stats"][name][0], row[name]), (name, shown["stats"][name], row[name])
+        assert [float(v) for v in shown["neurons"]] == row["neurons"]  # exact: the page carries repr()
+        assert shown["tensor_type"] == row["tensor_type"]
+        assert shown["shape"] == ("scalar" if row["shape"] == [] else " × ".join(map(str, row["shape"])))
+        return shown
+
+
+def _same(text: str, value: float | None) -> bool:
+    if value is None:
+        return text == "None"
+    shown = float(text)
+    return (math.isnan(shown) and math.isnan(value)) or shown == value
+
+
+def has_class(class_name: str) -> re.Pattern[str]:
+    """For ``expect(...).to_have_class``: the element has this class among others."""
+    return re.compile(rf"(^|\s){re.escape(class_name)}(\s|$)")

@@ -1,0 +1,275 @@
+"""The app in Chromium: every click and selector shows the store's numbers for the selection."""
+from __future__ import annotations
+
+import itertools
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from comgra_page import has_class
+from playwright.sync_api import expect
+
+from comgra.service import neighbour
+from comgra.store import GroupReader
+from comgra.store import format as fmt
+
+BUGGED = "trial_bugged_original_version"
+FIXED = "trial_no_activation_function_on_output_layer"
+
+
+@pytest.fixture
+def app(serve, open_page, recording):
+    return open_page(serve(recording), recording)
+
+
+def steps_of(recording, trial, type_=None) -> list[int]:
+    table = GroupReader(recording).trial(trial).steps()
+    if type_:
+        table = table.filter(pc.equal(table["type_of_execution"], type_))
+    return sorted(set(table.column("training_step").to_pylist()))
+
+
+def graph_at(recording, trial, step, iteration) -> dict:
+    reader = GroupReader(recording).trial(trial)
+    (row,) = [r for r in reader.steps().to_pylist() if r["training_step"] == step and r["iteration"] == iteration]
+    return reader.graph(row["graph"])
+
+
+def test_the_first_page_shows_the_stores_values_and_a_findable_graph(app, recording):
+    shown = app.check_against_store()
+    assert (shown["trial"], shown["node_id"], shown["aggregation"]) == (BUGGED, "input", "mean")
+    assert int(shown["training_step"]) == steps_of(recording, BUGGED)[0]
+    node = app.page.get_by_role("button", name="subnet_mem__out, intermediate")
+    expect(node).to_have_count(1)
+    expect(app.page.locator("#dependency-graph canvas")).to_have_count(0)
+
+
+def test_clicking_nodes_selects_them_and_draws_only_their_links(app):
+    for node_id in ["subnet_mem__out", "subnet_pre", "helper_partial_sums", "output", "initial_hidden_state", "input"]:
+        app.click_node(node_id)
+        shown = app.check_against_store()
+        assert shown["node_id"] == node_id
+        edges = app.page.locator("[data-edge]").evaluate_all("els => els.map(e => e.dataset.edge)")
+        assert edges and all(node_id in edge.split("->") for edge in edges), edges
+    expect(app.page.locator('[data-node="subnet_pre__out"]')).to_have_class(has_class("dependent"))
+
+
+def test_every_selector_changes_the_values_to_the_stores(app, recording):
+    app.click_node("subnet_mem__out")
+    app.page.get_by_role("option", name="gradients").click()
+    app.wait_for(kind="gradients")
+    app.check_against_store()
+    app.choose("aggregation-select", "STD over the batch")
+    app.wait_for(aggregation="STD over the batch")
+    app.check_against_store()
+    app.choose("aggregation-select", "Sample 2")
+    app.wait_for(aggregation="Sample 2")
+    app.check_against_store()
+
+    steps = steps_of(recording, BUGGED, "05_iterations")
+    app.choose("type-select", "05_iterations")
+    app.wait_for(training_step=steps[0], type_of_execution="05_iterations")
+    app.check_against_store()
+    app.page.click("#step-next")
+    app.wait_for(training_step=steps[1])
+    app.check_against_store()
+    app.page.click("#step-prev")
+    app.wait_for(training_step=steps[0])
+    app.page.focus("#step-slider [role=slider]")
+    app.page.keyboard.press("End")
+    app.wait_for(training_step=steps[-1])
+    app.check_against_store()
+    app.page.fill("#step-input", str(steps[1] + 1))
+    app.page.press("#step-input", "Enter")
+    app.wait_for(training_step=steps[1])  # the nearest recorded step of that type
+    expect(app.page.locator("#notice")).to_contain_text("nearest")
+
+    app.page.focus("#iteration-slider [role=slider]")
+    app.page.keyboard.press("ArrowRight")
+    app.page.keyboard.press("ArrowRight")
+    app.wait_for(iteration=2)
+    app.check_against_store()
+
+    app.click_node("helper_partial_sums")
+    app.page.get_by_role("option", name="forward").click()
+    app.choose("role-select", "running_max")
+    app.wait_for(role="running_max", kind="forward")
+    app.check_against_store()
+
+    app.choose("trial-select", FIXED)
+    app.wait_for(trial=FIXED)
+    app.choose("aggregation-select", "Sample 1 (negative)")
+    app.wait_for(aggregation="Sample 1 (negative)")
+    shown = app.check_against_store()
+    assert shown["role"] == "running_max"  # the role chosen for this node is remembered
+
+
+def test_parameters_have_no_batch_dimension_and_a_frozen_one_no_gradient(app):
+    app.choose("aggregation-select", "Sample 3")
+    app.click_node("subnet_pre")
+    app.wait_for(node="subnet_pre", aggregation="No batch dimension")
+    expect(app.page.locator("#notice")).to_contain_text("no batch dimension")
+    app.check_against_store()
+    app.page.get_by_role("option", name="gradients").click()
+    app.wait_for(kind="gradients")
+    app.choose("role-select", "bias1")
+    app.wait_for(role="bias1", kind="forward")
+    expect(app.page.locator("#notice")).to_contain_text("frozen parameter")
+    app.check_against_store()
+    app.click_node("input")
+    app.wait_for(node="input", aggregation="Sample 3")  # the wish comes back where it applies
+    app.check_against_store()
+
+
+def test_buttons_and_arrow_keys_move_along_the_graph(app, recording):
+    shown = app.read()
+    graph = graph_at(recording, BUGGED, int(shown["training_step"]), int(shown["iteration"]))
+    here = "input"
+    moves = [("button", "right"), ("button", "down"), ("key", "ArrowLeft"), ("key", "ArrowDown"),
+             ("focus", "ArrowRight"), ("focus", "ArrowUp")]
+    for how, move in moves:
+        direction = move.removeprefix("Arrow").lower()
+        expected = neighbour(graph, here, direction)
+        if how == "button":
+            app.page.click(f"#nav-{direction}")
+        elif how == "key":
+            app.page.locator("body").click(position={"x": 5, "y": 900})
+            app.page.keyboard.press(move)
+        else:
+            app.page.focus(f'#dependency-graph [data-node="{here}"]')
+            app.page.keyboard.press(move)
+        expect(app.page.locator(f'#dependency-graph [data-node="{expected}"]')).to_have_class(
+            has_class("selected"))
+        app.check_against_store()
+        here = expected
+    app.page.focus('#dependency-graph [data-node="output"]')
+    app.page.keyboard.press("Enter")
+    app.wait_for(node="output")
+
+
+def test_a_node_missing_in_an_iteration_disappears_and_the_page_says_so(app, recording):
+    app.choose("type-select", "05_iterations")
+    app.page.focus("#iteration-slider [role=slider]")
+    app.page.keyboard.press("End")
+    app.wait_for(iteration=4)
+    app.click_node("loss")
+    app.check_against_store()
+    app.page.focus("#iteration-slider [role=slider]")
+    app.page.keyboard.press("Home")
+    app.wait_for(iteration=0)
+    expect(app.page.locator('[data-node="loss"]')).to_have_count(0)
+    expect(app.page.locator("#notice")).to_contain_text("Node 'loss' does not exist in iteration 0")
+    app.check_against_store()
+    app.page.keyboard.press("End")
+    app.wait_for(iteration=4, node="loss")  # back where it exists: selected again
+
+
+def test_tabs_show_network_notes_and_kpis(app, recording):
+    reader = GroupReader(recording).trial(BUGGED)
+    app.page.get_by_role("tab", name="Network").click()
+    expect(app.page.locator("#network [data-module='main_model.subnet_pre']")).to_contain_text("parameters")
+    total = sum(p["numel"] for m in reader.metadata["modules"][0]["submodules"] for p in m["parameters"])
+    expect(app.page.locator("#network [data-module='main_model']")).to_have_attribute("data-total", str(total))
+    expect(app.page.locator("#panel-tensors")).to_be_hidden()
+    app.page.get_by_role("tab", name="Notes").click()
+    expect(app.page.locator("#notes .note")).to_have_count(len(reader.notes()))
+    expect(app.page.locator("#notes .note").first).to_have_text(reader.notes()[0])
+    app.page.get_by_role("tab", name="Graphs").click()
+    expect(app.page.locator("#kpi-graphs [data-kpi-group]")).to_have_count(2)
+    expect(app.page.locator("#kpi-graphs .js-plotly-plot")).to_have_count(2)
+    app.page.keyboard.press("ArrowRight")  # arrow keys do nothing outside the tensors tab
+    app.page.get_by_role("tab", name="Tensors").click()
+    assert app.check_against_store()["node_id"] == "input"
+    expect(app.page.locator("#series-plot .js-plotly-plot")).to_have_count(1)
+
+
+def test_the_visualization_tab_shows_the_users_file(serve, open_page, recording, tmp_path):
+    viz = tmp_path / "viz.py"
+    viz.write_text("def create_visualization(selection, data):\n"
+                   "    rows = data.values(node=selection['node'], role=selection['role'], kind=selection['kind'],\n"
+                   "                       iteration=selection['iteration'], aggregation=selection['aggregation'])\n"
+                   "    if selection['node'] == 'output':\n        raise RuntimeError('no output plot')\n"
+                   "    return f\"{selection['node']} at step {selection['training_step']}: {len(rows)} rows\"\n")
+    app = open_page(serve(recording, visualization_file=viz), recording)
+    app.page.get_by_role("tab", name="Visualization").click()
+    step = app.read()["training_step"]
+    expect(app.page.locator("#visualization")).to_have_text(f"input at step {step}: 1 rows")
+    app.page.get_by_role("tab", name="Tensors").click()
+    app.click_node("output")
+    app.page.get_by_role("tab", name="Visualization").click()
+    expect(app.page.locator("#visualization .alert-danger")).to_contain_text("RuntimeError: no output plot")
+
+
+def test_new_steps_and_trials_appear_while_the_page_is_open(serve, open_page, fresh_recording, synthetic):
+    app = open_page(serve(fresh_recording, poll_seconds=0.3), fresh_recording)
+    trial = GroupReader(fresh_recording).trial(BUGGED)
+    steps = steps_of(fresh_recording, BUGGED)
+    new_step = steps[-1] + 1000
+    copy_last_step(trial, new_step)
+    expect(app.page.locator("#step-info")).to_contain_text(f"of {len(steps) + 1} recorded steps")
+    app.page.focus("#step-slider [role=slider]")
+    app.page.keyboard.press("End")
+    app.wait_for(training_step=new_step)
+    app.check_against_store()
+    synthetic.write_trial(fresh_recording, "trial_written_later", 2, synthetic.Options(scale=0.01))
+    app.choose("trial-select", "trial_written_later")
+    app.wait_for(trial="trial_written_later")
+    app.check_against_store()
+
+
+def copy_last_step(trial, new_step: int) -> None:
+    """Append a copy of the trial's last step under a new step number, as a running training would."""
+    last = trial.steps().column("training_step")[-1].as_py()
+    for table, schema in (("tensors", fmt.TENSORS_SCHEMA), ("steps", fmt.STEPS_SCHEMA)):
+        rows = trial.selection(training_step=last) if table == "tensors" else \
+            trial.steps().filter(pc.equal(trial.steps()["training_step"], last))
+        rows = rows.set_column(rows.schema.get_field_index("training_step"), "training_step",
+                               pa.array([new_step] * rows.num_rows, pa.int64()))
+        fmt.write_parquet_atomic(trial.directory / table / fmt.chunk_name(900, new_step, new_step), rows.cast(schema))
+
+
+def test_bad_recordings_get_banners_and_the_rest_stays_usable(serve, open_page, fresh_recording):
+    fmt.write_json_atomic(fmt.trial_dir(fresh_recording, "a_empty") / fmt.TRIAL_META,
+                          {"format_version": 1, "trial_id": "a_empty", "modules": []})
+    fmt.write_json_atomic(fmt.trial_dir(fresh_recording, "b_future") / fmt.TRIAL_META,
+                          {"format_version": fmt.FORMAT_VERSION + 1, "trial_id": "b_future"})
+    chunks = sorted((fmt.trial_dir(fresh_recording, BUGGED) / "tensors").glob("*.parquet"))
+    chunks[-1].write_bytes(b"garbage")
+    app = open_page(serve(fresh_recording), fresh_recording, ready="#banner .alert")
+    expect(app.page.locator("#banner")).to_contain_text("has no recorded steps yet")
+    app.choose("trial-select", "b_future")
+    expect(app.page.locator("#banner")).to_contain_text("format_version")
+    app.choose("trial-select", BUGGED)
+    app.wait_for(trial=BUGGED)
+    app.check_against_store()
+    app.page.focus("#step-slider [role=slider]")
+    app.page.keyboard.press("End")
+    expect(app.page.locator("#banner")).to_contain_text("damaged chunk")
+    expect(app.page.locator("#values")).to_contain_text("No values were recorded")
+    assert "Traceback" not in app.page.content()
+    app.page.keyboard.press("Home")
+    app.wait_for(training_step=steps_of(fresh_recording, BUGGED)[0])
+    app.check_against_store()
+
+
+def test_two_browser_tabs_do_not_interfere(serve, open_page, recording):
+    url = serve(recording)
+    first, second = open_page(url, recording), open_page(url, recording)
+    first.click_node("subnet_mem__out")
+    second.click_node("output")
+    second.choose("aggregation-select", "Sample 4")
+    first.page.click("#step-next")
+    first.wait_for(node="subnet_mem__out", aggregation="Mean over the batch")
+    first.check_against_store()
+    second.wait_for(node="output", aggregation="Sample 4")
+    assert second.check_against_store()["training_step"] == str(steps_of(recording, BUGGED)[0])
+
+
+def test_slider_marks_do_not_overlap_with_hundreds_of_steps(serve, open_page, tmp_path, synthetic):
+    recording = synthetic.write_recording(tmp_path, synthetic.Options(scale=1, trials=1, steps_per_chunk=60))
+    app = open_page(serve(recording), recording)
+    boxes = app.page.locator("#step-slider .dash-slider-mark").evaluate_all(
+        "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.left, r.right]; })")
+    assert 3 <= len(boxes) <= 11
+    boxes.sort()
+    assert all(right < next_left for (_, right), (next_left, _) in itertools.pairwise(boxes)), boxes

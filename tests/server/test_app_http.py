@@ -1,0 +1,100 @@
+"""The real app over HTTP (Flask's test client): each callback answers with the store's numbers."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from comgra.server.app import create_app
+from comgra.service import parse_aggregation
+from comgra.store import GroupReader
+from comgra.store import format as fmt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_benchmark():
+    if "app_latency" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("app_latency", ROOT / "benchmarks" / "app_latency.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["app_latency"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["app_latency"]
+
+
+@pytest.fixture
+def client(recording):
+    app = create_app(recording, poll_seconds=60)
+    http = app.server.test_client()
+
+    def get_json(path):
+        response = http.get(path)
+        assert response.status_code == 200, path
+        return response.get_json()
+
+    def post_json(path, payload):
+        response = http.post(path, json=payload)
+        assert response.status_code in (200, 204), response.data[:500]
+        return response.get_json() if response.status_code == 200 else None
+
+    return load_benchmark().DashClient(get_json, post_json)
+
+
+def expected_statistics(recording, shown) -> dict:
+    aggregation, sample = parse_aggregation(shown["aggregation"])
+    (row,) = GroupReader(recording).trial(shown["trial"]).selection(
+        training_step=shown["training_step"], kind=shown["kind"], iteration=shown["data_iteration"],
+        node=shown["node"], role=shown["role"], aggregation=aggregation, sample=sample).to_pylist()
+    return {name: row[name] for name in (*fmt.STATISTICS, *(["svd_max"] if row["svd_max"] is not None else []))}
+
+
+def test_the_page_and_its_assets_are_served_locally(recording):
+    http = create_app(recording).server.test_client()
+    page = http.get("/").get_data(as_text=True)
+    assert "comgra.css" in page and "00_bootstrap.min.css" in page and "comgra.js" in page
+    assert "cdn" not in page.lower() and "unpkg" not in page.lower()
+    with http.get("/assets/comgra.js") as response:
+        assert response.status_code == 200
+
+
+def test_every_interaction_shows_the_stores_numbers(client, recording):
+    client.trigger("selection.data")
+    assert client.statistics() == expected_statistics(recording, client.shown())
+    options = [o["value"] for o in client.props[("aggregation-select", "options")]]
+    changes = [
+        {"node-click.data": {"id": "subnet_mem__out", "t": 1}},
+        {"aggregation-select.value": options[4]},
+        {"kind-select.value": "gradients"},
+        {"step-slider.value": 3},
+        {"step-next.n_clicks": 1},
+        {"iteration-slider.value": 1},
+        {"node-search.value": "subnet_pre"},
+        {"role-select.value": "weight1"},
+        {"nav-right.n_clicks": 1},
+        {"trial-select.value": "trial_no_activation_function_on_output_layer"},
+        {"type-select.value": "01_iterations"},
+        {"step-input.value": 57},
+    ]
+    for change in changes:
+        client.trigger("selection.data", change)
+        shown = client.shown()
+        assert shown is not None, change
+        assert client.statistics() == expected_statistics(recording, shown), change
+    assert shown["trial"] == "trial_no_activation_function_on_output_layer" and shown["step_type"] == "01_iterations"
+
+
+def test_the_series_and_the_tabs_answer(client):
+    client.trigger("selection.data")
+    graph = client.trigger("series-plot.children", {"shown.data": client.shown()})["response"]["series-plot"]["children"]
+    figure = graph["props"]["figure"]
+    assert len(figure["data"]) == 2
+    for component, tab in [("network", "network"), ("notes", "notes"), ("kpi-graphs", "graphs")]:
+        response = client.trigger(f"{component}.children", {"tabs.active_tab": tab})
+        assert response["response"][component]["children"], component
+
+
+def test_polling_answers_nothing_when_nothing_changed(client):
+    response = client.trigger("data-version.data", {"poll.n_intervals": 1})
+    assert not (response or {}).get("response")

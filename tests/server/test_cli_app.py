@@ -1,0 +1,117 @@
+"""``comgra`` and ``comgra demo``: clear messages and exit code 2 for bad input; a fast start."""
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from comgra.cli import app as cli
+
+from test_app_http import load_benchmark
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--path", "{tmp}/missing"], "does not exist"),
+    (["--path", "{tmp}/file.txt"], "is a file"),
+    (["--path", "{tmp}"], "holds no comgra recording"),
+    (["--path", "{root}"], "is a root folder with groups"),
+    (["--path", "{recording}", "--visualization-file", "{tmp}/nope.py"], "visualization file"),
+])
+def test_bad_input_gets_a_message_and_exit_code_2(tmp_path, recording, capsys, arguments, message):
+    (tmp_path / "file.txt").write_text("x")
+    values = {"tmp": tmp_path, "root": recording.parent, "recording": recording}
+    assert cli.main([a.format(**values) for a in arguments]) == 2
+    error = capsys.readouterr().err
+    assert message in error and "Traceback" not in error and error.startswith("comgra: error:")
+
+
+def test_a_newer_format_is_refused_with_a_message(tmp_path, capsys):
+    from comgra.store import format as fmt
+
+    fmt.write_json_atomic(fmt.trial_dir(tmp_path, "t") / fmt.TRIAL_META, {"format_version": 99})
+    server = cli.check_recording(tmp_path)
+    assert server == tmp_path.resolve()  # the app opens; the trial gets a banner there
+
+
+def test_missing_arguments_are_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([])
+    assert exit_.value.code == 2
+
+
+def test_use_path_for_test_run_without_a_test_run(tmp_path, monkeypatch, capsys):
+    from comgra.cli import paths
+
+    monkeypatch.setattr(paths, "default_test_run_group_path", lambda: tmp_path / "testcase_for_demonstration")
+    assert cli.main(["--use-path-for-test-run"]) == 2
+    assert "comgra-test-run" in capsys.readouterr().err
+
+
+def test_use_path_for_test_run_serves_that_folder(recording, monkeypatch):
+    from comgra.cli import paths
+
+    served = {}
+    monkeypatch.setattr(paths, "default_test_run_group_path", lambda: recording)
+    monkeypatch.setattr(cli, "_run_server", lambda group, **kw: served.update(group=group, **kw) or 0)
+    assert cli.main(["--use-path-for-test-run", "--port", "9999"]) == 0
+    assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": None}
+
+
+def test_a_busy_port_is_reported(recording, capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["--path", str(recording), "--port", str(port)]) == 2
+    assert "try another --port" in capsys.readouterr().err
+
+
+def test_demo_records_a_short_tutorial_then_serves_it(tmp_path, monkeypatch, synthetic):
+    tutorial = pytest.importorskip("comgra.examples.tutorial")
+    calls = {}
+
+    def fake_run_tutorial(path, group, *, steps, min_training_steps_difference, progress):
+        calls.update(steps=steps, difference=min_training_steps_difference, progress=progress)
+        return synthetic.write_recording(Path(path), synthetic.Options(scale=0.01, trials=1, group=group))
+
+    monkeypatch.setattr(tutorial, "run_tutorial", fake_run_tutorial)
+    monkeypatch.setattr(cli, "_run_server", lambda group, **kw: calls.update(group=group) or 0)
+    assert cli.main(["demo", "--path", str(tmp_path), "--steps", "500"]) == 0
+    assert calls == {"steps": 500, "difference": 200, "progress": True, "group": tmp_path / "demo"}
+    assert cli.main(["demo", "--path", str(tmp_path)]) == 2  # never overwrites a recording
+
+
+def test_the_server_starts_fast_binds_localhost_and_stops_cleanly(recording):
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(recording), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        url = None
+        for line in process.stdout:
+            match = re.search(r"(http://\S+)", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url is not None and url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(url, timeout=10) as response:
+            assert response.status == 200
+        elapsed = time.perf_counter() - start
+        assert elapsed < 5.0, f"took {elapsed:.1f} s to serve the page"  # about 0.6 s when the machine is idle
+        client = load_benchmark().DashClient(*load_benchmark().urllib_transport(url.rstrip("/")))
+        client.trigger("selection.data")
+        assert client.statistics()["mean"] is not None
+        process.send_signal(signal.SIGINT)  # Ctrl+C
+        rest = process.communicate(timeout=10)[0]
+        assert process.returncode == 0 and "Traceback" not in rest and "leaked" not in rest, rest
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -1,0 +1,239 @@
+"""The service answers the GUI's questions from the store, falling back and saying so."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from comgra.service import ANY_TYPE, RecordingService, neighbour, parse_aggregation, series
+from comgra.store import GroupReader
+from comgra.store import format as fmt
+
+BUGGED = "trial_bugged_original_version"
+FIXED = "trial_no_activation_function_on_output_layer"
+
+
+@pytest.fixture(scope="module")
+def service(recording: Path) -> RecordingService:
+    return RecordingService(recording)
+
+
+def stored_row(recording: Path, selection) -> dict:
+    aggregation, sample = parse_aggregation(selection.aggregation)
+    rows = GroupReader(recording).trial(selection.trial).selection(
+        training_step=selection.training_step, kind=selection.kind, iteration=selection.data_iteration,
+        node=selection.node, role=selection.role, aggregation=aggregation, sample=sample).to_pylist()
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_the_default_view_shows_the_first_input_of_the_first_trial(service, recording):
+    view = service.resolve({})
+    selection = view.selection
+    assert (selection.trial, selection.node_id, selection.kind, selection.aggregation) == (BUGGED, "input", "forward", "mean")
+    assert selection.training_step == view.choices.steps[0] and selection.iteration == 0
+    assert view.notices == [] and view.banners == []
+    assert view.row == stored_row(recording, selection)
+    assert view.choices.types[0] == ANY_TYPE and view.choices.trials == [BUGGED, FIXED]
+
+
+@pytest.mark.parametrize("wanted, expected", [
+    ({"node_id": "subnet_mem__out", "kind": "gradients", "aggregation": "sample:3"},
+     {"node": "subnet_mem__out", "kind": "gradients", "aggregation": "sample:3"}),
+    ({"node_id": "subnet_pre", "roles": {"subnet_pre": "weight1"}, "kind": "gradients"},
+     {"node": "subnet_pre", "role": "weight1", "data_iteration": -1, "aggregation": "none"}),
+    ({"node_id": "helper_partial_sums", "roles": {"helper_partial_sums": "running_max"}, "aggregation": "std"},
+     {"role": "running_max", "aggregation": "std"}),
+])
+def test_a_valid_wish_is_shown_as_asked_and_matches_the_store(service, recording, wanted, expected):
+    view = service.resolve(wanted)
+    shown = view.selection.to_dict()
+    assert {k: shown[k] for k in expected} == expected
+    assert view.row == stored_row(recording, view.selection)
+
+
+@pytest.mark.parametrize("wanted, shown, says", [
+    ({"node_id": "input", "kind": "gradients"}, {"kind": "forward"}, "No 'gradients' values"),
+    ({"node_id": "subnet_pre", "roles": {"subnet_pre": "bias1"}, "kind": "gradients"},
+     {"kind": "forward", "role": "bias1"}, "frozen parameter"),
+    ({"node_id": "subnet_out", "aggregation": "sample:1"}, {"aggregation": "none"}, "has no batch dimension"),
+    ({"node_id": "loss", "iteration": 0, "type_of_execution": "03_iterations"}, {"node_id": "input"},
+     "Node 'loss' does not exist in iteration 0"),
+    ({"iteration": 99}, {}, "showing iteration"),
+    ({"training_step": 3}, {}, "Training step 3 is not recorded"),
+    ({"trial": "no_such_trial"}, {"trial": BUGGED}, "Trial 'no_such_trial' is not in this recording"),
+    ({"type_of_execution": "42_iterations"}, {"type_of_execution": ANY_TYPE}, "'42_iterations'"),
+    ({"node_id": "input", "roles": {"input": "nope"}}, {"role": "input"}, "'nope'"),
+])
+def test_an_invalid_wish_falls_back_and_says_so(service, recording, wanted, shown, says):
+    view = service.resolve(wanted)
+    assert view.selection is not None
+    assert {k: view.selection.to_dict()[k] for k in shown} == shown
+    assert any(says in notice for notice in view.notices), view.notices
+    assert view.row == stored_row(recording, view.selection)
+
+
+def test_defaults_that_do_not_apply_fall_back_silently(service):
+    view = service.resolve({"node_id": "subnet_out"})  # a parameter: no batch, yet no notice
+    assert view.selection.aggregation == "none" and view.notices == []
+
+
+def test_a_step_of_another_type_snaps_to_the_nearest_step_of_the_wanted_type(service):
+    index = service.step_index(BUGGED)
+    type_ = index.types_of_execution()[0]
+    steps = index.steps_of(type_).tolist()
+    view = service.resolve({"type_of_execution": type_, "training_step": steps[0] + 1})
+    assert view.selection.training_step == steps[0] and view.choices.steps == steps
+    assert view.selection.step_type == type_
+
+
+def test_an_iteration_past_the_end_shows_the_last_iteration(service):
+    view = service.resolve({"type_of_execution": "05_iterations", "iteration": 19})
+    assert view.selection.iteration == 4 and view.choices.iterations == [0, 1, 2, 3, 4]
+
+
+def test_a_node_from_the_previous_iteration_reads_that_iteration(service, recording):
+    view = service.resolve({"type_of_execution": "05_iterations", "iteration": 3, "node_id": "subnet_mem__out*old"})
+    assert (view.selection.node, view.selection.data_iteration) == ("subnet_mem__out", 2)
+    assert view.row == stored_row(recording, view.selection)
+
+
+def test_categories_of_dynamic_recordings_label_the_samples(service):
+    view = service.resolve({"trial": FIXED})
+    assert ("sample:1", "Sample 1 (negative)") in view.choices.aggregations
+
+
+GRAPH = {"nodes": [
+    {"id": "a", "column": 0, "row": 0}, {"id": "b", "column": 0, "row": 1}, {"id": "c", "column": 1, "row": 0},
+    {"id": "d", "column": 1, "row": 1}, {"id": "e", "column": 3, "row": 0}],
+    "edges": [{"source": "b", "target": "d"}, {"source": "a", "target": "c"}, {"source": "d", "target": "e"}]}
+
+
+@pytest.mark.parametrize("start, direction, end", [
+    ("a", "down", "b"), ("b", "down", "b"), ("b", "up", "a"), ("a", "up", "a"),
+    ("b", "right", "d"),  # a dependent, though "c" is closer in rows
+    ("d", "left", "b"), ("d", "right", "e"), ("e", "left", "d"), ("e", "right", "e"),
+    ("c", "right", "e"),  # no dependent: the nearest column to the right
+    ("a", "left", "a"),
+])
+def test_moving_along_the_graph(start, direction, end):
+    assert neighbour(GRAPH, start, direction) == end
+
+
+def test_a_move_applies_to_the_shown_node(service):
+    view = service.resolve({"node_id": "input"}, move="right")
+    assert view.selection.node_id in {"subnet_pre__out", "helper_partial_sums"}
+
+
+def test_series_has_one_curve_per_trial_limited_to_the_type(service, recording):
+    view = service.resolve({"type_of_execution": "01_iterations", "node_id": "output"})
+    curves = series(service, view.selection, "abs_max")
+    assert [c.trial for c in curves] == [BUGGED, FIXED]
+    index = service.step_index(BUGGED)
+    assert curves[0].steps.tolist() == index.steps_of("01_iterations").tolist()
+    reader = GroupReader(recording).trial(BUGGED)
+    expected = reader.selection(training_step=int(curves[0].steps[0]), node="output", iteration=0, kind="forward",
+                                aggregation="mean", role="output").column("abs_max")[0].as_py()
+    assert curves[0].values[0] == pytest.approx(expected)
+
+
+def test_modules_have_parameter_totals(service):
+    (root,) = service.modules(BUGGED)
+    assert root["total"] == sum(s["total"] for s in root["submodules"])
+    subnet_pre = root["submodules"][0]
+    assert subnet_pre["total"] == sum(p["numel"] for p in subnet_pre["parameters"]) > 0
+
+
+def test_notes_and_kpis_come_from_the_store(service, recording):
+    assert service.notes(BUGGED) == GroupReader(recording).trial(BUGGED).notes() != []
+    assert service.kpis(BUGGED).num_rows > 0
+
+
+def test_data_version_changes_when_a_run_writes_a_chunk(fresh_recording):
+    service = RecordingService(fresh_recording)
+    before = service.data_version()
+    trial = service.trials()[0]
+    index = service.step_index(trial)
+    rows = index.table.slice(0, 1).to_pylist()
+    rows[0]["training_step"] = 10**6
+    fmt.write_parquet_atomic(fmt.trial_dir(fresh_recording, trial) / "steps" / fmt.chunk_name(999, 10**6, 10**6),
+                             pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA))
+    assert service.data_version() != before
+    assert service.step_index(trial).steps_of(ANY_TYPE)[-1] == 10**6
+
+
+def test_an_empty_group_gets_a_banner(tmp_path):
+    (tmp_path / "trials").mkdir()
+    view = RecordingService(tmp_path).resolve({})
+    assert view.selection is None and "no trials yet" in view.banners[0]
+
+
+def test_an_empty_trial_gets_a_banner_and_other_trials_still_work(fresh_recording):
+    fmt.write_json_atomic(fmt.trial_dir(fresh_recording, "a_empty") / fmt.TRIAL_META,
+                          {"format_version": 1, "trial_id": "a_empty", "modules": []})
+    service = RecordingService(fresh_recording)
+    view = service.resolve({})
+    assert view.selection is None and "no recorded steps yet" in view.banners[0]
+    other = service.resolve({"trial": service.trials()[1]})
+    assert other.selection is not None and other.banners == []
+    assert service.modules("a_empty") == []
+
+
+def test_a_newer_format_gets_a_banner(fresh_recording):
+    path = fmt.trial_dir(fresh_recording, "b_future") / fmt.TRIAL_META
+    fmt.write_json_atomic(path, {"format_version": fmt.FORMAT_VERSION + 1, "trial_id": "b_future"})
+    view = RecordingService(fresh_recording).resolve({"trial": "b_future"})
+    assert view.selection is None and "format_version" in view.banners[0] and "Upgrade" in view.banners[0]
+
+
+def test_a_corrupt_chunk_is_skipped_and_reported(fresh_recording):
+    service = RecordingService(fresh_recording)
+    trial = service.trials()[0]
+    first = service.resolve({}).selection.training_step
+    chunks = sorted((fmt.trial_dir(fresh_recording, trial) / "tensors").glob("*.parquet"))
+    chunks[-1].write_bytes(b"not parquet at all")
+    view = service.resolve({"training_step": first})
+    assert view.row is not None
+    last_step = service.step_index(trial).steps_of(ANY_TYPE)[-1]
+    damaged = service.resolve({"training_step": int(last_step)})
+    assert any("damaged chunk" in b for b in damaged.banners), damaged.banners
+    assert damaged.selection is not None
+
+
+def test_graph_json_is_read_through_the_reader(service, recording):
+    view = service.resolve({})
+    name = view.graph["hash"]
+    on_disk = json.loads((fmt.trial_dir(recording, BUGGED) / "graphs" / f"{name}.json").read_text())
+    assert view.graph == on_disk
+
+
+def test_a_series_is_read_once_until_a_run_writes_more(fresh_recording, monkeypatch):
+    from comgra.store.reader import TrialReader
+
+    service = RecordingService(fresh_recording)
+    calls = []
+    original = TrialReader.series
+    monkeypatch.setattr(TrialReader, "series", lambda self, **kw: calls.append(kw) or original(self, **kw))
+    selection = service.resolve({"node_id": "output"}).selection
+    first = series(service, selection, "mean")
+    later = service.resolve({"node_id": "output", "training_step": service.step_index(BUGGED).steps_of(ANY_TYPE)[-1]})
+    assert [c.values.tolist() for c in series(service, later.selection, "mean")] == [c.values.tolist() for c in first]
+    assert len(calls) == 1
+    series(service, selection, "max")
+    assert len(calls) == 2
+    trial = service.step_index(BUGGED)
+    rows = trial.table.slice(0, 1).to_pylist()
+    rows[0]["training_step"] = 10**6
+    fmt.write_parquet_atomic(fmt.trial_dir(fresh_recording, BUGGED) / "steps" / fmt.chunk_name(999, 10**6, 10**6),
+                             pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA))
+    series(service, selection, "mean")
+    assert len(calls) == 3
+
+
+def test_a_closed_service_opens_the_store_again_when_asked(fresh_recording):
+    service = RecordingService(fresh_recording)
+    before = service.resolve({}).row
+    service.close()
+    assert service.resolve({}).row == before
