@@ -69,10 +69,11 @@ def _register_view(app: Dash, service: RecordingService) -> None:
         output={k: Output(*v) for k, v in VIEW_OUTPUTS.items()},
         inputs={k: Input(*v) for k, v in VIEW_INPUTS.items()},
         state={"previous": State(ID.SELECTION, "data"), "previous_shown": State(ID.SHOWN, "data"),
-               "previous_trial": State(ID.CURRENT_TRIAL, "data")},
+               "previous_trial": State(ID.CURRENT_TRIAL, "data"),
+               "shown_options": {key: State(*VIEW_OUTPUTS[key]) for key in _UNCHANGED_IF_EQUAL}},
     )
     def update_view(previous: dict[str, Any] | None, previous_shown: dict[str, Any] | None,
-                    previous_trial: str | None, **inputs: Any) -> dict[str, Any]:
+                    previous_trial: str | None, shown_options: dict[str, Any], **inputs: Any) -> dict[str, Any]:
         trigger = _TRIGGER_KEYS.get(ctx.triggered_id) if isinstance(ctx.triggered_id, str) else None
         try:
             wanted, move = next_wanted(service, (previous or {}).get("wanted") or {},
@@ -83,7 +84,21 @@ def _register_view(app: Dash, service: RecordingService) -> None:
         outputs = view_outputs(view, remember(wanted, view), previous_shown)
         if outputs["current_trial"] == previous_trial:
             outputs["current_trial"] = no_update
-        return outputs
+        return skip_unchanged(outputs, {**shown_options, **inputs})
+
+
+# Selector props that are sent only when they change: re-sending a dropdown's options or value
+# re-renders it, which left Dash 4's dropdown stuck "open" (the next click only closed it).
+_UNCHANGED_IF_EQUAL = ("trial_options", "kind_options", "type_options", "aggregation_options", "role_options")
+_VALUES_IF_EQUAL = ("trial", "kind", "type", "aggregation", "role")
+
+
+def skip_unchanged(outputs: dict[str, Any], in_browser: Mapping[str, Any]) -> dict[str, Any]:
+    """``no_update`` for every selector prop whose new value is what the browser already has."""
+    for key in (*_UNCHANGED_IF_EQUAL, *_VALUES_IF_EQUAL):
+        if key in in_browser and outputs[key] == in_browser[key]:
+            outputs[key] = no_update
+    return outputs
 
 
 # Selectors whose value in the browser is a wish when it differs from what is shown.
