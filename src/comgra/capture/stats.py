@@ -35,29 +35,41 @@ def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list
     """Statistics over the value dimensions of each ``(B, ...)`` tensor, per sample."""
     flats = [t.detach().reshape(batch_size, -1).float() for t in tensors]
     sizes = [f.shape[1] for f in flats]
-    values = torch.cat(flats, dim=1) if len(flats) > 1 else flats[0]
-    device = values.device
-    segment = torch.repeat_interleave(
-        torch.arange(len(flats), device=device), torch.tensor(sizes, device=device)
-    )
-    count = torch.tensor(sizes, device=device, dtype=torch.float32).clamp_min(1.0)
-    per_sample = _segment_statistics(values, segment, len(flats), count)
-    starts = [0]
-    for size in sizes[:-1]:
-        starts.append(starts[-1] + size)
+    if batch_size == 1 or len(flats) <= 4:  # few long rows (parameters): contiguous reductions win
+        per_sample = torch.stack([_tensor_statistics(f) for f in flats], dim=1)
+    else:  # many short rows (activations): a fixed number of segment kernels for all of them
+        per_sample = _segment_statistics(flats, sizes)
     kept = [min(size, cap) for size, cap in zip(sizes, max_neurons)]
-    index = torch.cat([torch.arange(s, s + k, device=device) for s, k in zip(starts, kept)])
+    neurons = torch.cat([f[:, :k] for f, k in zip(flats, kept)], dim=1)
     slices, offset = [], 0
     for k in kept:
         slices.append((offset, offset + k))
         offset += k
-    return Summary(per_sample, values[:, index], slices, sizes)
+    return Summary(per_sample, neurons, slices, sizes)
 
 
-def _segment_statistics(values: torch.Tensor, segment: torch.Tensor, n: int, count: torch.Tensor) -> torch.Tensor:
+def _tensor_statistics(values: torch.Tensor) -> torch.Tensor:
+    """The statistics of one (B, D) tensor per row: (B, 8)."""
+    if values.shape[1] == 0:
+        nan = torch.full((values.shape[0],), float("nan"), device=values.device)
+        zero = torch.zeros_like(nan)
+        return torch.stack([nan, nan, nan, nan, nan, nan, zero, zero], dim=1)
+    mean = values.mean(1)
+    abs_values = values.abs()
+    deviation = values - mean[:, None]
+    minimum, maximum = torch.aminmax(values, dim=1)
+    return torch.stack([mean, abs_values.mean(1), (deviation * deviation).mean(1).sqrt(), minimum, maximum,
+                        abs_values.amax(1), torch.isnan(values).sum(1).to(values.dtype),
+                        torch.isinf(values).sum(1).to(values.dtype)], dim=1)
+
+
+def _segment_statistics(flats: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
     """Per-segment reductions along dim 0 of the transposed values, (sum of D, B): contiguous rows
     make ``index_add_`` about ten times faster on the CPU than reducing along dim 1."""
-    columns = values.T.contiguous()
+    columns = torch.cat([f.T for f in flats], dim=0)
+    device, n = columns.device, len(flats)
+    segment = torch.repeat_interleave(torch.arange(n, device=device), torch.tensor(sizes, device=device))
+    count = torch.tensor(sizes, device=device, dtype=torch.float32).clamp_min(1.0)
     rows = columns.shape[1]
     count = count[:, None]
 
@@ -71,7 +83,8 @@ def _segment_statistics(values: torch.Tensor, segment: torch.Tensor, n: int, cou
     mean = segment_sum(columns) / count
     abs_columns = columns.abs()
     abs_mean = segment_sum(abs_columns) / count
-    std = (segment_sum((columns - mean[segment]) ** 2) / count).sqrt()  # population std: no NaN for size 1
+    deviation = columns - mean[segment]
+    std = (segment_sum(deviation * deviation) / count).sqrt()  # population std: no NaN for size 1
     stats = [mean, abs_mean, std, segment_reduce(columns, "amin"), segment_reduce(columns, "amax"),
              segment_reduce(abs_columns, "amax"), segment_sum(torch.isnan(columns).to(columns.dtype)),
              segment_sum(torch.isinf(columns).to(columns.dtype))]
@@ -80,7 +93,10 @@ def _segment_statistics(values: torch.Tensor, segment: torch.Tensor, n: int, cou
 
 def batch_aggregates(x: torch.Tensor) -> torch.Tensor:
     """Mean, population std and max |.| over the batch (dim 0): shape (3, *x.shape[1:])."""
-    return torch.stack([x.mean(0), x.std(0, correction=0), x.abs().amax(0)])
+    mean = x.mean(0)
+    deviation = x - mean
+    std = (deviation * deviation).mean(0).sqrt()  # two passes: 7-15x faster than torch.std on the CPU
+    return torch.stack([mean, std, x.abs().amax(0)])
 
 
 def largest_singular_values(matrices: list[torch.Tensor], *, exact_up_to: int = 512,
