@@ -57,17 +57,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--original-python", help="python of a venv with comgra==0.11.5 (and torch)")
     parser.add_argument("--steps", type=int, default=2000,
                         help="training steps per overhead measurement (2000: as in the 20000-step tutorial, about 1.2%% of steps get recorded)")
-    parser.add_argument("--recorded-steps", type=int, default=10, help="steps per recorded-step measurement")
+    parser.add_argument("--recorded-steps", type=int, default=40,
+                        help="steps per recorded-step measurement (enough to spread one-time costs)")
+    parser.add_argument("--parts", default="overhead,recorded", help="which tables to print: overhead,recorded")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     ours = sys.executable
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
-        print(f"{'workload':<12}{'inactive/none':>15}{'schedule/none':>15}{'none s':>9}")
-        for workload in ("tutorial", "transformer"):
-            o = overhead(ours, workload, args.steps, args.rounds, out)
-            print(f"{workload:<12}{o['inactive']:>15.3f}{o['schedule']:>15.3f}{o['base_s']:>9.2f}")
-        print()
+        if "overhead" in args.parts:
+            print(f"{'workload':<12}{'inactive/none':>15}{'schedule/none':>15}{'none s':>9}")
+            for workload in ("tutorial", "transformer"):
+                o = overhead(ours, workload, args.steps, args.rounds, out)
+                print(f"{workload:<12}{o['inactive']:>15.3f}{o['schedule']:>15.3f}{o['base_s']:>9.2f}")
+            print()
+        if "recorded" not in args.parts:
+            return
         print(f"{'workload':<12}{'impl':<10}{'ms/recorded step':>18}{'KiB/recorded step':>19}")
         for workload in ("tutorial", "transformer"):
             rows = {"ours": per_recorded_step(ours, workload, args.recorded_steps, args.rounds, out)}

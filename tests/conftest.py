@@ -116,3 +116,42 @@ def node_roles() -> Callable[[TrialReader, int, int], dict[str, str]]:
     """``{node id: role}`` of one iteration's dependency graph."""
     return lambda trial, step, iteration: {
         n["id"]: n["role"] for n in graph_of(trial, step, iteration)["nodes"]}
+
+
+
+def load_benchmark_script(name: str):
+    """A script under benchmarks/ (not a package), imported by path once per session."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def synthetic():
+    """The torch-free recording generator of benchmarks/synthetic_recording.py."""
+    return load_benchmark_script("synthetic_recording")
+
+
+@pytest.fixture(scope="session")
+def app_latency():
+    """benchmarks/app_latency.py, whose Dash client the HTTP and CLI tests use."""
+    return load_benchmark_script("app_latency")
+
+
+@pytest.fixture(scope="session")
+def recording(tmp_path_factory, synthetic) -> Path:
+    """Two synthetic trials, 12 recorded steps each; read-only for the tests that share it."""
+    return synthetic.write_recording(tmp_path_factory.mktemp("recording"), synthetic.Options(scale=0.05, steps_per_chunk=5))
+
+
+@pytest.fixture
+def fresh_recording(tmp_path, synthetic) -> Path:
+    """One synthetic trial of 5 recorded steps, for tests that damage or extend it."""
+    return synthetic.write_recording(tmp_path, synthetic.Options(scale=0.02, trials=1, steps_per_chunk=2))

@@ -6,9 +6,7 @@ missing, except in CI (the CI variable set), where they fail.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +14,6 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 
@@ -26,28 +23,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(item.fspath).parents:
             item.add_marker(pytest.mark.browser)
-
-
-@pytest.fixture(scope="session")
-def synthetic() -> Any:
-    if "synthetic_recording" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("synthetic_recording", ROOT / "benchmarks" / "synthetic_recording.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["synthetic_recording"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["synthetic_recording"]
-
-
-@pytest.fixture(scope="session")
-def recording(tmp_path_factory: pytest.TempPathFactory, synthetic: Any) -> Path:
-    """Two trials, 12 recorded steps each; tests must not change it."""
-    return synthetic.write_recording(tmp_path_factory.mktemp("shared"), synthetic.Options(scale=0.05, steps_per_chunk=5))
-
-
-@pytest.fixture
-def fresh_recording(tmp_path: Path, synthetic: Any) -> Path:
-    """One trial of 5 recorded steps, for tests that damage or extend it."""
-    return synthetic.write_recording(tmp_path, synthetic.Options(scale=0.02, trials=1, steps_per_chunk=2))
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,6 @@
 """The real app over HTTP (Flask's test client): each callback answers with the store's numbers."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,20 +9,10 @@ from comgra.service import parse_aggregation
 from comgra.store import GroupReader
 from comgra.store import format as fmt
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_benchmark():
-    if "app_latency" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("app_latency", ROOT / "benchmarks" / "app_latency.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["app_latency"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["app_latency"]
 
 
 @pytest.fixture
-def client(recording):
+def client(recording, app_latency):
     app = create_app(recording, poll_seconds=60)
     http = app.server.test_client()
 
@@ -39,7 +26,7 @@ def client(recording):
         assert response.status_code in (200, 204), response.data[:500]
         return response.get_json() if response.status_code == 200 else None
 
-    return load_benchmark().DashClient(get_json, post_json)
+    return app_latency.DashClient(get_json, post_json)
 
 
 def expected_statistics(recording, shown) -> dict:

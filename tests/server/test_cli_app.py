@@ -14,7 +14,6 @@ import pytest
 
 from comgra.cli import app as cli
 
-from test_app_http import load_benchmark
 
 
 @pytest.mark.parametrize("arguments, message", [
@@ -61,7 +60,11 @@ def test_use_path_for_test_run_serves_that_folder(recording, monkeypatch):
     monkeypatch.setattr(paths, "default_test_run_group_path", lambda: recording)
     monkeypatch.setattr(cli, "_run_server", lambda group, **kw: served.update(group=group, **kw) or 0)
     assert cli.main(["--use-path-for-test-run", "--port", "9999"]) == 0
-    assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": None}
+    bundled = cli.bundled_visualization()
+    assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": bundled}
+    assert bundled.name == "custom_visualization.py" and "def create_visualization" in bundled.read_text()
+    assert cli.main(["--use-path-for-test-run", "--visualization-file", __file__]) == 0  # the user's file wins
+    assert served["visualization_file"] == Path(__file__)
 
 
 def test_a_busy_port_is_reported(recording, capsys):
@@ -82,13 +85,15 @@ def test_demo_records_a_short_tutorial_then_serves_it(tmp_path, monkeypatch, syn
         return synthetic.write_recording(Path(path), synthetic.Options(scale=0.01, trials=1, group=group))
 
     monkeypatch.setattr(tutorial, "run_tutorial", fake_run_tutorial)
-    monkeypatch.setattr(cli, "_run_server", lambda group, **kw: calls.update(group=group) or 0)
+    monkeypatch.setattr(cli, "_run_server",
+                        lambda group, **kw: calls.update(group=group, visualization=kw["visualization_file"]) or 0)
     assert cli.main(["demo", "--path", str(tmp_path), "--steps", "500"]) == 0
-    assert calls == {"steps": 500, "difference": 200, "progress": True, "group": tmp_path / "demo"}
+    assert calls == {"steps": 500, "difference": 200, "progress": True, "group": tmp_path / "demo",
+                     "visualization": cli.bundled_visualization()}
     assert cli.main(["demo", "--path", str(tmp_path)]) == 2  # never overwrites a recording
 
 
-def test_the_server_starts_fast_binds_localhost_and_stops_cleanly(recording):
+def test_the_server_starts_fast_binds_localhost_and_stops_cleanly(recording, app_latency):
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(recording), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -105,7 +110,7 @@ def test_the_server_starts_fast_binds_localhost_and_stops_cleanly(recording):
             assert response.status == 200
         elapsed = time.perf_counter() - start
         assert elapsed < 5.0, f"took {elapsed:.1f} s to serve the page"  # about 0.6 s when the machine is idle
-        client = load_benchmark().DashClient(*load_benchmark().urllib_transport(url.rstrip("/")))
+        client = app_latency.DashClient(*app_latency.urllib_transport(url.rstrip("/")))
         client.trigger("selection.data")
         assert client.statistics()["mean"] is not None
         process.send_signal(signal.SIGINT)  # Ctrl+C

@@ -77,3 +77,12 @@ def test_a_reader_never_sees_a_row_twice_while_the_writer_merges(trial_dir: Path
         assert steps == list(range(len(steps))), steps  # a prefix: nothing lost in the middle
     assert reader.series(node="x", role="x", iteration=0)["training_step"].to_pylist() == list(range(40))
     assert reader.problems == []
+
+
+def test_merging_stops_at_max_merged_rows(trial_dir: Path) -> None:
+    writer = ChunkWriter(trial_dir, merge_every=2, max_merged_rows=3)
+    _write_chunks(writer, range(8))
+    writer.close()
+    names = sorted(p.name for p in (trial_dir / "tensors").glob("*.parquet"))
+    assert len(names) == 4 and all(name.endswith("-l1.parquet") for name in names), names  # 4 rows > 3: no l2
+    assert TrialReader(trial_dir).series(node="x", role="x", iteration=0)["training_step"].to_pylist() == list(range(8))

@@ -11,6 +11,7 @@ A bad path or option ends with a one-line message and exit code 2.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -76,9 +77,19 @@ def _positive_int(text: str) -> int:
 def _serve(args: argparse.Namespace) -> int:
     path = _test_run_path() if args.use_path_for_test_run else args.path
     group = check_recording(path)
-    if args.visualization_file is not None and not args.visualization_file.is_file():
-        raise UsageError(f"the visualization file {str(args.visualization_file)!r} does not exist.")
-    return _run_server(group, host=args.host, port=args.port, visualization_file=args.visualization_file)
+    visualization = args.visualization_file
+    if visualization is None and args.use_path_for_test_run:  # the tutorial comes with its visualization
+        visualization = bundled_visualization()
+    if visualization is not None and not visualization.is_file():
+        raise UsageError(f"the visualization file {str(visualization)!r} does not exist.")
+    return _run_server(group, host=args.host, port=args.port, visualization_file=visualization)
+
+
+def bundled_visualization() -> Path:
+    """The example that plots helper_partial_sums of the tutorial across iterations."""
+    spec = importlib.util.find_spec("comgra.examples.custom_visualization")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin)
 
 
 def _test_run_path() -> Path:
@@ -146,7 +157,7 @@ def _demo(args: argparse.Namespace) -> int:
     difference = max(1, args.steps * 2 // 5)
     print(f"comgra: recording {args.steps} training steps per trial into {root / DEMO_GROUP}", file=sys.stderr)
     group = run_tutorial(root, DEMO_GROUP, steps=args.steps, min_training_steps_difference=difference, progress=True)
-    return _run_server(Path(group), host=args.host, port=args.port, visualization_file=None)
+    return _run_server(Path(group), host=args.host, port=args.port, visualization_file=bundled_visualization())
 
 
 if __name__ == "__main__":

@@ -52,10 +52,13 @@ TENSORS_SCHEMA = pa.schema(
         ("neurons", pa.list_(pa.float32())),  # the first values of the flattened tensor
     ]
 )
+# Small row groups: a query for one step decodes only the few groups whose statistics match.
+TENSOR_ROW_GROUP = 1024
+# One series (a tensor's statistic across steps) is one contiguous run, and so its rows of one
+# step are: both kinds of query decode only the row groups they need.
 TENSOR_SORT = [
-    ("node", "ascending"), ("role", "ascending"), ("kind", "ascending"),
-    ("iteration", "ascending"), ("training_step", "ascending"),
-    ("aggregation", "ascending"), ("sample", "ascending"),
+    ("node", "ascending"), ("role", "ascending"), ("kind", "ascending"), ("iteration", "ascending"),
+    ("aggregation", "ascending"), ("sample", "ascending"), ("training_step", "ascending"),
 ]
 STEPS_SCHEMA = pa.schema(
     [

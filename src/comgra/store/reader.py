@@ -79,7 +79,8 @@ class TrialReader:
         self._graphs: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._connection = duckdb.connect()
-        self._connection.execute("SET parquet_metadata_cache = true")
+        # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
+        self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
         self._local = threading.local()
 
     # -- small tables, cached per immutable chunk --------------------------------------------

@@ -52,6 +52,7 @@ class ChunkWriter:
         max_queued_items: int = 256,
         rank: int = 0,
         merge_every: int = 16,
+        max_merged_rows: int = 1_000_000,
     ):
         self.trial_dir = trial_dir
         self.flush_seconds = flush_seconds
@@ -63,6 +64,7 @@ class ChunkWriter:
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max_queued_items)
         self._seq = 0
         self.merge_every = merge_every
+        self.max_merged_rows = max_merged_rows
         self._levels: dict[int, list[Path]] = {}  # tensors chunks written by this writer, by merge level
         self._buffer = _Buffer()
         self._thread = threading.Thread(target=self._run, name="comgra-writer", daemon=True)
@@ -161,7 +163,7 @@ class ChunkWriter:
             if name == "tensors":
                 table = table.sort_by(fmt.TENSOR_SORT)
             path = self.trial_dir / name / fmt.chunk_name(self._seq, first, last, self.rank)
-            fmt.write_parquet_atomic(path, table)
+            fmt.write_parquet_atomic(path, table, row_group_size=fmt.TENSOR_ROW_GROUP if name == "tensors" else 4096)
             if name == "tensors":
                 self._levels.setdefault(0, []).append(path)
         self._seq += 1
@@ -169,17 +171,20 @@ class ChunkWriter:
 
     def _merge(self) -> None:
         """Tiered compaction of the tensors chunks: every ``merge_every`` chunks of one level become
-        one chunk of the next. A query across all steps pays per chunk, so a long run keeps
-        O(merge_every * log(chunks)) of them instead of thousands."""
+        one chunk of the next, up to ``max_merged_rows`` rows. A query across all steps pays per
+        chunk, a query for one step per row group it decodes and per footer it reads, so chunks
+        stay few (tens for a long run) but never huge."""
         level = 0
         while len(self._levels.get(level, [])) >= self.merge_every:
             parts, self._levels[level] = self._levels[level], []
+            if sum(pq.read_metadata(p).num_rows for p in parts) > self.max_merged_rows:
+                continue  # big enough: these chunks stay as they are
             table = pa.concat_tables([pq.read_table(p) for p in parts]).cast(fmt.TENSORS_SCHEMA)
             first, _ = fmt.step_range_of(parts[0].name)
             _, last = fmt.step_range_of(parts[-1].name)
             merged = self.trial_dir / "tensors" / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
             self._seq += 1
-            fmt.write_parquet_atomic(merged, table.sort_by(fmt.TENSOR_SORT))
+            fmt.write_parquet_atomic(merged, table.sort_by(fmt.TENSOR_SORT), row_group_size=fmt.TENSOR_ROW_GROUP)
             for part in parts:  # after the merged chunk is in place: readers ignore covered parts
                 part.unlink(missing_ok=True)
             self._levels.setdefault(level + 1, []).append(merged)
