@@ -68,8 +68,10 @@ def _segment_statistics(flats: list[torch.Tensor], sizes: list[int]) -> torch.Te
     make ``index_add_`` about ten times faster on the CPU than reducing along dim 1."""
     columns = torch.cat([f.T for f in flats], dim=0)
     device, n = columns.device, len(flats)
-    segment = torch.repeat_interleave(torch.arange(n, device=device), torch.tensor(sizes, device=device))
-    count = torch.tensor(sizes, device=device, dtype=torch.float32).clamp_min(1.0)
+    # Built on the host and sent without waiting: no device sync (repeat_interleave on the device
+    # would have to read the sizes back to know its output size).
+    segment = to_device(torch.repeat_interleave(torch.arange(n), torch.tensor(sizes)), device)
+    count = to_device(torch.tensor(sizes, dtype=torch.float32).clamp_min(1.0), device)
     rows = columns.shape[1]
     count = count[:, None]
 
@@ -91,6 +93,11 @@ def _segment_statistics(flats: list[torch.Tensor], sizes: list[int]) -> torch.Te
     return torch.stack(stats, dim=2).transpose(0, 1)  # (B, S, 8)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without a host sync (a no-op on the CPU)."""
+    return tensor if tensor.device == device else tensor.to(device, non_blocking=True)
+
+
 def batch_aggregates(x: torch.Tensor) -> torch.Tensor:
     """Mean, population std and max |.| over the batch (dim 0): shape (3, *x.shape[1:])."""
     mean = x.mean(0)
@@ -106,7 +113,8 @@ def largest_singular_values(matrices: list[torch.Tensor], *, exact_up_to: int = 
     Up to ``exact_up_to`` on the smaller side: the square root of the top eigenvalue of
     the smaller Gram matrix, one batched ``eigvalsh`` per shape (about half the cost
     of an SVD). Above it: power iteration, a few matrix-vector products instead of
-    the full decomposition (the original spent 17 s per step on a 4096x4096 layer).
+    the full decomposition (the original spent 17 s per step on a 4096x4096 layer). On a GPU
+    always power iteration: ``eigvalsh`` synchronizes the device with the host there.
     """
     result = torch.empty(len(matrices), device=matrices[0].device)
     by_shape: dict[tuple[int, ...], list[int]] = {}
@@ -114,12 +122,12 @@ def largest_singular_values(matrices: list[torch.Tensor], *, exact_up_to: int = 
         by_shape.setdefault(tuple(matrix.shape), []).append(index)
     for shape, indices in by_shape.items():
         stack = torch.stack([matrices[i].detach().float() for i in indices])
-        if min(shape) <= exact_up_to:
+        if stack.device.type == "cpu" and min(shape) <= exact_up_to:
             gram = stack.mT @ stack if shape[0] >= shape[1] else stack @ stack.mT
             values = torch.linalg.eigvalsh(gram)[:, -1].clamp_min(0).sqrt()
         else:
             values = _power_iteration(stack, iterations)
-        result[torch.tensor(indices, device=result.device)] = values
+        result[to_device(torch.tensor(indices), result.device)] = values
     return result
 
 

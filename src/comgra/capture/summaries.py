@@ -8,7 +8,7 @@ import pyarrow as pa
 import torch
 
 from comgra.capture.registry import Registration
-from comgra.capture.stats import Summary, batch_aggregates, largest_singular_values, summarize
+from comgra.capture.stats import Summary, batch_aggregates, largest_singular_values, summarize, to_device
 from comgra.store import format as fmt
 
 
@@ -50,7 +50,7 @@ def _svd(members: list[tuple[Registration, torch.Tensor]], with_svd: bool) -> to
     device = members[0][1].device
     values = torch.full((len(members),), float("nan"), device=device)
     norms = largest_singular_values([members[i][1].reshape(r.shape) for i, r in wanted])
-    values[torch.tensor([i for i, _ in wanted], device=device)] = norms
+    values[to_device(torch.tensor([i for i, _ in wanted]), device)] = norms
     return values
 
 
@@ -89,7 +89,7 @@ def to_table(training_step: int, blocks: list[Block], choice: SampleChoice) -> p
 def _block_parts(block: Block, choice: SampleChoice) -> list[torch.Tensor]:
     per_sample, neurons = block.summary.per_sample, block.summary.neurons
     if block.has_batch:
-        index = torch.tensor(choice.indices, dtype=torch.long, device=per_sample.device)
+        index = to_device(torch.tensor(choice.indices, dtype=torch.long), per_sample.device)
         per_sample = torch.cat([batch_aggregates(per_sample), per_sample.index_select(0, index)])
         neurons = torch.cat([batch_aggregates(neurons), neurons.index_select(0, index)])
     parts = [per_sample, neurons]
