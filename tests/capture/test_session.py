@@ -80,3 +80,22 @@ def test_record_current_gradients_without_backward_records_no_gradients(make_rec
     recorder.finish_batch()
     recorder.finalize()
     assert open_trial().selection(training_step=0, kind="gradients").num_rows == 0
+
+
+def test_warnings_name_the_line_of_the_users_call(tmp_path) -> None:
+    import torch
+
+    from comgra.capture.session import ComgraWarning
+    from comgra.objects import DecisionMakerForRecordingsHardcoded
+    from comgra.recorder import ComgraRecorder
+
+    recorder = ComgraRecorder(tmp_path, "group", "trial", DecisionMakerForRecordingsHardcoded({0}))
+    recorder.start_batch(0, 2)
+    recorder.start_iteration()
+    with pytest.warns(ComgraWarning) as record:
+        recorder.register_tensor("ids", torch.tensor([1, 2]))
+        recorder.register_tensor("x", torch.randn(2, 3))
+        recorder.finish_iteration()
+    assert [w.filename for w in record] == [__file__, __file__]
+    recorder.finish_batch()
+    recorder.finalize()

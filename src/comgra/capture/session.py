@@ -13,6 +13,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pyarrow as pa
@@ -217,7 +218,19 @@ def report_fault(session: Session, error: BaseException) -> None:
 
 
 def _warn(message: str) -> None:
-    warnings.warn(message, ComgraWarning, stacklevel=4)
+    warnings.warn(message, ComgraWarning, stacklevel=_stacklevel_of_caller())
+
+
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def _stacklevel_of_caller() -> int:
+    """The stack level of the first frame outside comgra, so a warning names the user's line."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _move_aside_earlier_trial(group_dir: Path, directory: Path) -> None:
