@@ -71,9 +71,8 @@ def _segment_statistics(flats: list[torch.Tensor], sizes: list[int]) -> torch.Te
     # Built on the host and sent without waiting: no device sync (repeat_interleave on the device
     # would have to read the sizes back to know its output size).
     segment = to_device(torch.repeat_interleave(torch.arange(n), torch.tensor(sizes)), device)
-    count = to_device(torch.tensor(sizes, dtype=torch.float32).clamp_min(1.0), device)
+    count = to_device(torch.tensor(sizes, dtype=torch.float32).clamp_min(1.0)[:, None], device)
     rows = columns.shape[1]
-    count = count[:, None]
 
     def segment_sum(x: torch.Tensor) -> torch.Tensor:
         return torch.zeros(n, rows, device=x.device, dtype=x.dtype).index_add_(0, segment, x)

@@ -17,6 +17,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from comgra.cli.arguments import positive_int
+
 __all__ = ["main"]
 
 USAGE_ERROR = 2
@@ -61,17 +63,11 @@ def _parser() -> argparse.ArgumentParser:
 def _demo_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="comgra demo",
                                      description="Record a short run of the tutorial network (needs torch), then open it.")
-    parser.add_argument("--steps", type=_positive_int, default=1500, help="training steps per trial (default: 1500)")
+    parser.add_argument("--steps", type=positive_int, default=1500, help="training steps per trial (default: 1500)")
     parser.add_argument("--path", type=Path, help="root folder for the recording (default: a new temporary folder)")
     _add_server_options(parser)
     return parser
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from comgra.cli.arguments import positive_int
 from comgra.cli.paths import DEFAULT_TEST_RUN_GROUP, default_test_run_path
 
 __all__ = ["main"]
@@ -55,16 +56,10 @@ def _parser() -> argparse.ArgumentParser:
         help=f"sub-folder for this group of trials (default: {DEFAULT_TEST_RUN_GROUP})",
     )
     parser.add_argument(
-        "--steps", type=_positive_int, default=20000, help="training steps per trial (default: 20000)"
+        "--steps", type=positive_int, default=20000, help="training steps per trial (default: 20000)"
     )
     return parser
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of steps; try e.g. 2000")
-    return value
 
 
 def _how_to_open(group_folder: Path, *, is_default_location: bool) -> str:

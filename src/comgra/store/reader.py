@@ -166,8 +166,8 @@ class TrialReader:
         """The current chunks that hold the steps ``files`` held."""
         ranges = [fmt.step_range_of(p.name) for p in files]
         low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
-        return [p for p in self._files("tensors")
-                if fmt.step_range_of(p.name)[0] <= high and fmt.step_range_of(p.name)[1] >= low]
+        ranges_now = [(p, fmt.step_range_of(p.name)) for p in self._files("tensors")]
+        return [p for p, (first, last) in ranges_now if first <= high and last >= low]
 
     def _readable(self, files: list[Path]) -> list[Path]:
         return [p for p in files if str(p) not in self.problems]

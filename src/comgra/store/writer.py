@@ -160,12 +160,12 @@ class ChunkWriter:
                 continue
             table = pa.concat_tables(tables).cast(fmt.SCHEMAS[name])
             first, last = _step_range(name, table)
-            if name == "tensors":
-                table = table.sort_by(fmt.TENSOR_SORT)
             path = self.trial_dir / name / fmt.chunk_name(self._seq, first, last, self.rank)
-            fmt.write_parquet_atomic(path, table, row_group_size=fmt.TENSOR_ROW_GROUP if name == "tensors" else 4096)
             if name == "tensors":
+                _write_tensors(path, table)
                 self._levels.setdefault(0, []).append(path)
+            else:
+                fmt.write_parquet_atomic(path, table)
         self._seq += 1
         self._merge()
 
@@ -184,11 +184,16 @@ class ChunkWriter:
             _, last = fmt.step_range_of(parts[-1].name)
             merged = self.trial_dir / "tensors" / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
             self._seq += 1
-            fmt.write_parquet_atomic(merged, table.sort_by(fmt.TENSOR_SORT), row_group_size=fmt.TENSOR_ROW_GROUP)
+            _write_tensors(merged, table)
             for part in parts:  # after the merged chunk is in place: readers ignore covered parts
                 part.unlink(missing_ok=True)
             self._levels.setdefault(level + 1, []).append(merged)
             level += 1
+
+
+def _write_tensors(path: Path, table: pa.Table) -> None:
+    """A tensors chunk: sorted so that a series is one run, in small row groups (see format)."""
+    fmt.write_parquet_atomic(path, table.sort_by(fmt.TENSOR_SORT), row_group_size=fmt.TENSOR_ROW_GROUP)
 
 
 def _step_range(name: str, table: pa.Table) -> tuple[int, int]:
