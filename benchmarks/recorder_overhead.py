@@ -1,15 +1,25 @@
 """Recording cost, measured side by side in one run: ours against no comgra, and against the original.
 
 Every measurement runs in a fresh process (benchmarks/recording_workloads.py) and the modes are
-interleaved round by round, so drift on a noisy machine hits them alike. Prints a table of ratios.
+interleaved round by round, so drift on a noisy machine hits them alike. Each figure is the median
+over the rounds, with the spread (lowest-highest) of the rounds beside it.
 
     python benchmarks/recorder_overhead.py [--original-python /path/to/venv-with-comgra-0.11.5/bin/python]
 
-Figures:
+Figures (--parts, any of overhead,recorded,sparse):
+  * recorded: one recorded step, (time recording every step - time without comgra) / steps, and
+    bytes on disk per recorded step, ours against the original 0.11.5 on the same workload, side by
+    side with the ratio;
+  * sparse: training time recording 1 step in 10 (FrequencyPerType(min_training_steps_difference=10))
+    over the same training without comgra, ours and the original;
   * overhead: time with the recorder present but comgra_is_active=False, and recording on the
-    tutorial's schedule (FrequencyPerType(min_training_steps_difference=1000)), over no comgra;
-  * one recorded step: (time recording every step - time without comgra) / steps, and bytes on disk
-    per recorded step, ours against the original 0.11.5 on the same workload.
+    tutorial's schedule (FrequencyPerType(min_training_steps_difference=1000)), over no comgra.
+
+Workloads: the tutorial's recurrent net, a small transformer, a ResNet-18 (11.2M parameters in 62
+tensors, ReLU(inplace=True) and ``out += identity`` after registered BatchNorm outputs) and a
+nanoGPT-shaped model (tied lm_head/wte). The conv maps and (B, T, C) activations are registered with
+recording_type='kpis' on both: the original crashes on tensors with 3 or more non-batch dimensions
+under 'neuron', and spends minutes per step on every neuron of a (B, T, C) tensor.
 """
 from __future__ import annotations
 
@@ -17,19 +27,26 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WORKLOAD_SCRIPT = HERE / "recording_workloads.py"
+WORKLOADS = ("tutorial", "transformer", "resnet18", "gpt")
+# Steps per measurement: enough recorded steps to spread one-time costs, runs of 10-60 s each.
+RECORDED_STEPS = {"tutorial": 40, "transformer": 40, "resnet18": 30, "gpt": 30}
+SPARSE_STEPS = {"tutorial": 2000, "transformer": 2000, "resnet18": 100, "gpt": 100}
 
 
-def run(python: str, workload: str, mode: str, steps: int, out: Path) -> dict:
+def run(python: str, workload: str, mode: str, steps: int, out: Path, schedule_gap: int = 1000) -> dict:
     command = [python, str(WORKLOAD_SCRIPT), "--workload", workload, "--mode", mode,
-               "--steps", str(steps), "--out", str(out)]
+               "--steps", str(steps), "--out", str(out), "--schedule-gap", str(schedule_gap)]
     completed = subprocess.run(command, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir())
     return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    return f"{min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
 
 
 def overhead(python: str, workload: str, steps: int, rounds: int, out: Path) -> dict[str, float]:
@@ -41,15 +58,53 @@ def overhead(python: str, workload: str, steps: int, rounds: int, out: Path) -> 
     return {mode: statistics.median(values) / base for mode, values in times.items()} | {"base_s": base}
 
 
-def per_recorded_step(python: str, workload: str, steps: int, rounds: int, out: Path) -> dict[str, float]:
-    none, recorded, size = [], [], 0.0
+def per_recorded_step(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path) -> dict:
+    """Per implementation: the cost of one recorded step in every round, and bytes per recorded step."""
+    costs: dict[str, list[float]] = {impl: [] for impl in pythons}
+    size: dict[str, float] = {}
     for _ in range(rounds):
-        none.append(run(python, workload, "none", steps, out)["seconds"])
-        result = run(python, workload, "all", steps, out)
-        recorded.append(result["seconds"])
-        size = result["bytes"] / max(1, result["recorded_steps"])
-    cost = (statistics.median(recorded) - statistics.median(none)) / steps
-    return {"seconds_per_recorded_step": cost, "bytes_per_recorded_step": size}
+        for impl, python in pythons.items():
+            none = run(python, workload, "none", steps, out)["seconds"]
+            result = run(python, workload, "all", steps, out)
+            costs[impl].append((result["seconds"] - none) / steps)
+            size[impl] = result["bytes"] / max(1, result["recorded_steps"])
+    return {impl: {"costs": costs[impl], "bytes": size[impl]} for impl in pythons}
+
+
+def sparse_ratio(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path) -> dict:
+    """Per implementation: time recording 1 step in 10 over time without comgra, per round."""
+    ratios: dict[str, list[float]] = {impl: [] for impl in pythons}
+    for _ in range(rounds):
+        for impl, python in pythons.items():
+            none = run(python, workload, "none", steps, out)["seconds"]
+            sparse = run(python, workload, "schedule", steps, out, schedule_gap=10)["seconds"]
+            ratios[impl].append(sparse / none)
+    return ratios
+
+
+def print_recorded(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path) -> None:
+    print(f"one recorded step, median over {rounds} rounds (spread)")
+    print(f"{'workload':<12}{'impl':<10}{'ms/recorded step':>17}{'spread':>17}{'KiB/recorded step':>19}")
+    for workload in workloads:
+        rows = per_recorded_step(pythons, workload, RECORDED_STEPS[workload], rounds, out)
+        for impl, row in rows.items():
+            print(f"{workload:<12}{impl:<10}{statistics.median(row['costs']) * 1e3:>17.1f}"
+                  f"{spread(row['costs'], 1e3):>17}{row['bytes'] / 1024:>19.1f}")
+        if "original" in rows:
+            ours, original = rows["ours"], rows["original"]
+            time_ratio = statistics.median(ours["costs"]) / statistics.median(original["costs"])
+            print(f"{workload:<12}{'ours/orig':<10}{time_ratio:>16.3f}x{'':>17}"
+                  f"{ours['bytes'] / original['bytes']:>18.3f}x", flush=True)
+
+
+def print_sparse(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path) -> None:
+    print(f"training time recording 1 step in 10 / without comgra, median over {rounds} rounds (spread)")
+    print(f"{'workload':<12}{'impl':<10}{'steps':>7}{'ratio':>9}{'spread':>15}")
+    for workload in workloads:
+        ratios = sparse_ratio(pythons, workload, SPARSE_STEPS[workload], rounds, out)
+        for impl, values in ratios.items():
+            print(f"{workload:<12}{impl:<10}{SPARSE_STEPS[workload]:>7}{statistics.median(values):>8.3f}x"
+                  f"{spread(values, digits=3):>15}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,34 +112,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--original-python", help="python of a venv with comgra==0.11.5 (and torch)")
     parser.add_argument("--steps", type=int, default=2000,
                         help="training steps per overhead measurement (2000: as in the 20000-step tutorial, about 1.2%% of steps get recorded)")
-    parser.add_argument("--recorded-steps", type=int, default=40,
-                        help="steps per recorded-step measurement (enough to spread one-time costs)")
-    parser.add_argument("--parts", default="overhead,recorded", help="which tables to print: overhead,recorded")
+    parser.add_argument("--parts", default="overhead,recorded,sparse", help="which tables to print")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="for the recorded and sparse tables")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
-    ours = sys.executable
+    import sys
+    pythons = {"ours": sys.executable}
+    if args.original_python:
+        pythons["original"] = args.original_python
+    workloads = [w for w in args.workloads.split(",") if w]
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         if "overhead" in args.parts:
             print(f"{'workload':<12}{'inactive/none':>15}{'schedule/none':>15}{'none s':>9}")
             for workload in ("tutorial", "transformer"):
-                o = overhead(ours, workload, args.steps, args.rounds, out)
-                print(f"{workload:<12}{o['inactive']:>15.3f}{o['schedule']:>15.3f}{o['base_s']:>9.2f}")
+                o = overhead(sys.executable, workload, args.steps, args.rounds, out)
+                print(f"{workload:<12}{o['inactive']:>15.3f}{o['schedule']:>15.3f}{o['base_s']:>9.2f}", flush=True)
             print()
-        if "recorded" not in args.parts:
-            return
-        print(f"{'workload':<12}{'impl':<10}{'ms/recorded step':>18}{'KiB/recorded step':>19}")
-        for workload in ("tutorial", "transformer"):
-            rows = {"ours": per_recorded_step(ours, workload, args.recorded_steps, args.rounds, out)}
-            if args.original_python:
-                rows["original"] = per_recorded_step(args.original_python, workload, args.recorded_steps, 1, out)
-            for impl, row in rows.items():
-                print(f"{workload:<12}{impl:<10}{row['seconds_per_recorded_step'] * 1e3:>18.1f}"
-                      f"{row['bytes_per_recorded_step'] / 1024:>19.1f}")
-            if "original" in rows:
-                time_ratio = rows["original"]["seconds_per_recorded_step"] / rows["ours"]["seconds_per_recorded_step"]
-                size_ratio = rows["original"]["bytes_per_recorded_step"] / rows["ours"]["bytes_per_recorded_step"]
-                print(f"{workload:<12}{'ratio':<10}{time_ratio:>17.1f}x{size_ratio:>18.1f}x  (original / ours)")
+        if "recorded" in args.parts:
+            print_recorded(pythons, workloads, args.rounds, out)
+            print()
+        if "sparse" in args.parts:
+            print_sparse(pythons, workloads, args.rounds, out)
 
 
 if __name__ == "__main__":

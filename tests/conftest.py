@@ -28,6 +28,15 @@ def _no_global_recorder() -> Iterator[None]:
     comgra.my_recorder = previous
 
 
+@pytest.fixture(autouse=True)
+def _no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsync costs tens of milliseconds per chunk on a busy disk and proves nothing in a test that does not
+    cut the power; tests/store/test_writer.py checks that it is on by default."""
+    from comgra.store import format as fmt
+
+    monkeypatch.setattr(fmt, "DURABLE_WRITES", False, raising=False)
+
+
 @pytest.fixture
 def generator() -> Any:
     """A seeded ``torch.Generator``: test data never depends on the global RNG."""

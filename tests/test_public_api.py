@@ -26,7 +26,7 @@ RECORDER_METHODS = {
                  "max_num_mappings_to_save_at_once_during_serialization", "type_of_serialization",
                  "calculate_svd_and_other_expensive_operations_of_parameters",
                  # ours, keyword-only:
-                 "max_num_neurons_to_record", "flush_seconds"],
+                 "max_num_neurons_to_record", "flush_seconds", "record_ranks"],
     "recording_is_active": [],
     "track_module": ["module_name", "module"],
     "get_name_of_module": ["module"],
@@ -78,6 +78,7 @@ def test_recorder_methods_match_the_original_api() -> None:
     init = inspect.signature(cls.__init__).parameters
     assert init["max_num_neurons_to_record"].kind is inspect.Parameter.KEYWORD_ONLY
     assert init["flush_seconds"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert init["record_ranks"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_defaults_match_the_original_api() -> None:

@@ -133,45 +133,75 @@ def test_same_losses_and_parameters_with_and_without_the_recorder(recorded, tmp_
     assert set(steps["training_step"].to_pylist()) == recorded
 
 
-def test_no_tensor_is_kept_alive_after_a_step(make_recorder, open_trial) -> None:
+def _step_and_weak_references(recorder, model, step: int) -> dict[str, weakref.ref]:
+    """Record one step and return weak references to its tensors.
+
+    Every tensor is a local of this function only, so once it returns nothing of the test holds
+    them: whatever is still alive after ``gc.collect()`` is held by the recorder.
+    """
+    recorder.start_batch(step, 4)
+    memory = torch.zeros(4, 2)
+    recorder.register_tensor("initial_memory", memory, is_initial_value=True)
+    recorder.start_iteration()
+    x = torch.randn(4, 3)
+    recorder.register_tensor("x", x, is_input=True)
+    hidden = model[1](model[0](x))
+    recorder.register_tensor("hidden", hidden)
+    detached = recorder.detach_while_keeping_connection(hidden)
+    y = model[2](detached) + memory
+    recorder.register_tensor("y", y)
+    y.mul_(1.0)  # an in-place op after registration: the recorder keeps a copy of y and its earlier grad_fn
+    unregistered = y * 3
+    recorder.add_tensor_connection(hidden, unregistered)
+    loss = unregistered.pow(2).mean() + hidden.sum()
+    recorder.register_tensor("loss", loss, is_loss=True)
+    recorder.record_kpi_in_graph("loss", "", loss, record_even_if_recording_is_inactive=True)
+    loss.backward()
+    recorder.record_current_gradients("gradients")
+    recorder.finish_iteration()
+    recorder.finish_batch()
+    # The leaves comgra switched requires_grad on for are handed back as they were.
+    assert not x.requires_grad and x.grad is None
+    assert not memory.requires_grad and memory.grad is None
+    tensors = [("memory", memory), ("x", x), ("hidden", hidden), ("detached", detached), ("y", y),
+               ("unregistered", unregistered), ("loss", loss), ("detached.grad", detached.grad)]
+    references = {name: weakref.ref(t) for name, t in tensors}
+    assert all(r() is not None for r in references.values())
+    return references
+
+
+def _alive_after_steps(make_recorder) -> list[list[str]]:
     model = make_tiny_model()
     recorder = make_recorder({0, 1})
     recorder.track_module("model", model)
-    references: dict[str, weakref.ref] = {}
+    alive = []
     for step in range(2):
-        recorder.start_batch(step, 4)
-        memory = torch.zeros(4, 2)
-        recorder.register_tensor("initial_memory", memory, is_initial_value=True)
-        recorder.start_iteration()
-        x = torch.randn(4, 3)
-        recorder.register_tensor("x", x, is_input=True)
-        hidden = model[1](model[0](x))
-        recorder.register_tensor("hidden", hidden)
-        detached = recorder.detach_while_keeping_connection(hidden)
-        y = model[2](detached) + memory
-        recorder.register_tensor("y", y)
-        unregistered = y * 3
-        recorder.add_tensor_connection(hidden, unregistered)
-        loss = unregistered.pow(2).mean() + hidden.sum()
-        recorder.register_tensor("loss", loss, is_loss=True)
-        recorder.record_kpi_in_graph("loss", "", loss, record_even_if_recording_is_inactive=True)
-        loss.backward()
-        recorder.record_current_gradients("gradients")
-        recorder.finish_iteration()
-        recorder.finish_batch()
-        # The leaves comgra switched requires_grad on for are handed back as they were.
-        assert not x.requires_grad and x.grad is None
-        assert not memory.requires_grad and memory.grad is None
-        references = {name: weakref.ref(t) for name, t in [
-            ("memory", memory), ("x", x), ("hidden", hidden), ("detached", detached), ("y", y),
-            ("unregistered", unregistered), ("loss", loss), ("detached.grad", detached.grad)]}
-        assert all(r() is not None for r in references.values())
-        del memory, x, hidden, detached, y, unregistered, loss
+        references = _step_and_weak_references(recorder, model, step)
         gc.collect()
-        alive = [name for name, r in references.items() if r() is not None]
-        assert alive == [], f"step {step}: still alive after finish_batch: {alive}"
+        alive.append([name for name, r in references.items() if r() is not None])
     recorder.finalize()
+    return alive
+
+
+def test_no_tensor_is_kept_alive_after_a_step(make_recorder, open_trial) -> None:
+    assert _alive_after_steps(make_recorder) == [[], []], "still alive after finish_batch"
     assert open_trial().steps().num_rows == 2
+
+
+def test_a_reference_kept_by_the_recorder_would_be_found(make_recorder, monkeypatch) -> None:
+    """The positive control of the test above: a recorder that keeps what it registers is caught."""
+    from comgra.capture.step import StepRecording
+
+    kept: list = []
+    register = StepRecording.register
+
+    def register_and_keep(self, registration, tensor, **kwargs):
+        kept.append((tensor, tensor.grad_fn))
+        return register(self, registration, tensor, **kwargs)
+
+    monkeypatch.setattr(StepRecording, "register", register_and_keep)
+    for alive in _alive_after_steps(make_recorder):
+        assert {"memory", "x", "hidden", "y", "loss"} <= set(alive)
 
 
 def test_no_tensor_is_kept_alive_after_an_unwanted_dynamic_step(make_recorder) -> None:

@@ -125,3 +125,68 @@ def test_internal_error_in_capture_is_reported_once(make_recorder, monkeypatch, 
         losses = _train(recorder, tiny_model, range(3))
     assert len(caught) == 1 and "ZeroDivisionError: a bug in comgra" in str(caught[0].message)
     assert len(losses) == 3
+
+
+def test_removing_the_trial_folder_mid_run_is_reported_once_and_nothing_is_recreated(make_recorder, store_root,
+                                                                                      tiny_model) -> None:
+    import shutil
+
+    recorder = make_recorder(set(range(40)), flush_seconds=0.0)
+    trial_dir = store_root / "group" / "trials" / "trial"
+    with pytest.warns(ComgraWarning) as caught:
+        optimizer_steps = _train_until(recorder, tiny_model, 20, after=lambda: shutil.rmtree(trial_dir))
+    assert optimizer_steps == 40
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert "removed or replaced" in str(caught[0].message) and str(trial_dir) in str(caught[0].message)
+    assert recorder.session is not None and recorder.session.broken
+    assert not trial_dir.exists(), "the writer recreated the removed trial folder"
+
+
+def _train_until(recorder: ComgraRecorder, model: torch.nn.Module, cut: int, after) -> int:
+    """40 recorded steps; ``after`` runs once all of the first ``cut`` steps are on disk."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    recorder.track_module("model", model)
+    done = 0
+    for step in range(40):
+        if step == cut:
+            recorder.session.writer.flush()
+            after()
+        recorder.start_batch(step, 4)
+        recorder.start_iteration()
+        x = torch.randn(4, 3)
+        recorder.register_tensor("x", x, is_input=True)
+        loss = model(x).pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        done += 1
+    recorder.finalize()
+    return done
+
+
+def test_a_faulted_writer_leaves_no_thread_behind(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    import pyarrow as pa
+
+    from comgra.store.writer import ChunkWriter
+
+    def disk_full(path: Path, table: object, row_group_size: int = 4096) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fmt, "write_parquet_atomic", disk_full)
+    before = set(threading.enumerate())
+    writer = ChunkWriter(tmp_path / "trial", flush_seconds=60.0, max_queued_items=2)
+    writer.put_table("notes", pa.table({"seq": [1], "wall_time": [0.0], "note": ["x"]}, schema=fmt.NOTES_SCHEMA))
+    writer.flush(timeout=5)
+    assert isinstance(writer.error, OSError)
+    for _ in range(10):  # a full queue after the fault must not block the training thread
+        writer.put_table("notes", pa.table({"seq": [1], "wall_time": [0.0], "note": ["x"]}, schema=fmt.NOTES_SCHEMA))
+    writer.close(timeout=5)
+    for thread in set(threading.enumerate()) - before:
+        thread.join(timeout=2)
+        assert not thread.is_alive(), f"{thread.name} still runs after the writer faulted and closed"

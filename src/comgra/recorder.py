@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import re
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from comgra import __version__
 from comgra.capture import kpis as kpi_buffer
 from comgra.capture.options import RecorderOptions
+from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
 from comgra.capture.modules import ModuleTracker
 from comgra.errors import ConfigError, RecordingError
@@ -45,7 +47,9 @@ class ComgraRecorder:
     The arguments are those of the original Comgra 0.11.5.
     ``max_num_mappings_to_save_at_once_during_serialization`` and ``type_of_serialization`` are
     accepted and have no effect (comgra always writes Parquet). ``max_num_neurons_to_record``
-    (ours) caps how many values of each tensor are kept per sample.
+    (ours) caps how many values of each tensor are kept per sample. Under torch.distributed every
+    rank records its own shard of the trial; ``record_ranks`` (ours: ``"all"``, ``"zero"`` or a list
+    of ranks) limits that, and the other ranks behave as with ``comgra_is_active=False``.
     """
 
     def __init__(
@@ -64,6 +68,7 @@ class ComgraRecorder:
         *,
         max_num_neurons_to_record: int = 256,
         flush_seconds: float = 2.0,
+        record_ranks: str | Iterable[int] = "all",
     ):
         self.options = RecorderOptions.create(
             root=comgra_root_path, group=group, trial_id=trial_id, policy=decision_maker_for_recordings,
@@ -71,8 +76,11 @@ class ComgraRecorder:
             visual_prefixes=prefixes_for_grouping_module_parameters_visually,
             node_prefixes=prefixes_for_grouping_module_parameters_in_nodes,
             active=comgra_is_active, with_svd=calculate_svd_and_other_expensive_operations_of_parameters,
-            max_neurons=max_num_neurons_to_record, flush_seconds=flush_seconds,
+            max_neurons=max_num_neurons_to_record, flush_seconds=flush_seconds, record_ranks=record_ranks,
         )
+        self.rank_info = discover_rank()
+        # A rank that does not record is a recorder switched off: no folder, no cost.
+        comgra_is_active = comgra_is_active and self.options.records_rank(self.rank_info.rank)
         self.comgra_is_active = comgra_is_active
         self.decision_maker_for_recordings = decision_maker_for_recordings
         self.modules = ModuleTracker()
@@ -86,7 +94,7 @@ class ComgraRecorder:
         self._kpis = kpi_buffer.KpiBuffer()
         self.session: Session | None = None
         if comgra_is_active:
-            self.session = Session.open(self.options, __version__)
+            self.session = Session.open(self.options, __version__, self.rank_info)
             atexit.register(_finalize_quietly, weakref.ref(self))
 
     @property

@@ -49,8 +49,10 @@ def aggregation_value(aggregation: str, sample: int) -> str:
 
 
 def parse_aggregation(value: str) -> tuple[str, int]:
-    if value.startswith("sample:"):
-        return "sample", int(value.split(":", 1)[1])
+    """("sample", k) for "sample:k", else (value, -1); a malformed sample index is -1, never an exception."""
+    if isinstance(value, str) and value.startswith("sample:"):
+        index = value.split(":", 1)[1]
+        return "sample", int(index) if index.isdigit() and len(index) < 10 else -1
     return value, -1
 
 
@@ -76,6 +78,7 @@ class Selection:
     role: str
     kind: str
     aggregation: str  # "mean", "std", "abs_max", "none" or "sample:<k>"
+    rank: int = 0  # the torch.distributed rank whose values are shown
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +96,7 @@ class Choices:
     roles: list[str] = field(default_factory=list)
     aggregations: list[tuple[str, str]] = field(default_factory=list)  # (value, label)
     nodes: list[tuple[str, str]] = field(default_factory=list)  # (id, label)
+    ranks: list[int] = field(default_factory=list)  # the ranks of a torch.distributed run; [0] for one process
 
 
 @dataclass
@@ -114,6 +118,7 @@ class Series:
     trial: str
     steps: np.ndarray
     values: np.ndarray
+    rank: int | None = None  # set when the lines of several ranks are drawn side by side
 
 
 class StepIndex:
@@ -142,7 +147,7 @@ class RecordingService:
 
     def __init__(self, path: str | Path):
         self.group = GroupReader(path)
-        self._indexes: dict[str, tuple[tuple[str, ...], StepIndex]] = {}
+        self._indexes: dict[tuple[str, int | None], tuple[tuple[str, ...], StepIndex]] = {}
         self._series: OrderedDict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -185,40 +190,47 @@ class RecordingService:
             trial = self.trial(trial_id)
         except StoreError as error:
             return [str(error)]
-        return [f"Skipped a damaged chunk of trial {trial_id!r}: {Path(p).parent.name}/{Path(p).name}. "
-                "The rest of the trial is shown." for p in trial.problems]
+        return [f"Skipped {Path(p).parent.name}/{Path(p).name} of trial {trial_id!r}: {reason}. "
+                "The rest of the trial is shown." for p, reason in trial.problem_reasons().items()]
 
-    def step_index(self, trial_id: str) -> StepIndex:
-        """The trial's steps table, rebuilt only when a new steps chunk appears."""
+    def ranks(self, trial_id: str) -> list[int]:
+        """The ranks that recorded the trial (``[0]`` for a single process, also before anything is flushed)."""
+        return self.trial(trial_id).ranks() or [0]
+
+    def step_index(self, trial_id: str, rank: int | None = None) -> StepIndex:
+        """The steps table of a trial (of one rank, or of all), rebuilt only when a new steps chunk appears."""
         trial = self.trial(trial_id)
         names = tuple(_chunk_names(trial.directory / "steps"))
         with self._lock:
-            cached = self._indexes.get(trial_id)
+            cached = self._indexes.get((trial_id, rank))
             if cached is not None and cached[0] == names:
                 return cached[1]
-        index = StepIndex(trial.steps(), names)
+        index = StepIndex(trial.steps(rank), names)
         with self._lock:
-            self._indexes[trial_id] = (names, index)
+            self._indexes[(trial_id, rank)] = (names, index)
         return index
 
-    def statistic_series(self, trial_id: str, selection: Selection, statistic: str) -> tuple[np.ndarray, np.ndarray]:
-        """(training steps, values) of one statistic of the selected tensor in one trial, over all steps.
+    def statistic_series(self, trial_id: str, selection: Selection, statistic: str,
+                         rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(training steps, values) of one statistic of the selected tensor in one trial, over all steps,
+        of ``rank`` (default: the selection's rank).
 
         This reads every chunk of the trial, so answers are kept (a few, most recent
         first) until a new chunk appears: scrubbing through the steps of one tensor
         asks the same question again and again.
         """
         aggregation, sample = parse_aggregation(selection.aggregation)
-        version = self.step_index(trial_id).chunks
+        rank = selection.rank if rank is None else rank
+        version = self.step_index(trial_id, rank).chunks
         key = (trial_id, len(version), version[-1:], selection.node, selection.role, selection.kind,
-               selection.data_iteration, aggregation, sample, statistic)
+               selection.data_iteration, aggregation, sample, statistic, rank)
         with self._lock:
             if key in self._series:
                 self._series.move_to_end(key)
                 return self._series[key]
         table = self.trial(trial_id).series(node=selection.node, role=selection.role, kind=selection.kind,
                                             iteration=selection.data_iteration, aggregation=aggregation,
-                                            sample=sample, statistic=statistic)
+                                            sample=sample, statistic=statistic, rank=rank)
         answer = (table.column("training_step").to_numpy(),
                   table.column("value").to_numpy(zero_copy_only=False).astype(np.float64))
         with self._lock:
@@ -240,12 +252,15 @@ class RecordingService:
         ``move`` (left/right/up/down) moves the selected node along the graph first.
         """
         view = View()
+        wanted = clean_wanted(wanted, view)
         view.choices.trials = self.trials()
         trial_id = view.trial = _pick_trial(view, wanted.get("trial"))
         if trial_id is None:
             return view
         try:
-            index = self.step_index(trial_id)
+            view.choices.ranks = self.ranks(trial_id)
+            rank = _pick(view, wanted.get("rank"), view.choices.ranks, view.choices.ranks[0], "rank")
+            index = self.step_index(trial_id, rank)
         except StoreError as error:
             view.banners.append(str(error))
             return view
@@ -253,12 +268,16 @@ class RecordingService:
             view.banners.append(f"Trial {trial_id!r} has no recorded steps yet. If a run is writing it, "
                                 "they appear here as soon as it flushes.")
         else:
-            self._resolve_step(view, trial_id, index, wanted, move)
+            try:
+                self._resolve_step(view, trial_id, index, wanted, move, rank)
+            except StoreError as error:  # a damaged graph or chunk of this step: say so; other steps still work
+                view.selection, view.graph, view.row = None, None, None
+                view.banners.append(f"{error} Other steps and trials still work.")
         view.banners.extend(self.problems(trial_id))  # after reading, so that damage found now is reported
         return view
 
     def _resolve_step(self, view: View, trial_id: str, index: StepIndex, wanted: Mapping[str, Any],
-                      move: str | None) -> None:
+                      move: str | None, rank: int) -> None:
         choices = view.choices
         choices.types = [ANY_TYPE, *index.types_of_execution()]
         type_ = _pick(view, wanted.get("type_of_execution"), choices.types, ANY_TYPE, "type of training step")
@@ -276,11 +295,44 @@ class RecordingService:
             node = _node_by_id(graph, neighbour(graph, node["id"], move)) or node
             view.node_fallback = False
         data_iteration = _data_iteration(node, iteration)
-        table = self.tensor_rows(trial_id, step, iteration=data_iteration, node=node["node"])
+        table = self.tensor_rows(trial_id, step, iteration=data_iteration, node=node["node"], rank=rank)
         base = {"trial": trial_id, "type_of_execution": type_, "training_step": step,
                 "step_type": step_row["type_of_execution"], "iteration": iteration, "node_id": node["id"],
-                "node": node["node"], "data_iteration": data_iteration}
+                "node": node["node"], "data_iteration": data_iteration, "rank": rank}
         _resolve_tensor(view, base, node, table.to_pylist(), wanted)
+
+
+# -- what the browser sent: any JSON at all ------------------------------------------------------------
+_WANTED_TEXT = ("trial", "type_of_execution", "node_id", "kind", "aggregation")
+_WANTED_INT = ("training_step", "iteration", "rank")
+_INT_LIMIT = 2**62  # beyond any step or iteration; keeps numpy's int64 arithmetic exact
+
+
+def clean_wanted(wanted: Any, view: View | None = None) -> dict[str, Any]:
+    """``wanted`` with every value of the wrong type dropped (it then means "the default").
+
+    The browser holds the selection state, so it can send anything: a string step, an
+    integer of 400 digits, a list for a node. Those are wishes that cannot be met,
+    not errors: ``view`` gets one notice that lists the keys that were ignored.
+    """
+    if not isinstance(wanted, Mapping):
+        return {}
+    known = (*_WANTED_TEXT, *_WANTED_INT, "roles")
+    clean: dict[str, Any] = {k: v for k, v in wanted.items() if isinstance(k, str) and k not in known}
+    for key in _WANTED_TEXT:
+        if isinstance(wanted.get(key), str):
+            clean[key] = wanted[key]
+    for key in _WANTED_INT:
+        value = wanted.get(key)
+        if type(value) is int and abs(value) < _INT_LIMIT:  # noqa: E721 - True is no step
+            clean[key] = value
+    roles = wanted.get("roles")
+    if isinstance(roles, Mapping):
+        clean["roles"] = {k: v for k, v in roles.items() if isinstance(k, str) and isinstance(v, str)}
+    ignored = sorted(k for k in known if wanted.get(k) is not None and k not in clean)
+    if ignored and view is not None:
+        view.notices.append(f"Ignored selection values that are not valid: {ignored[:8]}.")
+    return clean
 
 
 # -- resolution, one selector at a time -----------------------------------------------------------------
@@ -436,8 +488,10 @@ def neighbour(graph: dict[str, Any], node_id: str, direction: str) -> str:
 
 
 # -- series across trials -------------------------------------------------------------------------------
-def series(service: RecordingService, selection: Selection, statistic: str) -> list[Series]:
-    """The statistic of the selected tensor at every recorded step, one entry per trial that has it.
+def series(service: RecordingService, selection: Selection, statistic: str, *,
+           all_ranks: bool = False) -> list[Series]:
+    """The statistic of the selected tensor at every recorded step, one entry per trial that has it
+    (of the selected rank), or with ``all_ranks`` one entry per trial and rank.
 
     Steps are limited to the selected type of training step, so that iteration
     numbers mean the same thing along the curve.
@@ -445,15 +499,17 @@ def series(service: RecordingService, selection: Selection, statistic: str) -> l
     result = []
     for trial_id in service.trials():
         try:
-            steps, values = service.statistic_series(trial_id, selection, statistic)
-            index = service.step_index(trial_id)
+            ranks = service.ranks(trial_id) if all_ranks else [selection.rank]
+            for rank in ranks:
+                steps, values = service.statistic_series(trial_id, selection, statistic, rank)
+                index = service.step_index(trial_id, rank)
+                if selection.type_of_execution != ANY_TYPE:
+                    keep = np.isin(steps, index.steps_of(selection.type_of_execution))
+                    steps, values = steps[keep], values[keep]
+                if len(steps):
+                    result.append(Series(trial_id, steps, values, rank if all_ranks else None))
         except StoreError:
             continue
-        if selection.type_of_execution != ANY_TYPE:
-            keep = np.isin(steps, index.steps_of(selection.type_of_execution))
-            steps, values = steps[keep], values[keep]
-        if len(steps):
-            result.append(Series(trial_id, steps, values))
     return result
 
 
@@ -471,5 +527,6 @@ def _count_chunks(folder: Path) -> int:
 
 def _with_totals(tree: Mapping[str, Any]) -> dict[str, Any]:
     submodules = [_with_totals(child) for child in tree.get("submodules") or []]
-    own = sum(int(p.get("numel") or 0) for p in tree.get("parameters") or [])
+    # A tied parameter (tied_to its first name) is counted once, where it is met first.
+    own = sum(int(p.get("numel") or 0) for p in tree.get("parameters") or [] if not p.get("tied_to"))
     return {**tree, "submodules": submodules, "own": own, "total": own + sum(s["total"] for s in submodules)}

@@ -220,7 +220,7 @@ def test_new_steps_and_trials_appear_while_the_page_is_open(serve, open_page, fr
 def copy_last_step(trial, new_step: int) -> None:
     """Append a copy of the trial's last step under a new step number, as a running training would."""
     last = trial.steps().column("training_step")[-1].as_py()
-    for table, schema in (("tensors", fmt.TENSORS_SCHEMA), ("steps", fmt.STEPS_SCHEMA)):
+    for table, schema in (("tensors", fmt.SCHEMAS["tensors"]), ("steps", fmt.SCHEMAS["steps"])):
         rows = trial.selection(training_step=last) if table == "tensors" else \
             trial.steps().filter(pc.equal(trial.steps()["training_step"], last))
         rows = rows.set_column(rows.schema.get_field_index("training_step"), "training_step",
@@ -244,7 +244,7 @@ def test_bad_recordings_get_banners_and_the_rest_stays_usable(serve, open_page, 
     app.check_against_store()
     app.page.focus("#step-slider [role=slider]")
     app.page.keyboard.press("End")
-    expect(app.page.locator("#banner")).to_contain_text("damaged chunk")
+    expect(app.page.locator("#banner")).to_contain_text("damaged: not a readable Parquet file")
     expect(app.page.locator("#values")).to_contain_text("No values were recorded")
     assert "Traceback" not in app.page.content()
     app.page.keyboard.press("Home")

@@ -69,17 +69,28 @@ def test_initial_value_and_iteration_tensor_may_not_share_a_node(make_recorder) 
 
 
 def test_record_current_gradients_without_backward_records_no_gradients(make_recorder, open_trial) -> None:
-    recorder = make_recorder({0})
-    recorder.start_batch(0, 2)
-    recorder.start_iteration()
-    x = torch.ones(2, 3)
-    recorder.register_tensor("x", x, is_input=True)
-    recorder.register_tensor("y", x * 2)
-    recorder.record_current_gradients("gradients")
-    recorder.finish_iteration()
-    recorder.finish_batch()
+    recorder = make_recorder({0, 1})
+    for step, backward in ((0, False), (1, True)):  # step 1 is the positive control: the same query finds rows
+        recorder.start_batch(step, 2)
+        recorder.start_iteration()
+        x = torch.ones(2, 3)
+        recorder.register_tensor("x", x, is_input=True)
+        y = x * 2
+        recorder.register_tensor("y", y)
+        if backward:
+            y.sum().backward()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
     recorder.finalize()
-    assert open_trial().selection(training_step=0, kind="gradients").num_rows == 0
+    trial = open_trial()
+    assert trial.selection(training_step=0, kind="gradients").num_rows == 0
+    forward = {r["tensor_name"]: r["mean"] for r in trial.selection(training_step=0, kind="forward",
+                                                                     aggregation="mean").to_pylist()}
+    assert forward == {"x": 1.0, "y": 2.0}  # the step was recorded: only its gradients are missing
+    gradients = {r["tensor_name"]: r["mean"] for r in trial.selection(training_step=1, kind="gradients",
+                                                                       aggregation="mean").to_pylist()}
+    assert gradients == {"x": 2.0, "y": 1.0}
 
 
 def test_warnings_name_the_line_of_the_users_call(tmp_path) -> None:

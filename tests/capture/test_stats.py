@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from comgra.capture import stats
 from comgra.capture.stats import STATISTICS, batch_aggregates, summarize
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
@@ -83,6 +84,57 @@ def test_summarize_matches_numpy(case: tuple[int, list[np.ndarray], list[int]]) 
         start, stop = summary.neuron_slices[i]
         assert stop - start == min(cap, flat.shape[1])
         np.testing.assert_array_equal(summary.neurons[:, start:stop].numpy(), flat[:, :stop - start])
+
+
+@st.composite
+def rows_and_chunk(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    """A (B, D) array with an offset that makes E[x^2] - E[x]^2 cancel, and a chunk size that splits it."""
+    batch, width = draw(st.integers(1, 4)), draw(st.integers(1, 40))
+    offset = draw(st.sampled_from([0.0, 1e3, -3e3]))
+    array = draw(hnp.arrays(np.float32, (batch, width), elements=VALUES)) + np.float32(offset)
+    return array, draw(st.integers(1, 3 * batch * width))
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows_and_chunk())
+def test_large_tensor_paths_match_numpy(case: tuple[np.ndarray, int]) -> None:
+    """The paths for large tensors, at sizes where every chunk boundary and special value shows: the CPU
+    path merging chunks of ``chunk`` elements, and the float64-accumulating GPU path (run on the CPU)."""
+    array, chunk = case
+    expected = reference_statistics(array)
+    original = stats.CHUNK
+    stats.CHUNK = chunk
+    try:
+        chunked = stats._large_statistics([torch.from_numpy(array)])[:, 0].numpy()
+    finally:
+        stats.CHUNK = original
+    assert_float32_close(chunked, expected, _scale(array))
+    on_gpu = stats._large_statistics([torch.from_numpy(array)], accelerator=True)[:, 0].numpy()
+    assert_float32_close(on_gpu, expected, _scale(array))
+
+
+@pytest.mark.parametrize("offset, spread", [(0.0, 1.0), (1.0, 1e-3), (1e3, 1e-2), (-50.0, 0.0)])
+def test_std_of_a_large_tensor_has_float32_precision(offset: float, spread: float) -> None:
+    """Millions of values far from zero relative to their spread (BatchNorm weights, biased activations):
+    the std must not come from E[x^2] - E[x]^2 in float32, which would be off by orders of magnitude."""
+    generator = np.random.default_rng(0)
+    array = (offset + spread * generator.standard_normal((1, 3_000_000))).astype(np.float32)
+    summary = summarize([torch.from_numpy(array)], batch_size=1, max_neurons=[0])
+    actual = summary.per_sample[0, 0].numpy().astype(np.float64)
+    expected = reference_statistics(array)[0]
+    np.testing.assert_allclose(actual[:6], expected[:6], rtol=2e-5, atol=1e-6 * (abs(offset) + spread))
+    assert actual[6] == actual[7] == 0
+
+
+def test_nan_and_inf_are_counted_in_a_large_tensor() -> None:
+    array = np.zeros((2, 300_000), dtype=np.float32)
+    array[0, [5, 299_999]] = np.nan
+    array[1, 7] = -np.inf
+    array[1, 100_000] = np.inf
+    per_sample = summarize([torch.from_numpy(array)], batch_size=2, max_neurons=[0]).per_sample[:, 0].numpy()
+    assert per_sample[:, 6].tolist() == [2, 0] and per_sample[:, 7].tolist() == [0, 2]
+    assert np.isnan(per_sample[0, :6]).all() and np.isnan(per_sample[1, 0])  # mean of -inf and inf
+    assert per_sample[1, 3] == -np.inf and per_sample[1, 4] == per_sample[1, 5] == np.inf
 
 
 @settings(max_examples=100, deadline=None)

@@ -61,10 +61,13 @@ def test_use_path_for_test_run_serves_that_folder(recording, monkeypatch):
     monkeypatch.setattr(cli, "_run_server", lambda group, **kw: served.update(group=group, **kw) or 0)
     assert cli.main(["--use-path-for-test-run", "--port", "9999"]) == 0
     bundled = cli.bundled_visualization()
-    assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": bundled}
+    assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": bundled,
+                      "allow_hosts": []}
     assert bundled.name == "custom_visualization.py" and "def create_visualization" in bundled.read_text()
     assert cli.main(["--use-path-for-test-run", "--visualization-file", __file__]) == 0  # the user's file wins
     assert served["visualization_file"] == Path(__file__)
+    assert cli.main(["--use-path-for-test-run", "--allow-host", "lab.example", "--allow-host", "proxy"]) == 0
+    assert served["allow_hosts"] == ["lab.example", "proxy"]
 
 
 def test_a_busy_port_is_reported(recording, capsys):

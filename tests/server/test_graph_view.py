@@ -57,8 +57,21 @@ def test_every_node_is_an_element_with_a_name():
 
 def test_nodes_are_laid_out_by_column_and_row():
     nodes = nodes_of(render_graph(GRAPH, None, None))
-    assert nodes["y"]["style"]["left"] == f"{PADDING + 2 * (NODE_WIDTH + COLUMN_GAP)}px"
-    assert nodes["x"]["style"]["top"] < nodes["w"]["style"]["top"] or nodes["x"]["style"]["top"] == f"{PADDING}px"
+    left = {name: pixels(props["style"]["left"]) for name, props in nodes.items()}
+    top = {name: pixels(props["style"]["top"]) for name, props in nodes.items()}
+    assert left["y"] == PADDING + 2 * (NODE_WIDTH + COLUMN_GAP)
+    assert left["x"] == left["w"] == left["v"] == left["h*old"] == PADDING
+    assert left["x"] < left["h"] < left["y"] == left["lonely"]
+    # Rows 0, 1, 2, 3 of column 0 stack downwards, evenly: numbers, not "12px" < "9px" strings.
+    column = [top["x"], top["w"], top["h*old"], top["v"]]
+    assert top["x"] == PADDING and column == sorted(column) and len(set(column)) == 4
+    assert column[1] - column[0] == column[2] - column[1] == column[3] - column[2] > 0
+    assert top["h"] == top["y"] == top["x"] and top["lonely"] == top["w"]
+
+
+def pixels(value: str) -> float:
+    assert value.endswith("px"), value
+    return float(value.removesuffix("px"))
 
 
 def test_only_the_selected_nodes_links_are_drawn_and_its_neighbours_highlighted():

@@ -86,3 +86,44 @@ def test_merging_stops_at_max_merged_rows(trial_dir: Path) -> None:
     names = sorted(p.name for p in (trial_dir / "tensors").glob("*.parquet"))
     assert len(names) == 4 and all(name.endswith("-l1.parquet") for name in names), names  # 4 rows > 3: no l2
     assert TrialReader(trial_dir).series(node="x", role="x", iteration=0)["training_step"].to_pylist() == list(range(8))
+
+
+def test_every_table_is_compacted_so_a_long_run_leaves_few_files(trial_dir: Path) -> None:
+    writer = ChunkWriter(trial_dir, merge_every=4)
+    for step in range(64):
+        writer.put_table("tensors", _tensor_row(step))
+        writer.put_table("steps", pa.Table.from_pylist([{"training_step": step, "type_of_execution": "t", "iteration": 0,
+                                                         "graph": "g", "batch_size": 1, "kinds": ["forward"],
+                                                         "samples": [], "categories": [], "wall_time": 0.0}],
+                                                       schema=fmt.STEPS_SCHEMA))
+        writer.put_table("kpis", pa.table({"kpi_group": ["loss"], "kpi_name": [""], "type_of_execution": [""],
+                                           "timepoint": [step], "value": [float(step)]}, schema=fmt.KPIS_SCHEMA))
+        writer.put_table("notes", pa.table({"seq": [step], "wall_time": [0.0], "note": [f"n{step}"]},
+                                           schema=fmt.NOTES_SCHEMA))
+        writer.flush()
+    writer.close()
+    for table in fmt.TABLES:
+        assert len(list((trial_dir / table).glob("*.parquet"))) == 1, table  # 64 flushes: 4 x 4 x 4
+    reader = TrialReader(trial_dir)
+    assert reader.steps()["training_step"].to_pylist() == list(range(64))
+    assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(64))
+    assert sorted(reader.notes()) == sorted(f"n{step}" for step in range(64))
+
+
+def test_a_chunk_written_after_a_merge_is_never_hidden_by_it(tmp_path: Path) -> None:
+    """KPIs at a repeated timepoint (or notes) give a later chunk a range inside an earlier merged one."""
+    merged = fmt.chunk_name(4, 0, 9, level=1)
+    later = fmt.chunk_name(5, 3, 3)
+    older_part = fmt.chunk_name(2, 3, 3)
+    names = [p.name for p in fmt.visible_chunks([tmp_path / n for n in (older_part, merged, later)])]
+    assert names == [merged, later]
+
+
+def test_kpis_at_one_repeated_timepoint_are_all_kept(trial_dir: Path) -> None:
+    writer = ChunkWriter(trial_dir, merge_every=2)
+    for value in range(5):
+        writer.put_table("kpis", pa.table({"kpi_group": ["g"], "kpi_name": [""], "type_of_execution": [""],
+                                           "timepoint": [0], "value": [float(value)]}, schema=fmt.KPIS_SCHEMA))
+        writer.flush()
+    writer.close()
+    assert sorted(TrialReader(trial_dir).kpis()["value"].to_pylist()) == [0.0, 1.0, 2.0, 3.0, 4.0]

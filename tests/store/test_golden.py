@@ -14,7 +14,7 @@ from comgra.store import GroupReader
 from comgra.store import format as fmt
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-VERSIONS = {1: GOLDEN / "format_v1" / "golden_group"}
+VERSIONS = {1: GOLDEN / "format_v1" / "golden_group", 2: GOLDEN / "format_v2" / "golden_group"}
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -86,3 +86,43 @@ def test_golden_v1_contents() -> None:
     assert trial.kpis()["timepoint"].to_pylist() == [0, 1, 2]
     assert trial.kpis()["value"].to_pylist() == [-7.65625, -70.15625, -132.65625]
     assert trial.notes() == ["golden recording of format_version 1"]
+
+
+def test_golden_v1_rows_are_rank_0() -> None:
+    trial = GroupReader(VERSIONS[1]).trial("golden_trial")
+    assert trial.ranks() == [0]
+    assert set(trial.steps()["rank"].to_pylist()) == {0} and set(trial.kpis()["rank"].to_pylist()) == {0}
+    assert set(trial.selection(training_step=0)["rank"].to_pylist()) == {0}
+    assert trial.selection(training_step=0, rank=1).num_rows == 0
+    assert trial.series(node="x", role="x", iteration=0, statistic="min", rank=0)["value"].to_pylist() == [2.0, 202.0]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_golden_v2_contents_rank_by_rank(rank: int) -> None:
+    """make_format_v2.py: x = arange(6).reshape(3, 2) + 100 * step + 1000 * rank, y = x @ [1, 2], loss = mean(y)."""
+    trial = GroupReader(VERSIONS[2]).trial("golden_trial")
+    assert trial.metadata["format_version"] == 2 and trial.metadata["world_size"] == 2
+    assert trial.ranks() == [0, 1]
+    index = trial.steps(rank=rank).to_pylist()
+    assert [(r["training_step"], r["rank"]) for r in index] == [(0, rank), (2, rank)]
+    assert trial.steps().num_rows == 4
+    offset = 1000 * rank
+    (x,) = trial.selection(training_step=2, node="x", kind="forward", aggregation="sample", sample=1,
+                           rank=rank).to_pylist()
+    assert (x["neurons"], x["rank"]) == ([202.0 + offset, 203.0 + offset], rank)
+    (weight_gradient,) = trial.selection(training_step=0, node="model.weight", kind="gradients",
+                                         rank=rank).to_pylist()
+    # d mean(y) / d w = the mean of x over the batch (float32 sums: not exact at 1000)
+    assert weight_gradient["neurons"] == pytest.approx([2.0 + offset, 3.0 + offset], rel=1e-6)
+    series = trial.series(node="x", role="x", iteration=0, statistic="min", rank=rank)
+    assert series["value"].to_pylist() == [2.0 + offset, 202.0 + offset]
+    assert trial.kpis(rank=rank)["value"].to_pylist() == [8.0 + 3 * offset, 308.0 + 3 * offset, 608.0 + 3 * offset]
+    assert trial.notes(rank=rank) == [f"golden recording of format_version 2, rank {rank}"]
+
+
+def test_golden_v2_all_ranks_side_by_side() -> None:
+    trial = GroupReader(VERSIONS[2]).trial("golden_trial")
+    series = trial.series(node="x", role="x", iteration=0, statistic="min")
+    assert list(zip(series["rank"].to_pylist(), series["training_step"].to_pylist(), series["value"].to_pylist())) \
+        == [(0, 0, 2.0), (0, 2, 202.0), (1, 0, 1002.0), (1, 2, 1202.0)]
+    assert sorted(trial.selection(training_step=0, node="x", kind="forward", aggregation="mean")["rank"].to_pylist()) == [0, 1]

@@ -13,6 +13,9 @@ from comgra.store import format as fmt
 from comgra.store.writer import ChunkWriter
 
 STEPS = (0, 10, 20)
+GRAPH_HASH = "00000000000000ab"  # the shape capture/graph.py graph_hash gives
+GRAPH = {"format_version": 1, "hash": GRAPH_HASH, "edges": [],
+         "nodes": [{"id": "x", "node": "x", "role": "x", "roles": ["x"], "column": 0, "row": 0}]}
 
 
 def _tensor_row(step: int, node: str, value: float) -> dict:
@@ -26,14 +29,13 @@ def _write_trial(group_dir: Path, trial_id: str = "trial_a") -> Path:
     """A recording with one chunk per step in every table, written by the real writer."""
     directory = fmt.trial_dir(group_dir, trial_id)
     fmt.write_json_atomic(directory / fmt.TRIAL_META, {"format_version": fmt.FORMAT_VERSION, "trial_id": trial_id})
-    graph = {"format_version": 1, "nodes": [], "edges": [], "hash": "abc"}
-    fmt.write_json_atomic(directory / "graphs" / "abc.json", graph)
+    fmt.write_json_atomic(directory / "graphs" / f"{GRAPH_HASH}.json", GRAPH)
     writer = ChunkWriter(directory, flush_seconds=60.0)
     for step in STEPS:
         writer.put_table("tensors", pa.Table.from_pylist(
             [_tensor_row(step, node, step + i) for i, node in enumerate(("x", "y"))], schema=fmt.TENSORS_SCHEMA))
         writer.put_table("steps", pa.Table.from_pylist([{
-            "training_step": step, "type_of_execution": "main", "iteration": 0, "graph": "abc", "batch_size": 4,
+            "training_step": step, "type_of_execution": "main", "iteration": 0, "graph": GRAPH_HASH, "batch_size": 4,
             "kinds": ["forward"], "samples": [], "categories": None, "wall_time": 1.0}], schema=fmt.STEPS_SCHEMA))
         writer.put_table("kpis", pa.Table.from_pylist([{
             "kpi_group": "loss", "kpi_name": "", "type_of_execution": "main", "timepoint": step,
@@ -65,7 +67,7 @@ def test_a_clean_recording_reads_completely(group_dir: Path) -> None:
     assert trial.notes() == [f"note {s}" for s in STEPS]
     assert trial.selection(training_step=10, node="y")["mean"].to_pylist() == [11.0]
     assert trial.series(node="x", role="x", iteration=0)["value"].to_pylist() == [0.0, 10.0, 20.0]
-    assert trial.graph("abc")["hash"] == "abc"
+    assert trial.graph(GRAPH_HASH)["hash"] == GRAPH_HASH
     assert trial.problems == []
 
 
@@ -138,7 +140,7 @@ def test_new_chunks_of_a_live_run_appear_on_the_next_call(group_dir: Path) -> No
     writer = ChunkWriter(fmt.trial_dir(group_dir, "trial_a"), flush_seconds=60.0)
     writer._seq = 100  # after the chunks already there, as a resumed writer would be
     writer.put_table("steps", pa.Table.from_pylist([{
-        "training_step": 30, "type_of_execution": "main", "iteration": 0, "graph": "abc", "batch_size": 4,
+        "training_step": 30, "type_of_execution": "main", "iteration": 0, "graph": GRAPH_HASH, "batch_size": 4,
         "kinds": ["forward"], "samples": [], "categories": None, "wall_time": 2.0}], schema=fmt.STEPS_SCHEMA))
     writer.close()
     assert trial.steps()["training_step"].to_pylist() == [*STEPS, 30]
@@ -188,8 +190,9 @@ def test_empty_group_has_no_trials(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("call", "expected"), [
     (lambda t: t.selection(training_step=0, nodes="x"), r"Unknown filter\(s\) \['nodes'\]; valid filters"),
     (lambda t: t.series(node="x", role="x", iteration=0, statistic="maen"), "did you mean 'mean'"),
-    (lambda t: t.graph("no_such_hash"), "Graph 'no_such_hash' of trial 'trial_a' is unreadable"),
-], ids=["unknown_filter", "unknown_statistic", "missing_graph"])
+    (lambda t: t.graph("00000000000000ff"), r"Graph '.*00000000000000ff.json' is unreadable"),
+    (lambda t: t.graph("no_such_hash"), "names the graph 'no_such_hash'.*not a graph hash"),
+], ids=["unknown_filter", "unknown_statistic", "missing_graph", "malformed_hash"])
 def test_bad_queries_raise_with_the_fix(call, expected: str, group_dir: Path) -> None:
     trial = GroupReader(group_dir).trial("trial_a")
     with pytest.raises(StoreError, match=expected):
@@ -202,4 +205,4 @@ def test_a_trial_without_chunks_reads_as_empty(tmp_path: Path) -> None:
     trial = GroupReader(tmp_path).trial("fresh")
     assert trial.steps().num_rows == 0 and trial.kpis().num_rows == 0 and trial.notes() == []
     assert trial.selection(training_step=0).num_rows == 0
-    assert trial.selection(training_step=0).schema == fmt.TENSORS_SCHEMA
+    assert trial.selection(training_step=0).schema == fmt.SCHEMAS["tensors"]

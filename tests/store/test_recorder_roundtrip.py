@@ -38,7 +38,7 @@ def test_registered_values_come_back_from_selection_and_series(make_recorder, op
         np.testing.assert_allclose(y_mean["neurons"], tensors["y"].mean(0).numpy(), rtol=1e-6, atol=1e-7)
 
     series = trial.series(node="x", role="x", iteration=0, aggregation="sample", sample=1, statistic="max")
-    assert series.column_names == ["training_step", "value"]
+    assert series.column_names == ["training_step", "value", "rank"]
     assert series["training_step"].to_pylist() == [0, 2, 4]
     assert series["value"].to_pylist() == pytest.approx([registered[s]["x"][1].max().item() for s in (0, 2, 4)])
     y_series = trial.series(node="y_node", role="summed", iteration=0, statistic="abs_mean")

@@ -97,3 +97,33 @@ def test_tensor_chunks_are_sorted_for_skipping(trial_dir: Path) -> None:
     writer.close()
     (chunk,) = (trial_dir / "tensors").glob("*.parquet")
     assert pq.read_table(chunk)["node"].to_pylist() == ["alpha", "mid", "zeta"]
+
+
+def test_chunks_are_fsynced_before_the_rename_and_the_folder_after(trial_dir: Path, monkeypatch) -> None:
+    synced: list[str] = []
+    monkeypatch.setattr(fmt, "DURABLE_WRITES", True)
+    monkeypatch.setattr(fmt, "_fsync", lambda path, flags: synced.append(path.name))
+    fmt.write_parquet_atomic(trial_dir / "steps" / "a.parquet", _steps_row(0))
+    assert len(synced) == 2 and fmt.is_temporary(synced[0]) and synced[0].endswith("a.parquet.partial")
+    assert synced[1] == "steps"
+
+
+def test_temporary_files_never_match_the_documented_globs(trial_dir: Path) -> None:
+    seen: list[list[str]] = []
+
+    def write(tmp: Path) -> None:
+        tmp.write_bytes(b"PAR1 half")
+        seen.append([p.name for p in trial_dir.glob("*/*.parquet")] + [p.name for p in trial_dir.glob("*.json")])
+
+    fmt._write_atomic(trial_dir / "steps" / "b.parquet", lambda tmp: (write(tmp), pq.write_table(_steps_row(0), tmp)))
+    assert seen == [[fmt.TRIAL_META]]
+
+
+def test_a_second_writer_of_the_same_rank_never_overwrites_or_hides_the_first(trial_dir: Path) -> None:
+    for _ in range(2):  # e.g. a run resumed from step 0 into the same shard
+        writer = ChunkWriter(trial_dir, flush_seconds=60.0, merge_every=2)
+        for step in range(3):
+            writer.put_table("steps", _steps_row(step))
+            writer.flush()
+        writer.close()
+    assert TrialReader(trial_dir).steps()["training_step"].to_pylist() == [0, 0, 1, 1, 2, 2]

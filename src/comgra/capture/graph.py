@@ -27,26 +27,34 @@ class Connections:
     extra_by_grad_fn: dict[Any, list[Any]] = field(default_factory=dict)  # grad_fn -> sources
     extra_by_leaf: dict[int, list[Any]] = field(default_factory=dict)  # id(leaf) -> sources
 
-    def add_manual(self, source: Any, sink: torch.Tensor) -> None:
-        """``source`` (a registration key or a tensor) feeds ``sink``."""
-        if sink.grad_fn is not None:
-            self.extra_by_grad_fn.setdefault(sink.grad_fn, []).append(source)
+    def add_manual(self, source: Any, sink: torch.Tensor, grad_fn: Any = None) -> None:
+        """``source`` (a registration key or a tensor) feeds ``sink``, whose autograd node is ``grad_fn``
+        (for a registered sink: the node it had when it was registered), else its current one."""
+        grad_fn = grad_fn if grad_fn is not None else sink.grad_fn
+        if grad_fn is not None:
+            self.extra_by_grad_fn.setdefault(grad_fn, []).append(source)
         else:
             self.extra_by_leaf.setdefault(id(sink), []).append(source)
 
 
-def dependencies(tensor: torch.Tensor, connections: Connections, memo: dict[Any, frozenset]) -> frozenset:
-    """The registration keys that ``tensor`` depends on directly (through unregistered ops only)."""
+def dependencies(tensor: torch.Tensor, grad_fn: Any, connections: Connections,
+                 memo: dict[Any, frozenset]) -> frozenset:
+    """The registration keys that ``tensor`` depends on directly (through unregistered ops only).
+
+    ``grad_fn`` is the autograd node the tensor had when it was registered: an in-place op
+    afterwards (``ReLU(inplace=True)``, ``out += identity``) gives the tensor a new ``grad_fn``
+    whose inputs include the registered tensor itself.
+    """
     found: set = set()
-    for child in _children_of_tensor(tensor, connections):
+    for child in _children_of_tensor(tensor, grad_fn, connections):
         found |= _resolve(child, connections, memo)
     return frozenset(found)
 
 
-def _children_of_tensor(tensor: torch.Tensor, connections: Connections) -> list[Any]:
-    if tensor.grad_fn is None:
+def _children_of_tensor(tensor: torch.Tensor, grad_fn: Any, connections: Connections) -> list[Any]:
+    if grad_fn is None:
         return list(connections.extra_by_leaf.get(id(tensor), ()))
-    return _children(tensor.grad_fn, connections)
+    return _children(grad_fn, connections)
 
 
 def _children(fn: Any, connections: Connections) -> list[Any]:
@@ -104,7 +112,7 @@ def _children_of_item(item: Any, connections: Connections) -> list[Any]:
         key = connections.by_leaf.get(id(item)) if item.grad_fn is None else connections.by_grad_fn.get(item.grad_fn)
         if key is not None:
             return [key]
-        return _children_of_tensor(item, connections)
+        return _children_of_tensor(item, item.grad_fn, connections)
     return _children(item, connections)
 
 

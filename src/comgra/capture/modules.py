@@ -11,11 +11,18 @@ from comgra.errors import ConfigError, RecordingError
 
 @dataclass
 class ModuleTracker:
-    """Names every tracked module ``root.sub.subsub`` and parameter ``root.sub.weight``."""
+    """Names every tracked module ``root.sub.subsub`` and parameter ``root.sub.weight``.
+
+    A parameter reached under several names (tied weights: a GPT's ``lm_head.weight`` is
+    ``wte.weight``) is one parameter: it is recorded once, under the first name met, the
+    others are its ``aliases``, and the module tree marks them ``tied_to`` the first.
+    """
 
     module_names: dict[int, str] = field(default_factory=dict)  # id(module) -> full name
-    parameters: dict[str, torch.nn.Parameter] = field(default_factory=dict)
+    parameters: dict[str, torch.nn.Parameter] = field(default_factory=dict)  # first name -> parameter
+    aliases: dict[str, list[str]] = field(default_factory=dict)  # first name -> the other names
     trees: list[dict[str, Any]] = field(default_factory=list)
+    _first_name: dict[int, str] = field(default_factory=dict)  # id(parameter) -> first name
 
     def track(self, module_name: str, module: torch.nn.Module) -> None:
         if not isinstance(module, torch.nn.Module):
@@ -31,13 +38,22 @@ class ModuleTracker:
     def _tree(self, name: str, full_name: str, module: torch.nn.Module) -> dict[str, Any]:
         self.module_names.setdefault(id(module), full_name)
         parameters: list[dict[str, Any]] = []
-        for parameter_name, parameter in module.named_parameters(recurse=False):
+        # remove_duplicate=False: one parameter under two attribute names of a module is tied too.
+        for parameter_name, parameter in module.named_parameters(recurse=False, remove_duplicate=False):
             full = f"{full_name}.{parameter_name}"
-            self.parameters[full] = parameter
-            parameters.append({"name": parameter_name, "full_name": full, "shape": list(parameter.shape),
-                               "numel": parameter.numel(), "requires_grad": parameter.requires_grad})
+            entry = {"name": parameter_name, "full_name": full, "shape": list(parameter.shape),
+                     "numel": parameter.numel(), "requires_grad": parameter.requires_grad}
+            first = self._first_name.setdefault(id(parameter), full)
+            if first == full:
+                self.parameters[full] = parameter
+            else:
+                self.aliases.setdefault(first, []).append(full)
+                entry["tied_to"] = first
+            parameters.append(entry)
         submodules = [self._tree(child, f"{full_name}.{child}", sub) for child, sub in module.named_children()]
-        total = sum(int(p["numel"]) for p in parameters) + sum(int(s["num_parameters"]) for s in submodules)
+        # A tied parameter counts once, where it was met first, as in sum(p.numel() for p in model.parameters()).
+        total = sum(int(p["numel"]) for p in parameters if "tied_to" not in p) + \
+            sum(int(s["num_parameters"]) for s in submodules)
         return {"name": name, "full_name": full_name, "type": type(module).__name__,
                 "num_parameters": total, "parameters": parameters, "submodules": submodules}
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -11,7 +12,7 @@ TENSOR_TYPES = ("input", "target", "loss", "parameter", "calculated", "initial_v
 
 @dataclass
 class Registration:
-    """One named tensor of one iteration. ``tensor`` is dropped once its values are summarised."""
+    """One named tensor of one iteration. ``tensor`` is dropped at the end of the step."""
 
     tensor_name: str
     iteration: int  # -1: parameters and initial values
@@ -23,6 +24,9 @@ class Registration:
     per_sample: bool
     shape: tuple[int, ...]
     tensor: torch.Tensor | None
+    # The autograd node the tensor had when it was registered; an in-place op afterwards replaces the
+    # tensor's grad_fn, and the graph must be walked from this one. Dropped with ``tensor``.
+    grad_fn: Any = None
 
     @property
     def key(self) -> tuple[int, str]:

@@ -22,6 +22,7 @@ import torch
 from comgra.capture.kpis import KpiBuffer
 from comgra.capture.modules import ModuleTracker, parameter_nodes
 from comgra.capture.options import RecorderOptions
+from comgra.capture.ranks import RankInfo
 from comgra.capture.registry import RECORDING_TYPES, Registration
 from comgra.capture.step import StepOptions, StepRecording
 from comgra.capture.summaries import SampleChoice
@@ -51,27 +52,34 @@ class Session:
     notes_written: int = 0
     kpis_flushed_at: float = 0.0
     closed: bool = False
+    metadata_name: str = fmt.TRIAL_META  # trial.json for the lead rank, rank-NNN.json for the others
 
     @classmethod
-    def open(cls, options: RecorderOptions, version: str) -> Session:
+    def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
         directory = fmt.trial_dir(options.group_dir, options.trial_id)
+        metadata_name = fmt.TRIAL_META if ranks.rank == options.lead_rank else f"rank-{ranks.rank:03d}.json"
         metadata = {"format_version": fmt.FORMAT_VERSION, "trial_id": options.trial_id, "group": options.group,
                     "created": time.time(), "comgra_version": version, "modules": [], "types_of_execution": [],
                     "config": {"max_num_batch_size_to_record": options.max_samples,
                                "max_num_neurons_to_record": options.max_neurons,
                                "prefixes_for_grouping_module_parameters_visually": list(options.visual_prefixes),
                                "prefixes_for_grouping_module_parameters_in_nodes": list(options.node_prefixes)}}
+        if ranks.world_size > 1:
+            metadata.update(rank=ranks.rank, world_size=ranks.world_size)
         try:
-            _move_aside_earlier_trial(options.group_dir, directory)
+            if ranks.world_size > 1:
+                _move_aside_earlier_shard(options.group_dir, directory, ranks, metadata_name == fmt.TRIAL_META)
+            else:
+                _move_aside_earlier_trial(options.group_dir, directory)
             directory.mkdir(parents=True, exist_ok=True)
-            fmt.write_json_atomic(directory / fmt.TRIAL_META, metadata)
-            writer = ChunkWriter(directory, flush_seconds=options.flush_seconds)
+            fmt.write_json_atomic(directory / metadata_name, metadata)
+            writer = ChunkWriter(directory, flush_seconds=options.flush_seconds, rank=ranks.rank)
         except OSError as error:
             session = cls(options, directory, None, metadata, broken=True)
             _warn(f"comgra cannot write to {str(directory)!r} ({error}); recording is off, training goes on. "
                   "Pass a writable comgra_root_path.")
             return session
-        return cls(options, directory, writer, metadata)
+        return cls(options, directory, writer, metadata, metadata_name=metadata_name)
 
     # -- metadata, notes, KPIs ----------------------------------------------------------------
     def set_modules(self, modules: ModuleTracker) -> None:
@@ -79,7 +87,7 @@ class Session:
         self.parameter_names = parameter_nodes(list(modules.parameters), list(self.options.visual_prefixes),
                                                list(self.options.node_prefixes))
         self.metadata["modules"] = modules.trees
-        self._put_json(fmt.TRIAL_META, self.metadata)
+        self._put_json(self.metadata_name, self.metadata)
 
     def add_note(self, note: str) -> None:
         self.notes_written += 1
@@ -101,12 +109,13 @@ class Session:
         if self.broken:
             return False
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
-        self.step = StepRecording(training_step, batch_size, type_of_execution, options)
+        self.step = StepRecording(training_step, batch_size, type_of_execution, options,
+                                  parameter_aliases=modules.aliases)
         self.per_sample_default = per_sample_default
-        for name, parameter in modules.parameters.items():
+        for name, parameter in modules.parameters.items():  # a tied parameter once, under its first name
             node, _ = self.parameter_names[name]
             self.step.register(Registration(name, -1, node, name, "parameter", "neuron", None, False,
-                                            tuple(parameter.shape), parameter), parameter)
+                                            tuple(parameter.shape), parameter), parameter, live=True)
         return True
 
     def register(self, tensor_name: str, tensor: torch.Tensor, *, index_of_batch_dimension: int | None,
@@ -179,7 +188,7 @@ class Session:
             return
         self.closed = True
         self.metadata["types_of_execution"] = types_of_execution
-        self._put_json(fmt.TRIAL_META, self.metadata)
+        self._put_json(self.metadata_name, self.metadata)
         self.writer.close()
         self._check_writer()
 
@@ -241,6 +250,46 @@ def _move_aside_earlier_trial(group_dir: Path, directory: Path) -> None:
         shutil.move(str(directory), str(target))
         print(f"comgra: an earlier recording of trial {directory.name!r} was moved to {str(target)!r}",
               file=sys.stderr)
+
+
+def _move_aside_earlier_shard(group_dir: Path, directory: Path, ranks: RankInfo, lead: bool) -> None:
+    """One rank of a torch.distributed run: move aside only the files of an earlier run that this rank owns.
+
+    The ranks start at the same time and never wait for each other, so moving the whole folder
+    (as a single process does) could take another rank's fresh files away. A rank owns its own
+    chunks and metadata; the lead rank also owns trial.json and what ranks beyond the world size
+    left. graphs/ stays: a graph is named by its content, so an earlier file is the same file.
+    """
+    owners = {path: _owner(path.name, ranks.world_size) for path in _shard_files(directory)}
+    owned = [path for path, owner in owners.items() if owner == ranks.rank or (lead and owner is None)]
+    if not owned:
+        return
+    target = group_dir / ".replaced" / (f"{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
+                                        f"r{ranks.rank:03d}-{os.getpid()}")
+    for path in owned:
+        destination = target / path.relative_to(directory)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(path), str(destination))
+    print(f"comgra: rank {ranks.rank} moved its part of an earlier recording of trial {directory.name!r} to "
+          f"{str(target)!r}", file=sys.stderr)
+
+
+def _shard_files(directory: Path) -> list[Path]:
+    """Metadata and chunks; never a dot file: another rank's temporary file may be in flight."""
+    files = list(directory.glob("*.json")) + [p for table in fmt.TABLES for p in (directory / table).glob("*.parquet")]
+    return [p for p in files if not p.name.startswith(".") and p.is_file()]
+
+
+def _owner(name: str, world_size: int) -> int | None:
+    """The rank that owns a file, or None where only the lead rank may touch it (trial.json, leftovers)."""
+    if name.startswith("rank-") and name.endswith(".json"):
+        number = name[len("rank-"):-len(".json")]
+        owner = int(number) if number.isdigit() else None
+    elif name.endswith(".parquet"):
+        owner = fmt.rank_of(name)
+    else:
+        owner = None
+    return owner if owner is not None and owner < world_size else None
 
 
 def _registration(step: StepRecording, tensor_name: str, tensor: torch.Tensor, batch_dim: int | None,

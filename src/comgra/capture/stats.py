@@ -1,13 +1,14 @@
-"""Statistics of many tensors at once, on their device, in a few batched kernels.
+"""Statistics of many tensors at once, on their device, in few kernels and few passes over memory.
 
-Tensors that share a batch size are flattened to ``(B, D_i)``, concatenated
-along the value dimension and reduced per segment with ``index_add_`` and
-``scatter_reduce_``: the cost is a fixed number of kernels per group, not per
-tensor, and nothing reaches the host until ``to_host`` moves all results in a
-single transfer.
+Tensors that share a batch size are flattened to ``(B, D_i)``. Small ones are concatenated along
+the value dimension and reduced per segment (a fixed number of kernels for all of them); large ones
+get one pass over memory each (sum, sum of squares, sum of |.|, min, max), and NaN and inf are
+counted only where they can be there. On a GPU nothing reaches the host here: the results move in
+the single transfer of the step (``summaries.to_table``).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -35,10 +36,7 @@ def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list
     """Statistics over the value dimensions of each ``(B, ...)`` tensor, per sample."""
     flats = [t.detach().reshape(batch_size, -1).float() for t in tensors]
     sizes = [f.shape[1] for f in flats]
-    if batch_size == 1 or len(flats) <= 4:  # few long rows (parameters): contiguous reductions win
-        per_sample = torch.stack([_tensor_statistics(f) for f in flats], dim=1)
-    else:  # many short rows (activations): a fixed number of segment kernels for all of them
-        per_sample = _segment_statistics(flats, sizes)
+    per_sample = _statistics_of_all(flats)
     kept = [min(size, cap) for size, cap in zip(sizes, max_neurons)]
     neurons = torch.cat([f[:, :k] for f, k in zip(flats, kept)], dim=1)
     slices, offset = [], 0
@@ -48,48 +46,193 @@ def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list
     return Summary(per_sample, neurons, slices, sizes)
 
 
-def _tensor_statistics(values: torch.Tensor) -> torch.Tensor:
-    """The statistics of one (B, D) tensor per row: (B, 8)."""
-    if values.shape[1] == 0:
-        nan = torch.full((values.shape[0],), float("nan"), device=values.device)
-        zero = torch.zeros_like(nan)
-        return torch.stack([nan, nan, nan, nan, nan, nan, zero, zero], dim=1)
-    mean = values.mean(1)
-    abs_values = values.abs()
-    deviation = values - mean[:, None]
-    minimum, maximum = torch.aminmax(values, dim=1)
-    return torch.stack([mean, abs_values.mean(1), (deviation * deviation).mean(1).sqrt(), minimum, maximum,
-                        abs_values.amax(1), torch.isnan(values).sum(1).to(values.dtype),
-                        torch.isinf(values).sum(1).to(values.dtype)], dim=1)
+# Tensors with fewer elements than this share one segment pass (a fixed number of kernels for all of
+# them: BatchNorm and bias parameters, the activations of small nets); larger ones are reduced one by
+# one, where a kernel launch is small next to the work (measured: segments win below 2-4K elements
+# per tensor, one by one wins 3x at 8K and 10x at 32K).
+SEGMENT_BELOW = 4_096
+# Elements per chunk of a large tensor on the CPU: a chunk and its scratch copy stay in the cache.
+CHUNK = 1 << 18
 
 
-def _segment_statistics(flats: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
-    """Per-segment reductions along dim 0 of the transposed values, (sum of D, B): contiguous rows
-    make ``index_add_`` about ten times faster on the CPU than reducing along dim 1."""
-    columns = torch.cat([f.T for f in flats], dim=0)
-    device, n = columns.device, len(flats)
-    # Built on the host and sent without waiting: no device sync (repeat_interleave on the device
-    # would have to read the sizes back to know its output size).
-    segment = to_device(torch.repeat_interleave(torch.arange(n), torch.tensor(sizes)), device)
-    count = to_device(torch.tensor(sizes, dtype=torch.float32).clamp_min(1.0)[:, None], device)
-    rows = columns.shape[1]
+def _statistics_of_all(flats: list[torch.Tensor]) -> torch.Tensor:
+    """(B, S, 8) for S flat (B, D_i) tensors: empty ones NaN, small ones in one segment pass, large
+    ones one by one (their results finished together)."""
+    groups: dict[str, list[int]] = {"empty": [], "small": [], "large": []}
+    for i, f in enumerate(flats):
+        groups["empty" if f.shape[1] == 0 else "small" if f.numel() < SEGMENT_BELOW else "large"].append(i)
+    if len(groups["small"]) == 1:  # nothing to share a segment pass with
+        groups["large"] += groups.pop("small")
+    parts, order = [], []
+    for name, members in groups.items():
+        if members:
+            parts.append(_GROUP_STATISTICS[name]([flats[i] for i in members]))
+            order += members
+    result = torch.cat(parts, dim=1)
+    if order == sorted(order):
+        return result
+    position = torch.empty(len(order), dtype=torch.long)
+    position[torch.tensor(order)] = torch.arange(len(order))
+    return result.index_select(1, to_device(position, result.device))
 
-    def segment_sum(x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(n, rows, device=x.device, dtype=x.dtype).index_add_(0, segment, x)
 
-    def segment_reduce(x: torch.Tensor, how: str) -> torch.Tensor:
-        out = torch.full((n, rows), float("nan"), device=x.device, dtype=x.dtype)
-        return out.scatter_reduce_(0, segment[:, None].expand(-1, rows), x, reduce=how, include_self=False)
+def _empty_statistics(flats: list[torch.Tensor]) -> torch.Tensor:
+    rows = flats[0].shape[0]
+    nan = torch.full((rows, len(flats), 6), float("nan"), device=flats[0].device)
+    return torch.cat([nan, torch.zeros(rows, len(flats), 2, device=nan.device)], dim=2)
 
-    mean = segment_sum(columns) / count
-    abs_columns = columns.abs()
-    abs_mean = segment_sum(abs_columns) / count
-    deviation = columns - mean[segment]
-    std = (segment_sum(deviation * deviation) / count).sqrt()  # population std: no NaN for size 1
-    stats = [mean, abs_mean, std, segment_reduce(columns, "amin"), segment_reduce(columns, "amax"),
-             segment_reduce(abs_columns, "amax"), segment_sum(torch.isnan(columns).to(columns.dtype)),
-             segment_sum(torch.isinf(columns).to(columns.dtype))]
-    return torch.stack(stats, dim=2).transpose(0, 1)  # (B, S, 8)
+
+def _large_statistics(flats: list[torch.Tensor], *, accelerator: bool | None = None) -> torch.Tensor:
+    """Per tensor: sum, sum of squares, sum of |.|, min and max, accumulated in float64; then the
+    statistics of all of them in one batch of small kernels (the fixed cost of about twenty tiny
+    ops is paid once per call, not once per tensor). ``accelerator``: the GPU path (default: unless
+    the tensors are on the CPU; tests run it on the CPU)."""
+    if accelerator is None:
+        accelerator = flats[0].device.type != "cpu"
+    if not accelerator:
+        sums = torch.stack([_cpu_sums(f) for f in flats])  # (S, 5, B)
+        counts = torch.zeros(len(flats), 2, flats[0].shape[0], dtype=torch.float64)
+    else:
+        # Counting NaN and inf on the device every time costs two bandwidth-bound passes; deciding on
+        # the host whether to count would wait for the device once per tensor.
+        sums = torch.stack([_accelerator_sums(f) for f in flats])
+        counts = torch.stack([torch.stack(_nan_and_inf_counts(f)) for f in flats]).to(sums.dtype)
+    widths = to_device(torch.tensor([f.shape[1] for f in flats], dtype=sums.dtype), sums.device)[:, None]
+    mean, abs_mean = sums[:, 0] / widths, sums[:, 2] / widths
+    variance = sums[:, 1] / widths - mean * mean
+    if not accelerator:
+        _cpu_exceptions(flats, sums, mean, variance, counts)
+    return _assemble(mean.float(), abs_mean.float(), variance.clamp_min(0).sqrt().float(), sums[:, 3].float(),
+                     sums[:, 4].float(), counts[:, 0].float(), counts[:, 1].float()).transpose(0, 1)
+
+
+def _cpu_exceptions(flats: list[torch.Tensor], sums: torch.Tensor, mean: torch.Tensor, variance: torch.Tensor,
+                    counts: torch.Tensor) -> None:
+    """On the CPU, reading a few flags on the host costs nothing, so the rare cases get exact work:
+
+    * NaN and inf are counted only in a tensor whose |.| does not sum to a finite number;
+    * where |mean| is large against the std (BatchNorm weights near 1), E[x^2] - E[x]^2 would
+      lose digits to cancellation: a second pass sums the squared deviations from the mean.
+    The counts and the corrected variances are written into ``counts`` and ``variance``."""
+    conditioned = torch.isfinite(variance) & (variance * 3 >= mean * mean)
+    finite, conditioned = torch.stack([torch.isfinite(sums[:, 2]).all(1), conditioned.all(1)]).tolist()
+    for i, values in enumerate(flats):
+        if not finite[i]:
+            counts[i] = torch.stack(_nan_and_inf_counts(values))
+        if not conditioned[i]:  # also where a row holds NaN or inf: rare, and the pass gives NumPy's NaN
+            variance[i] = _square_deviations(values, mean[i].float()) / values.shape[1]
+
+
+def _cpu_sums(values: torch.Tensor) -> torch.Tensor:
+    """(5, B) in float64 for one (B, D) tensor: one pass over memory, chunk by chunk (each chunk stays
+    in the cache), never a temporary larger than a chunk. Measured on ResNet-18's parameters, one
+    core: 25% faster than centring every chunk on its mean, 10x faster than ``torch.var_mean``
+    (Welford, not vectorised), than float64 accumulation and than ``linalg.vector_norm(x, 1)``, and
+    40x faster than ``aminmax`` along a dimension."""
+    rows, width = values.shape
+    step = max(1, CHUNK // rows)
+    scratch = _scratch(rows * min(step, width))
+    chunks = [_chunk_sums(values[:, start:start + step], scratch) for start in range(0, width, step)]
+    if len(chunks) == 1:
+        return chunks[0].double()
+    merged = torch.stack(chunks)
+    return torch.cat([merged[:, :3].double().sum(0), merged[:, 3:4].amin(0).double(),
+                      merged[:, 4:].amax(0).double()])
+
+
+def _chunk_sums(chunk: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """(5, B): sum, sum of squares, sum of |.|, min and max of each row of a (B, n) chunk."""
+    if chunk.shape[0] == 1:  # one row: a dot product and aminmax over the flat data are the fastest
+        flat = chunk.reshape(-1)
+        minimum, maximum = torch.aminmax(flat)
+        parts = [flat.sum(), flat @ flat, torch.abs(flat, out=scratch[:flat.numel()]).sum(), minimum, maximum]
+        return torch.stack(parts)[:, None]
+    buffer = scratch[:chunk.numel()].view(chunk.shape)
+    return torch.stack([chunk.sum(1), torch.linalg.vector_norm(chunk, 2, dim=1).square(),
+                        torch.abs(chunk, out=buffer).sum(1), chunk.amin(1), chunk.amax(1)])  # aminmax(dim): 40x slower
+
+
+def _square_deviations(values: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """(B,): the sum of squared deviations from ``mean`` of each row, chunk by chunk, in float64."""
+    rows, width = values.shape
+    step = max(1, CHUNK // rows)
+    scratch = _scratch(rows * min(step, width))
+    total = torch.zeros(rows, dtype=torch.float64)
+    for start in range(0, width, step):
+        chunk = values[:, start:start + step]
+        buffer = scratch[:chunk.numel()].view(chunk.shape)
+        torch.sub(chunk, mean[:, None], out=buffer)
+        total += torch.linalg.vector_norm(buffer, 2, dim=1).double().square()
+    return total
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(size: int) -> torch.Tensor:
+    """A float32 buffer of at least ``size`` elements, kept per thread: a fresh one for every tensor
+    would be a fresh mapping from the OS, and its page faults cost more than the arithmetic."""
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or buffer.numel() < size:
+        buffer = _SCRATCH.buffer = torch.empty(max(size, 1))
+    return buffer
+
+
+def _accelerator_sums(values: torch.Tensor) -> torch.Tensor:
+    """(5, B) on a GPU: reductions that accumulate in float64 inside the kernel (no copy). The float64
+    sums make E[x^2] - E[x]^2 exact enough for float32 data, so no host check is needed."""
+    wide = wide_dtype(values.device)
+    return torch.stack([values.sum(1, dtype=wide), torch.linalg.vector_norm(values, 2, dim=1, dtype=wide).square(),
+                        torch.linalg.vector_norm(values, 1, dim=1, dtype=wide),
+                        values.amin(1).to(wide), values.amax(1).to(wide)])
+
+
+def wide_dtype(device: torch.device) -> torch.dtype:
+    """float64 for sums, except on Apple's MPS, which has no float64."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+def _nan_and_inf_counts(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.isnan(values).sum(1), torch.isinf(values).sum(1)
+
+
+def _assemble(mean: torch.Tensor, abs_mean: torch.Tensor, std: torch.Tensor, minimum: torch.Tensor,
+              maximum: torch.Tensor, nan_count: torch.Tensor, inf_count: torch.Tensor) -> torch.Tensor:
+    """Stacks the statistics along the last dimension, in the order of STATISTICS."""
+    abs_max = torch.maximum(-minimum, maximum)  # NaN stays NaN, as in |x|.max()
+    return torch.stack([mean, abs_mean, std, minimum, maximum, abs_max, nan_count, inf_count], dim=-1)
+
+
+def _segment_statistics(flats: list[torch.Tensor]) -> torch.Tensor:
+    """(B, S, 8) for many small (B, D_i) tensors: concatenated along the values in float64 (small by
+    construction) and reduced per segment with ``segment_reduce`` (about 20x faster on the CPU than
+    ``scatter_reduce`` and than reducing a transposed copy with ``index_add_``). Two-pass variance."""
+    data = torch.cat(flats, dim=1)
+    rows, device = data.shape[0], data.device
+    data = data.to(wide_dtype(device))
+    sizes = [f.shape[1] for f in flats]
+    # Built on the host and sent without waiting: no device sync; unsafe=True skips the validation
+    # of the lengths, which reads them back to the host.
+    lengths = to_device(torch.tensor(sizes).expand(rows, -1).contiguous(), device)
+    segment_of = to_device(torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)), device)
+    widths = to_device(torch.tensor(sizes, dtype=data.dtype), device)
+
+    def reduce(x: torch.Tensor, how: str) -> torch.Tensor:
+        return torch.segment_reduce(x, how, lengths=lengths, axis=1, unsafe=True)
+
+    mean = reduce(data, "sum") / widths
+    deviation = data - mean.index_select(1, segment_of)
+    variance = reduce(deviation * deviation, "sum") / widths
+    abs_mean = reduce(data.abs(), "sum") / widths
+    if device.type != "cpu" or not bool(torch.isfinite(abs_mean).all()):  # see _large_statistics
+        nan_count, inf_count = (reduce(f(data).to(data.dtype), "sum") for f in (torch.isnan, torch.isinf))
+    else:
+        nan_count = inf_count = torch.zeros_like(mean)
+    stats = [mean, abs_mean, variance.sqrt(), reduce(data, "min"), reduce(data, "max"), nan_count, inf_count]
+    return _assemble(*(s.float() for s in stats))
+
+
+_GROUP_STATISTICS = {"empty": _empty_statistics, "small": _segment_statistics, "large": _large_statistics}
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

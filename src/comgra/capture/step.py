@@ -19,6 +19,16 @@ from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_t
 from comgra.errors import RecordingError, did_you_mean
 from comgra.store import format as fmt
 
+# A tensor with at least this many elements is summarised on its device the moment it is registered;
+# a smaller one is copied (``detach().clone()``) and summarised with the other copies at the end of
+# the step. Either way an in-place op after registration (``ReLU(inplace=True)``, ``out += identity``)
+# cannot change what is recorded. Below the threshold, the per-tensor kernel launches of a summary
+# would cost more than the copy, and one batched segment pass over many small copies is what keeps
+# activations fast; above it, the summary is bandwidth-bound anyway, so summarising alone costs about
+# what batching would, and copying would double the tensor's memory (the copy of a tensor just below
+# the threshold is 256 KiB in float32). The summary's kernels are queued at once: no host sync.
+SUMMARIZE_AT_REGISTRATION_FROM = 65_536
+
 
 @dataclass
 class StepOptions:
@@ -45,10 +55,16 @@ class StepRecording:
     switched_on_grad: list[torch.Tensor] = field(default_factory=list)  # leaves we set requires_grad on
     _grads: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
     _hooks: list[Any] = field(default_factory=list)
-    _pending_forward: list[Registration] = field(default_factory=list)
+    # Values to summarise together later: copies made at registration, and the live parameters
+    # (summarised at the first start_iteration, before an optimizer step can change them).
+    _pending_forward: list[tuple[Registration, torch.Tensor]] = field(default_factory=list)
+    _by_tensor_id: dict[int, tuple[int, str]] = field(default_factory=dict)  # registered tensors stay alive
+    parameter_aliases: dict[str, list[str]] = field(default_factory=dict)  # tied parameters: first name -> others
 
     # -- registration -----------------------------------------------------------------------
-    def register(self, registration: Registration, tensor: torch.Tensor) -> None:
+    def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False) -> None:
+        """Remember ``tensor`` under ``registration``; ``live``: summarise the tensor itself at the first
+        start_iteration (tracked parameters) instead of its value now."""
         key = registration.key
         if key in self.registrations:
             raise RecordingError(
@@ -71,13 +87,25 @@ class StepRecording:
                     f"Give the initial value a name of its own, e.g. 'initial_{registration.tensor_name}'.")
         self.registrations[key] = registration
         self.latest_by_name[registration.tensor_name] = key
-        self._pending_forward.append(registration)
+        self._by_tensor_id.setdefault(id(tensor), key)
+        registration.grad_fn = tensor.grad_fn
+        self._capture_value(registration, tensor, live)
         if tensor.grad_fn is not None:
             self.connections.by_grad_fn.setdefault(tensor.grad_fn, key)
         else:
             self.connections.by_leaf.setdefault(id(tensor), key)
         if tensor.requires_grad and registration.tensor_type != "parameter":
             self._hooks.append(tensor.register_hook(self._gradient_hook(key)))
+
+    def _capture_value(self, registration: Registration, tensor: torch.Tensor, live: bool) -> None:
+        """Fix the recorded value now, so that later in-place ops cannot change it."""
+        if live:
+            self._pending_forward.append((registration, tensor))
+        elif tensor.numel() >= SUMMARIZE_AT_REGISTRATION_FROM:
+            self.blocks += summarize_values(fmt.FORWARD, [(registration, tensor.detach())],
+                                            max_neurons=self.options.max_neurons, with_svd=self.options.with_svd)
+        else:
+            self._pending_forward.append((registration, tensor.detach().clone()))
 
     def _gradient_hook(self, key: tuple[int, str]) -> Any:
         def hook(grad: torch.Tensor) -> None:
@@ -96,6 +124,8 @@ class StepRecording:
             raise RecordingError(f"{argument} must be a tensor or a registered tensor name, got {type(item).__name__}.")
         key = self.connections.by_grad_fn.get(item.grad_fn) if item.grad_fn is not None else \
             self.connections.by_leaf.get(id(item))
+        if key is None:  # a registered tensor changed in place since: its grad_fn is a new one
+            key = self._by_tensor_id.get(id(item))
         return key if key is not None else item
 
     def connect(self, source: Any, sink: Any) -> None:
@@ -105,7 +135,7 @@ class StepRecording:
             self.keep_alive.append(sink_item)
             self.connections.add_manual(source_key, sink_item)
         else:
-            self.connections.add_manual(source_key, self._tensor_of(sink_item))
+            self.connections.add_manual(source_key, self._tensor_of(sink_item), self.registrations[sink_item].grad_fn)
         if isinstance(source_key, torch.Tensor):
             self.keep_alive.append(source_key)
 
@@ -125,16 +155,15 @@ class StepRecording:
         self.iteration += 1
 
     def finish_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-        """Walk the autograd graph of this iteration. Its forward values are summarised at the end of
-        the step, all iterations in one batched pass (a handful of kernels instead of a handful per
-        iteration)."""
+        """Walk the autograd graph of this iteration. The copies of its small forward values are
+        summarised at the end of the step, all iterations in one batched pass (a handful of kernels
+        instead of a handful per iteration); large ones were summarised at registration."""
         document, unconnected = self._graph_of_iteration(groups_of_parameters)
         self.graph_documents.append(document)
         return document, unconnected
 
     def _summarize_pending(self) -> None:
-        pending, self._pending_forward = self._pending_forward, []
-        items = [(r, r.tensor) for r in pending if r.tensor is not None]
+        items, self._pending_forward = self._pending_forward, []
         if items:
             self.blocks += summarize_values(fmt.FORWARD, items, max_neurons=self.options.max_neurons,
                                             with_svd=self.options.with_svd)
@@ -173,6 +202,8 @@ class StepRecording:
             handle.remove()
         self._hooks.clear()
         self._grads.clear()
+        self._pending_forward.clear()
+        self._by_tensor_id.clear()
         self.keep_alive.clear()
         for tensor in self.switched_on_grad:  # leave the user's tensors as they were before the step
             tensor.requires_grad_(False)
@@ -180,6 +211,7 @@ class StepRecording:
         self.switched_on_grad.clear()
         for registration in self.registrations.values():
             registration.tensor = None
+            registration.grad_fn = None
         self.connections = graphs.Connections()
         self.blocks.clear()
 
@@ -192,11 +224,12 @@ class StepRecording:
             tensor = registration.tensor
             if tensor is None:
                 continue
-            owner = self.connections.by_grad_fn.get(tensor.grad_fn) if tensor.grad_fn is not None else None
+            grad_fn = registration.grad_fn  # the one at registration, not one an in-place op made since
+            owner = self.connections.by_grad_fn.get(grad_fn) if grad_fn is not None else None
             if owner is not None and owner != registration.key:  # the same tensor under a second name
                 sources: frozenset = frozenset([owner])
             else:
-                sources = graphs.dependencies(tensor, self.connections, memo)
+                sources = graphs.dependencies(tensor, grad_fn, self.connections, memo)
             edges |= {(source, registration.key) for source in sources if source != registration.key}
         return self._document(targets, edges, groups_of_parameters)
 
@@ -210,6 +243,9 @@ class StepRecording:
             node = nodes.setdefault(node_id, _node_entry(node_id, registration, self.iteration, groups_of_parameters))
             if registration.role not in node["roles"]:
                 node["roles"].append(registration.role)
+            aliases = self.parameter_aliases.get(registration.tensor_name)
+            if aliases:  # a tied parameter: one tensor under several names, recorded under the first
+                node.setdefault("aliases", []).extend(a for a in aliases if a not in node.get("aliases", []))
         edge_rows = sorted({(self._node_id(self.registrations[s]), self.registrations[s].role,
                              self._node_id(self.registrations[t]), self.registrations[t].role) for s, t in edges})
         for node_id in _outputs(nodes, [(e[0], e[2]) for e in edge_rows]):

@@ -5,6 +5,7 @@ Usage::
     comgra --path ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F]
     comgra --use-path-for-test-run          # what comgra-test-run recorded
     comgra demo [--steps 1500] [--path P]   # record a short tutorial run (needs torch), then serve it
+    comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
 
 A bad path or option ends with a one-line message and exit code 2.
 """
@@ -34,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if arguments[:1] == ["demo"]:
             return _demo(_demo_parser().parse_args(arguments[1:]))
+        if arguments[:1] == ["repair"]:
+            return _repair(arguments[1:])
         return _serve(_parser().parse_args(arguments))
     except UsageError as error:
         print(f"comgra: error: {error}", file=sys.stderr)
@@ -44,6 +47,9 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8055, help="port to serve on (default: 8055)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to bind (default: 127.0.0.1, reachable from this machine only)")
+    parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests for this host name, e.g. a reverse proxy's (repeatable). "
+                             "Bound to loopback, only localhost names are answered; bound to 0.0.0.0, any")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,12 +79,44 @@ def _demo_parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     path = _test_run_path() if args.use_path_for_test_run else args.path
     group = check_recording(path)
+    _repair_closed_trials(group)
     visualization = args.visualization_file
     if visualization is None and args.use_path_for_test_run:  # the tutorial comes with its visualization
         visualization = bundled_visualization()
     if visualization is not None and not visualization.is_file():
         raise UsageError(f"the visualization file {str(visualization)!r} does not exist.")
-    return _run_server(group, host=args.host, port=args.port, visualization_file=visualization)
+    return _run_server(group, host=args.host, port=args.port, visualization_file=visualization,
+                       allow_hosts=args.allow_host)
+
+
+def _repair(arguments: list[str]) -> int:
+    from comgra.cli import repair
+
+    try:
+        lines = repair.main(arguments)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print("\n".join(lines))
+    return 0
+
+
+def _repair_closed_trials(group: Path) -> None:
+    """Make the plain read of closed or crashed trials exact once the app has opened them (live ones are skipped)."""
+    import os
+
+    from comgra.store.repair import repair_group
+
+    if not os.access(group, os.W_OK):
+        return
+    try:
+        repairs = repair_group(group)
+    except OSError as error:  # a read-only file or a folder that vanished: the app still serves
+        print(f"comgra: could not repair {str(group)!r} ({error}); plain Parquet readers may see leftovers",
+              file=sys.stderr)
+        return
+    for repair in repairs:
+        if repair.fixed:
+            print(f"comgra: repaired {repair.describe()}", file=sys.stderr)
 
 
 def bundled_visualization() -> Path:
@@ -116,13 +154,14 @@ def check_recording(path: Path) -> Path:
                      "Pass the group folder: comgra_root_path/group.")
 
 
-def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None) -> int:
+def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,
+                allow_hosts: list[str] | None = None) -> int:
     from comgra.errors import StoreError
     from comgra.server.app import create_app, make_http_server, url_of
 
     try:
         app = create_app(group, visualization_file=visualization_file)
-        server = make_http_server(app, host=host, port=port)
+        server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts or ())
     except StoreError as error:
         raise UsageError(str(error)) from None
     except OSError as error:
@@ -153,7 +192,8 @@ def _demo(args: argparse.Namespace) -> int:
     difference = max(1, args.steps * 2 // 5)
     print(f"comgra: recording {args.steps} training steps per trial into {root / DEMO_GROUP}", file=sys.stderr)
     group = run_tutorial(root, DEMO_GROUP, steps=args.steps, min_training_steps_difference=difference, progress=True)
-    return _run_server(Path(group), host=args.host, port=args.port, visualization_file=bundled_visualization())
+    return _run_server(Path(group), host=args.host, port=args.port, visualization_file=bundled_visualization(),
+                       allow_hosts=args.allow_host)
 
 
 if __name__ == "__main__":

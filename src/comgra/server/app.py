@@ -11,14 +11,18 @@ server (the one Flask and Dash use), bound to 127.0.0.1 unless told otherwise.
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import logging
 import socket
 import threading
 import weakref
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
 from dash import Dash
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from comgra.server import callbacks, layout
@@ -27,6 +31,10 @@ from comgra.service import RecordingService
 
 ASSETS = Path(__file__).parent / "assets"
 log = logging.getLogger("comgra.server")
+# The largest request body accepted (413 beyond): a callback's state is a few kilobytes.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+_ALLOWED_HOSTS = "COMGRA_ALLOWED_HOSTS"  # Flask config key: a set of host names, or None for any host
 
 
 def create_app(path: str | Path, *, visualization_file: str | Path | None = None,
@@ -41,7 +49,9 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     visualization = VisualizationFile(visualization_file) if visualization_file else None
     title = str(service.group.path)
     app = Dash(__name__, title=f"comgra · {service.group.path.name}", assets_folder=str(ASSETS),
-               serve_locally=True, update_title="")  # "" keeps the title while callbacks run
+               serve_locally=True, update_title="",  # "" keeps the title while callbacks run
+               on_error=_callback_failed)
+    _guard_requests(app.server)
     app.layout = partial(_page, service, title=title, poll_ms=int(poll_seconds * 1000),
                          with_visualization=visualization is not None)
     callbacks.register(app, service, visualization)
@@ -50,6 +60,66 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
         threading.Thread(target=_warm_up, args=(service,), name="comgra-warm-up").start()
     _close_at_exit(service)
     return app
+
+
+def _callback_failed(error: Exception) -> None:
+    """Last resort for a callback that raised: the page keeps what it shows (no 500, no traceback)."""
+    log.error("comgra: a callback failed", exc_info=error)
+
+
+def _guard_requests(server: Flask) -> None:
+    """Host check (against DNS rebinding), a body size limit, and errors without tracebacks."""
+    server.config["MAX_CONTENT_LENGTH"] = MAX_REQUEST_BYTES
+    server.config[_ALLOWED_HOSTS] = set(LOCAL_HOSTS)  # until make_http_server says where it is bound
+    server.before_request(partial(_check_host, server))
+    server.register_error_handler(Exception, _error_response)
+
+
+def _check_host(server: Flask) -> Response | None:
+    allowed = server.config[_ALLOWED_HOSTS]
+    host = _host_name(request.host)
+    if allowed is None or host in allowed:
+        return None
+    return Response(f"Host {host!r} is not allowed: comgra answers only {sorted(allowed)}. "
+                    "Start it with --allow-host NAME to allow another name.\n", status=403, mimetype="text/plain")
+
+
+def _host_name(host_header: str) -> str:
+    """The name in a Host header, without port or IPv6 brackets, lowercased."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _error_response(error: Exception) -> Response | HTTPException:
+    if isinstance(error, HTTPException):
+        return error  # 400, 404, 413, ... as Werkzeug words them, without a traceback
+    log.error("comgra: a request failed: %s %s", request.method, request.path, exc_info=error)
+    if request.path.endswith("/_dash-update-component"):  # callbacks have on_error: the request itself is bad
+        return Response("Bad request: comgra could not read this callback request.\n", status=400,
+                        mimetype="text/plain")
+    return Response("comgra hit an internal error; the terminal that runs the app shows the details.\n",
+                    status=500, mimetype="text/plain")
+
+
+def allowed_hosts(host: str, extra: Iterable[str] = ()) -> set[str] | None:
+    """The Host header names to answer when bound to ``host``; None means any.
+
+    As Jupyter does: bound to a loopback address, the localhost names; bound to every
+    interface (0.0.0.0, ::), any name; otherwise the bound name. ``extra`` adds names.
+    """
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    names = {_host_name(host if ":" not in host else f"[{host}]"), *(_host_name(h) for h in extra)}
+    return names | LOCAL_HOSTS if _is_loopback(host) else names
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"
 
 
 def _close_at_exit(service: RecordingService) -> None:
@@ -82,12 +152,16 @@ def _page(service: RecordingService, *, title: str, poll_ms: int, with_visualiza
     return layout.page(title=title, data_version=version, poll_ms=poll_ms, with_visualization=with_visualization)
 
 
-def make_http_server(app: Dash, *, host: str = "127.0.0.1", port: int = 8055) -> BaseWSGIServer:
+def make_http_server(app: Dash, *, host: str = "127.0.0.1", port: int = 8055,
+                     allow_hosts: Iterable[str] = ()) -> BaseWSGIServer:
     """A threaded HTTP server for the app; ``port=0`` picks a free port (see ``server_port``).
 
+    It answers only requests whose Host header names it (see ``allowed_hosts``);
+    ``allow_hosts`` adds names, e.g. the name of a reverse proxy.
     Raises OSError when the address cannot be bound (Werkzeug would print and exit instead).
     """
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    app.server.config[_ALLOWED_HOSTS] = allowed_hosts(host, allow_hosts)
     _check_bindable(host, port)
     try:
         return make_server(host, port, app.server, threaded=True)
@@ -102,8 +176,8 @@ def _check_bindable(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def serve(app: Dash, *, host: str = "127.0.0.1", port: int = 8055) -> None:
-    server = make_http_server(app, host=host, port=port)
+def serve(app: Dash, *, host: str = "127.0.0.1", port: int = 8055, allow_hosts: Iterable[str] = ()) -> None:
+    server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts)
     print(f"comgra is serving at {url_of(server)}  (Ctrl+C to stop)", flush=True)
     try:
         server.serve_forever()

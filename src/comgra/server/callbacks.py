@@ -9,6 +9,7 @@ selectors, the graph and the values together.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -22,7 +23,9 @@ from comgra.server.dom import attributes
 from comgra.server.graph_view import render_graph
 from comgra.server.layout import ID, TABS
 from comgra.server.visualization import VisualizationData, VisualizationFile
-from comgra.service import ANY_TYPE, DIRECTIONS, RecordingService, Selection, View, parse_aggregation, series
+from comgra.service import (
+    ANY_TYPE, DIRECTIONS, PLOT_STATISTICS, RecordingService, Selection, View, clean_wanted, parse_aggregation, series,
+)
 
 log = logging.getLogger("comgra.server")
 
@@ -32,7 +35,7 @@ VIEW_INPUTS = {
     "step_index": (ID.STEP_SLIDER, "value"), "step_prev": (ID.STEP_PREV, "n_clicks"),
     "step_next": (ID.STEP_NEXT, "n_clicks"), "step_input": (ID.STEP_INPUT, "value"),
     "iteration": (ID.ITERATION, "value"), "aggregation": (ID.AGGREGATION, "value"), "role": (ID.ROLE, "value"),
-    "node_click": (ID.NODE_CLICK, "data"), "search": (ID.SEARCH, "value"), "version": (ID.DATA_VERSION, "data"),
+    "rank": (ID.RANK, "value"), "node_click": (ID.NODE_CLICK, "data"), "search": (ID.SEARCH, "value"), "version": (ID.DATA_VERSION, "data"),
     **{f"nav_{d}": (ID.nav(d), "n_clicks") for d in DIRECTIONS},
 }
 VIEW_OUTPUTS = {
@@ -46,6 +49,7 @@ VIEW_OUTPUTS = {
     "iteration_marks": (ID.ITERATION, "marks"), "iteration": (ID.ITERATION, "value"),
     "aggregation_options": (ID.AGGREGATION, "options"), "aggregation": (ID.AGGREGATION, "value"),
     "role_options": (ID.ROLE, "options"), "role": (ID.ROLE, "value"),
+    "rank_options": (ID.RANK, "options"), "rank": (ID.RANK, "value"), "rank_box": (ID.RANK_BOX, "className"),
     "search_options": (ID.SEARCH, "options"), "search": (ID.SEARCH, "value"),
     "graph": (ID.GRAPH, "children"), "values": (ID.VALUES, "children"),
     "notice": (ID.NOTICE, "children"), "banner": (ID.BANNER, "children"),
@@ -75,12 +79,15 @@ def _register_view(app: Dash, service: RecordingService) -> None:
     def update_view(previous: dict[str, Any] | None, previous_shown: dict[str, Any] | None,
                     previous_trial: str | None, shown_options: dict[str, Any], **inputs: Any) -> dict[str, Any]:
         trigger = _TRIGGER_KEYS.get(ctx.triggered_id) if isinstance(ctx.triggered_id, str) else None
+        # The browser's state may be anything a request body can hold: keep only what has the right shape.
+        previous = previous if isinstance(previous, dict) else {}
+        earlier = clean_wanted(previous.get("wanted"))
         try:
-            wanted, move = next_wanted(service, (previous or {}).get("wanted") or {},
-                                       (previous or {}).get("shown"), trigger, inputs)
+            shown = selection_from(previous.get("shown"))
+            wanted, move = next_wanted(service, earlier, shown.to_dict() if shown else None, trigger, inputs)
             view = service.resolve(wanted, move)
         except Exception as error:  # noqa: BLE001 - shown as a banner; the page stays usable
-            view, wanted = _failed_view(service, error), (previous or {}).get("wanted") or {}
+            view, wanted = _failed_view(service, error), earlier
         outputs = view_outputs(view, remember(wanted, view), previous_shown)
         if outputs["current_trial"] == previous_trial:
             outputs["current_trial"] = no_update
@@ -89,8 +96,9 @@ def _register_view(app: Dash, service: RecordingService) -> None:
 
 # Selector props that are sent only when they change: re-sending a dropdown's options or value
 # re-renders it, which left Dash 4's dropdown stuck "open" (the next click only closed it).
-_UNCHANGED_IF_EQUAL = ("trial_options", "kind_options", "type_options", "aggregation_options", "role_options")
-_VALUES_IF_EQUAL = ("trial", "kind", "type", "aggregation", "role")
+_UNCHANGED_IF_EQUAL = ("trial_options", "kind_options", "type_options", "aggregation_options", "role_options",
+                       "rank_options")
+_VALUES_IF_EQUAL = ("trial", "kind", "type", "aggregation", "role", "rank")
 
 
 def skip_unchanged(outputs: dict[str, Any], in_browser: Mapping[str, Any]) -> dict[str, Any]:
@@ -126,15 +134,39 @@ def next_wanted(service: RecordingService, wanted: Mapping[str, Any], shown: Map
         step = _step_from(service, shown, trigger, value)
         if step is not None:
             wanted["training_step"] = step
-    elif trigger == "node_click" and value:
+    elif trigger == "node_click" and isinstance(value, dict):
         wanted["node_id"] = value.get("id")
     elif trigger == "search" and value:
         wanted["node_id"] = value
     elif trigger == "step_input" and value is not None:
         wanted["training_step"] = value
+    elif trigger == "rank":
+        _wanted_rank(wanted, value)
     elif trigger in _SELECTOR_FIELDS and value is not None:  # also when nothing is shown yet
         wanted[_SELECTOR_FIELDS[trigger]] = value
     return wanted, None
+
+
+ALL_RANKS = "all"  # the rank selector's value for "one line per rank in the series plot"
+
+
+def _wanted_rank(wanted: dict[str, Any], value: Any) -> None:
+    """One rank's values; or ("all") one line per rank in the series plot, the values staying the shown rank's."""
+    if value == ALL_RANKS:
+        wanted["all_ranks"] = True
+    elif type(value) is int:  # noqa: E721 - no bools
+        wanted["rank"] = value
+        wanted.pop("all_ranks", None)
+
+
+def rank_outputs(ranks: list[int], selection: Selection | None, all_ranks: bool) -> dict[str, Any]:
+    """The rank selector: hidden for a single-process trial, else every rank and "all ranks"."""
+    if len(ranks) <= 1:
+        return {"rank_options": [], "rank": None, "rank_box": "selector selector-rank d-none"}
+    options = [{"label": f"Rank {r}", "value": r} for r in ranks]
+    options.append({"label": "All ranks (one line each)", "value": ALL_RANKS})
+    value = ALL_RANKS if all_ranks else (selection.rank if selection else None)
+    return {"rank_options": options, "rank": value, "rank_box": "selector selector-rank"}
 
 
 def _unanswered_choices(wanted: dict[str, Any], shown: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:
@@ -150,11 +182,11 @@ def _unanswered_choices(wanted: dict[str, Any], shown: Mapping[str, Any], inputs
 def _step_from(service: RecordingService, shown: Mapping[str, Any] | None, trigger: str, value: Any) -> int | None:
     if not shown:
         return None
-    steps = service.step_index(shown["trial"]).steps_of(shown["type_of_execution"]).tolist()
+    steps = service.step_index(shown["trial"], shown.get("rank")).steps_of(shown["type_of_execution"]).tolist()
     if not steps:
         return None
     if trigger == "step_index":
-        index = int(value or 0)
+        index = value if type(value) is int else 0  # noqa: E721 - a slider sends an int; anything else: the first
     else:
         here = steps.index(shown["training_step"]) if shown["training_step"] in steps else 0
         index = here + (1 if trigger == "step_next" else -1)
@@ -193,6 +225,7 @@ def view_outputs(view: View, wanted: dict[str, Any], previous_shown: dict[str, A
         "values": panels.values_panel(selection, view.row),
         "notice": panels.notices(view.notices), "banner": panels.banners(view.banners),
     }
+    outputs.update(rank_outputs(choices.ranks, selection, wanted.get("all_ranks") is True))
     outputs.update(_step_outputs(choices.steps, selection))
     outputs.update(_iteration_outputs(choices.iterations, selection))
     return outputs
@@ -241,7 +274,9 @@ def _failed_view(service: RecordingService, error: Exception) -> View:
         view.choices.trials = service.trials()
     except ComgraError:
         pass
-    what = str(error) if isinstance(error, ComgraError) else f"{type(error).__name__}: {error}"
+    # A ComgraError's message says what is wrong; anything else is comgra's own fault: the details (with the
+    # exception's name) go to the terminal only, the page gets a plain sentence.
+    what = str(error) if isinstance(error, ComgraError) else _INTERNAL_ERROR
     view.banners.append(f"This selection could not be read: {what}. Other selections and tabs still work.")
     return view
 
@@ -249,27 +284,46 @@ def _failed_view(service: RecordingService, error: Exception) -> View:
 # -- series plot, tabs, polling ------------------------------------------------------------------------
 def _register_series(app: Dash, service: RecordingService) -> None:
     @app.callback(Output(ID.SERIES, "children"), Input(ID.SHOWN, "data"), Input(ID.STATISTIC, "value"),
-                  Input(ID.DATA_VERSION, "data"))
-    def update_series(shown: dict[str, Any] | None, statistic: str, _version: str) -> Any:
-        if not shown:
+                  Input(ID.DATA_VERSION, "data"), Input(ID.RANK, "value"))
+    def update_series(shown: dict[str, Any] | None, statistic: str, _version: str, rank: Any = None) -> Any:
+        selection = selection_from(shown)
+        if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
-        selection = Selection(**shown)
+        statistic = statistic if statistic in PLOT_STATISTICS else "mean"
         aggregation, sample = parse_aggregation(selection.aggregation)
         label = f"sample {sample}" if aggregation == "sample" else aggregation
         title = (f"{statistic} of {selection.node} [{selection.role}], {selection.kind}, {label}, "
                  f"iteration {selection.data_iteration}")
         return _graph(_guarded(lambda: figures.series_figure(
-            series(service, selection, statistic or "mean"), title=title, current_trial=selection.trial,
+            series(service, selection, statistic or "mean", all_ranks=rank == ALL_RANKS), title=title, current_trial=selection.trial,
             current_step=selection.training_step), figures.empty_figure))
 
     # A callback of its own, so that the values are shown before the plots are drawn.
     @app.callback(Output(ID.HISTOGRAM, "children"), Input(ID.SHOWN, "data"))
     def update_histogram(shown: dict[str, Any] | None) -> Any:
-        if not shown:
+        selection = selection_from(shown)
+        if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
         return _graph(_guarded(lambda: figures.histogram_figure(
-            neurons(service, Selection(**shown)), title=f"Neuron values of {shown['node']} [{shown['role']}]"),
+            neurons(service, selection), title=f"Neuron values of {selection.node} [{selection.role}]"),
             figures.empty_figure))
+
+
+def selection_from(shown: Any) -> Selection | None:
+    """The selection the browser says it shows, if it has exactly the fields and types of one."""
+    if not isinstance(shown, dict) or set(shown) != set(_SELECTION_TYPES):
+        return None
+    for key, kinds in _SELECTION_TYPES.items():
+        value = shown[key]
+        if type(value) not in kinds or (type(value) is int and abs(value) >= 2**62):  # noqa: E721 - no bools
+            return None
+    return Selection(**shown)
+
+
+_TYPE_NAMES = {"int": int, "str": str, "float": float, "None": type(None)}
+# Field -> the exact types it accepts, from the annotations ("int | None" -> (int, NoneType)).
+_SELECTION_TYPES = {f.name: tuple(_TYPE_NAMES.get(t.strip(), str) for t in str(f.type).split("|"))
+                    for f in dataclasses.fields(Selection)}
 
 
 def _graph(figure: Any) -> Any:
@@ -309,7 +363,7 @@ def _register_tab_content(app: Dash, service: RecordingService, component: str, 
     def update_tab(active: str, trial: str | None, _version: str) -> Any:
         if active != tab:
             return no_update
-        trial = trial or next(iter(service.trials()), None)
+        trial = (trial if isinstance(trial, str) else None) or next(iter(service.trials()), None)
         if trial is None:
             return panels.banners(["This recording has no trials yet."])
         return _guarded(lambda: build(trial), lambda message: panels.banners([message]))
@@ -336,7 +390,7 @@ def _register_visualization(app: Dash, service: RecordingService, visualization:
     def update_visualization(active: str, shown: dict[str, Any] | None) -> Any:
         if active != "visualization":
             return no_update
-        if not shown:
+        if selection_from(shown) is None:
             return panels.notices(["Select a tensor in the Tensors tab first."])
         aggregation, sample = parse_aggregation(shown["aggregation"])
         selection = {"trial": shown["trial"], "training_step": shown["training_step"],
@@ -353,4 +407,7 @@ def _guarded(build: Callable[[], Any], on_error: Callable[[str], Any]) -> Any:
         return on_error(str(error))
     except Exception as error:
         log.exception("comgra: a callback failed")  # the details for the terminal, a summary for the page
-        return on_error(f"Internal error ({type(error).__name__}: {error}); see the terminal for details.")
+        return on_error(f"This could not be shown: {_INTERNAL_ERROR}.")
+
+
+_INTERNAL_ERROR = "comgra hit an internal error (the terminal that runs the app shows the details)"

@@ -52,13 +52,14 @@ def empty_figure(message: str) -> go.Figure:
 
 
 def series_figure(series: Sequence[Series], *, title: str, current_trial: str, current_step: int) -> go.Figure:
-    """One line per trial; the selected step is marked on the selected trial's line."""
+    """One line per trial (and per rank, where ranks are drawn side by side); the selected step is marked."""
     if not series:
         return empty_figure("No values of this tensor at other steps.")
     figure = go.Figure()
     for entry in series:
         x, y = downsample(entry.steps, entry.values)
-        figure.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=entry.trial, marker={"size": 4},
+        name = entry.trial if entry.rank is None else f"{entry.trial} · rank {entry.rank}"
+        figure.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=name, marker={"size": 4},
                                     line={"width": 2.5 if entry.trial == current_trial else 1.2}))
     figure.add_vline(x=current_step, line_dash="dot", line_color="#b22222")
     figure.update_layout(title={"text": title, "font": {"size": 13}}, margin=_MARGIN, height=300,
@@ -80,6 +81,7 @@ def kpi_figures(table: pa.Table, max_points: int = MAX_POINTS) -> list[tuple[str
     """One figure per KPI group, with a line per (kpi_name, type_of_execution)."""
     if table.num_rows == 0:
         return []
+    table = _rank_in_names(table)
     keys = _line_keys(table)
     x_all = table.column("timepoint").to_numpy()
     y_all = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
@@ -98,6 +100,14 @@ def _kpi_figure(group: str) -> go.Figure:
     figure.update_layout(title={"text": group or "KPIs", "font": {"size": 14}}, margin=_MARGIN, height=340,
                          xaxis_title="training step", legend={"orientation": "v"})
     return figure
+
+
+def _rank_in_names(table: pa.Table) -> pa.Table:
+    """With several ranks of a torch.distributed run, each rank's KPI gets its own line: "loss · rank 1"."""
+    if "rank" not in table.column_names or pc.count_distinct(table["rank"]).as_py() <= 1:
+        return table
+    names = pc.binary_join_element_wise(table["kpi_name"], pc.cast(table["rank"], pa.string()), " · rank ")
+    return table.set_column(table.schema.get_field_index("kpi_name"), "kpi_name", names)
 
 
 def _line_keys(table: pa.Table) -> list[tuple[tuple[str, str, str], np.ndarray]]:

@@ -103,15 +103,18 @@ def _node(node: dict[str, Any], selected: str | None, dependencies: set[str], de
     roles = node.get("roles") or []
     old = node.get("iteration_offset", 0) < 0
     kind = ROLE_NAMES.get(node.get("role", ""), node.get("role", ""))
+    aliases = [a for a in node.get("aliases") or [] if isinstance(a, str)]  # tied weights: the other names
+    tied = [f"also {', '.join(aliases)}"] if aliases else []
     detail = " · ".join([kind, *(["previous iteration"] if old else []),
-                         *([f"{len(roles)} roles"] if len(roles) > 1 else [])])
+                         *([f"{len(roles)} roles"] if len(roles) > 1 else []), *(["tied"] if aliases else [])])
     spoken = ", ".join([node["node"] + (" (previous iteration)" if old else ""), kind,
-                        *([f"{len(roles)} roles"] if len(roles) > 1 else []), *([state] if state else [])])
+                        *([f"{len(roles)} roles"] if len(roles) > 1 else []), *tied, *([state] if state else [])])
     return html.Div(
         [html.Span(node["node"], className="node-name"), html.Span(detail, className="node-detail")],
         className=" ".join(c for c in classes if c),
         style={"left": f"{left}px", "top": f"{top}px", "width": f"{NODE_WIDTH}px", "height": f"{NODE_HEIGHT}px"},
-        title=f"{node['node']} ({detail}); roles: {', '.join(roles)}",
+        title=f"{node['node']} ({detail}); roles: {', '.join(roles)}"
+              + (f"; the same parameter is also named {', '.join(aliases)}" if aliases else ""),
         role="button", tabIndex="0",
         **attributes({"data-node": node_id, "data-node-name": node["node"], "aria-label": spoken,
            "aria-pressed": "true" if state == "selected" else "false"}),

@@ -44,6 +44,8 @@ class ID:
     ITERATION = "iteration-slider"
     AGGREGATION = "aggregation-select"
     ROLE = "role-select"
+    RANK = "rank-select"  # a rank of a torch.distributed run, or "all" (one line per rank in the series plot)
+    RANK_BOX = "rank-selector"  # shown only when the trial has more than one rank
     SEARCH = "node-search"
     GRAPH = "dependency-graph"
     NOTICE = "notice"
@@ -118,6 +120,9 @@ def _selectors() -> html.Div:
             _labelled("Type of training step", dcc.Dropdown(id=ID.TYPE, clearable=False)),
             _labelled("Batch or sample", dcc.Dropdown(id=ID.AGGREGATION, clearable=False)),
             _labelled("Role of tensor", dcc.Dropdown(id=ID.ROLE, clearable=False)),
+            html.Div(id=ID.RANK_BOX, className="selector selector-rank d-none", children=[
+                html.Label("Rank", className="form-label", htmlFor=ID.RANK),
+                dcc.Dropdown(id=ID.RANK, clearable=False, searchable=False)]),
         ]),
         html.Div(className="selector-row", children=[
             _labelled("Training step", html.Div(className="slider-with-buttons", children=[

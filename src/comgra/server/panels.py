@@ -116,7 +116,8 @@ def network_tree(modules: Sequence[dict[str, Any]]) -> Component:
 def _module(module: dict[str, Any], depth: int) -> html.Details:
     parameters = [
         html.Li([html.Code(p.get("name", "?")), f"  {' × '.join(map(str, p.get('shape') or [])) or 'scalar'}",
-                 f"  ({int(p.get('numel') or 0):,} parameters)", "" if p.get("requires_grad", True) else "  frozen"],
+                 f"  ({int(p.get('numel') or 0):,} parameters)", "" if p.get("requires_grad", True) else "  frozen",
+                 f"  tied to {p['tied_to']}" if isinstance(p.get("tied_to"), str) else ""],
                 className="parameter", **attributes({"data-parameter": p.get("full_name", "")}))
         for p in module.get("parameters") or []
     ]

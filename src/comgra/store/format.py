@@ -3,7 +3,8 @@
 A group folder holds one folder per trial::
 
     GROUP/trials/<trial_id>/
-        trial.json                   metadata: format_version, modules, configuration
+        trial.json                   metadata: format_version, modules, configuration (+ world_size)
+        rank-<NNN>.json              under torch.distributed: the metadata of each rank but the lowest
         graphs/<hash>.json           one dependency graph per distinct structure
         steps/<chunk>.parquet        one row per (training_step, iteration): the commit record
         tensors/<chunk>.parquet      statistics and neuron values
@@ -13,11 +14,16 @@ A group folder holds one folder per trial::
 Chunk files are immutable and appear atomically (written under a temporary
 name, then renamed). A steps chunk is written after the tensors chunk it
 describes, so a reader that sees a step in the index also sees its values.
+Temporary files are named ``.tmp-*.partial``: no documented glob
+(``*.parquet``, ``*.json``) ever matches them. A live writer holds an
+exclusive ``flock`` on ``.writer-r<rank>.lock`` in the trial folder for its
+whole life; the kernel releases it when the process ends, however it ends.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,13 +31,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-FORMAT_VERSION = 1
+# 2: a ``rank`` column in every table (format 1 has none: its rows are rank 0's).
+FORMAT_VERSION = 2
 TRIALS_DIR = "trials"
 TRIAL_META = "trial.json"
 TABLES = ("steps", "tensors", "kpis", "notes")
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")
 AGGREGATIONS = ("mean", "std", "abs_max", "sample", "none")
 FORWARD = "forward"
+# The torch.distributed rank that wrote a row: plain readers of the shared globs can tell ranks apart.
+RANK_FIELD = pa.field("rank", pa.int32())
 
 TENSORS_SCHEMA = pa.schema(
     [
@@ -83,7 +92,10 @@ KPIS_SCHEMA = pa.schema(
     ]
 )
 NOTES_SCHEMA = pa.schema([("seq", pa.int64()), ("wall_time", pa.float64()), ("note", pa.string())])
-SCHEMAS = {"steps": STEPS_SCHEMA, "tensors": TENSORS_SCHEMA, "kpis": KPIS_SCHEMA, "notes": NOTES_SCHEMA}
+# The *_SCHEMA above are the rows the recorder hands to its writer; SCHEMAS are the chunk files on disk:
+# the same columns plus ``rank``, which the writer adds (it alone knows which rank's shard it writes).
+SCHEMAS = {name: schema.append(RANK_FIELD) for name, schema in
+           {"steps": STEPS_SCHEMA, "tensors": TENSORS_SCHEMA, "kpis": KPIS_SCHEMA, "notes": NOTES_SCHEMA}.items()}
 
 
 def trial_dir(group_dir: Path, trial_id: str) -> Path:
@@ -99,9 +111,27 @@ def chunk_name(seq: int, first_step: int = -1, last_step: int = -1, rank: int = 
     return f"{first_step:012d}-{last_step:012d}-r{rank:03d}-{seq:06d}{suffix}.parquet"
 
 
+# first step - last step - rank - sequence number [- merge level]: what chunk_name writes.
+_CHUNK_NAME = re.compile(r"(\d+)-(\d+)-r(\d+)-(\d+)(?:-l(\d+))?\.parquet")
+
+
+def is_chunk_name(name: str) -> bool:
+    """Whether a file is named as the writer names chunks; any other file in a table folder is foreign."""
+    return _CHUNK_NAME.fullmatch(name) is not None
+
+
 def step_range_of(name: str) -> tuple[int, int]:
-    first, last = name.split("-")[:2]
-    return int(first), int(last)
+    """The steps a chunk holds; a foreign name holds none (an empty range), so it never raises."""
+    match = _CHUNK_NAME.fullmatch(name)
+    return (int(match[1]), int(match[2])) if match else (0, -1)
+
+
+def rank_of(name: str) -> int | None:
+    """The rank in a chunk name (``-r001-``), or None where the name does not carry one."""
+    parts = name.split("-")
+    if len(parts) > 2 and parts[2][:1] == "r" and parts[2][1:].isdigit():
+        return int(parts[2][1:])
+    return None
 
 
 def _rank_and_level(name: str) -> tuple[str, int]:
@@ -116,12 +146,54 @@ def visible_chunks(paths: list[Path]) -> list[Path]:
     The writer first renames the merged chunk into place and then deletes its parts, so
     between the two a reader sees both; this rule keeps it from reading any row twice.
     """
-    merged = [(p, *_rank_and_level(p.name), *step_range_of(p.name)) for p in paths]
-    covers = [(rank, level, first, last) for _, rank, level, first, last in merged if level > 0]
+    paths = [p for p in paths if is_chunk_name(p.name)]  # a foreign file is no chunk: never read, never hides one
+    merged = [(p, *_rank_and_level(p.name), *step_range_of(p.name), _seq_of(p.name)) for p in paths]
+    covers = [(rank, level, first, last, seq) for _, rank, level, first, last, seq in merged if level > 0]
     if not covers:
         return paths
-    return [p for p, rank, level, first, last in merged
-            if not any(r == rank and lv > level and f <= first and last <= la for r, lv, f, la in covers)]
+    # A part is older than the chunk merged from it (lower seq): a later chunk whose range happens to
+    # lie inside (KPIs at a repeated timepoint, notes) is never hidden.
+    return [p for p, rank, level, first, last, seq in merged
+            if not any(r == rank and lv > level and f <= first and last <= la and sq > seq
+                       for r, lv, f, la, sq in covers)]
+
+
+def _seq_of(name: str) -> int:
+    parts = name[: -len(".parquet")].split("-")
+    return int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else -1
+
+
+# fsync every file before it is renamed into place, and its folder after: after a power loss a chunk
+# is whole under its final name or absent, and every chunk that was renamed survives. Costs a few
+# milliseconds per chunk (chunks are written every few seconds); the test suite turns it off.
+DURABLE_WRITES = True
+TEMP_PREFIX = ".tmp-"
+TEMP_SUFFIX = ".partial"
+
+
+def is_temporary(name: str) -> bool:
+    """A file that a writer was still writing (or that a crash left behind)."""
+    return name.startswith(TEMP_PREFIX)
+
+
+def final_name_of_temporary(name: str) -> str:
+    """The name a temporary file would have been renamed to (``.tmp-<pid>-<hex>-<name>.partial``)."""
+    inner = name[len(TEMP_PREFIX):]
+    if inner.endswith(TEMP_SUFFIX):
+        inner = inner[: -len(TEMP_SUFFIX)]
+    parts = inner.split("-", 2)
+    return parts[2] if len(parts) == 3 else ""
+
+
+def writer_lock_path(trial_directory: Path, rank: int) -> Path:
+    return trial_directory / f".writer-r{rank:03d}.lock"
+
+
+def chunk_files(folder: Path) -> list[Path]:
+    """The ``*.parquet`` files of one table folder, sorted, temporary and hidden files left out."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
 
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
@@ -141,11 +213,25 @@ def _write_atomic(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkstemp: its files are 0600, and a recording must be readable as the umask allows
     # (a GUI run by another user, a shared results folder).
-    tmp = path.parent / f".tmp-{os.getpid()}-{uuid.uuid4().hex}{path.suffix}"
+    # The suffix is not the final one, so globs such as tensors/*.parquet never match a file being written.
+    tmp = path.parent / f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{path.name}{TEMP_SUFFIX}"
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         write(tmp)
+        # Durable before visible: after a power loss a file is either whole under its final name or absent.
+        if DURABLE_WRITES:
+            _fsync(tmp, os.O_RDONLY)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if DURABLE_WRITES:
+        _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # the rename itself
+
+
+def _fsync(path: Path, flags: int) -> None:
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -13,7 +13,8 @@ are picked up on the next call.
 """
 from __future__ import annotations
 
-import json
+import logging
+import numbers
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +22,16 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
+from comgra.store import validation
 
-_SELECTION_FILTERS = ("training_step", "kind", "iteration", "node", "role", "aggregation", "sample")
+_TENSORS = fmt.SCHEMAS["tensors"]
+log = logging.getLogger("comgra.store")
+_SELECTION_FILTERS = ("training_step", "kind", "iteration", "node", "role", "aggregation", "sample", "rank")
 
 
 class GroupReader:
@@ -63,7 +68,11 @@ class GroupReader:
                 if trial_id not in known:
                     raise SelectionError(f"No trial {trial_id!r} in {str(self.path)!r}"
                                          + did_you_mean(trial_id, known))
-                self._trials[trial_id] = TrialReader(fmt.trial_dir(self.path, trial_id))
+                directory = fmt.trial_dir(self.path, trial_id)
+                if not validation.inside(directory, self.path):
+                    raise StoreError(f"Trial {trial_id!r} of {str(self.path)!r} is a link to a folder outside the "
+                                     "recording; comgra reads nothing outside it. Copy the trial in instead.")
+                self._trials[trial_id] = TrialReader(directory)
             return self._trials[trial_id]
 
 
@@ -74,7 +83,9 @@ class TrialReader:
         self.directory = directory
         self.trial_id = directory.name
         self.metadata = _read_metadata(directory)
-        self.problems: list[str] = []  # corrupt chunks that were skipped, for a banner in the app
+        # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
+        self._problems: dict[str, str] = {}
+        self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
         self._cache: dict[tuple[str, str], pa.Table] = {}
         self._graphs: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -83,61 +94,98 @@ class TrialReader:
         self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
         self._local = threading.local()
 
+    # -- ranks of a torch.distributed run ---------------------------------------------------------
+    def ranks(self) -> list[int]:
+        """The ranks that wrote chunks into this trial, sorted: ``[0]`` for a single-process run.
+
+        Every method that returns rows takes ``rank``: None means all ranks (tell them apart by
+        the ``rank`` column), an int the rows of that rank only.
+        """
+        found = {fmt.rank_of(p.name) for table in ("steps", "tensors") for p in self._files(table)}
+        return sorted(r for r in found if r is not None)
+
     # -- small tables, cached per immutable chunk --------------------------------------------
-    def steps(self) -> pa.Table:
-        """One row per (training_step, iteration), sorted: the index of everything recorded."""
-        return self._cached_table("steps").sort_by([("training_step", "ascending"), ("iteration", "ascending")])
+    def steps(self, rank: int | None = None) -> pa.Table:
+        """One row per (rank, training_step, iteration), sorted: the index of everything recorded."""
+        return self._cached_table("steps", rank).sort_by(
+            [("training_step", "ascending"), ("iteration", "ascending"), ("rank", "ascending")])
 
-    def kpis(self) -> pa.Table:
-        return self._cached_table("kpis").sort_by([("kpi_group", "ascending"), ("timepoint", "ascending")])
+    def kpis(self, rank: int | None = None) -> pa.Table:
+        return self._cached_table("kpis", rank).sort_by(
+            [("kpi_group", "ascending"), ("timepoint", "ascending"), ("rank", "ascending")])
 
-    def notes(self) -> list[str]:
-        table = self._cached_table("notes").sort_by([("wall_time", "ascending"), ("seq", "ascending")])
+    def notes(self, rank: int | None = None) -> list[str]:
+        table = self._cached_table("notes", rank).sort_by(
+            [("wall_time", "ascending"), ("rank", "ascending"), ("seq", "ascending")])
         return table.column("note").to_pylist()
 
     def graph(self, graph_hash: str) -> dict[str, Any]:
         """The dependency graph of one iteration (see the README for its fields)."""
         if graph_hash not in self._graphs:
-            path = self.directory / "graphs" / f"{graph_hash}.json"
+            # The hash comes from a file: only the writer's shape may become a path (no "../..").
+            path = self.directory / "graphs" / f"{validation.check_graph_hash(graph_hash, self.trial_id)}.json"
+            if path.exists() and not validation.inside(path, self.directory):
+                raise StoreError(f"Graph {str(path)!r} is a link to a file outside trial {self.trial_id!r}; "
+                                 "comgra reads nothing outside the recording.")
             try:
-                self._graphs[graph_hash] = json.loads(path.read_text())
-            except (OSError, ValueError) as error:
-                raise StoreError(f"Graph {graph_hash!r} of trial {self.trial_id!r} is unreadable ({error}); "
-                                 "the recording may still be in progress or was damaged.") from error
+                document = validation.load_json(path, "Graph")
+            except StoreError as error:
+                raise StoreError(f"{error} The recording may still be in progress or was damaged.") from None
+            self._graphs[graph_hash] = validation.check_graph(document, path)
         return self._graphs[graph_hash]
+
+    @property
+    def problems(self) -> list[str]:
+        """The files that were skipped (damaged, foreign, or outside the trial), each once, oldest first."""
+        with self._problems_lock:
+            return list(self._problems)
+
+    def problem_reasons(self) -> dict[str, str]:
+        """``problems`` with what is wrong with each file, for messages."""
+        with self._problems_lock:
+            return dict(self._problems)
+
+    def _report_problem(self, path: Path, reason: str) -> None:
+        with self._problems_lock:
+            self._problems.setdefault(str(path), reason)
 
     # -- tensor values -------------------------------------------------------------------------
     def selection(self, *, training_step: int, columns: list[str] | None = None, **filters: Any) -> pa.Table:
-        """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample.
+        """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample, rank.
 
         Cost grows with the rows returned, not with the size of the recording.
         """
         unknown = set(filters) - set(_SELECTION_FILTERS)
         if unknown:
             raise SelectionError(f"Unknown filter(s) {sorted(unknown)}; valid filters: {list(_SELECTION_FILTERS)}")
-        files = [p for p in self._files("tensors") if _covers(p.name, training_step)]
+        files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)]
         return self._query(files, columns, {"training_step": training_step, **filters})
 
     def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
-               aggregation: str = "mean", sample: int = -1, statistic: str = "mean") -> pa.Table:
-        """One statistic of one tensor across every recorded step: columns training_step, value."""
+               aggregation: str = "mean", sample: int = -1, statistic: str = "mean",
+               rank: int | None = None) -> pa.Table:
+        """One statistic of one tensor across every recorded step: columns training_step, value, rank,
+        sorted by rank, then step (``rank=None``: every rank's line)."""
         if statistic not in fmt.STATISTICS + ("svd_max",):
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
         filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
-                   "aggregation": aggregation, "sample": sample}
-        table = self._query(self._files("tensors"), ["training_step", statistic], filters)
-        return table.rename_columns(["training_step", "value"]).sort_by("training_step")
+                   "aggregation": aggregation, "sample": sample, "rank": rank}
+        table = self._query(self._files("tensors", rank), ["training_step", statistic, "rank"], filters)
+        return table.rename_columns(["training_step", "value", "rank"]).sort_by(
+            [("rank", "ascending"), ("training_step", "ascending")])
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
         if not files:
-            return fmt.TENSORS_SCHEMA.empty_table().select(columns or fmt.TENSORS_SCHEMA.names)
+            return _TENSORS.empty_table().select(columns or _TENSORS.names)
         active = {k: v for k, v in filters.items() if v is not None}
+        _check_filter_values(active)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
         where = " AND ".join(f'"{k}" = ?' for k in active) or "TRUE"
         select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
-        sql = f"SELECT {select} FROM read_parquet(?) WHERE {where}"
+        sql = f"SELECT {select} FROM {self._tensors_source()} WHERE {where}"
 
         def run(paths: list[Path]) -> pa.Table:
-            return self._cursor().sql(sql, params=[[str(p) for p in paths], *active.values()]).to_arrow_table()
+            patterns = [validation.glob_escaped(p) for p in paths]  # a trial named "run*" is no pattern
+            return self._cursor().sql(sql, params=[patterns, *active.values()]).to_arrow_table()
 
         try:
             return run(files)
@@ -145,7 +193,13 @@ class TrialReader:
             if not all(p.exists() for p in files):  # merged away by a live writer meanwhile: list again
                 return self._query(self._refreshed(files), columns, filters)
             return self._query(self._readable(files), columns, filters) if self._drop_corrupt(files, run) else \
-                fmt.TENSORS_SCHEMA.empty_table().select(columns or fmt.TENSORS_SCHEMA.names)
+                _TENSORS.empty_table().select(columns or _TENSORS.names)
+
+    def _tensors_source(self) -> str:
+        """Format 1 has no rank column: all its rows are rank 0's, so a constant stands in for it."""
+        if self.metadata.get("format_version", fmt.FORMAT_VERSION) >= 2:
+            return "read_parquet(?)"
+        return '(SELECT *, CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         cursor = getattr(self._local, "cursor", None)
@@ -154,13 +208,26 @@ class TrialReader:
         return cursor
 
     # -- files -------------------------------------------------------------------------------------
-    def _files(self, table: str) -> list[Path]:
+    def _files(self, table: str, rank: int | None = None) -> list[Path]:
+        """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
         folder = self.directory / table
         if not folder.is_dir():
             return []
         bad = set(self.problems)
-        paths = sorted(p for p in folder.glob("*.parquet") if not p.name.startswith(".") and str(p) not in bad)
-        return fmt.visible_chunks(paths)
+        paths = sorted(p for p in folder.glob("*.parquet")
+                       if not p.name.startswith(".") and str(p) not in bad and self._is_own_chunk(p))
+        visible = fmt.visible_chunks(paths)
+        return visible if rank is None else [p for p in visible if fmt.rank_of(p.name) in (rank, None)]
+
+    def _is_own_chunk(self, path: Path) -> bool:
+        """A file named as the writer names chunks, inside this trial; any other is skipped and reported."""
+        if not fmt.is_chunk_name(path.name):
+            self._report_problem(path, "not named as comgra names chunks (a foreign file)")
+            return False
+        if (path.is_symlink() or path.parent.is_symlink()) and not validation.inside(path, self.directory):
+            self._report_problem(path, "a link to a file outside the trial")
+            return False
+        return True
 
     def _refreshed(self, files: list[Path]) -> list[Path]:
         """The current chunks that hold the steps ``files`` held."""
@@ -178,32 +245,66 @@ class TrialReader:
         for path in files:
             try:
                 pq.read_metadata(path)
-            except Exception:  # noqa: BLE001 - any failure to parse means the chunk is unusable
-                self.problems.append(str(path))
+            except Exception as error:  # noqa: BLE001 - any failure to parse means the chunk is unusable
+                self._report_problem(path, "damaged: not a readable Parquet file")
+                log.debug("comgra: skipped %s", path, exc_info=error)
                 found = True
         if not found:  # an intact footer over damaged pages: only reading the chunk on its own tells
             for path in files:
                 try:
                     run([path])
-                except duckdb.Error:
-                    self.problems.append(str(path))
+                except duckdb.Error as error:
+                    self._report_problem(path, "damaged: its values cannot be read")
+                    log.debug("comgra: skipped %s", path, exc_info=error)
                     found = True
         return found
 
-    def _cached_table(self, table: str) -> pa.Table:
+    def _cached_table(self, table: str, rank: int | None = None) -> pa.Table:
         parts = []
-        for path in self._files(table):
+        for path in self._files(table, rank):
             key = (table, path.name)
             if key not in self._cache:
                 try:
-                    self._cache[key] = pq.read_table(path, schema=fmt.SCHEMAS[table])
-                except Exception:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
-                    self.problems.append(str(path))
+                    self._cache[key] = _complete(table, _with_rank_of_format_1(
+                        pq.read_table(path, schema=fmt.SCHEMAS[table])))
+                except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
+                    self._report_problem(path, "damaged, or not a comgra chunk of this table")
+                    log.debug("comgra: skipped %s", path, exc_info=error)
                     continue
             parts.append(self._cache[key])
         if not parts:
             return fmt.SCHEMAS[table].empty_table()
-        return pa.concat_tables(parts)
+        merged = pa.concat_tables(parts)
+        return merged if rank is None else merged.filter(pc.equal(merged["rank"], rank))
+
+
+def _with_rank_of_format_1(table: pa.Table) -> pa.Table:
+    """A format-1 chunk has no rank column (read back as nulls): its rows are rank 0's."""
+    if table["rank"].null_count == 0:
+        return table
+    index = table.schema.get_field_index("rank")
+    return table.set_column(index, fmt.RANK_FIELD, pc.fill_null(table["rank"], pa.scalar(0, pa.int32())))
+
+
+# Columns every row of a small table has (the writer never leaves them empty): the step index is sorted
+# and searched by them, so a null there is damage, not a value.
+_REQUIRED_COLUMNS = {"steps": ("training_step", "iteration", "type_of_execution", "graph"),
+                     "kpis": ("kpi_group", "timepoint"), "notes": ()}
+
+
+def _complete(table_name: str, table: pa.Table) -> pa.Table:
+    empty = [c for c in _REQUIRED_COLUMNS.get(table_name, ()) if table[c].null_count]
+    if empty:
+        raise ValueError(f"null values in {empty}")
+    return table
+
+
+def _check_filter_values(filters: dict[str, Any]) -> None:
+    for key, value in filters.items():
+        if isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+                                      and -2**63 <= int(value) < 2**63):  # numpy ints too, but True is no step
+            continue
+        raise SelectionError(f"The filter {key}={value!r} is not a string or a 64-bit integer.")
 
 
 def _covers(name: str, training_step: int) -> bool:
@@ -213,12 +314,4 @@ def _covers(name: str, training_step: int) -> bool:
 
 def _read_metadata(directory: Path) -> dict[str, Any]:
     path = directory / fmt.TRIAL_META
-    try:
-        metadata = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise StoreError(f"Trial metadata {str(path)!r} is unreadable ({error}).") from error
-    version = metadata.get("format_version")
-    if not isinstance(version, int) or version > fmt.FORMAT_VERSION:
-        raise StoreError(f"Trial {directory.name!r} was written in format_version {version!r}, but this comgra "
-                         f"reads up to {fmt.FORMAT_VERSION}. Upgrade comgra: pip install -U comgra")
-    return metadata
+    return validation.check_metadata(validation.load_json(path, "Trial metadata"), path, fmt.FORMAT_VERSION)

@@ -2,11 +2,14 @@
 
 The training thread only enqueues Arrow tables; compression and disk I/O
 happen here. A fault on this thread (a full disk, a folder that is not
-writable) is kept in ``error`` and reported by the recorder; it never raises
-into the training loop.
+writable, a trial folder removed under the run) is kept in ``error`` and
+reported by the recorder; it never raises into the training loop, and after it
+nothing more is written.
 """
 from __future__ import annotations
 
+import fcntl
+import os
 import queue
 import threading
 import time
@@ -18,7 +21,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from comgra.errors import StoreError
 from comgra.store import format as fmt
+from comgra.store.repair import repair_trial
+
+
+class TrialFolderGone(StoreError):
+    """The trial folder was removed or replaced while a run was recording into it."""
 
 
 @dataclass
@@ -65,8 +74,21 @@ class ChunkWriter:
         self._seq = 0
         self.merge_every = merge_every
         self.max_merged_rows = max_merged_rows
-        self._levels: dict[int, list[Path]] = {}  # tensors chunks written by this writer, by merge level
+        # The chunks written by this writer, per table and merge level: every table is compacted, so
+        # that a long run leaves tens of files, not one per flush.
+        self._levels: dict[str, dict[int, list[Path]]] = {name: {} for name in fmt.TABLES}
         self._buffer = _Buffer()
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = _lock_trial(trial_dir, rank)
+        try:
+            self.repaired = repair_trial(trial_dir, rank=rank)  # what an earlier, crashed writer of this rank left
+        except BaseException:
+            os.close(self._lock)
+            raise
+        self._identity = _identity(trial_dir)
+        # After chunks an earlier writer of this rank left (a resumed shard): never reuse a name, and stay
+        # newer than its merged chunks (see format.visible_chunks).
+        self._seq = _next_seq(trial_dir, rank)
         self._thread = threading.Thread(target=self._run, name="comgra-writer", daemon=True)
         self._thread.start()
 
@@ -81,7 +103,11 @@ class ChunkWriter:
         """Write everything queued so far and wait until it is on disk."""
         done = threading.Event()
         if self._put(("flush", done)):  # after a fault nothing is queued, so there is nothing to wait for
-            done.wait(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            # Also stop waiting when the writer faults: an item queued just then is never answered.
+            while not done.wait(0.05) and self.error is None and self._thread.is_alive():
+                if deadline is not None and time.monotonic() > deadline:
+                    break
 
     def close(self, timeout: float | None = 60.0) -> None:
         if self._thread.is_alive():
@@ -107,17 +133,20 @@ class ChunkWriter:
                 kind, payload = "tick", None
             try:
                 if self._handle(kind, payload):
-                    return
+                    break
             except BaseException as error:  # noqa: BLE001 - reported by the recorder, never raised into training
                 self.error = error
                 self._drain()
-                return
+                break
+        os.close(self._lock)  # this rank's files are complete: repair may touch them now
 
     def _handle(self, kind: str, payload: Any) -> bool:
         if kind == "table":
             self._buffer.add(*payload)
         elif kind == "json":
             relative_path, document = payload
+            self._check_trial_folder()
+            (self.trial_dir / relative_path).parent.mkdir(exist_ok=True)  # never the trial folder's parents
             fmt.write_json_atomic(self.trial_dir / relative_path, document)
         elif kind == "flush":
             try:
@@ -141,59 +170,115 @@ class ChunkWriter:
         return min(self.max_flush_seconds, max(self.flush_seconds, age / 16))
 
     def _drain(self) -> None:
-        """After a fault: keep taking items so that the training thread never blocks on a full queue."""
-        def drain() -> None:
-            while True:
-                kind, payload = self._queue.get()
-                if kind == "flush":
-                    payload.set()
-                if kind == "stop":
-                    return
-        threading.Thread(target=drain, name="comgra-writer-drain", daemon=True).start()
+        """After a fault: empty the queue once, so that a training thread blocked on a full queue goes on.
+
+        ``error`` is set first, so nothing more is queued (``_put``) and this thread can end."""
+        while True:
+            try:
+                kind, payload = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "flush":
+                payload.set()
+
+    def _check_trial_folder(self) -> None:
+        """Refuse to write into a trial folder that was removed or replaced: recreating it would leave an
+        index whose graphs and earlier chunks are gone."""
+        # The folder's identity, not its trial.json: another rank may be replacing trial.json right now.
+        if _identity(self.trial_dir) != self._identity:
+            raise TrialFolderGone(
+                f"the trial folder {str(self.trial_dir)!r} was removed or replaced while recording; comgra "
+                "stopped writing to it and did not recreate it")
 
     def _write_buffer(self) -> None:
         buffer, self._buffer = self._buffer, _Buffer()
-        # Tensors before steps: the steps chunk is the commit record of a training step.
-        for name in ("tensors", "steps", "kpis", "notes"):
+        if not any(buffer.tables.values()):
+            return
+        self._check_trial_folder()
+        # Steps last: the steps chunk is the commit record of a training step, so a reader (or a kill)
+        # that sees a step in the index also finds its values, KPIs and notes.
+        for name in ("tensors", "kpis", "notes", "steps"):
             tables = buffer.tables[name]
             if not tables:
                 continue
-            table = pa.concat_tables(tables).cast(fmt.SCHEMAS[name])
+            table = _with_rank(pa.concat_tables(tables), self.rank).cast(fmt.SCHEMAS[name])
             first, last = _step_range(name, table)
-            path = self.trial_dir / name / fmt.chunk_name(self._seq, first, last, self.rank)
-            if name == "tensors":
-                _write_tensors(path, table)
-                self._levels.setdefault(0, []).append(path)
-            else:
-                fmt.write_parquet_atomic(path, table)
+            folder = self.trial_dir / name
+            folder.mkdir(exist_ok=True)  # never the trial folder's parents: see _check_trial_folder
+            path = folder / fmt.chunk_name(self._seq, first, last, self.rank)
+            _write_chunk(name, path, table)
+            self._levels[name].setdefault(0, []).append(path)
         self._seq += 1
-        self._merge()
+        for name in fmt.TABLES:
+            self._merge(name)
 
-    def _merge(self) -> None:
-        """Tiered compaction of the tensors chunks: every ``merge_every`` chunks of one level become
-        one chunk of the next, up to ``max_merged_rows`` rows. A query across all steps pays per
-        chunk, a query for one step per row group it decodes and per footer it reads, so chunks
-        stay few (tens for a long run) but never huge."""
+    def _merge(self, name: str) -> None:
+        """Tiered compaction: every ``merge_every`` chunks of one level become one chunk of the next, up
+        to ``max_merged_rows`` rows. A query across all steps pays per chunk, a query for one step per
+        row group it decodes and per footer it reads, so chunks stay few (tens for a long run) but
+        never huge."""
+        levels = self._levels[name]
         level = 0
-        while len(self._levels.get(level, [])) >= self.merge_every:
-            parts, self._levels[level] = self._levels[level], []
+        while len(levels.get(level, [])) >= self.merge_every:
+            parts, levels[level] = levels[level], []
             if sum(pq.read_metadata(p).num_rows for p in parts) > self.max_merged_rows:
                 continue  # big enough: these chunks stay as they are
-            table = pa.concat_tables([pq.read_table(p) for p in parts]).cast(fmt.TENSORS_SCHEMA)
-            first, _ = fmt.step_range_of(parts[0].name)
-            _, last = fmt.step_range_of(parts[-1].name)
-            merged = self.trial_dir / "tensors" / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
+            table = pa.concat_tables([pq.read_table(p) for p in parts]).cast(fmt.SCHEMAS[name])
+            first = min(fmt.step_range_of(p.name)[0] for p in parts)
+            last = max(fmt.step_range_of(p.name)[1] for p in parts)
+            self._check_trial_folder()
+            merged = self.trial_dir / name / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
             self._seq += 1
-            _write_tensors(merged, table)
-            for part in parts:  # after the merged chunk is in place: readers ignore covered parts
+            _write_chunk(name, merged, table)
+            # At once after the merged chunk is in place: comgra's reader ignores covered parts, a plain
+            # reader counts them twice until they are gone (and repair deletes them after a crash).
+            for part in parts:
                 part.unlink(missing_ok=True)
-            self._levels.setdefault(level + 1, []).append(merged)
+            levels.setdefault(level + 1, []).append(merged)
             level += 1
+
+
+def _write_chunk(name: str, path: Path, table: pa.Table) -> None:
+    if name == "tensors":
+        _write_tensors(path, table)
+    else:
+        fmt.write_parquet_atomic(path, table)
+
+
+def _lock_trial(trial_dir: Path, rank: int) -> int:
+    """Hold this rank's writer lock for the writer's life (the kernel frees it when the process dies)."""
+    descriptor = os.open(fmt.writer_lock_path(trial_dir, rank), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise BlockingIOError(f"another writer is recording rank {rank} of {str(trial_dir)!r} now; give this "
+                              "run another trial_id") from None
+    return descriptor
+
+
+def _next_seq(trial_dir: Path, rank: int) -> int:
+    seqs = [fmt._seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(trial_dir / table)
+            if fmt.rank_of(p.name) == rank]
+    return max(seqs, default=-1) + 1
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(directory)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 def _write_tensors(path: Path, table: pa.Table) -> None:
     """A tensors chunk: sorted so that a series is one run, in small row groups (see format)."""
     fmt.write_parquet_atomic(path, table.sort_by(fmt.TENSOR_SORT), row_group_size=fmt.TENSOR_ROW_GROUP)
+
+
+def _with_rank(table: pa.Table, rank: int) -> pa.Table:
+    """The rows of this writer's rank, marked as such (format 2); the capture code never sees ranks."""
+    return table.append_column(fmt.RANK_FIELD, pa.repeat(pa.scalar(rank, pa.int32()), table.num_rows))
 
 
 def _step_range(name: str, table: pa.Table) -> tuple[int, int]:

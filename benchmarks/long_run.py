@@ -1,0 +1,109 @@
+"""A long run: 100,000 training steps, a KPI on every step, recordings on the usual schedule.
+
+The model is deliberately tiny (Linear(8, 16) - ReLU - Linear(16, 1), batch 8) so that the run
+finishes in a few minutes on two cores: what is measured is the store, not the model. Every
+step calls record_kpi_in_graph; one step in ``--every`` (default 100) is recorded in full.
+
+Printed at the end: wall time, bytes and number of files per table, peak RSS and the RSS at
+25/50/75/100% of the run (flat memory), and the reader's latency for the step index, one
+selection and one series (a fresh reader, then the same reader again).
+
+    python benchmarks/long_run.py                  # 100,000 steps
+    python benchmarks/long_run.py --steps 5000     # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
+from comgra.recorder import ComgraRecorder
+from comgra.store import GroupReader
+from comgra.store import format as fmt
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def train(root: Path, steps: int, every: int) -> list[tuple[int, float]]:
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    recorder = ComgraRecorder(root, "long", "trial", DecisionMakerForRecordingsFrequencyPerType(
+        min_training_steps_difference=every))
+    recorder.track_module("model", model)
+    inputs, targets = torch.randn(64, 8, 8), torch.randn(64, 8, 1)
+    marks = {steps * q // 4 - 1 for q in (1, 2, 3, 4)}
+    memory = []
+    for step in range(steps):
+        x, y = inputs[step % 64], targets[step % 64]
+        recorder.start_batch(step, 8)
+        recorder.start_iteration()
+        recorder.register_tensor("x", x, is_input=True)
+        out = model(x)
+        recorder.register_tensor("out", out)
+        loss = (out - y).pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        recorder.record_kpi_in_graph("loss", "", loss, record_even_if_recording_is_inactive=True)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        if step in marks:
+            memory.append((step + 1, rss_mib()))
+    recorder.finalize()
+    return memory
+
+
+def timed(call):
+    began = time.perf_counter()
+    result = call()
+    return result, (time.perf_counter() - began) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--every", type=int, default=100, help="record one step in this many (default: 100)")
+    parser.add_argument("--root", type=Path, help="where to record (default: a new temporary folder)")
+    args = parser.parse_args()
+    root = args.root or Path(tempfile.mkdtemp(prefix="comgra-long-run-"))
+
+    began, cpu = time.perf_counter(), time.process_time()
+    memory = train(root, args.steps, args.every)
+    seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    print(f"{args.steps} steps, 1 in {args.every} recorded, a KPI every step: {seconds:.1f} s wall, {cpu:.1f} s CPU "
+          f"({seconds / args.steps * 1e6:.0f} us/step) into {root}")
+    trial_dir = fmt.trial_dir(root / "long", "trial")
+    for table in fmt.TABLES:
+        files = list((trial_dir / table).iterdir()) if (trial_dir / table).is_dir() else []
+        print(f"  {table:8s} {len(files):4d} files {sum(f.stat().st_size for f in files) / 2**20:8.2f} MiB")
+    total = [p for p in trial_dir.rglob("*") if p.is_file()]
+    print(f"  all      {len(total):4d} files {sum(f.stat().st_size for f in total) / 2**20:8.2f} MiB")
+    print("  RSS MiB at " + ", ".join(f"{step} steps: {mib:.0f}" for step, mib in memory)
+          + f"; peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
+
+    for label in ("fresh reader", "same reader"):
+        trial = GroupReader(root / "long").trial("trial") if label == "fresh reader" else trial
+        index, index_ms = timed(trial.steps)
+        last = index["training_step"].to_pylist()[-1]
+        selection, selection_ms = timed(lambda: trial.selection(training_step=last))
+        series, series_ms = timed(lambda: trial.series(node="out", role="out", iteration=0))
+        kpis, kpis_ms = timed(trial.kpis)
+        print(f"  {label}: step index {index_ms:.0f} ms ({index.num_rows} steps), selection {selection_ms:.0f} ms "
+              f"({selection.num_rows} rows), series {series_ms:.0f} ms ({series.num_rows} points), "
+              f"KPIs {kpis_ms:.0f} ms ({kpis.num_rows} points)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""What the reader checks before it trusts a file of a recording.
+
+A recording may be damaged (a crash, a full disk, a hand edit) or hostile (a
+folder downloaded from someone else). The reader never lets that surface as a
+raw ``KeyError``/``IndexError``: a document that is not what the writer writes
+is a ``StoreError`` naming the file and what is wrong, and a value named by the
+recording (a graph hash, a chunk name) is never used as a path unless it has
+the exact shape the writer gives it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from comgra.errors import StoreError
+
+# capture/graph.py graph_hash: the first 16 hex digits of a sha256.
+_GRAPH_HASH = re.compile(r"[0-9a-f]{16}")
+# The characters DuckDB's read_parquet treats as a glob pattern; "[c]" matches c literally.
+_GLOB_CHARACTERS = frozenset("*?[]")
+
+
+def glob_escaped(path: Path | str) -> str:
+    """``path`` as a read_parquet pattern that matches exactly that one file.
+
+    DuckDB reads every path it is given as a glob: a trial named ``run[12]`` would
+    read ``run1`` and ``run2``, one named ``run*`` every trial. A backslash escapes
+    the next character there and cannot itself be escaped, so a path that holds one
+    next to a glob character is refused (the recorder never writes a backslash).
+    """
+    text = str(path)
+    if "\\" in text and any(c in _GLOB_CHARACTERS for c in text):
+        raise StoreError(f"Cannot read {text!r}: DuckDB reads a backslash next to '*', '?', '[' or ']' as a "
+                         "pattern. Move the recording to a folder without backslashes in its path.")
+    return "".join(f"[{c}]" if c in _GLOB_CHARACTERS else c for c in text)
+
+
+def check_graph_hash(graph_hash: Any, trial_id: str) -> str:
+    if not isinstance(graph_hash, str) or _GRAPH_HASH.fullmatch(graph_hash) is None:
+        raise StoreError(f"Trial {trial_id!r} names the graph {graph_hash!r} in its steps index, which is not a "
+                         "graph hash (16 lowercase hex digits): the steps index is damaged.")
+    return graph_hash
+
+
+def inside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, with every symlink followed, lies in ``folder`` (itself resolved)."""
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
+    except (OSError, ValueError):
+        return False
+
+
+def load_json(path: Path, what: str) -> Any:
+    """A JSON document, or a StoreError naming the file (unreadable, not JSON, nested too deep)."""
+    try:
+        return json.loads(path.read_bytes())
+    except RecursionError:
+        raise StoreError(f"{what} {str(path)!r} is nested too deeply to be a comgra document.") from None
+    except (OSError, ValueError) as error:
+        raise StoreError(f"{what} {str(path)!r} is unreadable ({error}).") from error
+
+
+def check_metadata(metadata: Any, path: Path, newest_version: int) -> dict[str, Any]:
+    if not isinstance(metadata, dict):
+        raise StoreError(f"Trial metadata {str(path)!r} is a JSON {type(metadata).__name__}, not an object: "
+                         "the file is damaged.")
+    version = metadata.get("format_version")
+    if type(version) is not int or version < 1:  # noqa: E721 - True is an int but no version
+        raise StoreError(f"Trial {path.parent.name!r} has format_version {version!r} in {str(path)!r}; it must be "
+                         f"a positive integer (this comgra reads up to {newest_version}): the file is damaged.")
+    if version > newest_version:
+        raise StoreError(f"Trial {path.parent.name!r} was written in format_version {version!r}, but this comgra "
+                         f"reads up to {newest_version}. Upgrade comgra: pip install -U comgra")
+    for key, kind in (("config", dict), ("modules", list)):
+        if metadata.get(key) is not None and not isinstance(metadata[key], kind):
+            raise StoreError(f"Trial metadata {str(path)!r} has a {key!r} that is a JSON "
+                             f"{type(metadata[key]).__name__}, not a {'n object' if kind is dict else ' list'}.")
+    return metadata
+
+
+def check_graph(document: Any, path: Path) -> dict[str, Any]:
+    """The graph document, if it has the fields the app reads with the types it needs."""
+    problem = _graph_problem(document)
+    if problem:
+        raise StoreError(f"Graph {str(path)!r} is not a comgra graph: {problem}.")
+    return document
+
+
+def _graph_problem(document: Any) -> str | None:
+    if not isinstance(document, dict):
+        return f"the document is a JSON {type(document).__name__}, not an object"
+    nodes, edges = document.get("nodes"), document.get("edges", [])
+    if not isinstance(nodes, list) or not nodes:
+        return "'nodes' is missing, empty or not a list"
+    ids = set()
+    for node in nodes:
+        problem = _node_problem(node)
+        if problem:
+            return problem
+        ids.add(node["id"])
+    if len(ids) != len(nodes):
+        return "two nodes have the same id"
+    if not isinstance(edges, list):
+        return "'edges' is not a list"
+    for edge in edges:
+        if not isinstance(edge, dict) or edge.get("source") not in ids or edge.get("target") not in ids:
+            return f"the edge {_short(edge)} does not link two nodes of the graph"
+        if not all(isinstance(edge.get(k, ""), str) for k in ("source_role", "target_role")):
+            return f"the edge {_short(edge)} has a role that is not a string"
+    return None
+
+
+def _node_problem(node: Any) -> str | None:
+    if not isinstance(node, dict):
+        return f"the node {_short(node)} is not an object"
+    if not all(isinstance(node.get(k), str) for k in ("id", "node", "role")):
+        return f"the node {_short(node)} lacks a string 'id', 'node' or 'role'"
+    if not all(_is_int(node.get(k)) for k in ("column", "row")):
+        return f"the node {node['id']!r} lacks an integer 'column' or 'row'"
+    roles = node.get("roles", [])
+    if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+        return f"the node {node['id']!r} has 'roles' that are not a list of strings"
+    if not _is_int(node.get("iteration_offset", 0)) or not _is_int(node.get("absolute_iteration", 0), none=True):
+        return f"the node {node['id']!r} has an iteration that is not an integer"
+    return None
+
+
+def _is_int(value: Any, *, none: bool = False) -> bool:
+    # Bounded: a number of 400 digits is no row or column, and would make the layout's arithmetic slow.
+    return (value is None and none) or (type(value) is int and abs(value) < 2**31)  # noqa: E721
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
