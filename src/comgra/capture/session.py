@@ -276,7 +276,7 @@ def _move_aside_earlier_shard(group_dir: Path, directory: Path, ranks: RankInfo,
 
 def _shard_files(directory: Path) -> list[Path]:
     """Metadata and chunks; never a dot file: another rank's temporary file may be in flight."""
-    files = list(directory.glob("*.json")) + [p for table in fmt.TABLES for p in (directory / table).glob("*.parquet")]
+    files = list(directory.glob("*.json")) + [p for table in fmt.TABLES for p in fmt.chunk_files(directory / table)]
     return [p for p in files if not p.name.startswith(".") and p.is_file()]
 
 

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,29 +116,46 @@ def chunk_name(seq: int, first_step: int = -1, last_step: int = -1, rank: int = 
 _CHUNK_NAME = re.compile(r"(\d+)-(\d+)-r(\d+)-(\d+)(?:-l(\d+))?\.parquet")
 
 
+@dataclass(frozen=True)
+class ChunkName:
+    """What a chunk's name says about it (see ``chunk_name``)."""
+
+    first: int
+    last: int
+    rank: int
+    seq: int
+    level: int
+
+
+def parse_chunk_name(name: str) -> ChunkName | None:
+    """The parts of a chunk's name; None for a file not named as the writer names chunks (a foreign one)."""
+    match = _CHUNK_NAME.fullmatch(name)
+    if match is None:
+        return None
+    return ChunkName(int(match[1]), int(match[2]), int(match[3]), int(match[4]), int(match[5] or 0))
+
+
 def is_chunk_name(name: str) -> bool:
     """Whether a file is named as the writer names chunks; any other file in a table folder is foreign."""
-    return _CHUNK_NAME.fullmatch(name) is not None
+    return parse_chunk_name(name) is not None
 
 
 def step_range_of(name: str) -> tuple[int, int]:
     """The steps a chunk holds; a foreign name holds none (an empty range), so it never raises."""
-    match = _CHUNK_NAME.fullmatch(name)
-    return (int(match[1]), int(match[2])) if match else (0, -1)
+    chunk = parse_chunk_name(name)
+    return (chunk.first, chunk.last) if chunk else (0, -1)
 
 
 def rank_of(name: str) -> int | None:
-    """The rank in a chunk name (``-r001-``), or None where the name does not carry one."""
-    parts = name.split("-")
-    if len(parts) > 2 and parts[2][:1] == "r" and parts[2][1:].isdigit():
-        return int(parts[2][1:])
-    return None
+    """The rank in a chunk name (``-r001-``), or None for a file that is no chunk."""
+    chunk = parse_chunk_name(name)
+    return chunk.rank if chunk else None
 
 
-def _rank_and_level(name: str) -> tuple[str, int]:
-    parts = name[: -len(".parquet")].split("-")
-    level = int(parts[4][1:]) if len(parts) > 4 and parts[4].startswith("l") else 0
-    return parts[2], level
+def seq_of(name: str) -> int:
+    """The writer's sequence number in a chunk name, or -1 for a file that is no chunk."""
+    chunk = parse_chunk_name(name)
+    return chunk.seq if chunk else -1
 
 
 def visible_chunks(paths: list[Path]) -> list[Path]:
@@ -146,21 +164,16 @@ def visible_chunks(paths: list[Path]) -> list[Path]:
     The writer first renames the merged chunk into place and then deletes its parts, so
     between the two a reader sees both; this rule keeps it from reading any row twice.
     """
-    paths = [p for p in paths if is_chunk_name(p.name)]  # a foreign file is no chunk: never read, never hides one
-    merged = [(p, *_rank_and_level(p.name), *step_range_of(p.name), _seq_of(p.name)) for p in paths]
-    covers = [(rank, level, first, last, seq) for _, rank, level, first, last, seq in merged if level > 0]
+    # A foreign file is no chunk: never read, never hides one.
+    chunks = [(p, c) for p in paths if (c := parse_chunk_name(p.name)) is not None]
+    covers = [c for _, c in chunks if c.level > 0]
     if not covers:
-        return paths
+        return [p for p, _ in chunks]
     # A part is older than the chunk merged from it (lower seq): a later chunk whose range happens to
     # lie inside (KPIs at a repeated timepoint, notes) is never hidden.
-    return [p for p, rank, level, first, last, seq in merged
-            if not any(r == rank and lv > level and f <= first and last <= la and sq > seq
-                       for r, lv, f, la, sq in covers)]
-
-
-def _seq_of(name: str) -> int:
-    parts = name[: -len(".parquet")].split("-")
-    return int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else -1
+    return [p for p, c in chunks
+            if not any(m.rank == c.rank and m.level > c.level and m.first <= c.first and c.last <= m.last
+                       and m.seq > c.seq for m in covers)]
 
 
 # fsync every file before it is renamed into place, and its folder after: after a power loss a chunk

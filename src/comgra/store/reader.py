@@ -210,12 +210,8 @@ class TrialReader:
     # -- files -------------------------------------------------------------------------------------
     def _files(self, table: str, rank: int | None = None) -> list[Path]:
         """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
-        folder = self.directory / table
-        if not folder.is_dir():
-            return []
         bad = set(self.problems)
-        paths = sorted(p for p in folder.glob("*.parquet")
-                       if not p.name.startswith(".") and str(p) not in bad and self._is_own_chunk(p))
+        paths = [p for p in fmt.chunk_files(self.directory / table) if str(p) not in bad and self._is_own_chunk(p)]
         visible = fmt.visible_chunks(paths)
         return visible if rank is None else [p for p in visible if fmt.rank_of(p.name) in (rank, None)]
 

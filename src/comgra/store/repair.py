@@ -96,7 +96,8 @@ def _remove_temporary(folder: Path, trial_directory: Path, rank: int | None, rep
 def _remove_covered(folder: Path, trial_directory: Path, rank: int | None, report: TrialRepair) -> None:
     if folder.is_symlink():
         return  # repair never reaches outside the recording
-    chunks = [p for p in fmt.chunk_files(folder) if _is_chunk_name(p.name)]
+    # Only files named as the writer names chunks are ever deleted (a user's own file never is).
+    chunks = [p for p in fmt.chunk_files(folder) if fmt.is_chunk_name(p.name)]
     visible = set(fmt.visible_chunks(chunks))
     for path in chunks:
         if path in visible or (rank is not None and fmt.rank_of(path.name) != rank):
@@ -104,9 +105,3 @@ def _remove_covered(folder: Path, trial_directory: Path, rank: int | None, repor
         path.unlink(missing_ok=True)
         report.covered_removed.append(str(path.relative_to(trial_directory)))
 
-
-def _is_chunk_name(name: str) -> bool:
-    """Only files named as the writer names chunks are ever deleted (a user's own file never is)."""
-    parts = name[: -len(".parquet")].split("-")
-    return (len(parts) in (4, 5) and parts[0].isdigit() and parts[1].isdigit() and fmt.rank_of(name) is not None
-            and parts[3].isdigit() and (len(parts) == 4 or (parts[4][:1] == "l" and parts[4][1:].isdigit())))

@@ -258,7 +258,7 @@ def _lock_trial(trial_dir: Path, rank: int) -> int:
 
 
 def _next_seq(trial_dir: Path, rank: int) -> int:
-    seqs = [fmt._seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(trial_dir / table)
+    seqs = [fmt.seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(trial_dir / table)
             if fmt.rank_of(p.name) == rank]
     return max(seqs, default=-1) + 1
 
