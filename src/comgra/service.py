@@ -194,8 +194,10 @@ class RecordingService:
                 "The rest of the trial is shown." for p, reason in trial.problem_reasons().items()]
 
     def ranks(self, trial_id: str) -> list[int]:
-        """The ranks that recorded the trial (``[0]`` for a single process, also before anything is flushed)."""
-        return self.trial(trial_id).ranks() or [0]
+        """The ranks that recorded steps of the trial (``[0]`` for a single process, also before anything is
+        flushed). Read from the steps chunks' names, as ``step_index`` does on every view: no more listing."""
+        names = _chunk_names(self.trial(trial_id).directory / "steps")
+        return sorted({rank for name in names if (rank := fmt.rank_of(name)) is not None}) or [0]
 
     def step_index(self, trial_id: str, rank: int | None = None) -> StepIndex:
         """The steps table of a trial (of one rank, or of all), rebuilt only when a new steps chunk appears."""
