@@ -20,6 +20,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlencode
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,31 @@ def aggregation_label(value: str, category: str | None = None) -> str:
     if aggregation != "sample":
         return AGGREGATION_LABELS.get(aggregation, aggregation)
     return f"Sample {sample} ({category})" if category else f"Sample {sample}"
+
+
+# The query-string keys of a view's link, in order, and the ``wanted`` key each one sets. The app
+# reads them at page load and writes them on every change; findings and the REST API build links with
+# :func:`view_link`, so a link is the same whoever makes it.
+URL_KEYS = {
+    "tab": "tab", "trial": "trial", "type": "type_of_execution", "step": "training_step",
+    "iteration": "iteration", "node": "node_id", "role": "role", "kind": "kind",
+    "aggregation": "aggregation", "rank": "rank",
+}
+
+
+def view_link(trial: str, *, tab: str = "tensors", type_of_execution: str | None = None,
+              training_step: int | None = None, iteration: int | None = None, node_id: str | None = None,
+              role: str | None = None, kind: str | None = None, aggregation: str | None = None,
+              rank: int | None = None) -> str:
+    """The app's relative link (``/?tab=...&trial=...``) that opens this view; None fields are left out.
+
+    >>> view_link("trial_a", training_step=40, node_id="out", aggregation="sample:3")
+    '/?tab=tensors&trial=trial_a&step=40&node=out&aggregation=sample%3A3'
+    """
+    values = {"tab": tab, "trial": trial, "type": type_of_execution, "step": training_step,
+              "iteration": iteration, "node": node_id, "role": role, "kind": kind,
+              "aggregation": aggregation, "rank": rank}
+    return "/?" + urlencode({key: value for key, value in values.items() if value is not None})
 
 
 @dataclass(frozen=True)
