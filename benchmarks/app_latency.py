@@ -1,6 +1,8 @@
 """How fast the app answers, in the browser and on the server, and what the server holds in memory.
 
-For each scale it writes a synthetic recording (cached under --out), starts
+For each graph size (``--nodes``: 15 is the tutorial's network, more a
+transformer of blocks of attention + MLP with a node per parameter) and scale
+it writes a synthetic recording (cached under --out), starts
 ``comgra --path`` as a subprocess (timing the start), then measures:
 
 * server: the time of an HTTP POST to /_dash-update-component, per kind of
@@ -13,7 +15,8 @@ For each scale it writes a synthetic recording (cached under --out), starts
 * server RSS after visiting 0, 100, 300 ... training steps (no cache grows
   with the steps visited).
 
-    python benchmarks/app_latency.py                     # scales 1 and 50
+    python benchmarks/app_latency.py                     # 15 nodes, scales 1 and 50
+    python benchmarks/app_latency.py --nodes 15 --nodes 40 --nodes 200 --nodes 1000 --scale 1 --scale 50
     python benchmarks/app_latency.py --scale 1 --repeats 10 --no-browser
 """
 from __future__ import annotations
@@ -68,7 +71,7 @@ class DashClient:
         response = self._post("/_dash-update-component", payload) or {}
         for component, props in (response.get("response") or {}).items():
             for prop, value in props.items():
-                self.props[(component, prop)] = value
+                self.props[(component, prop)] = _patched(self.props.get((component, prop)), value)
         return response
 
     def _with_value(self, dependency: dict[str, Any]) -> dict[str, Any]:
@@ -77,11 +80,39 @@ class DashClient:
 
     def statistics(self) -> dict[str, float | None]:
         """The statistics the values panel shows, read from the data-value attributes."""
-        return {p["data-stat"]: _number(p["data-value"]) for p in _walk_props(self.props.get(("values", "children")))
-                if "data-stat" in p}
+        values = self.props.get(("values-data", "data")) or {}
+        return {stat["name"]: _number(stat["value"]) for stat in values.get("stats") or []}
 
     def shown(self) -> dict[str, Any] | None:
         return (self.props.get(("selection", "data")) or {}).get("shown")
+
+    def graph(self) -> dict[str, Any] | None:
+        """The document of the graph shown, from the page's store of graphs (sent once per hash)."""
+        key = self.props.get(("graph-key", "data")) or {}
+        return (self.props.get(("graph-documents", "data")) or {}).get(key.get("hash"))
+
+
+def _patched(current: Any, value: Any) -> Any:
+    """A prop after a response: the value, or ``current`` with a Dash ``Patch``'s operations applied."""
+    if not (isinstance(value, dict) and value.get("__dash_patch_update")):
+        return value
+    result = json.loads(json.dumps(current)) if current is not None else None
+    for operation in value.get("operations", []):
+        name, location, params = operation["operation"], operation["location"], operation["params"]
+        if result is None:
+            result = [] if name in ("Append", "Extend") else {}
+        target = result
+        for key in location[:-1] if name == "Assign" else location:
+            target = target[key]
+        if name == "Assign":
+            target[location[-1]] = params["value"]
+        elif name == "Append":
+            target.append(params["value"])
+        elif name == "Extend":
+            target.extend(params["value"])
+        else:
+            raise NotImplementedError(f"Patch operation {name!r}")
+    return result
 
 
 def _outputs(spec: str) -> Any:
@@ -144,7 +175,7 @@ def timed(action: Callable[[], Any]) -> float:
 
 def server_latencies(client: DashClient, repeats: int, rng: random.Random) -> dict[str, list[float]]:
     client.trigger(VIEW_OUTPUT)
-    nodes = [o["value"] for o in client.props[("node-search", "options")]]
+    nodes = [n["id"] for n in client.graph()["nodes"]]
     steps = client.props[("step-slider", "max")] + 1
     trials = [o["value"] for o in client.props[("trial-select", "options")]]
     actions: dict[str, Callable[[], Any]] = {
@@ -157,6 +188,10 @@ def server_latencies(client: DashClient, repeats: int, rng: random.Random) -> di
         "trial": lambda: client.trigger(VIEW_OUTPUT, {"trial-select.value": rng.choice(trials)}),
     }
     results = {name: [timed(action) for _ in range(repeats)] for name, action in actions.items()}
+    sizes = []
+    for _ in range(repeats):
+        sizes.append(len(json.dumps(actions["node click"]())) / 1024)
+    results["node click: response size (KiB, not ms)"] = sizes
     results["series plot, a new tensor"] = [_series_after(client, rng, {"node-click.data": {
         "id": rng.choice(nodes), "t": time.time()}}, rng.choice(STATISTICS)) for _ in range(repeats)]
     results["series plot, same tensor at another step"] = [_series_after(client, rng, {
@@ -209,6 +244,7 @@ PAUSE_MS = 500  # a user looks at the numbers before the next click; the plots f
 
 
 def browser_latencies(url: str, repeats: int) -> dict[str, list[float]]:
+    """Page load, node clicks and next-step clicks, timed in the page at 1280x800."""
     from playwright.sync_api import sync_playwright
 
     results: dict[str, list[float]] = {"page load": [], "node click": [], "next step": []}
@@ -221,11 +257,12 @@ def browser_latencies(url: str, repeats: int) -> dict[str, list[float]]:
             page.wait_for_selector("#series-plot .js-plotly-plot")  # idle again before the next load
             results["page load"].append(page.evaluate("window.__comgra.loaded"))
             page.close()
-        page = browser.new_page(viewport={"width": 1500, "height": 1000})
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.add_init_script(PAGE_TIMER)
         page.goto(url)
         page.wait_for_selector("#series-plot .js-plotly-plot")
         nodes = page.locator("#dependency-graph [data-node]").evaluate_all("els => els.map(e => e.dataset.node)")
+        random.Random(0).shuffle(nodes)  # near and far nodes, in boxes and not
         nodes = [n for n in nodes if n != "input"] + ["input"]  # every click changes the selection
         for i in range(repeats):
             results["node click"].append(_click_until_values_change(
@@ -244,16 +281,19 @@ def _click_until_values_change(page: Any, selector: str) -> float:
 
 
 # -- the run ---------------------------------------------------------------------------------------------
-def recording_for(scale: float, out: Path) -> Path:
+def recording_for(scale: float, out: Path, nodes: int = 15) -> Path:
     import synthetic_recording
 
-    root = out / f"scale-{scale:g}"
+    root = out / (f"scale-{scale:g}" if nodes == 15 else f"nodes-{nodes}-scale-{scale:g}")
     group = root / "synthetic"
     if not (root / "complete").exists():
         start = time.perf_counter()
-        synthetic_recording.write_recording(root, synthetic_recording.Options(scale=scale))
+        # Larger graphs repeat the values of their first steps, so that a long run is written in minutes;
+        # the app reads each step's rows all the same.
+        options = synthetic_recording.Options(scale=scale, nodes=nodes, distinct_steps=10**9 if nodes <= 15 else 8)
+        synthetic_recording.write_recording(root, options)
         (root / "complete").write_text("")
-        print(f"# wrote scale {scale:g} in {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"# wrote {nodes} nodes, scale {scale:g} in {time.perf_counter() - start:.0f} s", flush=True)
     return group
 
 
@@ -272,21 +312,25 @@ def start_server(group: Path) -> tuple[subprocess.Popen, str, float]:
     return process, url, time.perf_counter() - start
 
 
-def measure(scale: float, args: argparse.Namespace) -> list[str]:
-    group = recording_for(scale, args.out)
+def measure(scale: float, args: argparse.Namespace, nodes: int = 15) -> list[str]:
+    group = recording_for(scale, args.out, nodes)
     process, url, startup = start_server(group)
     try:
         client = DashClient(*urllib_transport(url.rstrip("/")))
-        rows = [f"| {scale:g} | start until the page is served | {startup * 1000:.0f} | |"]
+        client.trigger(VIEW_OUTPUT)
+        size = len(client.graph()["nodes"])
+        head = f"| {size} | {scale:g} |"
+        rows = [f"{head} start until the page is served | {startup * 1000:.0f} | |"]
         for name, samples in server_latencies(client, args.repeats, random.Random(0)).items():
             p50, p95 = percentiles(samples)
-            rows.append(f"| {scale:g} | server: {name} | {p50:.1f} | {p95:.1f} |")
+            rows.append(f"{head} server: {name} | {p50:.1f} | {p95:.1f} |")
         if not args.no_browser:
             for name, samples in browser_latencies(url, args.repeats).items():
                 p50, p95 = percentiles(samples)
-                rows.append(f"| {scale:g} | browser: {name} | {p50:.0f} | {p95:.0f} |")
-        for visited, rss in rss_by_steps_visited(client, process.pid, [100, 300, 1000]):
-            rows.append(f"| {scale:g} | server RSS after visiting {visited} steps (MiB) | {rss:.0f} | |")
+                rows.append(f"{head} browser: {name} | {p50:.0f} | {p95:.0f} |")
+        if not args.no_rss:
+            for visited, rss in rss_by_steps_visited(client, process.pid, [100, 300, 1000]):
+                rows.append(f"{head} server RSS after visiting {visited} steps (MiB) | {rss:.0f} | |")
     finally:
         process.terminate()
         process.wait(10)
@@ -298,12 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, action="append", help="repeatable; default: 1 and 50")
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--nodes", type=int, action="append",
+                        help="graph size, repeatable; 15 (default): the tutorial's network, more: a transformer")
     parser.add_argument("--no-browser", action="store_true")
+    parser.add_argument("--no-rss", action="store_true", help="skip the memory walk over the steps")
     args = parser.parse_args(argv)
-    print("| scale | measurement | p50 ms | p95 ms |\n|---|---|---|---|", flush=True)
-    for scale in args.scale or [1.0, 50.0]:
-        for row in measure(scale, args):
-            print(row, flush=True)
+    print("| nodes | scale | measurement | p50 ms | p95 ms |\n|---|---|---|---|---|", flush=True)
+    for nodes in args.nodes or [15]:
+        for scale in args.scale or [1.0, 50.0]:
+            for row in measure(scale, args, nodes):
+                print(row, flush=True)
     return 0
 
 

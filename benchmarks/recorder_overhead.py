@@ -58,53 +58,70 @@ def overhead(python: str, workload: str, steps: int, rounds: int, out: Path) -> 
     return {mode: statistics.median(values) / base for mode, values in times.items()} | {"base_s": base}
 
 
-def per_recorded_step(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path) -> dict:
-    """Per implementation: the cost of one recorded step in every round, and bytes per recorded step."""
-    costs: dict[str, list[float]] = {impl: [] for impl in pythons}
+# Clocks (--clocks): wall time; CPU time of every thread of the process, which other processes on a
+# shared machine disturb far less than the wall time; CPU time of the training thread alone, which is
+# the wall time on a machine with a core free for comgra's worker thread.
+CLOCKS = {"wall": "seconds", "cpu": "cpu_seconds", "main": "main_seconds"}
+
+
+def per_recorded_step(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path,
+                      clocks: list[str] = ["wall"]) -> dict:
+    """Per implementation and clock: the cost of one recorded step in every round; bytes per recorded step."""
+    costs: dict[str, dict[str, list[float]]] = {impl: {c: [] for c in clocks} for impl in pythons}
     size: dict[str, float] = {}
     for _ in range(rounds):
         for impl, python in pythons.items():
-            none = run(python, workload, "none", steps, out)["seconds"]
+            none = run(python, workload, "none", steps, out)
             result = run(python, workload, "all", steps, out)
-            costs[impl].append((result["seconds"] - none) / steps)
+            for clock in clocks:
+                key = CLOCKS[clock]
+                costs[impl][clock].append((result[key] - none[key]) / steps)
             size[impl] = result["bytes"] / max(1, result["recorded_steps"])
     return {impl: {"costs": costs[impl], "bytes": size[impl]} for impl in pythons}
 
 
-def sparse_ratio(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path) -> dict:
-    """Per implementation: time recording 1 step in 10 over time without comgra, per round."""
-    ratios: dict[str, list[float]] = {impl: [] for impl in pythons}
+def sparse_ratio(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path,
+                 clocks: list[str] = ["wall"]) -> dict:
+    """Per implementation and clock: time recording 1 step in 10 over time without comgra, per round."""
+    ratios: dict[str, dict[str, list[float]]] = {impl: {c: [] for c in clocks} for impl in pythons}
     for _ in range(rounds):
         for impl, python in pythons.items():
-            none = run(python, workload, "none", steps, out)["seconds"]
-            sparse = run(python, workload, "schedule", steps, out, schedule_gap=10)["seconds"]
-            ratios[impl].append(sparse / none)
+            none = run(python, workload, "none", steps, out)
+            sparse = run(python, workload, "schedule", steps, out, schedule_gap=10)
+            for clock in clocks:
+                ratios[impl][clock].append(sparse[CLOCKS[clock]] / none[CLOCKS[clock]])
     return ratios
 
 
-def print_recorded(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path) -> None:
+def print_recorded(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path,
+                   clocks: list[str] = ["wall"]) -> None:
     print(f"one recorded step, median over {rounds} rounds (spread)")
-    print(f"{'workload':<12}{'impl':<10}{'ms/recorded step':>17}{'spread':>17}{'KiB/recorded step':>19}")
+    print(f"{'workload':<12}{'clock':<6}{'impl':<10}{'ms/recorded step':>17}{'spread':>17}{'KiB/recorded step':>19}")
     for workload in workloads:
-        rows = per_recorded_step(pythons, workload, RECORDED_STEPS[workload], rounds, out)
-        for impl, row in rows.items():
-            print(f"{workload:<12}{impl:<10}{statistics.median(row['costs']) * 1e3:>17.1f}"
-                  f"{spread(row['costs'], 1e3):>17}{row['bytes'] / 1024:>19.1f}")
-        if "original" in rows:
-            ours, original = rows["ours"], rows["original"]
-            time_ratio = statistics.median(ours["costs"]) / statistics.median(original["costs"])
-            print(f"{workload:<12}{'ours/orig':<10}{time_ratio:>16.3f}x{'':>17}"
-                  f"{ours['bytes'] / original['bytes']:>18.3f}x", flush=True)
+        rows = per_recorded_step(pythons, workload, RECORDED_STEPS[workload], rounds, out, clocks)
+        for clock in clocks:
+            for impl, row in rows.items():
+                costs = row["costs"][clock]
+                print(f"{workload:<12}{clock:<6}{impl:<10}{statistics.median(costs) * 1e3:>17.1f}"
+                      f"{spread(costs, 1e3):>17}{row['bytes'] / 1024:>19.1f}")
+            if "original" in rows:
+                ours, original = rows["ours"], rows["original"]
+                time_ratio = statistics.median(ours["costs"][clock]) / statistics.median(original["costs"][clock])
+                print(f"{workload:<12}{clock:<6}{'ours/orig':<10}{time_ratio:>16.3f}x{'':>17}"
+                      f"{ours['bytes'] / original['bytes']:>18.3f}x", flush=True)
 
 
-def print_sparse(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path) -> None:
+def print_sparse(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path,
+                 clocks: list[str] = ["wall"]) -> None:
     print(f"training time recording 1 step in 10 / without comgra, median over {rounds} rounds (spread)")
-    print(f"{'workload':<12}{'impl':<10}{'steps':>7}{'ratio':>9}{'spread':>15}")
+    print(f"{'workload':<12}{'clock':<6}{'impl':<10}{'steps':>7}{'ratio':>9}{'spread':>15}")
     for workload in workloads:
-        ratios = sparse_ratio(pythons, workload, SPARSE_STEPS[workload], rounds, out)
-        for impl, values in ratios.items():
-            print(f"{workload:<12}{impl:<10}{SPARSE_STEPS[workload]:>7}{statistics.median(values):>8.3f}x"
-                  f"{spread(values, digits=3):>15}", flush=True)
+        ratios = sparse_ratio(pythons, workload, SPARSE_STEPS[workload], rounds, out, clocks)
+        for clock in clocks:
+            for impl, by_clock in ratios.items():
+                values = by_clock[clock]
+                print(f"{workload:<12}{clock:<6}{impl:<10}{SPARSE_STEPS[workload]:>7}{statistics.median(values):>8.3f}x"
+                      f"{spread(values, digits=3):>15}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,12 +132,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parts", default="overhead,recorded,sparse", help="which tables to print")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="for the recorded and sparse tables")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clocks", default="wall",
+                        help="for the recorded and sparse tables, any of wall,cpu,main (see CLOCKS)")
     args = parser.parse_args(argv)
     import sys
     pythons = {"ours": sys.executable}
     if args.original_python:
         pythons["original"] = args.original_python
     workloads = [w for w in args.workloads.split(",") if w]
+    clocks = [c for c in args.clocks.split(",") if c]
+    unknown = set(clocks) - set(CLOCKS)
+    if unknown:
+        parser.error(f"--clocks: unknown {sorted(unknown)}; choose from {sorted(CLOCKS)}")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         if "overhead" in args.parts:
@@ -130,10 +153,10 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{workload:<12}{o['inactive']:>15.3f}{o['schedule']:>15.3f}{o['base_s']:>9.2f}", flush=True)
             print()
         if "recorded" in args.parts:
-            print_recorded(pythons, workloads, args.rounds, out)
+            print_recorded(pythons, workloads, args.rounds, out, clocks)
             print()
         if "sparse" in args.parts:
-            print_sparse(pythons, workloads, args.rounds, out)
+            print_sparse(pythons, workloads, args.rounds, out, clocks)
 
 
 if __name__ == "__main__":

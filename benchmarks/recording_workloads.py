@@ -363,7 +363,7 @@ def measure(workload: str, mode: str, steps: int, out: Path, schedule_gap: int, 
         rec = make_recorder(comgra, objects, mode, out, trial, schedule_gap)
         comgra.my_recorder = rec
         rec.track_module("main_model", model)
-    start = time.perf_counter()
+    start, cpu_start, main_start = time.perf_counter(), time.process_time(), time.thread_time()
     sizes = {} if batch is None else {"batch": batch}
     for step in range(steps):
         step_function(rec, model, optimizer, step, **sizes)
@@ -372,9 +372,13 @@ def measure(workload: str, mode: str, steps: int, out: Path, schedule_gap: int, 
     if DEVICE.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    cpu_seconds, main_seconds = time.process_time() - cpu_start, time.thread_time() - main_start
     trial_dir = out / "bench" / "trials" / trial
     files = [p for p in trial_dir.rglob("*") if p.is_file()] if trial_dir.exists() else []
+    # cpu_seconds: every thread of the process (robust to other processes on a shared machine);
+    # main_seconds: the training thread only (the critical path when a core is free for helper threads).
     result = {"workload": workload, "mode": mode, "steps": steps, "seconds": seconds,
+              "cpu_seconds": cpu_seconds, "main_seconds": main_seconds,
               "bytes": sum(p.stat().st_size for p in files), "files": len(files),
               "comgra_version": getattr(comgra, "__version__", "0.11.5 (original)"),
               "recorded_steps": _recorded_steps(trial_dir)}

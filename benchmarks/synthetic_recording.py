@@ -7,7 +7,13 @@ trials, 15 nodes including three parameter groups, up to 20 iterations per
 step, 5 recorded samples and 240 recorded steps per trial. ``--scale 50``
 records 50 times as many steps (a longer run), and KPIs on every training step.
 
+``--nodes N`` (N > 15) gives a transformer-shaped network instead: an
+embedding, blocks of attention + MLP (14 tensors and 16 parameters each, every
+parameter its own node as the recorder makes them by default) and a head, about
+N nodes in all, one iteration per step.
+
     python benchmarks/synthetic_recording.py /tmp/comgra-synthetic --scale 1
+    python benchmarks/synthetic_recording.py /tmp/comgra-transformer --nodes 200
     comgra --path /tmp/comgra-synthetic/synthetic
 """
 from __future__ import annotations
@@ -71,6 +77,7 @@ SPECS = [
              param_shapes={"weight": (5, HIDDEN), "bias": (5,)}),
 ]
 SPEC_BY_NODE = {spec.node: spec for spec in SPECS}
+TUTORIAL_MODULES = ("subnet_pre", "subnet_mem", "subnet_out")
 # (source id, source role, target id, target role); "subnet_mem__out*old" is the previous iteration's state.
 EDGES = [
     ("input", "input", "subnet_pre__out", "subnet_pre__out"),
@@ -89,15 +96,115 @@ EDGES = [
 ]
 
 
+
+
+@dataclass(frozen=True)
+class Network:
+    """What a synthetic trial records: its nodes, their edges, the types of step and the module tree."""
+
+    specs: tuple[NodeSpec, ...]
+    edges: tuple[tuple[str, str, str, str], ...]
+    types: dict[str, int]
+    type_weights: tuple[float, ...]
+    recurrent: bool  # the tutorial's memory: "subnet_mem__out*old" feeds the next iteration
+    modules: tuple[tuple[str, tuple[int, ...]], ...] = ()  # (parameter full name, shape), for the module tree
+
+    def spec(self, node_id: str) -> NodeSpec:
+        return self.by_node[node_id.removesuffix("*old")]
+
+    @property
+    def by_node(self) -> dict[str, NodeSpec]:
+        cached = self.__dict__.get("_by_node")
+        if cached is None:
+            cached = {spec.node: spec for spec in self.specs}
+            object.__setattr__(self, "_by_node", cached)
+        return cached
+
+
+TUTORIAL = Network(tuple(SPECS), tuple(EDGES), TYPES, tuple(TYPE_WEIGHTS.tolist()), recurrent=True)
+BLOCK_NODES = 30  # tensors and parameters of one transformer block
+OUTER_NODES = 12  # input, embedding, final norm, head, target and losses
+
+
+def transformer(nodes: int) -> Network:
+    """A transformer-shaped network of about ``nodes`` nodes (at least one block)."""
+    layers = max(1, round((nodes - OUTER_NODES) / BLOCK_NODES))
+    specs: list[NodeSpec] = []
+    edges: list[tuple[str, str, str, str]] = []
+    parameters: list[tuple[str, tuple[int, ...]]] = []
+
+    def tensor(name: str, role: str = "intermediate", width: int = HIDDEN, **options: object) -> str:
+        specs.append(NodeSpec(name, role, (name,), width, **options))
+        return name
+
+    def parameter(full_name: str, shape: tuple[int, ...]) -> str:
+        specs.append(NodeSpec(full_name, "parameter", (full_name,), 0, present="once", has_batch=False,
+                              param_shapes={full_name: shape}))
+        parameters.append((full_name, shape))
+        return full_name
+
+    def link(source: str, target: str) -> None:
+        edges.append((source, source, target, target))
+
+    def layer(name: str, module: str, source: str, *, bias: bool = True, shape: tuple[int, ...] = (HIDDEN, HIDDEN)) -> str:
+        out = tensor(name)
+        link(source, out)
+        link(parameter(f"{module}.weight", shape), out)
+        if bias:
+            link(parameter(f"{module}.bias", shape[:1]), out)
+        return out
+
+    tokens = tensor("input", "input", gradient=False)
+    x = tensor("embedding")
+    link(tokens, x)
+    link(parameter("model.tok_emb.weight", (64, HIDDEN)), x)
+    link(parameter("model.pos_emb.weight", (32, HIDDEN)), x)
+    for i in range(layers):
+        module, name = f"model.blocks.{i}", f"block{i}"
+        normed = layer(f"{name}.ln1", f"{module}.ln1", x, shape=(HIDDEN,))
+        q, k, v = (layer(f"{name}.{p}", f"{module}.attn.{p}_proj", normed) for p in "qkv")
+        scores = tensor(f"{name}.scores")
+        link(q, scores), link(k, scores)
+        probs = tensor(f"{name}.attention")
+        link(scores, probs)
+        mixed = tensor(f"{name}.mixed")
+        link(probs, mixed), link(v, mixed)
+        projected = layer(f"{name}.attn_out", f"{module}.attn.out_proj", mixed)
+        residual = tensor(f"{name}.residual1")
+        link(x, residual), link(projected, residual)
+        normed = layer(f"{name}.ln2", f"{module}.ln2", residual, shape=(HIDDEN,))
+        hidden = layer(f"{name}.fc1", f"{module}.mlp.fc1", normed)
+        active = tensor(f"{name}.gelu")
+        link(hidden, active)
+        out = layer(f"{name}.fc2", f"{module}.mlp.fc2", active)
+        x = tensor(f"{name}.residual2")
+        link(residual, x), link(out, x)
+    normed = layer("ln_f", "model.ln_f", x, shape=(HIDDEN,))
+    logits = layer("logits", "model.lm_head", normed, bias=False)
+    specs[[s.node for s in specs].index(logits)] = NodeSpec(logits, "output", (logits,), HIDDEN)
+    target = tensor("target", "target", gradient=False)
+    loss_per_sample = tensor("loss_per_sample", "loss", width=1)
+    link(logits, loss_per_sample), link(target, loss_per_sample)
+    loss = tensor("loss", "loss", width=1, has_batch=False)
+    link(loss_per_sample, loss)
+    return Network(tuple(specs), tuple(edges), {"train": 1}, (1.0,), recurrent=False, modules=tuple(parameters))
+
+
+def network_of(nodes: int) -> Network:
+    """The tutorial's network for 15 nodes or fewer, else a transformer of about ``nodes`` nodes."""
+    return TUTORIAL if nodes <= 15 else transformer(nodes)
+
+
 # -- graphs -------------------------------------------------------------------------------------
-def graph_for(first: bool, last: bool) -> dict:
+def graph_for(first: bool, last: bool, net: Network = TUTORIAL) -> dict:
     """The dependency graph of an iteration: which nodes exist depends on its position."""
-    ids = [s.node for s in SPECS if _present(s, first, last)]
-    ids.append("initial_hidden_state" if first else "subnet_mem__out*old")
-    ids = [i for i in dict.fromkeys(ids) if not (i == "initial_hidden_state" and not first)]
-    edges = [e for e in EDGES if e[0] in ids and e[2] in ids]
-    columns = _columns(ids, edges)
-    nodes = [_graph_node(node_id, columns[node_id]) for node_id in ids]
+    ids = [s.node for s in net.specs if _present(s, first, last)]
+    if net.recurrent:
+        ids.append("initial_hidden_state" if first else "subnet_mem__out*old")
+        ids = [i for i in dict.fromkeys(ids) if not (i == "initial_hidden_state" and not first)]
+    edges = [e for e in net.edges if e[0] in ids and e[2] in ids]
+    columns = _columns(ids, edges, net)
+    nodes = [_graph_node(node_id, columns[node_id], net) for node_id in ids]
     rows: dict[int, int] = {}
     for node in sorted(nodes, key=lambda n: (n["role"] == "parameter", ids.index(n["id"]))):
         node["row"] = rows.get(node["column"], 0)
@@ -112,18 +219,21 @@ def _present(spec: NodeSpec, first: bool, last: bool) -> bool:
     return {"all": True, "once": True, "first": first, "later": not first, "last": last}[spec.present]
 
 
-def _columns(ids: list[str], edges: list[tuple[str, str, str, str]]) -> dict[str, int]:
+def _columns(ids: list[str], edges: list[tuple[str, str, str, str]], net: Network) -> dict[str, int]:
     """Longest path from a source; a parameter sits one column left of its first consumer."""
     columns: dict[str, int] = {}
+    sources_of: dict[str, list[str]] = {}
+    for e in edges:
+        if net.spec(e[0]).role != "parameter":
+            sources_of.setdefault(e[2], []).append(e[0])
 
     def depth(node_id: str) -> int:
         if node_id not in columns:
-            sources = [e[0] for e in edges if e[2] == node_id and _spec(e[0]).role != "parameter"]
-            columns[node_id] = 1 + max((depth(s) for s in sources), default=-1)
+            columns[node_id] = 1 + max((depth(s) for s in sources_of.get(node_id, ())), default=-1)
         return columns[node_id]
 
     for node_id in ids:
-        if _spec(node_id).role == "parameter":
+        if net.spec(node_id).role == "parameter":
             consumers = [depth(e[2]) for e in edges if e[0] == node_id]
             columns[node_id] = max(0, min(consumers, default=1) - 1)
         else:
@@ -131,18 +241,14 @@ def _columns(ids: list[str], edges: list[tuple[str, str, str, str]]) -> dict[str
     return columns
 
 
-def _spec(node_id: str) -> NodeSpec:
-    return SPEC_BY_NODE[node_id.removesuffix("*old")]
-
-
-def _graph_node(node_id: str, column: int) -> dict:
-    spec = _spec(node_id)
+def _graph_node(node_id: str, column: int, net: Network) -> dict:
+    spec = net.spec(node_id)
     old = node_id.endswith("*old")
     node = {"id": node_id, "node": spec.node, "role": spec.role, "tensor_type": spec.role,
             "roles": list(spec.roles), "has_batch": spec.has_batch, "iteration_offset": -1 if old else 0,
             "absolute_iteration": -1 if spec.present == "once" else None, "column": column, "row": 0}
-    if spec.role == "parameter":
-        node["group"] = f"main_model.{spec.node}"
+    if spec.role == "parameter":  # the tutorial groups by its own prefixes; the recorder's default is ""
+        node["group"] = f"main_model.{spec.node}" if net.recurrent else ""
     return node
 
 
@@ -230,10 +336,10 @@ class StepPlan:
     categories: list[str] | None
 
 
-def step_tensors(rng: np.random.Generator, plan: StepPlan) -> pa.Table:
-    n = TYPES[plan.type_of_execution]
+def step_tensors(rng: np.random.Generator, plan: StepPlan, net: Network = TUTORIAL) -> pa.Table:
+    n = net.types[plan.type_of_execution]
     rows = _Rows()
-    for spec in SPECS:
+    for spec in net.specs:
         for kind in ("forward", GRADIENTS) if spec.gradient else ("forward",):
             for role in spec.roles:
                 if kind == GRADIENTS and role in spec.frozen:
@@ -260,8 +366,8 @@ def _spec_rows(rng: np.random.Generator, rows: _Rows, spec: NodeSpec, role: str,
         plain_rows(rows, rng.normal(loc, scale, (len(iterations), max(1, numel))), base, iterations)
 
 
-def step_index(plan: StepPlan, graphs: dict[tuple[bool, bool], dict]) -> pa.Table:
-    n = TYPES[plan.type_of_execution]
+def step_index(plan: StepPlan, graphs: dict[tuple[bool, bool], dict], net: Network = TUTORIAL) -> pa.Table:
+    n = net.types[plan.type_of_execution]
     hashes = [graphs[(i == 0, i == n - 1)]["hash"] for i in range(n)]
     return pa.table({
         "training_step": [plan.training_step] * n, "type_of_execution": [plan.type_of_execution] * n,
@@ -272,14 +378,15 @@ def step_index(plan: StepPlan, graphs: dict[tuple[bool, bool], dict]) -> pa.Tabl
 
 
 # -- KPIs, notes, metadata ------------------------------------------------------------------------
-def kpi_table(rng: np.random.Generator, total_steps: int, types: np.ndarray, trial_index: int) -> pa.Table:
+def kpi_table(rng: np.random.Generator, total_steps: int, types: np.ndarray, trial_index: int,
+              net: Network = TUTORIAL) -> pa.Table:
     """A loss and an accuracy on every training step, with rare outliers that a plot must keep."""
     steps = np.arange(total_steps)
     progress = steps / max(1, total_steps - 1)
     loss = (1.0 + 0.3 * trial_index) * np.exp(-3 * progress) + rng.normal(0, 0.02, total_steps) ** 2
     loss[rng.random(total_steps) < 0.001] *= 10.0
     accuracy = 1.0 - loss / (1.0 + loss)
-    names = np.array(list(TYPES))[types]
+    names = np.array(list(net.types))[types]
     return pa.table({
         "kpi_group": ["loss"] * total_steps + ["accuracy"] * total_steps,
         "kpi_name": ["loss"] * total_steps + ["accuracy"] * total_steps,
@@ -288,7 +395,12 @@ def kpi_table(rng: np.random.Generator, total_steps: int, types: np.ndarray, tri
     }, schema=fmt.KPIS_SCHEMA)
 
 
-def trial_metadata(trial_id: str, group: str, config: dict) -> dict:
+def trial_metadata(trial_id: str, group: str, config: dict, net: Network = TUTORIAL) -> dict:
+    if not net.recurrent:
+        return {"format_version": fmt.FORMAT_VERSION, "trial_id": trial_id, "group": group,
+                "created": time.time(), "comgra_version": "synthetic", "config": config,
+                "modules": [_module_tree(net.modules)], "types_of_execution": list(net.types)}
+
     def module(name: str, full_name: str) -> dict:
         spec = SPEC_BY_NODE[name]
         parameters = [{"name": role, "full_name": f"{full_name}.{role}", "shape": list(shape),
@@ -303,6 +415,22 @@ def trial_metadata(trial_id: str, group: str, config: dict) -> dict:
             "modules": [root], "types_of_execution": list(TYPES)}
 
 
+def _module_tree(parameters: tuple[tuple[str, tuple[int, ...]], ...]) -> dict:
+    """The nested module tree of dotted parameter names, as the recorder's metadata holds it."""
+    root: dict = {"name": "model", "full_name": "model", "parameters": [], "submodules": []}
+    for full_name, shape in parameters:
+        module = root
+        for part in full_name.split(".")[1:-1]:
+            child = next((m for m in module["submodules"] if m["name"] == part), None)
+            if child is None:
+                child = {"name": part, "full_name": f"{module['full_name']}.{part}", "parameters": [], "submodules": []}
+                module["submodules"].append(child)
+            module = child
+        module["parameters"].append({"name": full_name.rsplit(".", 1)[1], "full_name": full_name, "shape": list(shape),
+                                     "numel": int(np.prod(shape)), "requires_grad": True})
+    return root
+
+
 # -- the whole recording -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Options:
@@ -311,38 +439,54 @@ class Options:
     seed: int = 0
     steps_per_chunk: int = 25
     group: str = "synthetic"
+    nodes: int = 15  # 15: the tutorial's network; more: a transformer of about that many nodes
+    distinct_steps: int = 10**9  # steps with values of their own; later steps repeat them (same statistics)
 
 
 def write_trial(group_dir: Path, trial_id: str, trial_index: int, options: Options) -> int:
     """Write one trial; returns the number of tensor rows."""
     rng = np.random.default_rng(options.seed + trial_index)
+    net = network_of(options.nodes)
     recorded = max(2, round(240 * options.scale))
     total = recorded * 10
-    types = rng.choice(len(TYPES), size=total, p=TYPE_WEIGHTS)
+    types = rng.choice(len(net.types), size=total, p=np.asarray(net.type_weights))
     directory = fmt.trial_dir(group_dir, trial_id)
     fmt.write_json_atomic(directory / fmt.TRIAL_META, trial_metadata(
-        trial_id, options.group, {"scale": options.scale, "bug_fixed": bool(trial_index % 2)}))
-    graphs = {(first, last): graph_for(first, last) for first in (True, False) for last in (True, False)}
+        trial_id, options.group, {"scale": options.scale, "bug_fixed": bool(trial_index % 2)}, net))
+    graphs = {(first, last): graph_for(first, last, net) for first in (True, False) for last in (True, False)}
     for graph in graphs.values():
         fmt.write_json_atomic(directory / "graphs" / f"{graph['hash']}.json", graph)
     writer = ChunkWriter(directory, flush_seconds=3600, max_buffered_rows=10**9)
     rows = 0
+    made: list[pa.Table] = []  # the first ``distinct_steps`` steps' tensors, reused for the later steps
     for index, training_step in enumerate(range(0, total, 10)):
         categories = ["positive", "negative", "positive", "negative", "zero"] if trial_index % 2 else None
-        plan = StepPlan(training_step, list(TYPES)[types[training_step]], training_step / total, categories)
-        table = step_tensors(rng, plan)
+        plan = StepPlan(training_step, list(net.types)[types[training_step]], training_step / total, categories)
+        table = _reused(made, index, training_step, options) or step_tensors(rng, plan, net)
+        if index < options.distinct_steps:
+            made.append(table)
         rows += table.num_rows
         writer.put_table("tensors", table)
-        writer.put_table("steps", step_index(plan, graphs))
+        writer.put_table("steps", step_index(plan, graphs, net))
         if index % max(1, recorded // 5) == 0:
             writer.put_table("notes", _note(index, f"{trial_id}: recorded step {training_step} of {total}"))
         if (index + 1) % options.steps_per_chunk == 0:
             writer.flush()
-    writer.put_table("kpis", kpi_table(rng, total, types, trial_index))
+    writer.put_table("kpis", kpi_table(rng, total, types, trial_index, net))
     writer.close()
     if writer.error is not None:
         raise writer.error
     return rows
+
+
+def _reused(made: list[pa.Table], index: int, training_step: int, options: Options) -> pa.Table | None:
+    """A copy of an earlier step's tensors under ``training_step`` (large graphs over many steps write fast)."""
+    if index < options.distinct_steps:
+        return None
+    table = made[index % len(made)]
+    column = table.schema.get_field_index("training_step")
+    return table.set_column(column, table.schema.field(column), pa.array(np.full(table.num_rows, training_step),
+                                                                          table.schema.field(column).type))
 
 
 def _note(seq: int, text: str) -> pa.Table:
@@ -366,9 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps-per-chunk", type=int, default=25)
+    parser.add_argument("--nodes", type=int, default=15, help="15: the tutorial's network; more: a transformer")
+    parser.add_argument("--distinct-steps", type=int, default=10**9,
+                        help="steps with values of their own; later steps repeat them (writes large graphs fast)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    options = Options(scale=args.scale, trials=args.trials, seed=args.seed, steps_per_chunk=args.steps_per_chunk)
+    options = Options(scale=args.scale, trials=args.trials, seed=args.seed, steps_per_chunk=args.steps_per_chunk,
+                      nodes=args.nodes, distinct_steps=args.distinct_steps)
     group_dir = write_recording(args.root, options)
     size = sum(p.stat().st_size for p in group_dir.rglob("*") if p.is_file())
     print(f"wrote {group_dir} ({size / 2**20:.1f} MiB) in {time.perf_counter() - start:.1f} s")

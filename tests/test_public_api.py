@@ -12,7 +12,7 @@ import comgra
 import comgra.objects
 
 PUBLIC = {
-    "comgra": ["ComgraError", "__version__", "my_recorder"],
+    "comgra": ["ComgraError", "TrainingAborted", "__version__", "my_recorder"],
     "comgra.recorder": ["ComgraRecorder"],
     "comgra.objects": ["DecisionMakerForRecordings", "DecisionMakerForRecordingsFrequencyPerType",
                        "DecisionMakerForRecordingsHardcoded"],
@@ -26,9 +26,11 @@ RECORDER_METHODS = {
                  "max_num_mappings_to_save_at_once_during_serialization", "type_of_serialization",
                  "calculate_svd_and_other_expensive_operations_of_parameters",
                  # ours, keyword-only:
-                 "max_num_neurons_to_record", "flush_seconds", "record_ranks"],
+                 "max_num_neurons_to_record", "flush_seconds", "record_ranks",
+                 "profile_history", "profile_flops_every", "profile_every", "resource_seconds",  # profiling (issue 9)
+                 "breakpoints", "config"],  # breakpoints and comgra.toml (issue 9)
     "recording_is_active": [],
-    "track_module": ["module_name", "module"],
+    "track_module": ["module_name", "module", "profile"],
     "get_name_of_module": ["module"],
     "add_note": ["note"],
     "start_batch": ["training_step", "current_batch_size", "type_of_execution",

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from comgra.errors import ComgraError
+from comgra.errors import ComgraError, TrainingAborted
 
 __version__ = "1.0.0.dev0"
-__all__ = ["ComgraError", "__version__", "my_recorder"]
+__all__ = ["ComgraError", "TrainingAborted", "__version__", "my_recorder"]
 
 if TYPE_CHECKING:
     from comgra.recorder import ComgraRecorder

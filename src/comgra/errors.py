@@ -35,3 +35,27 @@ def did_you_mean(value: str, known: Iterable[str]) -> str:
     hint = f"; did you mean {close[0]!r}?" if close else ""
     shown = known if len(known) <= 12 else known[:12] + ["..."]
     return f"{hint} Known: {shown}"
+
+
+# -- live control (breakpoints, run control) ---------------------------------------------------
+class BreakpointError(ConfigError):
+    """A breakpoint has an invalid field; ``field`` names it (``target``, ``condition``, ``enabled``, ...)."""
+
+    def __init__(self, message: str, *, field: str = "condition"):
+        super().__init__(message)
+        self.field = field
+
+
+class UnknownBreakpoint(BreakpointError):
+    """No breakpoint has the given id."""
+
+    def __init__(self, message: str):
+        super().__init__(message, field="id")
+
+
+class NotPaused(ComgraError):
+    """A run-control command (continue, step, abort) was sent to a run that is not paused."""
+
+
+class TrainingAborted(ComgraError):
+    """Raised inside the training loop when the user aborts a run paused at a breakpoint."""

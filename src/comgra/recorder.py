@@ -27,7 +27,12 @@ from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
 from comgra.capture.modules import ModuleTracker
+from comgra.capture.instruments import Instruments
+from comgra.capture.profiling import ProfileOptions
+from comgra.capture.resources import check_interval
+from comgra.config import load_settings
 from comgra.errors import ConfigError, RecordingError
+from comgra.live.recording import RecorderBreakpoints
 from comgra.objects import DecisionMakerForRecordings
 
 __all__ = ["ComgraRecorder"]
@@ -50,6 +55,9 @@ class ComgraRecorder:
     (ours) caps how many values of each tensor are kept per sample. Under torch.distributed every
     rank records its own shard of the trial; ``record_ranks`` (ours: ``"all"``, ``"zero"`` or a list
     of ranks) limits that, and the other ranks behave as with ``comgra_is_active=False``.
+    ``profile_history``, ``profile_flops_every`` and ``profile_every`` (ours) tune per-layer profiling
+    (``track_module(..., profile=True)``); ``resource_seconds`` (ours) is the interval of resource
+    sampling, None to switch it off.
     """
 
     def __init__(
@@ -69,7 +77,15 @@ class ComgraRecorder:
         max_num_neurons_to_record: int = 256,
         flush_seconds: float = 2.0,
         record_ranks: str | Iterable[int] = "all",
+        profile_history: int | None = None,
+        profile_flops_every: int | None = None,
+        profile_every: int = 1,
+        resource_seconds: float | None = 1.0,
+        breakpoints: Iterable[dict[str, Any]] | None = None,
+        config: str | Path | None = None,
     ):
+        # comgra.toml (``config=`` or the working directory); see comgra.config. Read first: a bad key fails early.
+        self.settings = load_settings(config)
         self.options = RecorderOptions.create(
             root=comgra_root_path, group=group, trial_id=trial_id, policy=decision_maker_for_recordings,
             max_samples=max_num_batch_size_to_record,
@@ -78,6 +94,9 @@ class ComgraRecorder:
             active=comgra_is_active, with_svd=calculate_svd_and_other_expensive_operations_of_parameters,
             max_neurons=max_num_neurons_to_record, flush_seconds=flush_seconds, record_ranks=record_ranks,
         )
+        # Checked before any folder is made: a bad value leaves nothing behind.
+        profile_options = _profile_options(self.settings, profile_history, profile_flops_every, profile_every)
+        check_interval(resource_seconds)
         self.rank_info = discover_rank()
         # A rank that does not record is a recorder switched off: no folder, no cost.
         comgra_is_active = comgra_is_active and self.options.records_rank(self.rank_info.rank)
@@ -96,6 +115,12 @@ class ComgraRecorder:
         if comgra_is_active:
             self.session = Session.open(self.options, __version__, self.rank_info)
             atexit.register(_finalize_quietly, weakref.ref(self))
+        # Breakpoints and run control (comgra.live); None when comgra is off, so that costs nothing.
+        self._breakpoints = RecorderBreakpoints.attach(self, breakpoints=breakpoints, settings=self.settings) \
+            if comgra_is_active else None
+        # Per-layer profiling (track_module(..., profile=True)) and resource sampling; see capture/instruments.
+        self.instruments = Instruments(
+            self.session, profile=profile_options, resource_seconds=resource_seconds, rank=self.rank_info.rank)
 
     @property
     def _recording(self) -> bool:
@@ -107,14 +132,24 @@ class ComgraRecorder:
         self._recording_step = value
 
     # -- setup ---------------------------------------------------------------------------------
-    def track_module(self, module_name: str, module: torch.nn.Module) -> None:
-        """Track the parameters of ``module`` and its submodules under ``module_name``."""
+    def track_module(self, module_name: str, module: torch.nn.Module, profile: bool | None = None) -> None:
+        """Track the parameters of ``module`` and its submodules under ``module_name``.
+
+        ``profile=True`` (ours) also measures every submodule on every training step (time, memory,
+        FLOPs on the steps asked for, output statistics and gradient norms on recorded steps), stored
+        in the ``layers`` table; see the README's profiling section. None: ``[profiling] enabled`` of
+        comgra.toml (default off).
+        """
         if self.current_stage != "inactive":
             raise RecordingError(f"track_module({module_name!r}, ...) was called inside training step "
                                  f"{self.training_step}; track modules before the first start_batch().")
         self.modules.track(module_name, module)
         if self.session is not None:
             self.session.set_modules(self.modules)
+        if profile if profile is not None else self.settings.profiling.enabled:
+            self.instruments.profile(module_name, module)
+        if self._breakpoints is not None:
+            self._breakpoints.monitor.add_modules(module_name, module)
 
     def get_name_of_module(self, module: torch.nn.Module) -> str:
         return self.modules.name_of(module)
@@ -154,6 +189,10 @@ class ComgraRecorder:
             self._recording = self.session.start_step(
                 training_step, current_batch_size, type_of_execution, self.modules,
                 record_all_tensors_per_batch_index_by_default)
+        if self._breakpoints is not None:
+            self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
+                                                            record_all_tensors_per_batch_index_by_default)
+        self.instruments.start_step(training_step, self._recording)
 
     def _decide(self, step: int, type_of_execution: str | None, override: bool | None) -> bool:
         if self.session is None or self.session.broken:
@@ -170,6 +209,8 @@ class ComgraRecorder:
             return
         self._check_stage("start_iteration")
         self.current_stage = "forward"
+        if self._breakpoints is not None:
+            self._breakpoints.start_iteration()
         if self._recording:
             self._guarded(lambda session: session.step.start_iteration())
 
@@ -187,16 +228,23 @@ class ComgraRecorder:
                 "between start_iteration() and finish_iteration()"
             raise RecordingError(f"register_tensor({tensor_name!r}) was called {_stage_text(self.current_stage)}; "
                                  f"call it {where}.")
+        watched = self._breakpoints is not None and self._breakpoints.monitor.active
+        if not (watched or self._recording):
+            return
+        arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
+                                         flags=dict(is_input=is_input, is_parameter=is_parameter, is_target=is_target,
+                                                    is_loss=is_loss, is_initial_value=is_initial_value),
+                                         recording_type=recording_type, record_per_batch_index=record_per_batch_index,
+                                         node_name=node_name, role_within_node=role_within_node)
+        if watched:  # may start recording this step (a breakpoint held)
+            self._breakpoints.register(tensor_name, tensor, arguments)  # type: ignore[union-attr]
         if self._recording:
-            self.session.register(  # type: ignore[union-attr]
-                tensor_name, tensor, index_of_batch_dimension=index_of_batch_dimension,
-                flags=dict(is_input=is_input, is_parameter=is_parameter, is_target=is_target, is_loss=is_loss,
-                           is_initial_value=is_initial_value),
-                recording_type=recording_type, record_per_batch_index=record_per_batch_index,
-                node_name=node_name, role_within_node=role_within_node)
+            self.session.register(tensor_name, tensor, **arguments)  # type: ignore[union-attr]
 
     def add_tensor_connection(self, src: torch.Tensor | str, sink: torch.Tensor | str) -> None:
         """Draw an edge the autograd graph does not show (after detach(), or through integer tensors)."""
+        if self._breakpoints is not None:
+            self._breakpoints.keep(("connect", src, sink))
         if self._recording:
             self.session.step.connect(src, sink)  # type: ignore[union-attr]
 
@@ -212,6 +260,8 @@ class ComgraRecorder:
     def record_current_gradients(self, name_of_loss_group: str,
                                  set_gradients_to_zero_if_not_a_parameter: bool = False) -> None:
         """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group``."""
+        if self._breakpoints is not None:  # may start recording this step (a gradient condition held)
+            self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter)
         if not self._recording:
             return
         if name_of_loss_group == "forward" or not _TYPE_PATTERN.match(str(name_of_loss_group)):
@@ -225,6 +275,8 @@ class ComgraRecorder:
             return
         self._check_stage("finish_iteration")
         self.current_stage = "after_iteration"
+        if self._breakpoints is not None:
+            self._breakpoints.keep(("finish_iteration",))
         if self._recording:
             self._guarded(lambda session: session.finish_iteration())
 
@@ -250,6 +302,7 @@ class ComgraRecorder:
         self._kpis.set_type(type_of_execution)
         wanted = type_of_execution is not None and self.decision_maker_for_recordings.is_record_on_this_step(
             self.training_step, type_of_execution)  # type: ignore[arg-type]
+        wanted = wanted or (self._breakpoints is not None and self._breakpoints.forced)
         if self._recording:
             self._recording = self.session.decide(wanted, type_of_execution, list(category_per_sample))  # type: ignore[union-attr]
 
@@ -266,12 +319,18 @@ class ComgraRecorder:
         self._recording = False
         if self.session is not None:
             self.session.flush_kpis(self._kpis, force=False)
+        self.instruments.finish_step()
+        if self._breakpoints is not None:  # pauses here when a breakpoint held; raises TrainingAborted on abort
+            self._breakpoints.finish_batch()
 
     def finalize(self) -> None:
         """Write everything still buffered. Safe to call more than once."""
         if self.session is not None:
             self.session.flush_kpis(self._kpis, force=True)
+            self.instruments.close()
             self.session.close(sorted(self._types_seen))
+        if self._breakpoints is not None:
+            self._breakpoints.close()
 
     # -- KPIs -----------------------------------------------------------------------------------
     def record_kpi_in_graph(self, kpi_group: str, kpi_name: str, val: Any, timepoint: int | None = None,
@@ -300,6 +359,15 @@ class ComgraRecorder:
         except Exception as error:  # noqa: BLE001
             report_fault(self.session, error)  # type: ignore[arg-type]
             self._recording = False
+
+
+def _profile_options(settings: Any, history: int | None, flops_every: int | None, every: int) -> ProfileOptions:
+    """Constructor arguments first, then comgra.toml: ``[history] layer_executions`` and, where it is set
+    (> 0), ``[profiling] flops_every_steps``."""
+    configured_flops = settings.profiling.flops_every_steps
+    return ProfileOptions(settings.history.layer_executions if history is None else history,
+                          flops_every if flops_every is not None or not configured_flops else configured_flops,
+                          every)
 
 
 def _check_type(type_of_execution: str) -> None:

@@ -15,23 +15,29 @@ what are the valid choices around it, and what had to change (``notices``)?
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from comgra.errors import StoreError
+from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
 from comgra.store.reader import GroupReader, TrialReader
+from comgra.service_live import LiveQuestions
+from comgra.service_panels import (  # noqa: F401 - the panels' questions and their answers (samples, compare)
+    NEURON, Comparison, NeuronValues, PanelQuestions, SampleColumn, SamplesTable, visualization_selection,
+)
+from comgra.service_findings import FindingQuestions, finding_link  # noqa: F401 - findings (issue 8)
 
-ANY_TYPE = "any"
+# The "every type of training step" filter. The recorder refuses types that start with "__", so no user's
+# type can be this value (a plain "any" was one: a type named "any" could not be selected on its own).
+ANY_TYPE = "__any__"
 BATCH_AGGREGATIONS = ("mean", "std", "abs_max")
 AGGREGATION_LABELS = {
     "mean": "Mean over the batch",
@@ -89,6 +95,50 @@ def view_link(trial: str, *, tab: str = "tensors", type_of_execution: str | None
     return "/?" + urlencode({key: value for key, value in values.items() if value is not None})
 
 
+def wanted_from_query(query: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The ``wanted`` of :meth:`RecordingService.resolve` that a view link asks for (see :func:`view_link`).
+
+    Unknown keys and malformed numbers are dropped (they then mean "the default"); a role
+    applies to the node the link names.
+
+    >>> wanted_from_query("?tab=tensors&trial=t&step=40&node=out&role=out&aggregation=sample%3A3")
+    {'trial': 't', 'training_step': 40, 'node_id': 'out', 'aggregation': 'sample:3', 'roles': {'out': 'out'}}
+    """
+    if isinstance(query, str):
+        query = {k: v[-1] for k, v in parse_qs(query.lstrip("?")).items()}
+    wanted: dict[str, Any] = {}
+    for key, field_ in URL_KEYS.items():
+        value = query.get(key)
+        if not isinstance(value, str) or key in ("tab", "role"):
+            continue
+        if field_ in _WANTED_INT:
+            if value.lstrip("-").isdigit() and len(value) < 19:
+                wanted[field_] = int(value)
+        else:
+            wanted[field_] = value
+    role = query.get("role")
+    if isinstance(role, str) and "node_id" in wanted:
+        wanted["roles"] = {wanted["node_id"].split("*", 1)[0]: role}
+    return wanted
+
+
+class Notice(str):
+    """A message for the user; ``about`` names the selector it concerns, so the app shows it beside that one.
+
+    ``about`` is one of NOTICE_TOPICS; a plain ``str`` in ``View.notices`` counts as "general".
+    """
+
+    about: str
+
+    def __new__(cls, text: str, about: str = "general") -> Notice:
+        notice = super().__new__(cls, text)
+        notice.about = about
+        return notice
+
+
+NOTICE_TOPICS = ("general", "trial", "rank", "type", "step", "iteration", "node", "role", "kind", "aggregation")
+
+
 @dataclass(frozen=True)
 class Selection:
     """A selection that exists in the recording: every field is valid for the others."""
@@ -132,7 +182,7 @@ class View:
     selection: Selection | None = None
     trial: str | None = None  # the trial shown, also when it has nothing to select
     choices: Choices = field(default_factory=Choices)
-    graph: dict[str, Any] | None = None
+    graph: fmt.GraphDocument | None = None
     row: dict[str, Any] | None = None
     notices: list[str] = field(default_factory=list)
     banners: list[str] = field(default_factory=list)
@@ -168,7 +218,7 @@ class StepIndex:
         return self.table.slice(int(first), int(last - first)).to_pylist()
 
 
-class RecordingService:
+class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # profiling and resources; findings (issue 8)
     """Answers from one group folder. Thread-safe; holds caches only, never a user's state."""
 
     def __init__(self, path: str | Path):
@@ -192,8 +242,7 @@ class RecordingService:
         """A cheap token that changes whenever a run adds a trial or a chunk; compare, don't parse."""
         parts = []
         for trial_id in self.trials():
-            folder = fmt.trial_dir(self.group.path, trial_id)
-            counts = [_count_chunks(folder / table) for table in ("steps", "kpis", "notes")]
+            counts = [len(self.group.chunk_names(trial_id, table)) for table in ("steps", "kpis", "notes")]
             parts.append(f"{trial_id}:{counts}")
         return "|".join(parts)
 
@@ -222,13 +271,13 @@ class RecordingService:
     def ranks(self, trial_id: str) -> list[int]:
         """The ranks that recorded steps of the trial (``[0]`` for a single process, also before anything is
         flushed). Read from the steps chunks' names, as ``step_index`` does on every view: no more listing."""
-        names = _chunk_names(self.trial(trial_id).directory / "steps")
+        names = self.trial(trial_id).chunk_names("steps")
         return sorted({rank for name in names if (rank := fmt.rank_of(name)) is not None}) or [0]
 
     def step_index(self, trial_id: str, rank: int | None = None) -> StepIndex:
         """The steps table of a trial (of one rank, or of all), rebuilt only when a new steps chunk appears."""
         trial = self.trial(trial_id)
-        names = tuple(_chunk_names(trial.directory / "steps"))
+        names = tuple(trial.chunk_names("steps"))
         with self._lock:
             cached = self._indexes.get((trial_id, rank))
             if cached is not None and cached[0] == names:
@@ -272,6 +321,26 @@ class RecordingService:
         return self.trial(trial_id).selection(training_step=training_step, **filters)
 
     # -- the tensors page -----------------------------------------------------------------------------
+    def node_summaries(self, trial_id: str, training_step: int, iteration: int, *, kind: str = fmt.FORWARD,
+                       rank: int = 0) -> dict[str, dict[str, float | None]]:
+        """min / mean / max of every node of one iteration (its first role; the batch mean of a tensor with a
+        batch dimension), for the graph's hover cards. One query for the whole step."""
+        graph = self.graph_at(trial_id, training_step, iteration, rank)
+        table = self.tensor_rows(trial_id, training_step, kind=kind, rank=rank,
+                                 columns=["node", "role", "iteration", "aggregation", "min", "mean", "max"])
+        wanted_rows: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+        for row in table.to_pylist():
+            if row["aggregation"] in ("mean", "none"):
+                wanted_rows.setdefault((row["node"], row["role"], row["iteration"]), row)
+        summaries: dict[str, dict[str, float | None]] = {}
+        for node in graph["nodes"]:
+            roles = node.get("roles") or []
+            key = (node["node"], roles[0] if roles else None, _data_iteration(node, iteration))
+            row = wanted_rows.get(key)
+            if row is not None:
+                summaries[node["id"]] = {name: row[name] for name in ("min", "mean", "max")}
+        return summaries
+
     def resolve(self, wanted: Mapping[str, Any], move: str | None = None) -> View:
         """Turn what the user asked for into a selection that exists, saying what had to change.
 
@@ -287,7 +356,7 @@ class RecordingService:
             return view
         try:
             view.choices.ranks = self.ranks(trial_id)
-            rank = _pick(view, wanted.get("rank"), view.choices.ranks, view.choices.ranks[0], "rank")
+            rank = _pick(view, wanted.get("rank"), view.choices.ranks, view.choices.ranks[0], "rank", "rank")
             index = self.step_index(trial_id, rank)
         except StoreError as error:
             view.banners.append(str(error))
@@ -308,7 +377,7 @@ class RecordingService:
                       move: str | None, rank: int) -> None:
         choices = view.choices
         choices.types = [ANY_TYPE, *index.types_of_execution()]
-        type_ = _pick(view, wanted.get("type_of_execution"), choices.types, ANY_TYPE, "type of training step")
+        type_ = _pick(view, wanted.get("type_of_execution"), choices.types, ANY_TYPE, "type of training step", "type")
         choices.steps = index.steps_of(type_).tolist()
         step = _pick_step(view, wanted.get("training_step"), choices.steps, type_)
         rows = index.rows_of(step)
@@ -364,10 +433,10 @@ def clean_wanted(wanted: Any, view: View | None = None) -> dict[str, Any]:
 
 
 # -- resolution, one selector at a time -----------------------------------------------------------------
-def _pick(view: View, wanted: Any, valid: list[Any], default: Any, what: str) -> Any:
+def _pick(view: View, wanted: Any, valid: list[Any], default: Any, what: str, about: str = "general") -> Any:
     if wanted is None or wanted in valid:
         return default if wanted is None else wanted
-    view.notices.append(f"The {what} {wanted!r} is not recorded here; showing {default!r}.")
+    view.notices.append(Notice(f"The {what} {wanted!r} is not recorded here; showing {default!r}.", about))
     return default
 
 
@@ -378,7 +447,7 @@ def _pick_trial(view: View, wanted: str | None) -> str | None:
                             "they appear here as soon as it has written its metadata.")
         return None
     if wanted is not None and wanted not in trials:
-        view.notices.append(f"Trial {wanted!r} is not in this recording; showing {trials[0]!r}.")
+        view.notices.append(Notice(f"Trial {wanted!r} is not in this recording; showing {trials[0]!r}.", "trial"))
         wanted = None
     return wanted or trials[0]
 
@@ -390,7 +459,7 @@ def _pick_step(view: View, wanted: int | None, steps: list[int], type_: str) -> 
         return int(wanted)
     nearest = steps[int(np.argmin(np.abs(np.asarray(steps) - wanted)))]
     kind = "recorded" if type_ == ANY_TYPE else f"a {type_!r} step"
-    view.notices.append(f"Training step {wanted} is not {kind}; showing the nearest one, {nearest}.")
+    view.notices.append(Notice(f"Training step {wanted} is not {kind}; showing the nearest one, {nearest}.", "step"))
     return nearest
 
 
@@ -400,44 +469,44 @@ def _pick_iteration(view: View, wanted: int | None, iterations: list[int], step:
     if wanted in iterations:
         return int(wanted)
     shown = iterations[-1] if wanted > iterations[-1] else iterations[0]
-    view.notices.append(f"Training step {step} has iterations {iterations[0]} to {iterations[-1]}; "
-                        f"showing iteration {shown} instead of {wanted}.")
+    view.notices.append(Notice(f"Training step {step} has iterations {iterations[0]} to {iterations[-1]}; "
+                               f"showing iteration {shown} instead of {wanted}.", "iteration"))
     return shown
 
 
-def _pick_node(view: View, graph: dict[str, Any], wanted: str | None, iteration: int) -> dict[str, Any]:
+def _pick_node(view: View, graph: fmt.GraphDocument, wanted: str | None, iteration: int) -> fmt.GraphNode:
     node = _node_by_id(graph, wanted) if wanted else None
     if node is None and wanted:
         name = wanted.removesuffix("*old")
         node = next((n for n in graph["nodes"] if n["node"] == name), None)
         shown = node or _default_node(graph)
         view.node_fallback = True
-        view.notices.append(f"Node {wanted!r} does not exist in iteration {iteration} of this step; "
-                            f"showing {shown['id']!r}.")
+        view.notices.append(Notice(f"Node {wanted!r} does not exist in iteration {iteration} of this step; "
+                                   f"showing {shown['id']!r}.", "node"))
         return shown
     return node or _default_node(graph)
 
 
-def _default_node(graph: dict[str, Any]) -> dict[str, Any]:
+def _default_node(graph: fmt.GraphDocument) -> fmt.GraphNode:
     ordered = sorted(graph["nodes"], key=lambda n: (n["role"] != "input", n["column"], n["row"]))
     return ordered[0]
 
 
-def _node_by_id(graph: dict[str, Any], node_id: str | None) -> dict[str, Any] | None:
+def _node_by_id(graph: fmt.GraphDocument, node_id: str | None) -> fmt.GraphNode | None:
     return next((n for n in graph["nodes"] if n["id"] == node_id), None)
 
 
-def _node_label(node: dict[str, Any]) -> str:
+def _node_label(node: fmt.GraphNode) -> str:
     old = " (previous iteration)" if node.get("iteration_offset", 0) < 0 else ""
     return f"{node['node']}{old} [{node['role']}]"
 
 
-def _data_iteration(node: dict[str, Any], iteration: int) -> int:
+def _data_iteration(node: fmt.GraphNode, iteration: int) -> int:
     absolute = node.get("absolute_iteration")
     return int(absolute) if absolute is not None else iteration + int(node.get("iteration_offset") or 0)
 
 
-def _resolve_tensor(view: View, base: dict[str, Any], node: dict[str, Any], rows: list[dict[str, Any]],
+def _resolve_tensor(view: View, base: dict[str, Any], node: fmt.GraphNode, rows: list[dict[str, Any]],
                     wanted: Mapping[str, Any]) -> None:
     """Pick role, kind and aggregation among the rows that exist for the node."""
     choices = view.choices
@@ -451,7 +520,7 @@ def _resolve_tensor(view: View, base: dict[str, Any], node: dict[str, Any], rows
         view.selection = Selection(**base, role=(choices.roles or [""])[0], kind=fmt.FORWARD, aggregation="none")
         return
     wanted_role = (wanted.get("roles") or {}).get(name)
-    role = _pick(view, wanted_role, choices.roles, choices.roles[0], f"role of {name!r}")
+    role = _pick(view, wanted_role, choices.roles, choices.roles[0], f"role of {name!r}", "role")
     of_role = [r for r in rows if r["role"] == role]
     choices.kinds = sorted({r["kind"] for r in of_role}, key=lambda k: (k != fmt.FORWARD, k))
     kind = _pick_kind(view, wanted.get("kind"), choices.kinds, name, role)
@@ -466,8 +535,8 @@ def _pick_kind(view: View, wanted: str | None, kinds: list[str], node: str, role
     default = fmt.FORWARD if fmt.FORWARD in kinds else kinds[0]
     if wanted is None or wanted in kinds:
         return default if wanted is None else wanted
-    view.notices.append(f"No {wanted!r} values were recorded for {node!r} (role {role!r}), e.g. an input "
-                        f"or a frozen parameter; showing {default!r}.")
+    view.notices.append(Notice(f"No {wanted!r} values were recorded for {node!r} (role {role!r}), e.g. an input "
+                               f"or a frozen parameter; showing {default!r}.", "kind"))
     return default
 
 
@@ -486,12 +555,12 @@ def _pick_aggregation(view: View, wanted: str | None, valid: list[str], node: st
         reason = f"{node!r} has no batch dimension"
     else:
         reason = f"{aggregation_label(wanted)} was not recorded for {node!r} at this step"
-    view.notices.append(f"{reason}; showing {aggregation_label(default)!r}.")
+    view.notices.append(Notice(f"{reason}; showing {aggregation_label(default)!r}.", "aggregation"))
     return default
 
 
 # -- moving along the graph ---------------------------------------------------------------------------
-def neighbour(graph: dict[str, Any], node_id: str, direction: str) -> str:
+def neighbour(graph: fmt.GraphDocument, node_id: str, direction: str) -> str:
     """The node reached from ``node_id`` by an arrow key; the same node where there is none.
 
     Left and right prefer a direct dependency (left) or dependent (right), the
@@ -541,18 +610,7 @@ def series(service: RecordingService, selection: Selection, statistic: str, *,
     return result
 
 
-# -- helpers for folders and module trees -------------------------------------------------------------
-def _chunk_names(folder: Path) -> list[str]:
-    try:
-        return sorted(e.name for e in os.scandir(folder) if e.name.endswith(".parquet") and e.name[0] != ".")
-    except FileNotFoundError:
-        return []
-
-
-def _count_chunks(folder: Path) -> int:
-    return len(_chunk_names(folder))
-
-
+# -- module trees -------------------------------------------------------------
 def _with_totals(tree: Mapping[str, Any]) -> dict[str, Any]:
     submodules = [_with_totals(child) for child in tree.get("submodules") or []]
     # A tied parameter (tied_to its first name) is counted once, where it is met first.

@@ -44,11 +44,18 @@ class ComgraPage:
     def load(self, url: str, ready: str = "#stat-mean") -> None:
         self.page.goto(url)
         self.page.wait_for_selector(ready)
+        if ready == "#stat-mean":  # the values come with the graph's key; the page then draws the graph
+            self.page.wait_for_selector("#dependency-graph .graph-node.selected")
 
     # -- actions -----------------------------------------------------------------------------------
     def click_node(self, node_id: str) -> None:
-        self.page.click(f'#dependency-graph [data-node="{node_id}"]')
-        expect(self.page.locator(f'#dependency-graph [data-node="{node_id}"]')).to_have_class(has_class("selected"))
+        """Click a node; the graph marks it at once, the values follow from the server: wait for both."""
+        node = self.page.locator(f'#dependency-graph [data-node="{node_id}"]')
+        name = node.get_attribute("data-node-name")
+        node.click()
+        expect(node).to_have_class(has_class("selected"))
+        expect(self.field("node")).to_have_text(name)
+        self.page.wait_for_function("() => new URLSearchParams(location.search).get('node') === " + repr(node_id))
 
     def choose(self, dropdown: str, label: str) -> None:
         self.page.click(f"#{dropdown}")

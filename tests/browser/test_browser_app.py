@@ -9,7 +9,6 @@ import pytest
 from comgra_page import has_class
 from playwright.sync_api import expect
 
-from comgra.service import neighbour
 from comgra.store import GroupReader
 from comgra.store import format as fmt
 
@@ -82,13 +81,14 @@ def test_every_selector_changes_the_values_to_the_stores(app, recording):
     app.page.fill("#step-input", str(steps[1] + 1))
     app.page.press("#step-input", "Enter")
     app.wait_for(training_step=steps[1])  # the nearest recorded step of that type
-    expect(app.page.locator("#notice")).to_contain_text("nearest")
+    expect(app.page.locator("#notice-step")).to_contain_text("nearest")  # beside the step selector
 
     app.page.focus("#iteration-slider [role=slider]")
     app.page.keyboard.press("ArrowRight")
     app.page.keyboard.press("ArrowRight")
     app.wait_for(iteration=2)
     app.check_against_store()
+    expect(app.page.locator("#notice-step")).to_be_empty()  # a notice goes when the user acts
 
     app.click_node("helper_partial_sums")
     app.page.get_by_role("option", name="forward").click()
@@ -108,40 +108,62 @@ def test_parameters_have_no_batch_dimension_and_a_frozen_one_no_gradient(app):
     app.choose("aggregation-select", "Sample 3")
     app.click_node("subnet_pre")
     app.wait_for(node="subnet_pre", aggregation="No batch dimension")
-    expect(app.page.locator("#notice")).to_contain_text("no batch dimension")
+    expect(app.page.locator("#notice-aggregation")).to_contain_text("no batch dimension")
     app.check_against_store()
     app.page.get_by_role("option", name="gradients").click()
     app.wait_for(kind="gradients")
     app.choose("role-select", "bias1")
     app.wait_for(role="bias1", kind="forward")
-    expect(app.page.locator("#notice")).to_contain_text("frozen parameter")
+    expect(app.page.locator("#notice-kind")).to_contain_text("frozen parameter")
     app.check_against_store()
     app.click_node("input")
     app.wait_for(node="input", aggregation="Sample 3")  # the wish comes back where it applies
     app.check_against_store()
 
 
+def _box(app, node_id: str) -> dict:
+    return app.page.locator(f'#dependency-graph [data-node="{node_id}"]').bounding_box()
+
+
+def _selected(app) -> str:
+    selected = app.page.locator("#dependency-graph .graph-node.selected")
+    expect(selected).to_have_count(1)
+    return selected.get_attribute("data-node")
+
+
 def test_buttons_and_arrow_keys_move_along_the_graph(app, recording):
+    """Moves happen in the browser: right goes to a node that depends on this one, left to one it depends
+    on, up and down to the node above or below; the values then come from the store."""
     shown = app.read()
     graph = graph_at(recording, BUGGED, int(shown["training_step"]), int(shown["iteration"]))
+    dependents = {e["target"] for e in graph["edges"] if e["source"] == "input"}
     here = "input"
-    moves = [("button", "right"), ("button", "down"), ("key", "ArrowLeft"), ("key", "ArrowDown"),
-             ("focus", "ArrowRight"), ("focus", "ArrowUp")]
+    moves = [("button", "right"), ("button", "down"), ("key", "ArrowUp"), ("key", "ArrowLeft"),
+             ("focus", "ArrowRight"), ("focus", "ArrowDown")]
     for how, move in moves:
         direction = move.removeprefix("Arrow").lower()
-        expected = neighbour(graph, here, direction)
+        before = _box(app, here)
         if how == "button":
             app.page.click(f"#nav-{direction}")
         elif how == "key":
-            app.page.locator("body").click(position={"x": 5, "y": 900})
+            app.page.locator("body").click(position={"x": 5, "y": 5})
             app.page.keyboard.press(move)
         else:
             app.page.focus(f'#dependency-graph [data-node="{here}"]')
             app.page.keyboard.press(move)
-        expect(app.page.locator(f'#dependency-graph [data-node="{expected}"]')).to_have_class(
-            has_class("selected"))
+        app.page.wait_for_function(f"() => !document.querySelector('#dependency-graph [data-node=\"{here}\"]')"
+                                   ".classList.contains('selected')")
+        there = _selected(app)
+        after = _box(app, there)
+        if (here, direction) == ("input", "right"):
+            assert there in dependents
+        if direction in ("up", "down"):
+            assert after["x"] == before["x"] and (after["y"] > before["y"]) == (direction == "down")
+        else:
+            assert (after["x"] > before["x"]) == (direction == "right")
+        app.wait_for(node=there.removesuffix("*old"))
         app.check_against_store()
-        here = expected
+        here = there
     app.page.focus('#dependency-graph [data-node="output"]')
     app.page.keyboard.press("Enter")
     app.wait_for(node="output")
@@ -158,7 +180,7 @@ def test_a_node_missing_in_an_iteration_disappears_and_the_page_says_so(app, rec
     app.page.keyboard.press("Home")
     app.wait_for(iteration=0)
     expect(app.page.locator('[data-node="loss"]')).to_have_count(0)
-    expect(app.page.locator("#notice")).to_contain_text("Node 'loss' does not exist in iteration 0")
+    expect(app.page.locator("#notice-node")).to_contain_text("Node 'loss' does not exist in iteration 0")
     app.check_against_store()
     app.page.keyboard.press("End")
     app.wait_for(iteration=4, node="loss")  # back where it exists: selected again

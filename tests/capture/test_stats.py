@@ -184,3 +184,185 @@ def test_stored_rows_are_numpy_statistics_of_the_registered_tensor(case: tuple[n
         assert row["shape"] == list(array.shape) and row["num_neurons"] == flat.shape[1]
         assert_float32_close([row[name] for name in STORED_STATISTICS], statistics, max(scale, _scale(statistics)))
         assert_float32_close(np.array(row["neurons"], dtype=np.float64), neurons, scale)
+
+
+# -- spectral norms ------------------------------------------------------------------------------
+
+def _spectra() -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(3)
+    random = lambda *shape: torch.randn(*shape, generator=generator)  # noqa: E731
+    return [
+        ("gaussian 300x200 (clustered top values)", random(300, 200) / 15),
+        ("wide 96x700", random(96, 700)),
+        ("low rank plus noise, like a gradient", random(400, 3) @ random(3, 150) + 1e-3 * random(400, 150)),
+        ("rank one", random(128, 1) @ random(1, 90)),
+        ("two equal top values", torch.diag(torch.tensor([5.0, 5.0] + [1.0] * 98))),
+        ("small, exact path", random(40, 7)),
+        ("one row", random(1, 50)),
+        ("zeros", torch.zeros(80, 70)),
+    ]
+
+
+@pytest.mark.parametrize("accelerator", [False, True], ids=["cpu-lanczos", "gpu-path-on-cpu"])
+def test_largest_singular_values_match_matrix_norm(accelerator: bool) -> None:
+    names, matrices = zip(*_spectra())
+    found = stats.largest_singular_values(list(matrices), accelerator=accelerator).double()
+    expected = torch.stack([torch.linalg.matrix_norm(m.double(), ord=2) for m in matrices])
+    for name, value, reference in zip(names, found.tolist(), expected.tolist()):
+        assert value == pytest.approx(reference, rel=1e-4, abs=1e-6), name
+
+
+def test_warm_started_spectral_norm_follows_a_changing_matrix() -> None:
+    """The start vector kept from the previous step must not bias the next one: each step's value is
+    the norm of that step's matrix, also after the top direction changed completely."""
+    generator = torch.Generator().manual_seed(5)
+    matrix = torch.randn(500, 120, generator=generator) / 20
+    key = ("gradients", "test_warm_started", 0)
+    for step in range(6):
+        if step == 3:  # a new dominant direction, orthogonal to the old vector's neighbourhood
+            matrix = matrix + 4 * torch.randn(500, 1, generator=generator) @ torch.randn(1, 120, generator=generator)
+        matrix = matrix + 1e-3 * torch.randn(500, 120, generator=generator)
+        (value,) = stats.largest_singular_values([matrix], keys=[key]).tolist()
+        assert value == pytest.approx(torch.linalg.matrix_norm(matrix.double(), ord=2).item(), rel=1e-4), step
+
+
+def test_spectral_norm_of_a_matrix_with_nan_is_nan() -> None:
+    big, small = torch.randn(200, 100), torch.randn(20, 10)
+    big[3, 4] = small[1, 2] = float("nan")
+    for accelerator in (False, True):
+        assert torch.isnan(stats.largest_singular_values([big, small], accelerator=accelerator)).all()
+
+
+# -- parameter statistics on the worker thread --------------------------------------------------
+
+class _Wide(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1500, 1500)  # 2.25M values: the worker is still busy at the step
+
+
+@pytest.mark.parametrize("update", ["optimizer", "manual_data", "no_grad_inplace"])
+def test_parameters_are_recorded_before_the_update_of_the_same_step(update: str) -> None:
+    """The parameters' statistics run on a worker thread from start_iteration on; whatever updates
+    the parameters after the backward pass, the recorded values are those before the update."""
+    torch.manual_seed(0)
+    model = _Wide()
+    optimizer = torch.optim.SGD(model.parameters(), lr=10.0)  # a large step: the update is visible
+    with tempfile.TemporaryDirectory() as root:
+        recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded({0, 1}),
+                                  flush_seconds=0.01)
+        recorder.track_module("model", model)
+        before = {}
+        for step in range(2):
+            before[step] = model.layer.weight.detach().clone()
+            recorder.start_batch(step, 4)
+            recorder.start_iteration()
+            x = torch.randn(4, 1500)
+            recorder.register_tensor("x", x, is_input=True)
+            y = model.layer(x)
+            recorder.register_tensor("y", y)
+            loss = (y * y).mean()
+            recorder.register_tensor("loss", loss, is_loss=True)
+            optimizer.zero_grad()
+            loss.backward()
+            if update == "optimizer":
+                optimizer.step()
+            elif update == "manual_data":
+                model.layer.weight.data -= 10.0 * model.layer.weight.grad
+            else:
+                with torch.no_grad():
+                    model.layer.weight -= 10.0 * model.layer.weight.grad
+            recorder.record_current_gradients("gradients")
+            recorder.finish_iteration()
+            recorder.finish_batch()
+        recorder.finalize()
+        trial = GroupReader(Path(root) / "group").trial("trial")
+        for step, weight in before.items():
+            (row,) = trial.selection(training_step=step, kind="forward", node="model.layer.weight").to_pylist()
+            flat = weight.double().reshape(1, -1).numpy()
+            assert_float32_close([row[name] for name in STORED_STATISTICS], reference_statistics(flat)[0],
+                                 _scale(flat))
+            assert row["svd_max"] == pytest.approx(torch.linalg.matrix_norm(weight.double(), ord=2).item(), rel=1e-4)
+
+
+def test_a_parameter_changed_in_place_before_the_wait_is_computed_again() -> None:
+    """A version counter that moved while the worker ran means its result may mix old and new
+    values: the job is computed again on the caller's thread (here: the value after the change)."""
+    from comgra.capture import background
+    tensor = torch.randn(1 << 20)
+
+    def compute(items: list[tuple[str, torch.Tensor]]) -> float:
+        return float(items[0][1].double().sum())
+
+    job = background.Job(compute, [("t", tensor)])
+    tensor.add_(1.0)
+    assert job.result() == pytest.approx(float(tensor.double().sum()))
+    untouched = background.Job(compute, [("t", tensor)])
+    assert untouched.result() == pytest.approx(float(tensor.double().sum()))
+
+
+# -- gradient statistics started during the backward pass --------------------------------------
+
+@pytest.mark.parametrize("edit", ["none", "data_clamp", "clip_grad_norm", "second_backward", "zero_in_place"])
+def test_prefetched_gradient_statistics_are_those_at_record_time(edit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradient statistics start on the worker when the backward pass accumulates each gradient; any
+    change between then and record_current_gradients (even through ``.data``, which no version
+    counter sees) must give the statistics of the gradient at the call."""
+    from comgra.capture import background
+    used = []
+    original = background.GradientPrefetch.result_if_unchanged
+
+    def spy(self: background.GradientPrefetch, gradient: torch.Tensor) -> object:
+        result = original(self, gradient)
+        used.append(result is not None)
+        return result
+
+    monkeypatch.setattr(background.GradientPrefetch, "result_if_unchanged", spy)
+    torch.manual_seed(1)
+    model = _Wide()
+    with tempfile.TemporaryDirectory() as root:
+        recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded({0}), flush_seconds=0.01)
+        recorder.track_module("model", model)
+        recorder.start_batch(0, 4)
+        recorder.start_iteration()
+        x = torch.randn(4, 1500)
+        recorder.register_tensor("x", x, is_input=True)
+        y = model.layer(x)
+        recorder.register_tensor("y", y)
+        loss = (y * y).mean() * 1e3
+        recorder.register_tensor("loss", loss, is_loss=True)
+        loss.backward(retain_graph=True)
+        background._executor().submit(lambda: None).result()  # the worker has read the gradients: edits come late
+        grad = model.layer.weight.grad
+        if edit == "data_clamp":
+            grad.data.clamp_(-0.01, 0.01)
+        elif edit == "clip_grad_norm":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        elif edit == "second_backward":
+            loss.backward()
+        elif edit == "zero_in_place":
+            grad.zero_()
+        expected = model.layer.weight.grad.detach().clone()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        recorder.finalize()
+        trial = GroupReader(Path(root) / "group").trial("trial")
+        (row,) = trial.selection(training_step=0, kind="gradients", node="model.layer.weight").to_pylist()
+    flat = expected.double().reshape(1, -1).numpy()
+    assert_float32_close([row[name] for name in STORED_STATISTICS], reference_statistics(flat)[0], _scale(flat))
+    assert row["svd_max"] == pytest.approx(torch.linalg.matrix_norm(expected.double(), ord=2).item(), rel=1e-4, abs=1e-9)
+    # weight, bias: the worker's result only where nothing changed since it read the gradient (a second
+    # backward pass starts a new one, from the accumulated gradient)
+    expected_use = {"none": [True, True], "data_clamp": [False, True], "clip_grad_norm": [False, False],
+                    "second_backward": [True, True], "zero_in_place": [False, True]}
+    assert used == expected_use[edit]
+
+
+def test_checksum_sees_every_bit() -> None:
+    from comgra.capture.background import checksum
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        tensor = torch.randn(1000).to(dtype)
+        before = checksum(tensor)
+        tensor.view(torch.uint8)[17] ^= 1  # the lowest bit of one byte
+        assert checksum(tensor) != before

@@ -59,7 +59,7 @@ def test_every_interaction_shows_the_stores_numbers(client, recording):
         {"iteration-slider.value": 1},
         {"node-search.value": "subnet_pre"},
         {"role-select.value": "weight1"},
-        {"nav-right.n_clicks": 1},
+        {"node-click.data": {"id": "output", "t": 2}},
         {"trial-select.value": "trial_no_activation_function_on_output_layer"},
         {"type-select.value": "01_iterations"},
         {"step-input.value": 57},

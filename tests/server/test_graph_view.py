@@ -1,9 +1,12 @@
-"""The graph view: findable nodes, only the selected node's links, dotted borders, thin links."""
+"""The graph document the page draws: names, labels, parameter boxes beside their consumer, borders.
+
+Drawing, highlighting and moving along the graph happen in the browser (tests/browser); what they mean
+is decided here, in Python, and tested without one."""
 from __future__ import annotations
 
 import pytest
 
-from comgra.server.graph_view import COLUMN_GAP, NODE_WIDTH, PADDING, render_graph
+from comgra.server.graph_view import LABEL_LIMIT, box_label, client_graph, parameter_box, short_label
 
 GRAPH = {
     "hash": "h1",
@@ -27,91 +30,76 @@ GRAPH = {
 }
 
 
-def walk(component):
-    yield component
-    children = getattr(component, "children", None)
-    if isinstance(children, (list, tuple)):
-        for child in children:
-            yield from walk(child)
-    elif children is not None and hasattr(children, "to_plotly_json"):
-        yield from walk(children)
+def nodes_of(graph: dict) -> dict[str, dict]:
+    document = client_graph(graph)
+    return {n["id"]: n for n in document["nodes"]}
 
 
-def nodes_of(tree) -> dict[str, dict]:
-    return {c.to_plotly_json()["props"]["data-node"]: c.to_plotly_json()["props"]
-            for c in walk(tree) if "data-node" in c.to_plotly_json()["props"]}
-
-
-def edges_of(tree) -> dict[str, str]:
-    return {c.to_plotly_json()["props"]["data-edge"]: c.to_plotly_json()["props"]["data-weight"]
-            for c in walk(tree) if "data-edge" in c.to_plotly_json()["props"]}
-
-
-def test_every_node_is_an_element_with_a_name():
-    nodes = nodes_of(render_graph(GRAPH, "h", "h"))
+def test_every_node_keeps_its_full_name_and_says_what_it_is():
+    nodes = nodes_of(GRAPH)
     assert set(nodes) == {"x", "w", "v", "h", "h*old", "y", "lonely"}
-    assert nodes["h*old"]["aria-label"].startswith("h (previous iteration)")
-    assert nodes["h"]["aria-pressed"] == "true" and "selected" in nodes["h"]["aria-label"]
-    assert nodes["w"]["data-node-name"] == "w" and "2 roles" in nodes["w"]["aria-label"]
+    assert nodes["h*old"]["old"] and nodes["h*old"]["detail"] == "intermediate · previous iteration"
+    assert nodes["w"]["name"] == "w" and nodes["w"]["detail"] == "parameter · 2 roles"
 
 
-def test_nodes_are_laid_out_by_column_and_row():
-    nodes = nodes_of(render_graph(GRAPH, None, None))
-    left = {name: pixels(props["style"]["left"]) for name, props in nodes.items()}
-    top = {name: pixels(props["style"]["top"]) for name, props in nodes.items()}
-    assert left["y"] == PADDING + 2 * (NODE_WIDTH + COLUMN_GAP)
-    assert left["x"] == left["w"] == left["v"] == left["h*old"] == PADDING
-    assert left["x"] < left["h"] < left["y"] == left["lonely"]
-    # Rows 0, 1, 2, 3 of column 0 stack downwards, evenly: numbers, not "12px" < "9px" strings.
-    column = [top["x"], top["w"], top["h*old"], top["v"]]
-    assert top["x"] == PADDING and column == sorted(column) and len(set(column)) == 4
-    assert column[1] - column[0] == column[2] - column[1] == column[3] - column[2] > 0
-    assert top["h"] == top["y"] == top["x"] and top["lonely"] == top["w"]
+@pytest.mark.parametrize("node, has_dependencies, has_dependents", [
+    ("x", False, True), ("h", True, True), ("y", True, False), ("lonely", False, False)])
+def test_missing_dependencies_and_dependents_are_marked(node, has_dependencies, has_dependents):
+    entry = nodes_of(GRAPH)[node]
+    assert (entry["has_dependencies"], entry["has_dependents"]) == (has_dependencies, has_dependents)
 
 
-def pixels(value: str) -> float:
-    assert value.endswith("px"), value
-    return float(value.removesuffix("px"))
+def test_the_users_visual_group_is_the_box_and_it_sits_beside_its_consumer():
+    document = client_graph(GRAPH)
+    assert document["boxes"] == [{"id": "model.block", "label": "model.block", "members": ["w", "v"],
+                                  "consumer": "h", "column": 0}]
+    assert nodes_of(GRAPH)["w"]["box"] == "model.block" and nodes_of(GRAPH)["x"]["box"] is None
 
 
-def test_only_the_selected_nodes_links_are_drawn_and_its_neighbours_highlighted():
-    tree = render_graph(GRAPH, "h", "h")
-    assert set(edges_of(tree)) == {"x->h", "w->h", "h*old->h", "h->y"}
-    classes = {k: v["className"].split() for k, v in nodes_of(tree).items()}
-    assert "selected" in classes["h"] and "dependency" in classes["x"] and "dependent" in classes["y"]
-    assert not {"selected", "dependency", "dependent"} & set(classes["lonely"])
-    assert set(edges_of(render_graph(GRAPH, "y", "y"))) == {"h->y"}
-    assert edges_of(render_graph(GRAPH, None, None)) == {}
+def transformer_graph() -> dict:
+    names = ["model.blocks.0.attn.q_proj.weight", "model.blocks.0.attn.q_proj.bias", "model.blocks.0.ln1.weight",
+             "model.lm_head.weight", "scale"]
+    nodes = [{"id": n, "node": n, "role": "parameter", "roles": [n], "column": 0, "row": i, "group": ""}
+             for i, n in enumerate(names)]
+    nodes += [{"id": t, "node": t, "role": "intermediate", "roles": [t], "column": c, "row": 0}
+              for t, c in (("ln1", 1), ("q", 2), ("logits", 3))]
+    consumer = {"model.blocks.0.ln1.weight": "ln1", "model.lm_head.weight": "logits", "scale": "logits"}
+    edges = [{"source": n, "source_role": n, "target": consumer.get(n, "q"), "target_role": consumer.get(n, "q")}
+             for n in names]
+    edges += [{"source": "ln1", "source_role": "ln1", "target": "q", "target_role": "q"},
+              {"source": "q", "source_role": "q", "target": "logits", "target_role": "logits"}]
+    return {"hash": "t", "nodes": nodes, "edges": edges}
 
 
-@pytest.mark.parametrize("role, weight", [("weight", "full"), ("bias", "partial")])
-def test_a_link_only_some_roles_have_is_thin(role, weight):
-    assert edges_of(render_graph(GRAPH, "w", role)) == {"w->h": weight}
+def test_without_prefixes_parameters_are_boxed_by_module_beside_the_node_that_uses_them():
+    document = client_graph(transformer_graph())
+    boxes = {b["id"]: b for b in document["boxes"]}
+    assert set(boxes) == {"model.blocks.0.attn.q_proj", "model.blocks.0.ln1", "model.lm_head"}
+    assert boxes["model.blocks.0.attn.q_proj"]["consumer"] == "q"
+    assert boxes["model.blocks.0.attn.q_proj"]["label"] == "attn.q_proj"
+    assert boxes["model.blocks.0.ln1"]["label"] == "blocks.0.ln1" and boxes["model.blocks.0.ln1"]["consumer"] == "ln1"
+    nodes = {n["id"]: n for n in document["nodes"]}
+    assert nodes["model.blocks.0.attn.q_proj.bias"]["label"] == "bias"  # the box's prefix is dropped inside it
+    assert nodes["model.blocks.0.attn.q_proj.bias"]["name"] == "model.blocks.0.attn.q_proj.bias"
+    assert nodes["scale"]["box"] is None  # a parameter of no module stands alone
 
 
-@pytest.mark.parametrize("node, left_dotted, right_dotted", [
-    ("x", True, False), ("h", False, False), ("y", False, True), ("lonely", True, True)])
-def test_dotted_borders_mark_missing_dependencies_and_dependents(node, left_dotted, right_dotted):
-    classes = nodes_of(render_graph(GRAPH, None, None))[node]["className"].split()
-    assert ("no-dependencies" in classes) == left_dotted
-    assert ("no-dependents" in classes) == right_dotted
+@pytest.mark.parametrize("name, box, label", [
+    ("model.blocks.0.mlp.fc1.weight", "model.blocks.0.mlp.fc1", "weight"),
+    ("short", None, "short"),
+    ("a" * 30 + ".middle." + "b" * 30, None, "a" * 17 + "…" + "b" * 26),
+])
+def test_labels_drop_the_box_prefix_and_keep_both_ends_of_long_names(name, box, label):
+    assert short_label(name, box) == label
+    assert len(short_label(name, box)) <= LABEL_LIMIT
 
 
-def test_nodes_are_coloured_by_role():
-    nodes = nodes_of(render_graph(GRAPH, None, None))
-    assert "role-parameter" in nodes["w"]["className"] and "role-input" in nodes["x"]["className"]
+def test_only_parameters_get_a_box():
+    assert parameter_box({"role": "intermediate", "node": "a.b"}) is None
+    assert parameter_box({"role": "parameter", "node": "a.b", "group": ""}) == "a"
+    assert parameter_box({"role": "parameter", "node": "a.b", "group": "mine"}) == "mine"
+    assert box_label("model.blocks.11.attn") == "blocks.11.attn"
 
 
-def test_no_graph_gives_a_message_not_an_error():
-    assert render_graph(None, None, None).children == "No graph to show."
-
-
-def test_parameters_of_one_module_share_a_frame():
-    frames = [c.to_plotly_json()["props"] for c in walk(render_graph(GRAPH, None, None))
-              if "data-group" in c.to_plotly_json()["props"]]
-    assert [f["data-group"] for f in frames] == ["model.block"]
-    nodes = nodes_of(render_graph(GRAPH, None, None))
-    top = int(frames[0]["style"]["top"].removesuffix("px"))
-    bottom = top + int(frames[0]["style"]["height"].removesuffix("px"))
-    assert top < int(nodes["w"]["style"]["top"].removesuffix("px"))
-    assert bottom > int(nodes["v"]["style"]["top"].removesuffix("px"))
+def test_no_graph_gives_no_document():
+    assert client_graph(None) is None and client_graph({"nodes": []}) is None

@@ -146,7 +146,7 @@ def test_a_shown_selection_with_a_huge_step_does_not_mark_chunks_damaged(app, ht
     from comgra.store import GroupReader
     (body,) = [b for b in valid_bodies if "series-plot" in b["output"]]
     trial = GroupReader(recording).trials()[0]
-    shown = {"trial": trial, "type_of_execution": "any", "training_step": 10**400, "step_type": "x", "iteration": 0,
+    shown = {"trial": trial, "type_of_execution": "__any__", "training_step": 10**400, "step_type": "x", "iteration": 0,
              "node_id": "x", "node": "x", "data_iteration": 0, "role": "x", "kind": "forward", "aggregation": "mean"}
     hostile = json.loads(json.dumps(body))
     hostile["inputs"][0]["value"] = shown

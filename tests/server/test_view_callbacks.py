@@ -5,7 +5,7 @@ import pytest
 
 from comgra.server import callbacks
 from comgra.server.callbacks import next_wanted, remember, slider_marks, view_outputs
-from comgra.service import RecordingService
+from comgra.service import ANY_TYPE, RecordingService
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +51,40 @@ def test_a_choice_whose_answer_has_not_arrived_is_not_lost(service, shown):
     assert wanted == {"aggregation": "sample:3", "node_id": "output"}
 
 
-def test_navigation_buttons_ask_for_a_move(service, shown):
-    inputs = {**current_inputs(shown), "nav_right": 3}
-    assert next_wanted(service, {"node_id": "input"}, shown, "nav_right", inputs) == ({"node_id": "input"}, "right")
+def test_a_link_opens_the_view_it_names_and_the_view_writes_its_link(service):
+    view = service.resolve({"node_id": "subnet_mem__out", "aggregation": "sample:2", "kind": "gradients"})
+    link = callbacks.link_of(view)
+    wanted = callbacks.linked_wanted("url", link.split("/", 1)[1])
+    again = service.resolve(wanted)
+    assert again.selection == view.selection and not again.notices
+    assert callbacks.linked_wanted("url", "") is None  # no query: the inputs decide
+    assert callbacks.linked_wanted("node_click", link) is None  # only at page load
+
+
+def test_a_node_click_sends_the_graph_only_once_per_hash(service):
+    view = service.resolve({"node_id": "output"})
+    first = view_outputs(view, {}, None, known=[])
+    assert first["graph_key"] == {"trial": view.trial, "hash": view.graph["hash"]}
+    assert first["graphs"] is not callbacks.no_update
+    again = view_outputs(service.resolve({"node_id": "input"}), {}, None, known=[view.graph["hash"]])
+    assert again["graphs"] is callbacks.no_update and again["graphs_known"] is callbacks.no_update
+
+
+def test_notices_go_to_the_selector_they_concern(service):
+    view = service.resolve({"node_id": "subnet_pre", "aggregation": "sample:3", "training_step": 10**6})
+    topics = callbacks.notices_by_topic(view.notices)
+    assert set(topics) == {"step", "aggregation"}, topics
+    assert "nearest" in topics["step"] and "no batch dimension" in topics["aggregation"]
+
+
+def test_titles_never_show_internal_values(service):
+    view = service.resolve({"node_id": "subnet_pre"})
+    title = callbacks.series_title(view.selection, "mean")
+    assert "none" not in title and "-1" not in title, title
 
 
 def test_step_buttons_and_slider_walk_the_steps_of_the_shown_type(service, shown):
-    steps = service.step_index(shown["trial"]).steps_of("any").tolist()
+    steps = service.step_index(shown["trial"]).steps_of(ANY_TYPE).tolist()
 
     def step_after(trigger, value):
         return next_wanted(service, {}, shown, trigger, {**current_inputs(shown), trigger: value})[0]["training_step"]
@@ -131,3 +158,29 @@ def test_the_page_has_every_component_the_callbacks_use(with_visualization):
     assert {ID.nav(d) for d in ("left", "right", "up", "down")} <= ids
     used = {component for component, _ in [*callbacks.VIEW_INPUTS.values(), *callbacks.VIEW_OUTPUTS.values()]}
     assert used <= ids
+
+
+@pytest.mark.parametrize("node, role, aggregation", [
+    ("subnet_mem__out", "subnet_mem__out", "mean"), ("subnet_pre", "weight0", "none")])
+def test_hover_cards_show_the_stores_min_mean_max(service, recording, node, role, aggregation):
+    from comgra.store import GroupReader
+
+    selection = service.resolve({"node_id": node}).selection
+    summaries = service.node_summaries(selection.trial, selection.training_step, selection.iteration)
+    (row,) = GroupReader(recording).trial(selection.trial).selection(
+        training_step=selection.training_step, node=node, role=role, kind="forward",
+        iteration=selection.data_iteration, aggregation=aggregation).to_pylist()
+    assert summaries[node] == {name: row[name] for name in ("min", "mean", "max")}
+
+
+def test_badges_come_from_the_service_when_it_has_them(service):
+    class WithBadges:
+        def finding_badges(self, trial):
+            return {"output": "2 ⚠"} if trial == "t" else {}
+
+    class Broken:
+        def finding_badges(self, trial):
+            raise RuntimeError("no findings")
+
+    assert callbacks.graph_badges(WithBadges(), "t") == {"output": "2 ⚠"}
+    assert callbacks.graph_badges(Broken(), "t") == {}

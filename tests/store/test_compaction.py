@@ -100,6 +100,11 @@ def test_every_table_is_compacted_so_a_long_run_leaves_few_files(trial_dir: Path
                                            "timepoint": [step], "value": [float(step)]}, schema=fmt.KPIS_SCHEMA))
         writer.put_table("notes", pa.table({"seq": [step], "wall_time": [0.0], "note": [f"n{step}"]},
                                            schema=fmt.NOTES_SCHEMA))
+        writer.put_table("layers", pa.Table.from_pylist([{"training_step": step, "module": "net", "call": 0}],
+                                                        schema=fmt.LAYERS_SCHEMA))
+        writer.put_table("resources", pa.Table.from_pylist([{"wall_time": 0.0, "training_step": step, "source": "process",
+                                                             "metric": "cpu_percent", "value": 1.0}],
+                                                           schema=fmt.RESOURCES_SCHEMA))
         writer.flush()
     writer.close()
     for table in fmt.TABLES:
@@ -108,6 +113,8 @@ def test_every_table_is_compacted_so_a_long_run_leaves_few_files(trial_dir: Path
     assert reader.steps()["training_step"].to_pylist() == list(range(64))
     assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(64))
     assert sorted(reader.notes()) == sorted(f"n{step}" for step in range(64))
+    assert reader.layers()["training_step"].to_pylist() == list(range(64))
+    assert reader.resources().num_rows == 64
 
 
 def test_a_chunk_written_after_a_merge_is_never_hidden_by_it(tmp_path: Path) -> None:

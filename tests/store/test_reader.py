@@ -126,6 +126,7 @@ def test_corrupt_small_table_chunk_is_skipped_and_listed(table: str, damage, gro
 def test_temporary_and_hidden_files_are_never_read(group_dir: Path) -> None:
     directory = fmt.trial_dir(group_dir, "trial_a")
     for table in fmt.TABLES:
+        (directory / table).mkdir(exist_ok=True)  # layers, resources: a recording without profiling has none
         (directory / table / ".tmp-12345.parquet").write_bytes(b"half-written")
         (directory / table / ".hidden.parquet").write_bytes(b"half-written")
     trial = GroupReader(group_dir).trial("trial_a")

@@ -147,6 +147,8 @@ class Session:
             self.graphs_written.add(document["hash"])
             self._put_json(f"graphs/{document['hash']}.json", document)
         for name in unconnected:
+            if getattr(step, "replayed", False):
+                break  # recorded from a breakpoint's replay: an input registered late has no edge; not the user's fault
             if f"dtype:{name}" in self.warned:
                 continue  # its dtype warning already gave the same advice: one warning per problem
             self.warn_once(f"unconnected:{name}",

@@ -8,6 +8,7 @@ the single transfer of the step (``summaries.to_table``).
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -51,8 +52,9 @@ def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list
 # one, where a kernel launch is small next to the work (measured: segments win below 2-4K elements
 # per tensor, one by one wins 3x at 8K and 10x at 32K).
 SEGMENT_BELOW = 4_096
-# Elements per chunk of a large tensor on the CPU: a chunk and its scratch copy stay in the cache.
-CHUNK = 1 << 18
+# Elements per chunk of a large tensor on the CPU: a chunk and its scratch copy fit a 1 MiB L2 cache
+# (measured: 128K 15-20% faster than 256K and than 64K per chunk).
+CHUNK = 1 << 17
 
 
 def _statistics_of_all(flats: list[torch.Tensor]) -> torch.Tensor:
@@ -248,35 +250,161 @@ def batch_aggregates(x: torch.Tensor) -> torch.Tensor:
     return torch.stack([mean, std, x.abs().amax(0)])
 
 
-def largest_singular_values(matrices: list[torch.Tensor], *, exact_up_to: int = 512,
-                            iterations: int = 50) -> torch.Tensor:
-    """Spectral norms of 2-D tensors, on their device, batched by shape.
+def largest_singular_values(matrices: list[torch.Tensor], *, keys: list[object] | None = None,
+                            exact_up_to: int = 64, accelerator: bool | None = None) -> torch.Tensor:
+    """Spectral norms (largest singular values) of 2-D tensors, on their device.
 
-    Up to ``exact_up_to`` on the smaller side: the square root of the top eigenvalue of
-    the smaller Gram matrix, one batched ``eigvalsh`` per shape (about half the cost
-    of an SVD). Above it: power iteration, a few matrix-vector products instead of
-    the full decomposition (the original spent 17 s per step on a 4096x4096 layer). On a GPU
-    always power iteration: ``eigvalsh`` synchronizes the device with the host there.
+    The Lanczos method on the smaller Gram matrix A^T A, applied as two matrix-vector products per
+    step: a few dozen steps instead of forming the Gram matrix (m n^2) and decomposing it (n^3);
+    from a warm start a few steps (measured on the GPT benchmark: 164 ms per recorded step for the
+    Gram matrices and ``eigvalsh`` before, 89 ms after). The result stays within 1e-5 of
+    ``matrix_norm(ord=2)``.
+
+    * On the CPU each matrix is run to convergence: the residual bound of the top Ritz pair (an
+      eigenvalue of A^T A lies within it) below ``RITZ_TOLERANCE`` of the value. ``keys`` (one hashable
+      per matrix, e.g. the tensor's name and kind) start each run from the top singular vector found
+      for the same key last time: parameters change little between recorded steps, so the start is
+      almost converged. A matrix with at most ``exact_up_to`` rows or columns takes ``eigvalsh`` of
+      its tiny Gram matrix instead.
+    * On a GPU (``accelerator``; tests run it on the CPU) the matrices of one shape are run together
+      for a fixed number of steps, and the top eigenvalue of the small tridiagonal matrix is found by
+      repeated squaring: a convergence check or ``eigvalsh`` would wait for the device.
     """
-    result = torch.empty(len(matrices), device=matrices[0].device)
+    device = matrices[0].device
+    if accelerator is None:
+        accelerator = device.type != "cpu"
+    if not accelerator:
+        keys = keys if keys is not None else [None] * len(matrices)
+        return torch.stack([_spectral_norm_cpu(m.detach().float(), key, exact_up_to)
+                            for m, key in zip(matrices, keys)])
+    result = torch.empty(len(matrices), device=device)
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for index, matrix in enumerate(matrices):
         by_shape.setdefault(tuple(matrix.shape), []).append(index)
-    for shape, indices in by_shape.items():
+    for indices in by_shape.values():
         stack = torch.stack([matrices[i].detach().float() for i in indices])
-        if stack.device.type == "cpu" and min(shape) <= exact_up_to:
-            gram = stack.mT @ stack if shape[0] >= shape[1] else stack @ stack.mT
-            values = torch.linalg.eigvalsh(gram)[:, -1].clamp_min(0).sqrt()
-        else:
-            values = _power_iteration(stack, iterations)
-        result[to_device(torch.tensor(indices), result.device)] = values
+        result[to_device(torch.tensor(indices), device)] = _lanczos_batched(stack)
     return result
 
 
-def _power_iteration(stack: torch.Tensor, iterations: int) -> torch.Tensor:
+# The top Ritz value is accepted once the residual bound |beta_k s_k| is below this fraction of it. The
+# bound limits the eigenvalue's error (sigma squared), so sigma's relative error is at most half of it;
+# measured errors are far smaller (about 1e-7), because the true error shrinks with the bound squared.
+RITZ_TOLERANCE = 2e-5
+MAX_LANCZOS_STEPS = 96
+# Below this fraction of its length before reorthogonalisation, a new Lanczos vector is rounding noise.
+BREAKDOWN = 1e-4
+# Last top singular vector per key (see largest_singular_values); bounded, cleared when full.
+_START_VECTORS: dict[object, torch.Tensor] = {}
+_MAX_START_VECTORS = 4096
+_START_LOCK = threading.Lock()
+
+
+def _spectral_norm_cpu(matrix: torch.Tensor, key: object, exact_up_to: int) -> torch.Tensor:
+    a = matrix if matrix.shape[0] >= matrix.shape[1] else matrix.mT  # vectors of the smaller side
+    n = a.shape[1]
+    if n <= exact_up_to:
+        gram = a.mT @ a
+        if not bool(torch.isfinite(gram).all()):  # eigvalsh fails on NaN; matrix_norm gives NaN
+            return torch.tensor(float("nan"))
+        return torch.linalg.eigvalsh(gram)[-1].clamp_min(0).sqrt()
+    with _START_LOCK:
+        start = _START_VECTORS.get((key, n)) if key is not None else None
+    if start is None:
+        start = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    value, vector = _lanczos_one(a, start)
+    if key is not None and bool(torch.isfinite(vector).all()):
+        with _START_LOCK:
+            if len(_START_VECTORS) >= _MAX_START_VECTORS:
+                _START_VECTORS.clear()
+            _START_VECTORS[(key, n)] = vector
+    return value
+
+
+def _lanczos_one(a: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sigma, top right singular vector) of one (m, n) matrix with m >= n, to RITZ_TOLERANCE.
+    Full reorthogonalisation (twice, classical Gram-Schmidt): the basis stays orthonormal, so every
+    Ritz value is at most the true top eigenvalue and no ghost copies appear."""
+    n = a.shape[1]
+    steps = min(n, MAX_LANCZOS_STEPS)
+    basis = torch.zeros(steps, n)
+    alpha = torch.zeros(steps, dtype=torch.float64)
+    beta = torch.zeros(steps, dtype=torch.float64)
+    q = start / start.norm().clamp_min(1e-30)
+    top, ritz = torch.zeros((), dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    for j in range(steps):
+        basis[j] = q
+        w = torch.mv(a.mT, torch.mv(a, q))
+        alpha[j] = torch.dot(w, q)
+        if not math.isfinite(float(alpha[j])):  # NaN or inf in the matrix: matrix_norm gives NaN too
+            return torch.tensor(float("nan")), torch.full((n,), float("nan"))
+        used = basis[:j + 1]
+        before = w.norm()
+        for _ in range(2):
+            w -= torch.mv(used.mT, torch.mv(used, w))
+        beta[j] = w.norm()
+        if beta[j] <= BREAKDOWN * before:  # the Krylov space is (numerically) invariant: what is left is noise
+            beta[j] = 0.0
+            w = torch.randn(n, generator=torch.Generator().manual_seed(j))  # go on in a fresh direction
+            for _ in range(2):
+                w -= torch.mv(used.mT, torch.mv(used, w))
+        q = w / w.norm().clamp_min(1e-30)
+        if j % 2 == 1 or j == steps - 1:
+            values, vectors = torch.linalg.eigh(_tridiagonal(alpha[:j + 1], beta[:j]))
+            top, ritz = values[-1], vectors[:, -1]
+            residual = float(beta[j] * ritz[-1].abs())
+            if not residual > RITZ_TOLERANCE * float(top):  # also stops on NaN
+                break
+    vector = ritz.float() @ basis[:ritz.shape[0]]
+    return top.clamp_min(0).sqrt().float(), vector
+
+
+def _tridiagonal(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    return torch.diag_embed(alpha) + torch.diag_embed(beta, 1) + torch.diag_embed(beta, -1)
+
+
+GPU_LANCZOS_STEPS = 48
+
+
+def _lanczos_batched(stack: torch.Tensor, steps: int = GPU_LANCZOS_STEPS) -> torch.Tensor:
+    """(S,) sigma of a stack of (m, n) matrices: fixed steps, everything on the device."""
+    if stack.shape[1] < stack.shape[2]:
+        stack = stack.mT
+    count, _, n = stack.shape
+    steps = min(n, steps)
     generator = torch.Generator(device=stack.device).manual_seed(0)
-    v = torch.randn(stack.shape[0], stack.shape[2], 1, device=stack.device, generator=generator)
-    for _ in range(iterations):
-        v = stack.mT @ (stack @ v)
-        v = v / v.norm(dim=1, keepdim=True).clamp_min(1e-30)
-    return (stack @ v).norm(dim=(1, 2))
+    q = torch.randn(count, n, 1, device=stack.device, generator=generator)
+    q = q / q.norm(dim=1, keepdim=True)
+    basis = torch.zeros(count, n, steps, device=stack.device)
+    alpha = torch.zeros(count, steps, device=stack.device)
+    beta = torch.zeros(count, steps, device=stack.device)
+    for j in range(steps):
+        basis[:, :, j:j + 1] = q
+        w = stack.mT @ (stack @ q)
+        alpha[:, j] = (w * q).sum((1, 2))
+        used = basis[:, :, :j + 1]
+        before = w.norm(dim=1, keepdim=True)
+        for _ in range(2):
+            w = w - used @ (used.mT @ w)
+        norm = w.norm(dim=1, keepdim=True)  # (S, 1, 1)
+        broken = norm <= BREAKDOWN * before  # see _lanczos_one; decided on the device, no host sync
+        fresh = torch.randn(w.shape, device=w.device, generator=generator)
+        for _ in range(2):
+            fresh = fresh - used @ (used.mT @ fresh)
+        beta[:, j] = torch.where(broken, 0.0, norm)[:, 0, 0]
+        w = torch.where(broken, fresh, w)
+        q = w / w.norm(dim=1, keepdim=True).clamp_min(1e-30)
+    return _top_eigenvalue_by_squaring(_tridiagonal(alpha, beta[:, :-1])).clamp_min(0).sqrt()
+
+
+def _top_eigenvalue_by_squaring(matrix: torch.Tensor, squarings: int = 24) -> torch.Tensor:
+    """(S,) the largest eigenvalue of symmetric positive semi-definite (S, k, k) matrices without a
+    host sync: M^(2^24), scaled by its trace each time, is the projector on the top eigenvector
+    (or the top eigenspace, where values tie); its Rayleigh quotient is the eigenvalue."""
+    power = matrix
+    for _ in range(squarings):
+        power = power @ power
+        power = power / power.diagonal(dim1=1, dim2=2).sum(1).clamp_min(1e-30)[:, None, None]
+    column = power.diagonal(dim1=1, dim2=2).argmax(1)  # the projector's largest column is the best start
+    v = power.gather(2, column[:, None, None].expand(-1, power.shape[1], 1))
+    return ((v.mT @ matrix @ v) / (v.mT @ v).clamp_min(1e-30))[:, 0, 0]

@@ -13,9 +13,10 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from comgra.capture import background
 from comgra.capture import graph as graphs
 from comgra.capture.registry import Registration
-from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table
+from comgra.capture.summaries import Block, SampleChoice, merge_unbatched, summarize_values, to_table
 from comgra.errors import RecordingError, did_you_mean
 from comgra.store import format as fmt
 
@@ -48,7 +49,7 @@ class StepRecording:
     latest_by_name: dict[str, tuple[int, str]] = field(default_factory=dict)
     connections: graphs.Connections = field(default_factory=graphs.Connections)
     graph_documents: list[dict[str, Any]] = field(default_factory=list)
-    blocks: list[Block] = field(default_factory=list)
+    blocks: list[Block | background.Job] = field(default_factory=list)  # a Job: blocks still being computed
     kinds: list[str] = field(default_factory=lambda: [fmt.FORWARD])
     choice: SampleChoice | None = None
     keep_alive: list[torch.Tensor] = field(default_factory=list)
@@ -60,6 +61,8 @@ class StepRecording:
     _pending_forward: list[tuple[Registration, torch.Tensor]] = field(default_factory=list)
     _by_tensor_id: dict[int, tuple[int, str]] = field(default_factory=dict)  # registered tensors stay alive
     parameter_aliases: dict[str, list[str]] = field(default_factory=dict)  # tied parameters: first name -> others
+    _parameter_job: background.Job | None = None  # the parameters' statistics, on the worker (CPU only)
+    _prefetched: dict[tuple[int, str], background.GradientPrefetch] = field(default_factory=dict)
 
     # -- registration -----------------------------------------------------------------------
     def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False) -> None:
@@ -96,6 +99,16 @@ class StepRecording:
             self.connections.by_leaf.setdefault(id(tensor), key)
         if tensor.requires_grad and registration.tensor_type != "parameter":
             self._hooks.append(tensor.register_hook(self._gradient_hook(key)))
+        elif live and tensor.requires_grad and tensor.device.type == "cpu":
+            self._hooks.append(tensor.register_post_accumulate_grad_hook(self._prefetch_hook(key)))
+
+    def _prefetch_hook(self, key: tuple[int, str]) -> Any:
+        """Start the statistics of a parameter's gradient as soon as the backward pass has it."""
+        def hook(parameter: torch.Tensor) -> None:
+            if parameter.grad is not None:
+                self._prefetched[key] = background.GradientPrefetch(
+                    self._summarizer(""), (self.registrations[key], parameter.grad))
+        return hook
 
     def _capture_value(self, registration: Registration, tensor: torch.Tensor, live: bool) -> None:
         """Fix the recorded value now, so that later in-place ops cannot change it."""
@@ -109,6 +122,9 @@ class StepRecording:
 
     def _gradient_hook(self, key: tuple[int, str]) -> Any:
         def hook(grad: torch.Tensor) -> None:
+            if self._parameter_job is not None:  # the first hook of the backward pass
+                background.wait_at_end_of_backward(self._parameter_job)
+                self._parameter_job = None
             previous = self._grads.get(key)
             self._grads[key] = grad.detach() if previous is None else previous + grad.detach()
         return hook
@@ -151,7 +167,7 @@ class StepRecording:
         """Before the first forward pass, summarise the parameters and initial values: an optimizer
         step later in the iteration would change the parameters in place."""
         if self.iteration < 0:
-            self._summarize_pending()
+            self._summarize_pending(in_background=True)
         self.iteration += 1
 
     def finish_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
@@ -162,33 +178,63 @@ class StepRecording:
         self.graph_documents.append(document)
         return document, unconnected
 
-    def _summarize_pending(self) -> None:
+    def _summarize_pending(self, in_background: bool = False) -> None:
+        """``in_background``: on the worker thread (CPU tensors; see capture/background.py), waited for
+        before an optimizer step or a manual update can change the parameters."""
         items, self._pending_forward = self._pending_forward, []
-        if items:
-            self.blocks += summarize_values(fmt.FORWARD, items, max_neurons=self.options.max_neurons,
-                                            with_svd=self.options.with_svd)
+        if not items:
+            return
+        if in_background and background.worth_a_thread([t for _, t in items]):
+            job = background.Job(self._summarizer(fmt.FORWARD), items)
+            job.guard_against_optimizers()
+            self.blocks.append(job)
+            self._parameter_job = job
+        else:
+            self.blocks += self._summarizer(fmt.FORWARD)(items)
+
+    def _summarizer(self, kind: str) -> Any:
+        def summarize(items: list[tuple[Registration, torch.Tensor]]) -> list[Block]:
+            return summarize_values(kind, items, max_neurons=self.options.max_neurons, with_svd=self.options.with_svd)
+        return summarize
 
     def record_gradients(self, kind: str, zero_non_parameters: bool) -> None:
         if kind not in self.kinds:
             self.kinds.append(kind)
-        items = []
+        items: list[tuple[Registration, torch.Tensor]] = []  # parameters' gradients, computed here
+        private: list[tuple[Registration, torch.Tensor]] = []  # from our hooks (see below)
+        ready: list[Block] = []  # computed by the worker during the backward pass
+        self._wait_for_parameters()  # record_current_gradients comes after optimizer.step(): long done
         for key, registration in self.registrations.items():
             if registration.tensor_type == "parameter":
                 grad = registration.tensor.grad if registration.tensor is not None else None
+                prefetch = self._prefetched.pop(key, None)
+                blocks = prefetch.result_if_unchanged(grad) if prefetch is not None and grad is not None else None
+                if blocks is not None:
+                    ready += blocks
+                    continue
             else:
                 grad = self._grads.get(key)
             if grad is not None:
-                items.append((registration, grad))
+                (private if registration.tensor_type != "parameter" else items).append((registration, grad))
+        if ready:
+            self.blocks.append(merge_unbatched(kind, ready))
+        # A parameter's gradient that the worker could not use: here, from its value now (a later backward
+        # pass or zero_grad(set_to_none=False) would change it in place, with no hook to wait in).
         if items:
-            self.blocks += summarize_values(kind, items, max_neurons=self.options.max_neurons,
-                                            with_svd=self.options.with_svd)
+            self.blocks += self._summarizer(kind)(items)
+        # The other gradients came from our hooks and nobody else holds them: on the worker, overlapping
+        # the graph walk of finish_iteration, waited for at finish_batch.
+        if private and background.worth_a_thread([t for _, t in private]):
+            self.blocks.append(background.Job(self._summarizer(kind), private))
+        elif private:
+            self.blocks += self._summarizer(kind)(private)
         if zero_non_parameters:
             self._grads.clear()
 
     def to_tables(self, choice: SampleChoice, now: float | None = None) -> tuple[pa.Table, pa.Table]:
         """The tensors rows and the steps rows of this step (one host transfer)."""
         self._summarize_pending()
-        values = to_table(self.training_step, self.blocks, choice)
+        values = to_table(self.training_step, self._finished_blocks(), choice)
         rows = [{
             "training_step": self.training_step, "type_of_execution": self.type_of_execution,
             "iteration": i, "graph": document["hash"], "batch_size": self.batch_size,
@@ -197,7 +243,24 @@ class StepRecording:
         } for i, document in enumerate(self.graph_documents)]
         return values, pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA)
 
+    def _wait_for_parameters(self) -> None:
+        if self._parameter_job is not None:
+            self._parameter_job.wait()
+            self._parameter_job = None
+
+    def _finished_blocks(self) -> list[Block]:
+        blocks: list[Block] = []
+        for item in self.blocks:
+            blocks += item.result() if isinstance(item, background.Job) else [item]
+        return blocks
+
     def close(self) -> None:
+        self._parameter_job = None
+        self._prefetched.clear()
+        for item in self.blocks:  # a job still running keeps its tensors until it ends; no hook stays behind
+            if isinstance(item, background.Job):
+                item.wait()
+                item.close()
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()

@@ -37,11 +37,11 @@ def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], 
         summary = summarize([v for _, v in members], batch_size=members[0][1].shape[0],
                             max_neurons=[0 if r.recording_type in ("kpis", "kpis_and_svd") else max_neurons
                                          for r in registrations])
-        blocks.append(Block(kind, registrations, summary, size is not None, _svd(members, with_svd)))
+        blocks.append(Block(kind, registrations, summary, size is not None, _svd(kind, members, with_svd)))
     return blocks
 
 
-def _svd(members: list[tuple[Registration, torch.Tensor]], with_svd: bool) -> torch.Tensor | None:
+def _svd(kind: str, members: list[tuple[Registration, torch.Tensor]], with_svd: bool) -> torch.Tensor | None:
     wanted = [(i, r) for i, (r, _) in enumerate(members)
               if r.batch_dim is None and len(r.shape) == 2
               and ((with_svd and r.tensor_type == "parameter") or r.recording_type == "kpis_and_svd")]
@@ -49,9 +49,31 @@ def _svd(members: list[tuple[Registration, torch.Tensor]], with_svd: bool) -> to
         return None
     device = members[0][1].device
     values = torch.full((len(members),), float("nan"), device=device)
-    norms = largest_singular_values([members[i][1].reshape(r.shape) for i, r in wanted])
+    # Keyed by name and kind: the next recorded step of the same tensor starts from this one's vector.
+    norms = largest_singular_values([members[i][1].reshape(r.shape) for i, r in wanted],
+                                    keys=[(kind, r.tensor_name, r.iteration) for _, r in wanted])
     values[to_device(torch.tensor([i for i, _ in wanted]), device)] = norms
     return values
+
+
+def merge_unbatched(kind: str, blocks: list[Block]) -> Block:
+    """One block of ``kind`` from blocks of tensors without a batch dimension on one device (gradients
+    summarised one by one on the worker thread)."""
+    registrations = [r for b in blocks for r in b.registrations]
+    sizes = [size for b in blocks for size in b.summary.sizes]
+    slices, offset = [], 0
+    for b in blocks:
+        for start, end in b.summary.neuron_slices:
+            slices.append((start + offset, end + offset))
+        offset += b.summary.neurons.shape[1]
+    summary = Summary(torch.cat([b.summary.per_sample for b in blocks], dim=1),
+                      torch.cat([b.summary.neurons for b in blocks], dim=1), slices, sizes)
+    svd = None
+    if any(b.svd is not None for b in blocks):
+        device = blocks[0].summary.per_sample.device
+        svd = torch.cat([b.svd if b.svd is not None else torch.full((len(b.registrations),), float("nan"), device=device)
+                         for b in blocks])
+    return Block(kind, registrations, summary, False, svd)
 
 
 @dataclass

@@ -6,6 +6,7 @@ Usage::
     comgra --use-path-for-test-run          # what comgra-test-run recorded
     comgra demo [--steps 1500] [--path P]   # record a short tutorial run (needs torch), then serve it
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
+    comgra scan --path ROOT/GROUP [--json]  # findings: anomalies and where they start (see comgra.cli.scan)
 
 A bad path or option ends with a one-line message and exit code 2.
 """
@@ -37,6 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(_demo_parser().parse_args(arguments[1:]))
         if arguments[:1] == ["repair"]:
             return _repair(arguments[1:])
+        if arguments[:1] == ["scan"]:
+            from comgra.cli import scan
+            return scan.run(arguments[1:], UsageError)
         return _serve(_parser().parse_args(arguments))
     except UsageError as error:
         print(f"comgra: error: {error}", file=sys.stderr)
@@ -63,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_server_options(parser)
     parser.add_argument("--visualization-file", type=Path,
                         help="a Python file with create_visualization(selection, data) for the Visualization tab")
+    parser.add_argument("--config", type=Path,
+                        help="a comgra.toml file (default: comgra.toml in the working directory, if there is one)")
     return parser
 
 
@@ -85,8 +91,14 @@ def _serve(args: argparse.Namespace) -> int:
         visualization = bundled_visualization()
     if visualization is not None and not visualization.is_file():
         raise UsageError(f"the visualization file {str(visualization)!r} does not exist.")
+    from comgra.config import load_settings
+    from comgra.errors import ConfigError
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as error:
+        raise UsageError(str(error)) from None
     return _run_server(group, host=args.host, port=args.port, visualization_file=visualization,
-                       allow_hosts=args.allow_host)
+                       allow_hosts=args.allow_host, poll_seconds=settings.app.refresh_interval_s)
 
 
 def _repair(arguments: list[str]) -> int:
@@ -155,18 +167,21 @@ def check_recording(path: Path) -> Path:
 
 
 def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,
-                allow_hosts: list[str] | None = None) -> int:
+                allow_hosts: list[str] | None = None, poll_seconds: float = 2.0) -> int:
     from comgra.errors import StoreError
     from comgra.server.app import create_app, make_http_server, url_of
 
     try:
-        app = create_app(group, visualization_file=visualization_file)
+        app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds))
         server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts or ())
     except StoreError as error:
         raise UsageError(str(error)) from None
     except OSError as error:
         raise UsageError(f"cannot serve on {host}:{port} ({error.strerror or error}); try another --port.") from None
     print(f"comgra: serving {group}\ncomgra: open {url_of(server)} in a browser (Ctrl+C to stop)", flush=True)
+    token = app.server.config.get("COMGRA_API_TOKEN")
+    if token:  # bound beyond loopback: the REST API's state-changing calls need it
+        print(f"comgra: REST API token (Authorization: Bearer ...): {token}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

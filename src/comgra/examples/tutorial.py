@@ -281,6 +281,9 @@ def _register_helpers(partial_sums: torch.Tensor, iteration: int) -> None:
             node_name="helper_partial_sums",
             role_within_node=role,
         )
+        # Computed from the inputs outside autograd's view: this edge says so (and the recorder does not
+        # warn that the helper is connected to nothing).
+        comgra.my_recorder.add_tensor_connection("input", f"helper_partial_sums__{role}")
 
 
 def _loss_on_last_iteration(

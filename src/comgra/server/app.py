@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ipaddress
 import logging
+import secrets
 import socket
 import threading
 import weakref
@@ -25,7 +26,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from comgra.server import callbacks, layout
+from comgra.server import api, callbacks, layout
 from comgra.server.visualization import VisualizationFile
 from comgra.service import RecordingService
 
@@ -55,6 +56,7 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     app.layout = partial(_page, service, title=title, poll_ms=int(poll_seconds * 1000),
                          with_visualization=visualization is not None)
     callbacks.register(app, service, visualization)
+    api.install(app.server, service)  # the REST API under /api/v1, from the same service
     if warm_up:
         # Not a daemon: the interpreter must not end while it is inside DuckDB (that aborts the process).
         threading.Thread(target=_warm_up, args=(service,), name="comgra-warm-up").start()
@@ -162,6 +164,8 @@ def make_http_server(app: Dash, *, host: str = "127.0.0.1", port: int = 8055,
     """
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     app.server.config[_ALLOWED_HOSTS] = allowed_hosts(host, allow_hosts)
+    # Reachable from other machines: the REST API's state-changing calls need a token (printed by serve).
+    app.server.config[api.TOKEN_CONFIG] = None if _is_loopback(host) else secrets.token_urlsafe(24)
     _check_bindable(host, port)
     try:
         return make_server(host, port, app.server, threaded=True)
@@ -179,6 +183,10 @@ def _check_bindable(host: str, port: int) -> None:
 def serve(app: Dash, *, host: str = "127.0.0.1", port: int = 8055, allow_hosts: Iterable[str] = ()) -> None:
     server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts)
     print(f"comgra is serving at {url_of(server)}  (Ctrl+C to stop)", flush=True)
+    token = app.server.config.get(api.TOKEN_CONFIG)
+    if token:
+        print(f"REST API token for state-changing calls: {token}  (send 'Authorization: Bearer <token>')",
+              flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

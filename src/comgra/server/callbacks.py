@@ -4,27 +4,38 @@ All selection state lives in the browser (the ``selection`` store): what the
 user asked for (``wanted``) and what is shown (``shown``). Wanted values are
 sticky preferences: a role, an aggregation or an iteration that does not apply
 to the current node falls back for display, and comes back when it applies
-again. One click costs one round trip: the view callback returns the
-selectors, the graph and the values together.
+again.
+
+A click costs only what changes. The graph of a step's structure is sent once
+per hash into a store the page keeps (``graph-documents``) and drawn, selected,
+highlighted and walked by assets/comgra.js; a node click's round trip returns
+the values (with their breadcrumb) and only those selector props that changed.
+The view's link (``service.view_link``) goes to the URL on every change, and a
+page opened with a link's query string shows the view it names.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash import ClientsideFunction, Dash, Input, Output, Patch, State, ctx, dcc, html, no_update
 
 from comgra.errors import ComgraError
-from comgra.server import figures, panels
+from comgra.server import compare, figures, kpi_view, panels, profile_panel, samples
+from comgra.server import breakpoints as breakpoints_panel
+from comgra.server import findings as findings_panel
 from comgra.server.dom import attributes
-from comgra.server.graph_view import render_graph
+from comgra.server.graph_view import client_graph
 from comgra.server.layout import ID, TABS
+from comgra.server.values_view import values_data
 from comgra.server.visualization import VisualizationData, VisualizationFile
 from comgra.service import (
-    ANY_TYPE, DIRECTIONS, PLOT_STATISTICS, RecordingService, Selection, View, clean_wanted, parse_aggregation, series,
+    ANY_TYPE, NOTICE_TOPICS, PLOT_STATISTICS, RecordingService, Selection, View, aggregation_label, clean_wanted,
+    parse_aggregation, series, view_link, visualization_selection, wanted_from_query,
 )
 
 log = logging.getLogger("comgra.server")
@@ -35,8 +46,8 @@ VIEW_INPUTS = {
     "step_index": (ID.STEP_SLIDER, "value"), "step_prev": (ID.STEP_PREV, "n_clicks"),
     "step_next": (ID.STEP_NEXT, "n_clicks"), "step_input": (ID.STEP_INPUT, "value"),
     "iteration": (ID.ITERATION, "value"), "aggregation": (ID.AGGREGATION, "value"), "role": (ID.ROLE, "value"),
-    "rank": (ID.RANK, "value"), "node_click": (ID.NODE_CLICK, "data"), "search": (ID.SEARCH, "value"), "version": (ID.DATA_VERSION, "data"),
-    **{f"nav_{d}": (ID.nav(d), "n_clicks") for d in DIRECTIONS},
+    "rank": (ID.RANK, "value"), "node_click": (ID.NODE_CLICK, "data"), "search": (ID.SEARCH, "value"),
+    "version": (ID.DATA_VERSION, "data"), "url": (ID.URL, "search"),
 }
 VIEW_OUTPUTS = {
     "store": (ID.SELECTION, "data"), "shown": (ID.SHOWN, "data"), "current_trial": (ID.CURRENT_TRIAL, "data"),
@@ -50,19 +61,27 @@ VIEW_OUTPUTS = {
     "aggregation_options": (ID.AGGREGATION, "options"), "aggregation": (ID.AGGREGATION, "value"),
     "role_options": (ID.ROLE, "options"), "role": (ID.ROLE, "value"),
     "rank_options": (ID.RANK, "options"), "rank": (ID.RANK, "value"), "rank_box": (ID.RANK_BOX, "className"),
-    "search_options": (ID.SEARCH, "options"), "search": (ID.SEARCH, "value"),
-    "graph": (ID.GRAPH, "children"), "values": (ID.VALUES, "children"),
-    "notice": (ID.NOTICE, "children"), "banner": (ID.BANNER, "children"),
+    "search": (ID.SEARCH, "value"),
+    "graph_key": (ID.GRAPH_KEY, "data"), "graphs": (ID.GRAPHS, "data"), "graphs_known": (ID.GRAPHS_KNOWN, "data"),
+    "badges": (ID.BADGES, "data"), "step_key": (ID.STEP_KEY, "data"), "link": (ID.LINK, "data"),
+    "values": (ID.VALUES_DATA, "data"), "notices": (ID.NOTICES, "data"), "banner": (ID.BANNER, "children"),
 }
 _TRIGGER_KEYS = {component: key for key, (component, _) in VIEW_INPUTS.items()}
 
 
 def register(app: Dash, service: RecordingService, visualization: VisualizationFile | None) -> None:
     _register_view(app, service)
+    _register_graph(app, service)
     _register_series(app, service)
     _register_tabs(app, with_visualization=visualization is not None)
     _register_tab_contents(app, service)
     _register_poll(app, service)
+    samples.register(app, service, shown_store=ID.SHOWN, tabs=ID.TABS)
+    compare.register(app, service, shown_store=ID.SHOWN, tabs=ID.TABS)
+    kpi_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
+    profile_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
+    breakpoints_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL)
+    findings_panel.register(app, service, tabs=ID.TABS, data_version=ID.DATA_VERSION)
     if visualization is not None:
         _register_visualization(app, service, visualization)
 
@@ -73,40 +92,79 @@ def _register_view(app: Dash, service: RecordingService) -> None:
         output={k: Output(*v) for k, v in VIEW_OUTPUTS.items()},
         inputs={k: Input(*v) for k, v in VIEW_INPUTS.items()},
         state={"previous": State(ID.SELECTION, "data"), "previous_shown": State(ID.SHOWN, "data"),
-               "previous_trial": State(ID.CURRENT_TRIAL, "data"),
+               "previous_trial": State(ID.CURRENT_TRIAL, "data"), "known": State(ID.GRAPHS_KNOWN, "data"),
                "shown_options": {key: State(*VIEW_OUTPUTS[key]) for key in _UNCHANGED_IF_EQUAL}},
     )
     def update_view(previous: dict[str, Any] | None, previous_shown: dict[str, Any] | None,
-                    previous_trial: str | None, shown_options: dict[str, Any], **inputs: Any) -> dict[str, Any]:
+                    previous_trial: str | None, known: Any, shown_options: dict[str, Any],
+                    **inputs: Any) -> dict[str, Any]:
         trigger = _TRIGGER_KEYS.get(ctx.triggered_id) if isinstance(ctx.triggered_id, str) else None
         # The browser's state may be anything a request body can hold: keep only what has the right shape.
         previous = previous if isinstance(previous, dict) else {}
         earlier = clean_wanted(previous.get("wanted"))
         try:
             shown = selection_from(previous.get("shown"))
-            wanted, move = next_wanted(service, earlier, shown.to_dict() if shown else None, trigger, inputs)
-            view = service.resolve(wanted, move)
+            wanted = linked_wanted(trigger, inputs.get("url"))
+            if wanted is None:
+                wanted, _ = next_wanted(service, earlier, shown.to_dict() if shown else None, trigger, inputs)
+            view = service.resolve(wanted)
         except Exception as error:  # noqa: BLE001 - shown as a banner; the page stays usable
             view, wanted = _failed_view(service, error), earlier
-        outputs = view_outputs(view, remember(wanted, view), previous_shown)
-        if outputs["current_trial"] == previous_trial:
+        new_trial = view.trial != previous_trial or trigger in (None, "version")
+        outputs = view_outputs(view, remember(wanted, view), previous_shown,
+                               known=known if isinstance(known, list) else [],
+                               badges=graph_badges(service, view.trial) if new_trial else no_update)
+        if not new_trial:
             outputs["current_trial"] = no_update
         return skip_unchanged(outputs, {**shown_options, **inputs})
 
 
-# Selector props that are sent only when they change: re-sending a dropdown's options or value
-# re-renders it, which left Dash 4's dropdown stuck "open" (the next click only closed it).
+def linked_wanted(trigger: str | None, query: Any) -> dict[str, Any] | None:
+    """What a link asks for, when the page was just opened with one (else None: the inputs decide)."""
+    if trigger not in (None, "url") or not isinstance(query, str):
+        return None
+    wanted = wanted_from_query(query)
+    return wanted or None
+
+
+def graph_badges(service: RecordingService, trial: str | None) -> dict[str, str]:
+    """node id -> badge text of the trial, from the service's findings where it has them."""
+    finding_badges = getattr(service, "finding_badges", None)
+    if finding_badges is None or trial is None:
+        return {}
+    try:
+        badges = finding_badges(trial)
+    except Exception:  # noqa: BLE001 - a badge is an extra: the graph is drawn without it
+        log.exception("comgra: the badges of trial %r could not be read", trial)
+        return {}
+    return {str(k): str(v) for k, v in (badges or {}).items()}
+
+
+# Props that are sent only when they change: re-sending a dropdown's options or value re-renders it,
+# which left Dash 4's dropdown stuck "open" (the next click only closed it); and a node click should
+# carry nothing but the values.
 _UNCHANGED_IF_EQUAL = ("trial_options", "kind_options", "type_options", "aggregation_options", "role_options",
-                       "rank_options")
-_VALUES_IF_EQUAL = ("trial", "kind", "type", "aggregation", "role", "rank")
+                       "rank_options", "graph_key", "step_key", "link", "notices", "step_max", "step_marks",
+                       "iteration_min", "iteration_max", "iteration_marks", "rank_box", "step_info")
+_VALUES_IF_EQUAL = ("trial", "kind", "type", "aggregation", "role", "rank", "search", "step_index", "step_input",
+                    "iteration")
 
 
 def skip_unchanged(outputs: dict[str, Any], in_browser: Mapping[str, Any]) -> dict[str, Any]:
     """``no_update`` for every selector prop whose new value is what the browser already has."""
     for key in (*_UNCHANGED_IF_EQUAL, *_VALUES_IF_EQUAL):
-        if key in in_browser and outputs[key] == in_browser[key]:
+        if key in in_browser and _as_json(outputs[key]) == in_browser[key]:
             outputs[key] = no_update
     return outputs
+
+
+def _as_json(value: Any) -> Any:
+    """The value as the browser holds it after a round trip (JSON object keys are strings)."""
+    if isinstance(value, dict):
+        return {str(k): _as_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    return value
 
 
 # Selectors whose value in the browser is a wish when it differs from what is shown.
@@ -126,10 +184,8 @@ def next_wanted(service: RecordingService, wanted: Mapping[str, Any], shown: Map
     if shown:
         _unanswered_choices(wanted, shown, inputs)
     value = inputs.get(trigger) if trigger else None
-    if trigger is None or trigger == "version":
+    if trigger is None or trigger in ("version", "url"):
         return wanted, None
-    if trigger.startswith("nav_"):
-        return wanted, trigger.removeprefix("nav_")
     if trigger in ("step_index", "step_prev", "step_next"):
         step = _step_from(service, shown, trigger, value)
         if step is not None:
@@ -180,17 +236,15 @@ def _unanswered_choices(wanted: dict[str, Any], shown: Mapping[str, Any], inputs
 
 
 def _step_from(service: RecordingService, shown: Mapping[str, Any] | None, trigger: str, value: Any) -> int | None:
+    """The step a step button or the slider asks for; the question lives in service (adjacent_step)."""
     if not shown:
         return None
-    steps = service.step_index(shown["trial"], shown.get("rank")).steps_of(shown["type_of_execution"]).tolist()
-    if not steps:
-        return None
-    if trigger == "step_index":
-        index = value if type(value) is int else 0  # noqa: E721 - a slider sends an int; anything else: the first
+    if trigger == "step_index":  # a slider sends an int; anything else: the first
+        index, offset = (value if type(value) is int else 0), 0  # noqa: E721
     else:
-        here = steps.index(shown["training_step"]) if shown["training_step"] in steps else 0
-        index = here + (1 if trigger == "step_next" else -1)
-    return steps[max(0, min(len(steps) - 1, index))]
+        index, offset = None, (1 if trigger == "step_next" else -1)
+    return service.adjacent_step(shown["trial"], shown["type_of_execution"], shown["training_step"], offset=offset,
+                                 index=index, rank=shown.get("rank"))
 
 
 def remember(wanted: Mapping[str, Any], view: View) -> dict[str, Any]:
@@ -205,8 +259,10 @@ def remember(wanted: Mapping[str, Any], view: View) -> dict[str, Any]:
     return wanted
 
 
-def view_outputs(view: View, wanted: dict[str, Any], previous_shown: dict[str, Any] | None) -> dict[str, Any]:
-    """Every output of the view callback, built from the service's answer."""
+def view_outputs(view: View, wanted: dict[str, Any], previous_shown: dict[str, Any] | None, *,
+                 known: list[Any] | None = None, badges: Any = no_update) -> dict[str, Any]:
+    """Every output of the view callback, built from the service's answer; ``known``: the graph hashes
+    the page already holds (their documents are not sent again)."""
     selection, choices = view.selection, view.choices
     shown = selection.to_dict() if selection else None
     outputs = {
@@ -220,15 +276,59 @@ def view_outputs(view: View, wanted: dict[str, Any], previous_shown: dict[str, A
         "aggregation_options": [{"label": label, "value": value} for value, label in choices.aggregations],
         "aggregation": selection.aggregation if selection and choices.aggregations else None,
         "role_options": _options(choices.roles), "role": selection.role if selection else None,
-        "search_options": [{"label": label, "value": node_id} for node_id, label in choices.nodes], "search": None,
-        "graph": render_graph(view.graph, selection.node_id if selection else None, selection.role if selection else None),
-        "values": panels.values_panel(selection, view.row),
-        "notice": panels.notices(view.notices), "banner": panels.banners(view.banners),
+        "search": None, "badges": badges, "step_key": step_key(selection), "link": link_of(view),
+        "values": values_data(selection, view.row),
+        "notices": notices_by_topic(view.notices), "banner": panels.banners(view.banners),
     }
+    outputs.update(graph_outputs(view, known or []))
     outputs.update(rank_outputs(choices.ranks, selection, wanted.get("all_ranks") is True))
     outputs.update(_step_outputs(choices.steps, selection))
     outputs.update(_iteration_outputs(choices.iterations, selection))
     return outputs
+
+
+def graph_outputs(view: View, known: list[Any]) -> dict[str, Any]:
+    """The key of the graph shown, and its document only where the page does not hold it yet."""
+    if not view.graph or view.selection is None:
+        return {"graph_key": None, "graphs": no_update, "graphs_known": no_update}
+    digest = str(view.graph.get("hash") or "")
+    outputs: dict[str, Any] = {"graph_key": {"trial": view.trial, "hash": digest},
+                               "graphs": no_update, "graphs_known": no_update}
+    if digest not in known:
+        documents, hashes = Patch(), Patch()
+        documents[digest] = client_graph(view.graph)
+        hashes.append(digest)
+        outputs.update(graphs=documents, graphs_known=hashes)
+    return outputs
+
+
+def step_key(selection: Selection | None) -> dict[str, Any] | None:
+    """What the hover cards' min / mean / max depend on; changes only with it."""
+    if selection is None:
+        return None
+    return {"trial": selection.trial, "training_step": selection.training_step, "iteration": selection.iteration,
+            "kind": selection.kind, "rank": selection.rank}
+
+
+def link_of(view: View) -> str | None:
+    """The link of the shown view (``service.view_link``); the page's script adds the active tab."""
+    selection = view.selection
+    if selection is None:
+        return None
+    return view_link(selection.trial, type_of_execution=None if selection.type_of_execution == ANY_TYPE
+                     else selection.type_of_execution, training_step=selection.training_step,
+                     iteration=selection.iteration, node_id=selection.node_id, role=selection.role,
+                     kind=selection.kind, aggregation=selection.aggregation,
+                     rank=selection.rank if len(view.choices.ranks) > 1 else None)
+
+
+def notices_by_topic(notices: list[str]) -> dict[str, str]:
+    """topic -> the text of its notices; each is shown beside the selector it concerns."""
+    by_topic: dict[str, list[str]] = {}
+    for notice in notices:
+        topic = getattr(notice, "about", "general")
+        by_topic.setdefault(topic if topic in NOTICE_TOPICS else "general", []).append(str(notice))
+    return {topic: " ".join(texts) for topic, texts in by_topic.items()}
 
 
 def _options(values: list[str]) -> list[dict[str, str]]:
@@ -281,6 +381,43 @@ def _failed_view(service: RecordingService, error: Exception) -> View:
     return view
 
 
+# -- the graph in the browser, notices, the URL ---------------------------------------------------------
+def _register_graph(app: Dash, service: RecordingService) -> None:
+    app.clientside_callback(
+        ClientsideFunction("comgra", "renderGraph"), Output(ID.GRAPH_RENDERED, "data"),
+        Input(ID.GRAPH_KEY, "data"), Input(ID.GRAPHS, "data"), Input(ID.BADGES, "data"), Input(ID.SHOWN, "data"))
+    # Not an input of the renderer: Dash would hold the drawing back until the hover cards' numbers came.
+    app.clientside_callback(ClientsideFunction("comgra", "setSummaries"), Output(ID.SUMMARIES_SET, "data"),
+                            Input(ID.NODE_SUMMARIES, "data"))
+    app.clientside_callback(ClientsideFunction("comgra", "renderValues"), Output(ID.VALUES_RENDERED, "data"),
+                            Input(ID.VALUES_DATA, "data"))
+    app.clientside_callback(ClientsideFunction("comgra", "searchOptions"), Output(ID.SEARCH, "options"),
+                            Input(ID.GRAPH_KEY, "data"), Input(ID.GRAPHS, "data"))
+    app.clientside_callback(ClientsideFunction("comgra", "notices"),
+                            [Output(ID.notice(topic), "children") for topic in NOTICE_TOPICS],
+                            Input(ID.NOTICES, "data"))
+    app.clientside_callback(ClientsideFunction("comgra", "writeUrl"), Output(ID.URL_WRITTEN, "data"),
+                            Input(ID.LINK, "data"), Input(ID.TABS, "active_tab"))
+    app.clientside_callback(ClientsideFunction("comgra", "tabFromUrl"), Output(ID.TABS, "active_tab"),
+                            Input(ID.URL, "search"))
+
+    # A callback of its own: the hover cards' numbers never delay the values.
+    @app.callback(Output(ID.NODE_SUMMARIES, "data"), Input(ID.STEP_KEY, "data"))
+    def update_summaries(key: Any) -> Any:
+        if not isinstance(key, dict) or not all(type(key.get(k)) is int for k in ("training_step", "iteration", "rank")) \
+                or not isinstance(key.get("trial"), str) or not isinstance(key.get("kind"), str):
+            return {}
+        return _guarded(lambda: finite_summaries(service.node_summaries(
+            key["trial"], key["training_step"], key["iteration"], kind=key["kind"], rank=key["rank"])),
+            lambda _message: {})
+
+
+def finite_summaries(summaries: dict[str, dict[str, float | None]]) -> dict[str, dict[str, float | None]]:
+    """NaN and infinities as None: JSON has no words for them."""
+    return {node: {name: value if value is None or math.isfinite(value) else None for name, value in stats.items()}
+            for node, stats in summaries.items()}
+
+
 # -- series plot, tabs, polling ------------------------------------------------------------------------
 def _register_series(app: Dash, service: RecordingService) -> None:
     @app.callback(Output(ID.SERIES, "children"), Input(ID.SHOWN, "data"), Input(ID.STATISTIC, "value"),
@@ -290,10 +427,7 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
         statistic = statistic if statistic in PLOT_STATISTICS else "mean"
-        aggregation, sample = parse_aggregation(selection.aggregation)
-        label = f"sample {sample}" if aggregation == "sample" else aggregation
-        title = (f"{statistic} of {selection.node} [{selection.role}], {selection.kind}, {label}, "
-                 f"iteration {selection.data_iteration}")
+        title = series_title(selection, statistic)
         return _graph(_guarded(lambda: figures.series_figure(
             series(service, selection, statistic or "mean", all_ranks=rank == ALL_RANKS), title=title, current_trial=selection.trial,
             current_step=selection.training_step), figures.empty_figure))
@@ -304,9 +438,26 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         selection = selection_from(shown)
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
-        return _graph(_guarded(lambda: figures.histogram_figure(
-            neurons(service, selection), title=f"Neuron values of {selection.node} [{selection.role}]"),
-            figures.empty_figure))
+        return _graph(_guarded(lambda: neuron_figure(service, selection), figures.empty_figure))
+
+
+def neuron_figure(service: RecordingService, selection: Selection) -> Any:
+    """A 2-D tensor's stored values as a heatmap, a few as markers, many as a histogram (figures.neuron_figure)."""
+    stored = service.neuron_values(selection)
+    return figures.neuron_figure(stored.values, shape=stored.shape, total=stored.total,
+                                 has_batch=parse_aggregation(selection.aggregation)[0] != "none",
+                                 title=f"Neuron values of {selection.node} [{selection.role}]")
+
+
+def series_title(selection: Selection, statistic: str) -> str:
+    """The series plot's title, in the words of the selectors (no "none", no "iteration -1")."""
+    aggregation = parse_aggregation(selection.aggregation)[0]
+    parts = [f"{statistic} of {selection.node} [{selection.role}]", selection.kind]
+    if aggregation != "none":
+        parts.append(aggregation_label(selection.aggregation).lower())
+    if selection.data_iteration >= 0:
+        parts.append(f"iteration {selection.data_iteration}")
+    return ", ".join(parts)
 
 
 def selection_from(shown: Any) -> Selection | None:
@@ -331,11 +482,7 @@ def _graph(figure: Any) -> Any:
 
 
 def neurons(service: RecordingService, selection: Selection) -> list[float]:
-    aggregation, sample = parse_aggregation(selection.aggregation)
-    table = service.tensor_rows(selection.trial, selection.training_step, columns=["neurons"], kind=selection.kind,
-                                iteration=selection.data_iteration, node=selection.node, role=selection.role,
-                                aggregation=aggregation, sample=sample)
-    return table.column("neurons")[0].as_py() if table.num_rows else []
+    return service.neuron_values(selection).values  # the question lives in service; kept for older callers
 
 
 def _register_tabs(app: Dash, *, with_visualization: bool) -> None:
@@ -350,8 +497,7 @@ def _register_tab_contents(app: Dash, service: RecordingService) -> None:
     builders: dict[str, tuple[str, Callable[[str], Any]]] = {
         ID.NETWORK: ("network", lambda trial: panels.network_tree(service.modules(trial))),
         ID.NOTES: ("notes", lambda trial: panels.notes_list(service.notes(trial))),
-        ID.KPIS: ("graphs", lambda trial: kpi_graphs(service, trial)),
-    }
+    }  # ID.KPIS (the Graphs tab) has controls of its own: kpi_view.register
     for component, (tab, build) in builders.items():
         _register_tab_content(app, service, component, tab, build)
 
@@ -370,11 +516,7 @@ def _register_tab_content(app: Dash, service: RecordingService, component: str, 
 
 
 def kpi_graphs(service: RecordingService, trial: str) -> Any:
-    entries = figures.kpi_figures(service.kpis(trial))
-    if not entries:
-        return html.P("No KPIs in this trial (record_kpi_in_graph was not called).", className="text-muted")
-    return [html.Div(dcc.Graph(figure=figure, config={"displaylogo": False}), className="kpi-graph",
-                     **attributes({"data-kpi-group": group})) for group, figure in entries]
+    return kpi_view.kpi_graphs(service, [trial], figures.KpiOptions())
 
 
 def _register_poll(app: Dash, service: RecordingService) -> None:
@@ -390,13 +532,11 @@ def _register_visualization(app: Dash, service: RecordingService, visualization:
     def update_visualization(active: str, shown: dict[str, Any] | None) -> Any:
         if active != "visualization":
             return no_update
-        if selection_from(shown) is None:
+        selection = selection_from(shown)
+        if selection is None:
             return panels.notices(["Select a tensor in the Tensors tab first."])
-        aggregation, sample = parse_aggregation(shown["aggregation"])
-        selection = {"trial": shown["trial"], "training_step": shown["training_step"],
-                     "type_of_execution": shown["step_type"], "kind": shown["kind"], "iteration": shown["iteration"],
-                     "node": shown["node"], "role": shown["role"], "aggregation": aggregation, "sample": sample}
-        return visualization.render(selection, VisualizationData(service, shown["trial"], shown["training_step"]))
+        return visualization.render(visualization_selection(selection),
+                                    VisualizationData(service, selection.trial, selection.training_step))
 
 
 def _guarded(build: Callable[[], Any], on_error: Callable[[str], Any]) -> Any:

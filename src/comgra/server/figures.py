@@ -7,8 +7,10 @@ points stays fast in the browser and still shows every spike.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import plotly.colors as pcolors
 import plotly.graph_objects as go
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,6 +66,55 @@ def series_figure(series: Sequence[Series], *, title: str, current_trial: str, c
     figure.add_vline(x=current_step, line_dash="dot", line_color="#b22222")
     figure.update_layout(title={"text": title, "font": {"size": 13}}, margin=_MARGIN, height=300,
                          xaxis_title="training step", legend={"orientation": "h", "y": -0.25})
+    return figure
+
+
+# Fewer values than this are drawn one marker each: a histogram of 5 values is 5 bars of height 1.
+MIN_HISTOGRAM_VALUES = 30
+
+
+def neuron_figure(values: Sequence[float] | None, *, shape: Sequence[int] = (), total: int | None = None,
+                  title: str, has_batch: bool = False) -> go.Figure:
+    """The stored values drawn where a drawing means something: a 2-D parameter as a heatmap of its values,
+    a few values as one marker each, many as a histogram."""
+    if not values:
+        return empty_figure("No neuron values for this selection.")
+    dimensions = list(shape[1:] if has_batch else shape)
+    if len(dimensions) == 2 and min(dimensions) > 1:
+        return heatmap_figure(values, dimensions, total=total, title=title)
+    if len(values) < MIN_HISTOGRAM_VALUES or len(set(values)) < 8:
+        return values_figure(values, title=title)
+    return histogram_figure(values, title=title)
+
+
+def heatmap_figure(values: Sequence[float], dimensions: Sequence[int], *, total: int | None, title: str) -> go.Figure:
+    """A matrix's stored values in their places; where the recorder kept only the first values, the whole rows
+    among them (the caption says how many)."""
+    rows, columns = int(dimensions[0]), int(dimensions[1])
+    whole_rows = min(rows, len(values) // columns)
+    if whole_rows == 0:
+        return values_figure(values, title=title)
+    matrix = np.asarray(values[: whole_rows * columns], dtype=np.float64).reshape(whole_rows, columns)
+    finite = matrix[np.isfinite(matrix)]
+    limit = float(np.abs(finite).max()) if finite.size else 1.0
+    figure = go.Figure(go.Heatmap(z=matrix.tolist(), colorscale="RdBu", zmid=0, zmin=-limit, zmax=limit,
+                                  hovertemplate="row %{y}, column %{x}: %{z:.6g}<extra></extra>"))
+    shown = f"rows 0-{whole_rows - 1} of {rows} (the values the recorder kept)" if whole_rows < rows else \
+        f"{rows} × {columns}"
+    figure.update_layout(title={"text": f"{title}<br><sup>{shown}</sup>", "font": {"size": 13}}, margin=_MARGIN,
+                         height=max(260, min(520, 40 + 12 * whole_rows)), xaxis_title="column", yaxis_title="row",
+                         yaxis={"autorange": "reversed", "dtick": 1 if whole_rows <= 20 else None},
+                         xaxis={"dtick": 1 if columns <= 20 else None})
+    return figure
+
+
+def values_figure(values: Sequence[float], *, title: str) -> go.Figure:
+    """One marker per stored value, by index: for a handful of values, where a histogram says nothing."""
+    figure = go.Figure(go.Scatter(x=list(range(len(values))), y=list(values), mode="markers",
+                                  marker={"size": 8, "color": "#4c72b0"},
+                                  hovertemplate="neuron %{x}: %{y:.6g}<extra></extra>"))
+    figure.update_layout(title={"text": title, "font": {"size": 13}}, margin=_MARGIN, height=260,
+                         xaxis_title="neuron", yaxis_title="value", xaxis={"dtick": 1 if len(values) <= 20 else None})
     return figure
 
 
@@ -128,3 +179,119 @@ def _line_keys(table: pa.Table) -> list[tuple[tuple[str, str, str], np.ndarray]]
         key = tuple(table.column(c)[int(rows[0])].as_py() for c in columns)
         result.append((key, rows))
     return sorted(result, key=lambda item: tuple(str(k) for k in item[0]))
+
+
+# -- the Graphs tab: KPIs of several trials overlaid ------------------------------------------------------
+# Distinct colours for many curves: plotly's ten repeat after ten. 50 hues from two qualitative palettes; past
+# them a curve also gets its own dash pattern, so no two curves look the same.
+CURVE_COLOURS = tuple(dict.fromkeys(c.upper() for c in (*pcolors.qualitative.Dark24, *pcolors.qualitative.Alphabet)))
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+
+def curve_style(index: int) -> dict[str, str]:
+    """The colour and dash of the ``index``-th curve of a figure: unique for the first 300."""
+    return {"color": CURVE_COLOURS[index % len(CURVE_COLOURS)], "dash": DASHES[(index // len(CURVE_COLOURS)) % len(DASHES)]}
+
+
+def smooth(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing: an exponential moving average, debiased at the start; non-finite values are
+    kept as they are and skipped by the average. One linear filter over the finite values (no Python loop)."""
+    if weight <= 0 or len(values) == 0:
+        return values
+    from scipy.signal import lfilter  # here, not at the top: the app starts without paying for scipy
+
+    result = np.array(values, dtype=np.float64)
+    finite = np.isfinite(result)
+    if not finite.any():
+        return result
+    averaged = lfilter([1 - weight], [1, -weight], result[finite])
+    debias = 1 - weight ** np.arange(1, len(averaged) + 1, dtype=np.float64)
+    result[finite] = averaged / debias
+    return result
+
+
+@dataclass(frozen=True)
+class KpiOptions:
+    log_y: bool = False
+    smoothing: float = 0.0  # 0 (none) to 0.99
+    robust_range: bool = True  # the y-range of the bulk of the values; points beyond are drawn at its edge
+
+
+def robust_range(values: np.ndarray, *, log_y: bool, fence: float = 4.0) -> tuple[float, float] | None:
+    """A y-range that holds every value but the far outliers, or None when there are none (plotly's own range is
+    right then). Outliers lie more than ``fence`` interquartile ranges beyond the quartiles (Tukey's fences, wide):
+    unlike a range of quantiles, one spike among few points cannot stretch it. In log10 units with ``log_y``."""
+    finite = values[np.isfinite(values)]
+    if log_y:
+        finite = np.log10(finite[finite > 0])
+    if finite.size < 10:
+        return None
+    q1, q3 = np.quantile(finite, [0.25, 0.75])
+    spread = (q3 - q1) or abs(q3) * 0.1 or 1.0
+    inside = finite[(finite >= q1 - fence * spread) & (finite <= q3 + fence * spread)]
+    if inside.size == finite.size:
+        return None
+    low, high = float(inside.min()), float(inside.max())
+    pad = (high - low) * 0.05 or spread * 0.05
+    return low - pad, high + pad
+
+
+def kpi_overlay_figures(tables: dict[str, pa.Table], options: KpiOptions = KpiOptions(),
+                        max_points: int = MAX_POINTS) -> list[tuple[str, go.Figure]]:
+    """One figure per KPI group, a line per (trial, kpi_name, type_of_execution): the trials overlaid."""
+    lines: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
+    several = len(tables) > 1
+    for trial, table in tables.items():
+        if table.num_rows == 0:
+            continue
+        table = _rank_in_names(table)
+        x_all = table.column("timepoint").to_numpy()
+        y_all = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
+        for (group, name, type_), rows in _line_keys(table):
+            order = rows[np.argsort(x_all[rows], kind="stable")]
+            label = name if type_ in ("", None) else f"{name} · {type_}"
+            lines.setdefault(group, []).append((f"{trial} · {label}" if several else label, x_all[order], y_all[order]))
+    return [(group, _overlay_figure(group, entries, options, max_points)) for group, entries in sorted(lines.items())]
+
+
+def _overlay_figure(group: str, entries: list[tuple[str, np.ndarray, np.ndarray]], options: KpiOptions,
+                    max_points: int) -> go.Figure:
+    figure = _kpi_figure(group)
+    everything = np.concatenate([y for _, _, y in entries]) if entries else np.array([])
+    bounds = robust_range(everything, log_y=options.log_y) if options.robust_range else None
+    for index, (label, x, y) in enumerate(entries):
+        style = curve_style(index)
+        smoothed = smooth(y, options.smoothing)
+        if options.smoothing > 0:  # the raw curve stays visible, faint, behind the smoothed one
+            rx, ry = downsample(x, y, max_points)
+            figure.add_trace(go.Scatter(x=rx, y=ry, mode="lines", name=f"{label} (raw)", legendgroup=label,
+                                        showlegend=False, opacity=0.25, line={"width": 1, "color": style["color"]},
+                                        hoverinfo="skip"))
+        sx, sy = downsample(x, smoothed, max_points)
+        figure.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name=label, legendgroup=label,
+                                    line={"width": 1.6, **style}))
+        if bounds is not None:
+            _add_outliers(figure, label, x, y, bounds, options.log_y, style["color"])
+    if options.log_y:
+        figure.update_yaxes(type="log")
+    if bounds is not None:
+        figure.update_yaxes(range=list(bounds))
+        figure.update_layout(title={"text": f"{group or 'KPIs'}<br><sup>y-range of the bulk of the values; "
+                                            "▲▼ mark points beyond it (hover for the value)</sup>"})
+    return figure
+
+
+def _add_outliers(figure: go.Figure, label: str, x: np.ndarray, y: np.ndarray, bounds: tuple[float, float],
+                  log_y: bool, colour: str) -> None:
+    """Points outside the y-range, drawn on its edge as triangles that point the way they lie."""
+    low, high = (10 ** bounds[0], 10 ** bounds[1]) if log_y else bounds
+    for mask, edge, symbol in ((y > high, high, "triangle-up"), (y < low, low, "triangle-down")):
+        mask &= np.isfinite(y)
+        if not mask.any():
+            continue
+        ox, oy = downsample(x[mask], y[mask])  # a long run can have thousands: keep each bucket's extremes
+        figure.add_trace(go.Scatter(
+            x=ox, y=np.full(len(ox), edge), mode="markers", name=f"{label} (beyond the range)",
+            legendgroup=label, showlegend=False, customdata=oy,
+            marker={"symbol": symbol, "size": 9, "color": colour, "line": {"width": 1, "color": "#222"}},
+            hovertemplate=f"{label}<br>step %{{x}}: %{{customdata:.6g}}<extra>beyond the range</extra>"))

@@ -10,14 +10,18 @@ import dash_bootstrap_components as dbc
 from dash import dcc, html
 from dash.development.base_component import Component
 
+from comgra.server import breakpoints as breakpoints_panel
+from comgra.server import compare, kpi_view, profile_panel, samples
+from comgra.server import findings as findings_panel
 from comgra.server.dom import attributes
 from comgra.server.graph_view import legend
 from comgra.service import PLOT_STATISTICS
 
-TABS = ("tensors", "network", "notes", "graphs", "visualization")
-TAB_LABELS = {"tensors": "Tensors", "network": "Network", "notes": "Notes", "graphs": "Graphs",
-              "visualization": "Visualization"}
+TABS = ("tensors", "findings", "samples", "compare", "network", "notes", "graphs", "profile", "resources", "breakpoints", "visualization")
+TAB_LABELS = {"tensors": "Tensors", "findings": "Findings", "samples": "Samples", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
+              "profile": "Profile", "resources": "Resources", "breakpoints": "Breakpoints", "visualization": "Visualization"}
 NAVIGATION = {"left": "←", "up": "↑", "down": "↓", "right": "→"}
+ZOOM = {"out": ("−", "Zoom out"), "fit": ("Fit", "Fit the graph into view"), "in": ("+", "Zoom in")}
 NAVIGATION_HELP = {"left": "Go to a node this one depends on", "right": "Go to a node that depends on this one",
                    "up": "Go to the node above", "down": "Go to the node below"}
 
@@ -30,6 +34,20 @@ class ID:
     CURRENT_TRIAL = "current-trial"  # dcc.Store: the trial shown, changed only when it changes
     DATA_VERSION = "data-version"
     NODE_CLICK = "node-click"  # set by assets/comgra.js when a node is clicked
+    URL = "url"  # dcc.Location: the query string is read at page load (service.URL_KEYS)
+    LINK = "view-link"  # dcc.Store: the shown view's link; assets/comgra.js writes it into the URL
+    URL_WRITTEN = "url-written"  # dcc.Store: the output of that clientside callback
+    GRAPH_KEY = "graph-key"  # dcc.Store: {"trial", "hash"} of the graph shown
+    GRAPHS = "graph-documents"  # dcc.Store: hash -> graph document (graph_view.client_graph), sent once each
+    GRAPHS_KNOWN = "graph-hashes"  # dcc.Store: the hashes the page holds, so that none is sent twice
+    GRAPH_RENDERED = "graph-rendered"  # dcc.Store: the output of the clientside renderer
+    BADGES = "graph-badges"  # dcc.Store: node id -> badge text of the current trial (findings)
+    STEP_KEY = "step-key"  # dcc.Store: trial, step, iteration, kind and rank shown; changes only with them
+    NODE_SUMMARIES = "node-summaries"  # dcc.Store: node id -> min/mean/max at this step, for hover cards
+    SUMMARIES_SET = "node-summaries-set"  # dcc.Store: the output of the clientside callback that takes them
+    NOTICES = "notices"  # dcc.Store: topic -> text; shown beside the selector it concerns
+    VALUES_DATA = "values-data"  # dcc.Store: the values panel as plain data (server/values_view.py)
+    VALUES_RENDERED = "values-rendered"  # dcc.Store: the output of the clientside values renderer
     POLL = "poll"
     TABS = "tabs"
     BANNER = "banner"
@@ -66,6 +84,11 @@ class ID:
     def nav(direction: str) -> str:
         return f"nav-{direction}"
 
+    @staticmethod
+    def notice(topic: str) -> str:
+        """The slot of the notices about one selector ("general": the page's own slot, ``NOTICE``)."""
+        return "notice" if topic == "general" else f"notice-{topic}"
+
 
 def page(*, title: str, data_version: str, poll_ms: int, with_visualization: bool) -> html.Div:
     tabs = [t for t in TABS if with_visualization or t != "visualization"]
@@ -75,13 +98,24 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         dcc.Store(id=ID.CURRENT_TRIAL, storage_type="memory"),
         dcc.Store(id=ID.DATA_VERSION, data=data_version),
         dcc.Store(id=ID.NODE_CLICK),
+        dcc.Location(id=ID.URL, refresh=False),
+        dcc.Store(id=ID.LINK), dcc.Store(id=ID.URL_WRITTEN),
+        dcc.Store(id=ID.GRAPH_KEY), dcc.Store(id=ID.GRAPHS, data={}), dcc.Store(id=ID.GRAPHS_KNOWN, data=[]),
+        dcc.Store(id=ID.GRAPH_RENDERED), dcc.Store(id=ID.BADGES, data={}),
+        dcc.Store(id=ID.STEP_KEY), dcc.Store(id=ID.NODE_SUMMARIES, data={}), dcc.Store(id=ID.NOTICES, data={}),
+        dcc.Store(id=ID.VALUES_DATA), dcc.Store(id=ID.VALUES_RENDERED), dcc.Store(id=ID.SUMMARIES_SET),
         dcc.Interval(id=ID.POLL, interval=poll_ms),
         _header(title, tabs),
         html.Div(id=ID.BANNER, role="status"),
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
+        html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
+        html.Div(id=ID.panel("samples"), className="panel hidden", children=samples.panel()),
+        html.Div(id=ID.panel("compare"), className="panel hidden", children=compare.panel()),
         html.Div(id=ID.panel("network"), className="panel hidden", children=html.Div(id=ID.NETWORK)),
         html.Div(id=ID.panel("notes"), className="panel hidden", children=html.Div(id=ID.NOTES)),
-        html.Div(id=ID.panel("graphs"), className="panel hidden", children=html.Div(id=ID.KPIS)),
+        html.Div(id=ID.panel("graphs"), className="panel hidden", children=kpi_view.panel()),  # holds ID.KPIS
+        *[html.Div(id=ID.panel(t), className="panel hidden", children=b()) for t, b in profile_panel.PANELS.items()],
+        html.Div(id=ID.panel("breakpoints"), className="panel hidden", children=breakpoints_panel.panel()),
         *([html.Div(id=ID.panel("visualization"), className="panel hidden",
                     children=html.Div(id=ID.VISUALIZATION))] if with_visualization else []),
     ])
@@ -93,36 +127,46 @@ def _header(title: str, tabs: list[str]) -> html.Div:
         html.Span(title, className="recording-path text-muted", title=title),
         dbc.Tabs(id=ID.TABS, active_tab="tensors", className="tabs",
                  children=[dbc.Tab(label=TAB_LABELS[t], tab_id=t) for t in tabs]),
-        _labelled("Trial", dcc.Dropdown(id=ID.TRIAL, clearable=False, searchable=True), "selector-trial"),
+        _labelled("Trial", dcc.Dropdown(id=ID.TRIAL, clearable=False, searchable=True), "selector-trial", "trial"),
     ])
 
 
-def _labelled(label: str, control: Component, class_name: str = "") -> html.Div:
-    return html.Div(className=f"selector {class_name}", children=[html.Label(label, className="form-label"), control])
+def _labelled(label: str, control: Component, class_name: str = "", notice: str | None = None) -> html.Div:
+    """A selector with its label, and the slot of the notices about it (filled by the view callback)."""
+    slot = [_notice_slot(notice)] if notice else []
+    return html.Div(className=f"selector {class_name}", children=[html.Label(label, className="form-label"), control,
+                                                                   *slot])
+
+
+def _notice_slot(topic: str) -> html.Div:
+    return html.Div(id=ID.notice(topic), className="selector-notice", role="status",
+                    **attributes({"aria-live": "polite", "data-notice": topic}))
 
 
 def _tensors_panel() -> list[Component]:
+    # The graph and the values side by side, so that the numbers are where the eye is (1280x800 shows both).
     return [
         _selectors(),
-        _graph_area(),
-        html.Div(id=ID.NOTICE, className="notice", role="status", **attributes({"aria-live": "polite"})),
-        html.Div(className="row g-3 output", children=[
-            html.Div(id=ID.VALUES, className="col-lg-6 values"),
-            html.Div(className="col-lg-6 plots", children=_plots()),
+        html.Div(id=ID.NOTICE, className="notice selector-notice", role="status",
+                 **attributes({"aria-live": "polite", "data-notice": "general"})),
+        html.Div(className="workspace", children=[
+            _graph_area(),
+            html.Div(id=ID.VALUES, className="values", role="region", **attributes({"aria-label": "Values"})),
         ]),
+        html.Div(className="plots", children=_plots()),
     ]
 
 
 def _selectors() -> html.Div:
     return html.Div(className="selectors", children=[
         html.Div(className="selector-row", children=[
-            _labelled("Type of recording", dcc.RadioItems(id=ID.KIND, inline=True, className="kind-radio")),
-            _labelled("Type of training step", dcc.Dropdown(id=ID.TYPE, clearable=False)),
-            _labelled("Batch or sample", dcc.Dropdown(id=ID.AGGREGATION, clearable=False)),
-            _labelled("Role of tensor", dcc.Dropdown(id=ID.ROLE, clearable=False)),
+            _labelled("Type of recording", dcc.RadioItems(id=ID.KIND, inline=True, className="kind-radio"), notice="kind"),
+            _labelled("Type of training step", dcc.Dropdown(id=ID.TYPE, clearable=False), notice="type"),
+            _labelled("Batch or sample", dcc.Dropdown(id=ID.AGGREGATION, clearable=False), notice="aggregation"),
+            _labelled("Role of tensor", dcc.Dropdown(id=ID.ROLE, clearable=False), notice="role"),
             html.Div(id=ID.RANK_BOX, className="selector selector-rank d-none", children=[
                 html.Label("Rank", className="form-label", htmlFor=ID.RANK),
-                dcc.Dropdown(id=ID.RANK, clearable=False, searchable=False)]),
+                dcc.Dropdown(id=ID.RANK, clearable=False, searchable=False), _notice_slot("rank")]),
         ]),
         html.Div(className="selector-row", children=[
             _labelled("Training step", html.Div(className="slider-with-buttons", children=[
@@ -136,23 +180,29 @@ def _selectors() -> html.Div:
                 dcc.Input(id=ID.STEP_INPUT, type="number", debounce=True, placeholder="step",
                           className="form-control form-control-sm step-input"),
                 html.Span(id=ID.STEP_INFO, className="step-info text-muted"),
-            ]), "selector-step"),
+            ]), "selector-step", "step"),
             _labelled("Iteration", html.Div(dcc.Slider(id=ID.ITERATION, min=0, max=0, step=1, value=0,
                                                        allow_direct_input=False), className="slider"),
-                      "selector-iteration"),
+                      "selector-iteration", "iteration"),
         ]),
     ])
 
 
 def _graph_area() -> html.Div:
-    buttons = [html.Button(symbol, id=ID.nav(direction), className="btn btn-outline-primary btn-sm",
+    # Moving, zooming and panning happen in the browser (assets/comgra.js): these buttons have no callback.
+    buttons = [html.Button(symbol, id=ID.nav(direction), className="btn btn-outline-primary btn-sm", type="button",
                            title=f"{NAVIGATION_HELP[direction]} (arrow key)",
-                           **attributes({"aria-label": NAVIGATION_HELP[direction]}))
+                           **attributes({"aria-label": NAVIGATION_HELP[direction], "data-move": direction}))
                for direction, symbol in NAVIGATION.items()]
+    zoom = [html.Button(symbol, className="btn btn-outline-secondary btn-sm", type="button", title=help_,
+                        **attributes({"aria-label": help_, "data-zoom-step": step}))
+            for step, (symbol, help_) in ZOOM.items()]
     return html.Div(className="graph-area", children=[
         html.Div(className="graph-toolbar d-flex flex-wrap align-items-center gap-2", children=[
             html.Div(buttons, className="btn-group nav-buttons", role="group", **attributes({"aria-label": "Move along the graph"})),
-            dcc.Dropdown(id=ID.SEARCH, placeholder="Find a node by name…", className="node-search", clearable=True),
+            html.Div(zoom, className="btn-group zoom-buttons", role="group", **attributes({"aria-label": "Zoom"})),
+            html.Div([dcc.Dropdown(id=ID.SEARCH, placeholder="Find a node by name…", className="node-search",
+                                   clearable=True), _notice_slot("node")], className="node-search-box"),
             legend(),
         ]),
         html.Div(id=ID.GRAPH, className="graph-scroll", role="group", **attributes({"aria-label": "Dependency graph"})),

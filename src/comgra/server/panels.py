@@ -14,7 +14,7 @@ from dash import html
 from dash.development.base_component import Component
 
 from comgra.server.dom import attributes
-from comgra.service import Selection, aggregation_label
+from comgra.service import Selection, aggregation_label, parse_aggregation
 from comgra.store import format as fmt
 
 MAX_NEURON_ROWS = 512
@@ -37,7 +37,7 @@ def values_panel(selection: Selection | None, row: dict[str, Any] | None) -> htm
     if row is None:
         parts.append(html.P("No values were recorded for this selection.", className="text-muted"))
         return html.Div(parts)
-    parts += [html.H2("Statistics", className="h6"), statistics_table(row),
+    parts += [html.H2("Statistics", className="h6"), statistics_table(row, selection.aggregation),
               html.H2("Neurons", className="h6"), neurons_list(row)]
     return html.Div(parts)
 
@@ -63,14 +63,40 @@ def summary_table(selection: Selection, row: dict[str, Any] | None) -> html.Tabl
     return html.Table(html.Tbody(body), id="summary-table", className="table table-sm summary")
 
 
-def statistics_table(row: dict[str, Any]) -> html.Table:
+# What each statistic is over the values of one sample (or of the whole tensor without a batch dimension).
+STATISTIC_MEANING = {
+    "mean": "the mean of the values", "abs_mean": "the mean of the absolute values",
+    "std": "the standard deviation of the values", "min": "the smallest value", "max": "the largest value",
+    "abs_max": "the largest absolute value", "nan_count": "the number of NaN values",
+    "inf_count": "the number of infinite values", "svd_max": "the largest singular value (a 2-D parameter)",
+}
+# How the recorder turns the per-sample statistics into the row of a batch aggregation.
+_OVER_THE_BATCH = {"mean": "the mean over the batch", "std": "the standard deviation over the batch",
+                   "abs_max": "the largest absolute value over the batch"}
+
+
+def statistic_help(statistic: str, aggregation: str) -> str:
+    """A tooltip that says what a statistic is under an aggregation: "min" under "Mean over the batch" is
+    the batch mean of each sample's minimum, not the minimum of the batch mean."""
+    what = STATISTIC_MEANING.get(statistic, statistic)
+    kind, sample = parse_aggregation(aggregation)
+    if kind == "sample":
+        return f"{statistic}: {what} of sample {sample}."
+    if kind in _OVER_THE_BATCH:
+        return (f"{statistic} under {aggregation_label(aggregation)!r}: {_OVER_THE_BATCH[kind]} of each sample's "
+                f"{statistic} ({what} of one sample's values), not the {statistic} of one combined tensor.")
+    return f"{statistic}: {what} of the tensor (it has no batch dimension)."
+
+
+def statistics_table(row: dict[str, Any], aggregation: str = "none") -> html.Table:
     svd = row.get("svd_max")
     names = [*fmt.STATISTICS, *(["svd_max"] if svd is not None and not math.isnan(svd) else [])]
     body = []
     for name in names:
         value = row.get(name)
         text = number(value, count=name in COUNT_STATISTICS)
-        body.append(html.Tr([html.Th(name, scope="row"),
+        body.append(html.Tr([html.Th(name, scope="row", title=statistic_help(name, aggregation),
+                                     className="statistic-name"),
                              html.Td(text, id=f"stat-{name}", className="number",
                                      **attributes({"data-stat": name, "data-value": repr(value)}))]))
     return html.Table(html.Tbody(body), id="statistics-table", className="table table-sm statistics")

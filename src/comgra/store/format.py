@@ -10,6 +10,8 @@ A group folder holds one folder per trial::
         tensors/<chunk>.parquet      statistics and neuron values
         kpis/<chunk>.parquet         scalars from record_kpi_in_graph
         notes/<chunk>.parquet        lines from add_note
+        layers/<chunk>.parquet       per-layer profiling (track_module(..., profile=True))
+        resources/<chunk>.parquet    CPU, memory and GPU samples over time
 
 Chunk files are immutable and appear atomically (written under a temporary
 name, then renamed). A steps chunk is written after the tensors chunk it
@@ -27,7 +29,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -36,7 +38,7 @@ import pyarrow.parquet as pq
 FORMAT_VERSION = 2
 TRIALS_DIR = "trials"
 TRIAL_META = "trial.json"
-TABLES = ("steps", "tensors", "kpis", "notes")
+TABLES = ("steps", "tensors", "kpis", "notes", "layers", "resources")
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")
 AGGREGATIONS = ("mean", "std", "abs_max", "sample", "none")
 FORWARD = "forward"
@@ -93,10 +95,87 @@ KPIS_SCHEMA = pa.schema(
     ]
 )
 NOTES_SCHEMA = pa.schema([("seq", pa.int64()), ("wall_time", pa.float64()), ("note", pa.string())])
+# Per-layer profiling (track_module(..., profile=True)): one row per execution of a module. Times are
+# seconds; a null is "not measured on this step" (activation statistics and gradient norms on the
+# recorded steps, FLOPs on the steps asked for), never a guess.
+LAYERS_SCHEMA = pa.schema(
+    [
+        ("training_step", pa.int64()),
+        ("module", pa.string()),  # dotted name: root.sub.subsub
+        ("call", pa.int32()),  # the how-manieth execution of the module in this step, from 0
+        ("clock", pa.string()),  # "perf_counter" (CPU) or "cuda_event" (GPU, read once per step)
+        ("forward_start", pa.float64()),  # seconds since the epoch (time.time scale)
+        ("forward_time", pa.float64()),
+        ("backward_start", pa.float64()),
+        ("backward_time", pa.float64()),  # gradient at the outputs -> last gradient of its parameters/inputs
+        ("output_bytes", pa.int64()),  # bytes of the tensors the module returned
+        ("cuda_allocated_delta", pa.int64()),  # torch.cuda.memory_allocated() after - before the forward
+        ("cuda_peak", pa.int64()),  # torch.cuda.max_memory_allocated() after the forward (process-wide)
+        ("forward_flops", pa.int64()),  # FlopCounterMode, inclusive of submodules
+        ("act_mean", pa.float32()),  # statistics of the first floating-point output
+        ("act_std", pa.float32()),
+        ("act_abs_max", pa.float32()),
+        ("act_nan_count", pa.int64()),
+        ("grad_norm", pa.float32()),  # L2 norm of the gradients of the module's parameters (submodules too)
+    ]
+)
+# Resource samples (psutil, NVML), long format: one row per (time, source, metric).
+RESOURCES_SCHEMA = pa.schema(
+    [
+        ("wall_time", pa.float64()),
+        ("training_step", pa.int64()),  # the last training step started when sampled; -1 before the first
+        ("source", pa.string()),  # "process", "machine" or "gpu:<index>"
+        ("metric", pa.string()),  # cpu_percent, memory_bytes, memory_percent, utilization_percent, ...
+        ("value", pa.float64()),
+    ]
+)
 # The *_SCHEMA above are the rows the recorder hands to its writer; SCHEMAS are the chunk files on disk:
 # the same columns plus ``rank``, which the writer adds (it alone knows which rank's shard it writes).
 SCHEMAS = {name: schema.append(RANK_FIELD) for name, schema in
-           {"steps": STEPS_SCHEMA, "tensors": TENSORS_SCHEMA, "kpis": KPIS_SCHEMA, "notes": NOTES_SCHEMA}.items()}
+           {"steps": STEPS_SCHEMA, "tensors": TENSORS_SCHEMA, "kpis": KPIS_SCHEMA, "notes": NOTES_SCHEMA,
+            "layers": LAYERS_SCHEMA, "resources": RESOURCES_SCHEMA}.items()}
+
+
+
+# -- the graph document (graphs/<hash>.json), as typed structures ------------------------------------------
+class _GraphNodeFields(TypedDict):
+    id: str  # unique in the graph; "<node>*old" for a tensor of an earlier iteration
+    node: str  # the node's name in the tensors table
+    role: str  # input, target, loss, output, parameter, intermediate, initial_value
+    roles: list[str]  # the tensors within the node (their ``role`` in the tensors table)
+    column: int  # layout: columns left to right by dependency
+    row: int
+
+
+class GraphNode(_GraphNodeFields, total=False):
+    tensor_type: str
+    has_batch: bool
+    iteration_offset: int  # negative for a tensor of an earlier iteration
+    absolute_iteration: int | None  # -1 for parameters and initial values (stored under iteration -1)
+    group: str  # the visual prefix of a parameter
+    aliases: list[str]  # a tied parameter's other names
+
+
+class _GraphEdgeFields(TypedDict):
+    source: str  # node ids
+    target: str
+
+
+class GraphEdge(_GraphEdgeFields, total=False):
+    source_role: str
+    target_role: str
+
+
+class _GraphDocumentFields(TypedDict):
+    nodes: list[GraphNode]
+    edges: list[GraphEdge]
+
+
+class GraphDocument(_GraphDocumentFields, total=False):
+    """One dependency graph of an iteration; the reader returns it once it has checked these fields."""
+
+    format_version: int
+    hash: str
 
 
 def trial_dir(group_dir: Path, trial_id: str) -> Path:
@@ -200,6 +279,15 @@ def final_name_of_temporary(name: str) -> str:
 
 def writer_lock_path(trial_directory: Path, rank: int) -> Path:
     return trial_directory / f".writer-r{rank:03d}.lock"
+
+
+def chunk_names(folder: Path) -> list[str]:
+    """The names of ``chunk_files(folder)``, from one ``scandir`` (no stat per file): cheap enough to ask on every
+    view, and a version token (a new chunk changes the list)."""
+    try:
+        return sorted(e.name for e in os.scandir(folder) if e.name.endswith(".parquet") and e.name[0] != ".")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def chunk_files(folder: Path) -> list[Path]:

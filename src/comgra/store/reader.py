@@ -18,7 +18,7 @@ import numbers
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import pyarrow as pa
@@ -61,6 +61,14 @@ class GroupReader:
         with self._lock:
             self._trials = {}
 
+    def chunk_names(self, trial_id: str, table: str) -> list[str]:
+        """The chunk names of one table of a trial, without opening the trial (no metadata read): the app's
+        poll asks this of every trial every few seconds. A trial that is not a folder of the group has none."""
+        directory = fmt.trial_dir(self.path, trial_id)
+        if "/" in trial_id or trial_id in ("", ".", "..") or not (directory / fmt.TRIAL_META).is_file():
+            return []
+        return fmt.chunk_names(directory / table)
+
     def trial(self, trial_id: str) -> TrialReader:
         with self._lock:
             if trial_id not in self._trials:
@@ -87,7 +95,7 @@ class TrialReader:
         self._problems: dict[str, str] = {}
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
         self._cache: dict[tuple[str, str], pa.Table] = {}
-        self._graphs: dict[str, dict[str, Any]] = {}
+        self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
         self._connection = duckdb.connect()
         # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
@@ -104,6 +112,10 @@ class TrialReader:
         found = {fmt.rank_of(p.name) for table in ("steps", "tensors") for p in self._files(table)}
         return sorted(r for r in found if r is not None)
 
+    def chunk_names(self, table: str) -> list[str]:
+        """The names of a table's chunk files, sorted: a version token (a new chunk changes it), one scandir."""
+        return fmt.chunk_names(self.directory / table)
+
     # -- small tables, cached per immutable chunk --------------------------------------------
     def steps(self, rank: int | None = None) -> pa.Table:
         """One row per (rank, training_step, iteration), sorted: the index of everything recorded."""
@@ -119,8 +131,18 @@ class TrialReader:
             [("wall_time", "ascending"), ("rank", "ascending"), ("seq", "ascending")])
         return table.column("note").to_pylist()
 
-    def graph(self, graph_hash: str) -> dict[str, Any]:
-        """The dependency graph of one iteration (see the README for its fields)."""
+    def layers(self, rank: int | None = None) -> pa.Table:
+        """Per-layer profiling rows (one per execution of a module), sorted by step, module and call."""
+        return self._cached_table("layers", rank).sort_by(
+            [("training_step", "ascending"), ("module", "ascending"), ("call", "ascending"), ("rank", "ascending")])
+
+    def resources(self, rank: int | None = None) -> pa.Table:
+        """Resource samples over time (long format: wall_time, source, metric, value)."""
+        return self._cached_table("resources", rank).sort_by(
+            [("wall_time", "ascending"), ("source", "ascending"), ("metric", "ascending")])
+
+    def graph(self, graph_hash: str) -> fmt.GraphDocument:
+        """The dependency graph of one iteration (see the README for its fields), once its fields are checked."""
         if graph_hash not in self._graphs:
             # The hash comes from a file: only the writer's shape may become a path (no "../..").
             path = self.directory / "graphs" / f"{validation.check_graph_hash(graph_hash, self.trial_id)}.json"
@@ -131,7 +153,7 @@ class TrialReader:
                 document = validation.load_json(path, "Graph")
             except StoreError as error:
                 raise StoreError(f"{error} The recording may still be in progress or was damaged.") from None
-            self._graphs[graph_hash] = validation.check_graph(document, path)
+            self._graphs[graph_hash] = cast(fmt.GraphDocument, validation.check_graph(document, path))
         return self._graphs[graph_hash]
 
     @property
@@ -173,6 +195,18 @@ class TrialReader:
         table = self._query(self._files("tensors", rank), ["training_step", statistic, "rank"], filters)
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
+
+    def tensor_chunks(self, rank: int | None = None) -> list[Path]:
+        """The visible tensors chunks (a merged chunk hides its parts), sorted: for a scan of a whole
+        trial that reads every chunk once and keeps what it found per chunk (chunks are immutable)."""
+        return self._files("tensors", rank)
+
+    def read_tensor_chunk(self, path: Path, columns: list[str] | None = None) -> pa.Table:
+        """Every row of one tensors chunk; a damaged one is listed in ``problems`` and reads as empty,
+        and so does one a live writer merged away meanwhile (its rows are in the merged chunk)."""
+        if not path.exists():
+            return _TENSORS.empty_table().select(columns or _TENSORS.names)
+        return self._query([path], columns, {})
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
         if not files:

@@ -197,7 +197,7 @@ class ChunkWriter:
         self._check_trial_folder()
         # Steps last: the steps chunk is the commit record of a training step, so a reader (or a kill)
         # that sees a step in the index also finds its values, KPIs and notes.
-        for name in ("tensors", "kpis", "notes", "steps"):
+        for name in ("tensors", "kpis", "notes", "layers", "resources", "steps"):
             tables = buffer.tables[name]
             if not tables:
                 continue
@@ -282,7 +282,8 @@ def _with_rank(table: pa.Table, rank: int) -> pa.Table:
 
 
 def _step_range(name: str, table: pa.Table) -> tuple[int, int]:
-    column = {"steps": "training_step", "tensors": "training_step", "kpis": "timepoint"}.get(name)
+    column = {"steps": "training_step", "tensors": "training_step", "kpis": "timepoint",
+              "layers": "training_step", "resources": "training_step"}.get(name)
     if column is None or table.num_rows == 0:
         return 0, 0
     bounds = pc.min_max(table[column])

@@ -1,22 +1,324 @@
-/* comgra: clicks on graph nodes and keyboard navigation along the graph.
+/* comgra: the dependency graph in the browser.
  *
- * A click on a node (or Enter/Space on a focused node) writes the node's id into
- * the "node-click" store; the arrow keys press the navigation buttons, except
- * while the user types in a field or works a slider or dropdown. After the graph
- * re-renders, focus follows the selected node if it was inside the graph. */
+ * The server sends each graph structure once (the "graph-documents" store, keyed by hash; see
+ * server/graph_view.py for what a document holds). This script lays it out, draws it, and does
+ * everything that needs no data: selecting a node (the values then come from the server, the only
+ * round trip of a click), highlighting its neighbours, moving along the graph with the arrow keys
+ * and the buttons, collapsing parameter boxes, zoom and pan, a hover card, and keeping the selected
+ * node in view. It also keeps the page's URL in step with the selection (replaceState, no reload).
+ */
 (function () {
   "use strict";
-  var KEYS = { ArrowLeft: "nav-left", ArrowRight: "nav-right", ArrowUp: "nav-up", ArrowDown: "nav-down" };
+  var NODE_W = 184, NODE_H = 40, MEMBER_W = 168, MEMBER_H = 30, COLUMN_GAP = 54, ROW_GAP = 12, PAD = 14;
+  var BOX_HEAD = 18, BOX_PAD = 6, MEMBER_GAP = 4;
+  var KEYS = { ArrowLeft: "left", ArrowRight: "right", ArrowUp: "up", ArrowDown: "down" };
   var BUSY = '[role="slider"], [role="combobox"], [role="listbox"], [role="tablist"], .dash-dropdown, ' +
              '.dash-slider, .rc-slider, .js-plotly-plot';
+  var NOTICE_TOPICS = ["general", "trial", "rank", "type", "step", "iteration", "node", "role", "kind", "aggregation"];
 
-  function select(nodeId) {
-    var dc = window.dash_clientside;
-    if (dc && dc.set_props) {
-      dc.set_props("node-click", { data: { id: nodeId, t: Date.now() } });
+  var state = {
+    key: null, doc: null, badges: {}, summaries: {}, selected: null, role: null, collapsed: {},
+    layout: null, byId: {}, incoming: {}, outgoing: {}, highlighted: [], zoom: 1, rendered: ""
+  };
+
+  // -- layout ---------------------------------------------------------------------------------
+  function boxHeight(box) {
+    return BOX_HEAD + BOX_PAD + (state.collapsed[box.id] ? 0 : box.members.length * (MEMBER_H + MEMBER_GAP));
+  }
+
+  function computeLayout(doc) {
+    var entries = {}, attached = {}, placed = {}, columns = [];
+    doc.boxes.forEach(function (box) {
+      if (box.consumer && state.byId[box.consumer] && !state.byId[box.consumer].box) {
+        (attached[box.consumer] = attached[box.consumer] || []).push(box);
+      } else {
+        (entries[box.column] = entries[box.column] || []).push({ box: box, row: 1e9 });
+      }
+    });
+    doc.nodes.forEach(function (node) {
+      if (!node.box) (entries[node.column] = entries[node.column] || []).push({ node: node, row: node.row });
+    });
+    var keys = Object.keys(entries).map(Number).sort(function (a, b) { return a - b; });
+    var nodes = {}, boxes = {}, width = 0, height = 0;
+    keys.forEach(function (column, index) {
+      var x = PAD + index * (NODE_W + COLUMN_GAP), y = PAD, order = [];
+      entries[column].sort(function (a, b) { return a.row - b.row; });
+      function placeBox(box) {
+        var h = boxHeight(box);
+        boxes[box.id] = { x: x, y: y, w: NODE_W, h: h, column: index };
+        var my = y + BOX_HEAD;
+        box.members.forEach(function (id) {
+          nodes[id] = { x: x + (NODE_W - MEMBER_W) / 2, y: my, w: MEMBER_W, h: MEMBER_H, column: index,
+                        hidden: !!state.collapsed[box.id] };
+          if (!state.collapsed[box.id]) order.push(id);
+          my += MEMBER_H + MEMBER_GAP;
+        });
+        y += h + ROW_GAP;
+      }
+      entries[column].forEach(function (entry) {
+        if (entry.node) {
+          nodes[entry.node.id] = { x: x, y: y, w: NODE_W, h: NODE_H, column: index, hidden: false };
+          order.push(entry.node.id);
+          y += NODE_H + ROW_GAP;
+          (attached[entry.node.id] || []).sort(function (a, b) { return a.id < b.id ? -1 : 1; }).forEach(placeBox);
+        } else {
+          placeBox(entry.box);
+        }
+      });
+      columns.push(order);
+      width = Math.max(width, x + NODE_W + PAD);
+      height = Math.max(height, y + PAD);
+    });
+    return { nodes: nodes, boxes: boxes, columns: columns, width: width, height: height };
+  }
+
+  function index(doc) {
+    state.byId = {}; state.incoming = {}; state.outgoing = {};
+    doc.nodes.forEach(function (n) { state.byId[n.id] = n; state.incoming[n.id] = []; state.outgoing[n.id] = []; });
+    doc.edges.forEach(function (e) {
+      if (state.incoming[e.target]) state.incoming[e.target].push(e);
+      if (state.outgoing[e.source]) state.outgoing[e.source].push(e);
+    });
+  }
+
+  // -- drawing --------------------------------------------------------------------------------
+  function el(tag, className, text) {
+    var element = document.createElement(tag);
+    if (className) element.className = className;
+    if (text !== undefined) element.textContent = text;
+    return element;
+  }
+
+  function place(element, p) {
+    element.style.left = p.x + "px"; element.style.top = p.y + "px";
+    element.style.width = p.w + "px"; element.style.height = p.h + "px";
+  }
+
+  function spoken(node) {
+    var parts = [node.name + (node.old ? " (previous iteration)" : ""), node.detail.split(" · ")[0]];
+    if (node.roles.length > 1) parts.push(node.roles.length + " roles");
+    if (node.aliases.length) parts.push("also " + node.aliases.join(", "));
+    if (node.box) parts.push("in " + node.box);
+    return parts.join(", ");
+  }
+
+  function drawNode(node, p) {
+    var classes = ["graph-node", "role-" + node.role];
+    if (!node.has_dependencies) classes.push("no-dependencies");
+    if (!node.has_dependents) classes.push("no-dependents");
+    if (node.box) classes.push("member");
+    var element = el("div", classes.join(" "));
+    place(element, p);
+    element.setAttribute("data-node", node.id);
+    element.setAttribute("data-node-name", node.name);
+    element.setAttribute("role", "button");
+    element.setAttribute("tabindex", "0");
+    element.setAttribute("aria-label", spoken(node));
+    element.setAttribute("aria-pressed", "false");
+    element.appendChild(el("span", "node-name", node.label));
+    if (!node.box) element.appendChild(el("span", "node-detail", node.detail));
+    var badge = state.badges && state.badges[node.id];
+    if (badge) {
+      var mark = el("span", "node-badge", String(badge));
+      mark.setAttribute("data-badge", String(badge));
+      element.appendChild(mark);
+    }
+    return element;
+  }
+
+  function drawBox(box, p) {
+    var frame = el("div", "parameter-group" + (state.collapsed[box.id] ? " collapsed" : ""));
+    place(frame, p);
+    frame.setAttribute("data-group", box.id);
+    var head = el("button", "parameter-group-label");
+    head.type = "button";
+    head.textContent = (state.collapsed[box.id] ? "▸ " : "▾ ") + box.label + " · " + box.members.length;
+    head.title = "Parameters of " + box.id + " (click to " + (state.collapsed[box.id] ? "show" : "hide") + " them)";
+    head.setAttribute("data-toggle-group", box.id);
+    head.setAttribute("aria-expanded", state.collapsed[box.id] ? "false" : "true");
+    frame.appendChild(head);
+    return frame;
+  }
+
+  function render() {
+    var graph = document.getElementById("dependency-graph");
+    if (!graph) return;
+    var doc = state.doc;
+    graph.textContent = "";
+    state.highlighted = [];
+    if (!doc) {
+      graph.appendChild(el("div", "graph-empty", "No graph to show."));
+      state.layout = null;
+      return;
+    }
+    var layout = state.layout = computeLayout(doc);
+    var sizer = el("div", "graph-sizer");
+    var canvas = el("div", "graph-canvas");
+    canvas.setAttribute("data-graph", doc.hash || "");
+    canvas.style.width = layout.width + "px"; canvas.style.height = layout.height + "px";
+    doc.boxes.forEach(function (box) { canvas.appendChild(drawBox(box, layout.boxes[box.id])); });
+    doc.nodes.forEach(function (node) {
+      var p = layout.nodes[node.id];
+      if (p && !p.hidden) canvas.appendChild(drawNode(node, p));
+    });
+    canvas.appendChild(el("div", "graph-edges"));
+    sizer.appendChild(canvas);
+    graph.appendChild(sizer);
+    applyZoom();
+  }
+
+  function applyZoom() {
+    var graph = document.getElementById("dependency-graph");
+    var sizer = graph && graph.querySelector(".graph-sizer");
+    var canvas = graph && graph.querySelector(".graph-canvas");
+    if (!sizer || !canvas || !state.layout) return;
+    canvas.style.transform = state.zoom === 1 ? "" : "scale(" + state.zoom + ")";
+    sizer.style.width = state.layout.width * state.zoom + "px";
+    sizer.style.height = state.layout.height * state.zoom + "px";
+    graph.setAttribute("data-zoom", String(state.zoom));
+  }
+
+  function nodeElement(id) {
+    var graph = document.getElementById("dependency-graph");
+    return graph ? graph.querySelector('[data-node="' + (window.CSS && CSS.escape ? CSS.escape(id) : id) + '"]') : null;
+  }
+
+  function anchor(id) {
+    var p = state.layout && state.layout.nodes[id];
+    if (!p) return null;
+    if (p.hidden) {
+      var box = state.layout.boxes[state.byId[id].box];
+      return { x: box.x, y: box.y, w: box.w, h: BOX_HEAD };
+    }
+    return p;
+  }
+
+  function line(layer, source, target, full) {
+    var s = anchor(source), t = anchor(target);
+    if (!s || !t) return;
+    var x1 = s.x + s.w, y1 = s.y + s.h / 2, x2 = t.x, y2 = t.y + t.h / 2;
+    if (t.x <= s.x) {  // within a column or backwards: connect the facing edges vertically
+      x1 = s.x + s.w / 2; x2 = t.x + t.w / 2;
+      if (t.y > s.y) { y1 = s.y + s.h; y2 = t.y; } else { y1 = s.y; y2 = t.y + t.h; }
+    }
+    var edge = el("div", "graph-edge " + (full ? "full" : "partial"));
+    edge.style.left = x1.toFixed(1) + "px"; edge.style.top = y1.toFixed(1) + "px";
+    edge.style.width = Math.hypot(x2 - x1, y2 - y1).toFixed(1) + "px";
+    edge.style.transform = "rotate(" + (Math.atan2(y2 - y1, x2 - x1) * 180 / Math.PI).toFixed(2) + "deg)";
+    edge.setAttribute("data-edge", source + "->" + target);
+    edge.setAttribute("data-weight", full ? "full" : "partial");
+    edge.setAttribute("aria-hidden", "true");
+    layer.appendChild(edge);
+  }
+
+  function links(id, role) {
+    var result = {};
+    (state.incoming[id] || []).forEach(function (e) {
+      var key = e.source + "\u0000dependency";
+      result[key] = result[key] || role === null || e.target_role === role;
+    });
+    (state.outgoing[id] || []).forEach(function (e) {
+      var key = e.target + "\u0000dependent";
+      result[key] = result[key] || role === null || e.source_role === role;
+    });
+    return result;
+  }
+
+  function highlight(id, role) {
+    var graph = document.getElementById("dependency-graph");
+    if (!graph || !state.doc) return;
+    state.highlighted.forEach(function (element) {
+      element.classList.remove("selected", "dependency", "dependent");
+      element.setAttribute("aria-pressed", "false");
+    });
+    state.highlighted = [];
+    var layer = graph.querySelector(".graph-edges");
+    if (layer) layer.textContent = "";
+    state.selected = id; state.role = role;
+    if (!id || !state.byId[id]) return;
+    var node = state.byId[id];
+    if (node.box && state.collapsed[node.box]) {  // a selected parameter is never hidden
+      delete state.collapsed[node.box];
+      render();
+      layer = graph.querySelector(".graph-edges");
+    }
+    var all = links(id, role);
+    Object.keys(all).forEach(function (key) {
+      var parts = key.split("\u0000"), other = parts[0], side = parts[1];
+      var element = nodeElement(other);
+      if (element && other !== id) { element.classList.add(side); state.highlighted.push(element); }
+      if (layer && other !== id) {
+        if (side === "dependency") line(layer, other, id, all[key]); else line(layer, id, other, all[key]);
+      }
+    });
+    var selected = nodeElement(id);
+    if (selected) {
+      selected.classList.add("selected");
+      selected.setAttribute("aria-pressed", "true");
+      state.highlighted.push(selected);
+      keepInView(selected);
     }
   }
 
+  function keepInView(element) {
+    var scroller = document.getElementById("dependency-graph");
+    var p = state.layout && state.layout.nodes[element.getAttribute("data-node")];
+    if (!scroller || !p) return;
+    var z = state.zoom, left = p.x * z, top = p.y * z, right = (p.x + p.w) * z, bottom = (p.y + p.h) * z;
+    var margin = 24;
+    if (left < scroller.scrollLeft + margin || right > scroller.scrollLeft + scroller.clientWidth - margin) {
+      scroller.scrollLeft = Math.max(0, (left + right) / 2 - scroller.clientWidth / 2);
+    }
+    if (top < scroller.scrollTop + margin || bottom > scroller.scrollTop + scroller.clientHeight - margin) {
+      scroller.scrollTop = Math.max(0, (top + bottom) / 2 - scroller.clientHeight / 2);
+    }
+  }
+
+  // -- moving along the graph -------------------------------------------------------------------
+  function neighbour(id, direction) {
+    var layout = state.layout, here = layout && layout.nodes[id];
+    if (!here) return id;
+    if (direction === "up" || direction === "down") {
+      var column = layout.columns[here.column], at = column.indexOf(id);
+      var next = at + (direction === "up" ? -1 : 1);
+      return at >= 0 && next >= 0 && next < column.length ? column[next] : id;
+    }
+    var sign = direction === "left" ? -1 : 1, linked = {};
+    (sign < 0 ? state.incoming[id] : state.outgoing[id]).forEach(function (e) {
+      linked[sign < 0 ? e.source : e.target] = true;
+    });
+    var side = [], preferred = [];
+    Object.keys(layout.nodes).forEach(function (other) {
+      var p = layout.nodes[other];
+      if (p.hidden || (p.column - here.column) * sign <= 0) return;
+      side.push(other);
+      if (linked[other]) preferred.push(other);
+    });
+    var candidates = preferred.length ? preferred : side;
+    if (!candidates.length) return id;
+    candidates.sort(function (a, b) {
+      var pa = layout.nodes[a], pb = layout.nodes[b];
+      return (Math.abs(pa.column - here.column) - Math.abs(pb.column - here.column)) ||
+             (Math.abs(pa.y - here.y) - Math.abs(pb.y - here.y)) || (pa.y - pb.y);
+    });
+    return candidates[0];
+  }
+
+  function select(id) {
+    if (!state.byId[id]) return;
+    var graphHadFocus = document.activeElement && document.activeElement.closest &&
+                        document.activeElement.closest("#dependency-graph");
+    highlight(id, id === state.selected ? state.role : null);
+    if (graphHadFocus) { var e = nodeElement(id); if (e) e.focus({ preventScroll: true }); }
+    var dc = window.dash_clientside;
+    if (dc && dc.set_props) dc.set_props("node-click", { data: { id: id, t: Date.now() } });
+  }
+
+  function move(direction) {
+    if (state.selected) select(neighbour(state.selected, direction));
+  }
+
+  // -- events -----------------------------------------------------------------------------------
   function nodeOf(element) {
     var node = element && element.closest ? element.closest("[data-node]") : null;
     return node && node.closest("#dependency-graph") ? node : null;
@@ -29,9 +331,26 @@
     return !!(element.closest && element.closest(BUSY));
   }
 
+  function tensorsVisible() {
+    var panel = document.getElementById("panel-tensors");
+    return panel && !panel.classList.contains("hidden");
+  }
+
   document.addEventListener("click", function (event) {
-    var node = nodeOf(event.target);
-    if (node) select(node.getAttribute("data-node"));
+    var target = event.target;
+    var toggle = target.closest && target.closest("[data-toggle-group]");
+    if (toggle && toggle.closest("#dependency-graph")) {
+      var box = toggle.getAttribute("data-toggle-group");
+      if (state.collapsed[box]) delete state.collapsed[box]; else state.collapsed[box] = true;
+      render(); highlight(state.selected, state.role);
+      return;
+    }
+    var node = nodeOf(target);
+    if (node) { select(node.getAttribute("data-node")); return; }
+    var button = target.closest && target.closest("[data-move], [data-zoom-step]");
+    if (!button) return;
+    if (button.hasAttribute("data-move")) move(button.getAttribute("data-move"));
+    else zoomBy(button.getAttribute("data-zoom-step"));
   });
 
   document.addEventListener("keydown", function (event) {
@@ -42,37 +361,225 @@
       select(node.getAttribute("data-node"));
       return;
     }
-    var button = KEYS[event.key];
-    if (!button || (!node && busy(event.target))) return;
-    var panel = document.getElementById("panel-tensors");
-    if (!panel || panel.classList.contains("hidden")) return;
-    var element = document.getElementById(button);
-    if (!element) return;
+    var direction = KEYS[event.key];
+    if (!direction || (!node && busy(event.target)) || !tensorsVisible()) return;
     event.preventDefault();
-    element.click();
+    move(direction);
   });
 
-  function followFocus(graph) {
-    var hadFocus = false;
-    graph.addEventListener("focusin", function () { hadFocus = true; });
-    graph.addEventListener("focusout", function (event) {
-      if (event.relatedTarget && !graph.contains(event.relatedTarget)) hadFocus = false;
-    });
-    new MutationObserver(function () {
-      if (!hadFocus) return;
-      var active = document.activeElement;
-      if (active && active !== document.body && !graph.contains(active)) { hadFocus = false; return; }
-      var selected = graph.querySelector(".graph-node.selected");
-      if (selected && selected !== active) selected.focus({ preventScroll: true });
-    }).observe(graph, { childList: true, subtree: true, attributes: true, attributeFilter: ["class"] });
+  function zoomBy(step) {
+    var graph = document.getElementById("dependency-graph");
+    if (step === "fit") {
+      if (!graph || !state.layout) return;
+      state.zoom = Math.max(0.2, Math.min(1, graph.clientWidth / state.layout.width,
+                                          Math.max(graph.clientHeight, 200) / state.layout.height));
+    } else {
+      state.zoom = Math.max(0.2, Math.min(2, state.zoom * (step === "in" ? 1.25 : 0.8)));
+    }
+    state.zoom = Math.round(state.zoom * 100) / 100;
+    applyZoom();
+    var selected = state.selected && nodeElement(state.selected);
+    if (selected) keepInView(selected);
   }
 
-  var waiting = new MutationObserver(function () {
+  // Pan: drag the background of the graph.
+  var drag = null;
+  document.addEventListener("mousedown", function (event) {
     var graph = document.getElementById("dependency-graph");
-    if (graph) {
-      waiting.disconnect();
-      followFocus(graph);
-    }
+    if (!graph || event.button !== 0 || !graph.contains(event.target) || nodeOf(event.target) ||
+        (event.target.closest && event.target.closest("button"))) return;
+    drag = { x: event.clientX, y: event.clientY, left: graph.scrollLeft, top: graph.scrollTop, graph: graph };
+    graph.classList.add("panning");
   });
-  waiting.observe(document.documentElement, { childList: true, subtree: true });
+  document.addEventListener("mousemove", function (event) {
+    if (!drag) return;
+    drag.graph.scrollLeft = drag.left - (event.clientX - drag.x);
+    drag.graph.scrollTop = drag.top - (event.clientY - drag.y);
+  });
+  document.addEventListener("mouseup", function () {
+    if (drag) { drag.graph.classList.remove("panning"); drag = null; }
+  });
+
+  // The hover card: full name, roles, min / mean / max at this step.
+  function card() {
+    var existing = document.getElementById("graph-hovercard");
+    if (existing) return existing;
+    var created = el("div", "graph-hovercard");
+    created.id = "graph-hovercard";
+    created.setAttribute("role", "tooltip");
+    document.body.appendChild(created);
+    return created;
+  }
+
+  function number(value) {
+    if (value === null || value === undefined) return "–";
+    return Math.abs(value) >= 1e5 || (Math.abs(value) < 1e-3 && value !== 0) ? value.toExponential(3)
+      : String(Math.round(value * 1e4) / 1e4);
+  }
+
+  document.addEventListener("mouseover", function (event) {
+    var element = nodeOf(event.target);
+    var hover = card();
+    if (!element) { hover.style.display = "none"; return; }
+    var node = state.byId[element.getAttribute("data-node")];
+    if (!node) return;
+    hover.textContent = "";
+    hover.appendChild(el("div", "hovercard-name", node.name));
+    hover.appendChild(el("div", "hovercard-detail", node.detail + (node.roles.length > 1 ? " · roles: " +
+                                                                    node.roles.join(", ") : "")));
+    if (node.aliases.length) hover.appendChild(el("div", "hovercard-detail", "also named " + node.aliases.join(", ")));
+    var stats = state.summaries && state.summaries[node.id];
+    if (stats) {
+      var row = el("div", "hovercard-stats");
+      ["min", "mean", "max"].forEach(function (name) {
+        var cell = el("span", "", name + " " + number(stats[name]));
+        cell.setAttribute("data-hover-stat", name);
+        cell.setAttribute("data-value", String(stats[name]));
+        row.appendChild(cell);
+      });
+      hover.appendChild(row);
+    }
+    var badge = state.badges && state.badges[node.id];
+    if (badge) hover.appendChild(el("div", "hovercard-badge", "findings: " + badge));
+    var box = element.getBoundingClientRect();
+    hover.style.display = "block";
+    hover.style.left = Math.min(window.innerWidth - 330, Math.max(4, box.left)) + "px";
+    hover.style.top = (box.bottom + 6 + 90 > window.innerHeight ? box.top - 6 - hover.offsetHeight : box.bottom + 6) + "px";
+  });
+
+  // -- the URL ----------------------------------------------------------------------------------
+  function writeUrl(link, tab) {
+    if (!link || typeof link !== "string") return window.dash_clientside.no_update;
+    var query = new URLSearchParams(link.split("?")[1] || "");
+    if (tab) query.set("tab", tab);
+    var search = "?" + query.toString();
+    if (window.location.search !== search) window.history.replaceState(window.history.state, "", search);
+    return search;
+  }
+
+  function tabFromUrl(search) {
+    var tab = new URLSearchParams(search || "").get("tab");
+    return tab ? tab : window.dash_clientside.no_update;
+  }
+
+  // -- the values panel (server/values_view.py says what it holds) -----------------------------------
+  function renderValues(data) {
+    var panel = document.getElementById("values");
+    if (!panel) return window.dash_clientside.no_update;
+    var body = el("div", "values-body");
+    data = data || {};
+    if (data.empty) {
+      body.appendChild(el("div", "text-muted", data.empty));
+    } else {
+      var nav = el("nav", "breadcrumb-line");
+      nav.id = "breadcrumb";
+      nav.setAttribute("aria-label", "Selected tensor");
+      var words = [];
+      (data.crumbs || []).forEach(function (crumb, index) {
+        if (index) {
+          var separator = el("span", "crumb-separator", " › ");
+          separator.setAttribute("aria-hidden", "true");
+          nav.appendChild(separator);
+        }
+        var span = el("span", "crumb"), text = "";
+        crumb.forEach(function (part) {
+          if (!part.field) { span.appendChild(document.createTextNode(part.text)); text += part.text; return; }
+          var value = el("span", "crumb-value" + (part.strong ? " crumb-strong" : "") +
+                                 (part.hidden ? " visually-hidden" : ""), part.text);
+          value.setAttribute("data-field", part.field);
+          if (part.raw !== undefined) value.setAttribute("data-value", part.raw);
+          span.appendChild(value);
+          if (!part.hidden) text += part.text;
+        });
+        nav.appendChild(span);
+        words.push(text);
+      });
+      nav.title = words.join(" › ");
+      body.appendChild(nav);
+      if (data.missing) body.appendChild(el("p", "text-muted", data.missing));
+      if (data.stats) {
+        body.appendChild(el("h2", "h6", "Statistics"));
+        var table = el("table", "table table-sm statistics"), rows = el("tbody");
+        table.id = "statistics-table";
+        data.stats.forEach(function (stat) {
+          var tr = el("tr"), th = el("th", "statistic-name", stat.name), td = el("td", "number", stat.text);
+          th.setAttribute("scope", "row");
+          th.title = stat.help;
+          td.id = "stat-" + stat.name;
+          td.setAttribute("data-stat", stat.name);
+          td.setAttribute("data-value", stat.value);
+          tr.appendChild(th); tr.appendChild(td); rows.appendChild(tr);
+        });
+        table.appendChild(rows);
+        body.appendChild(table);
+      }
+      if (data.neurons) {
+        body.appendChild(el("h2", "h6", "Neurons"));
+        body.appendChild(el("p", "text-muted small", data.neurons.caption));
+        var list = el("div", "neurons");
+        list.id = "neurons";
+        data.neurons.items.forEach(function (item, i) {
+          var row = el("div", "neuron"), barBox = el("span", "neuron-bar");
+          var bar = el("span", "bar " + (item[3] ? "positive" : "negative"));
+          bar.style.width = item[2] + "%";
+          bar.style.left = item[3] ? "50%" : (50 - item[2]).toFixed(1) + "%";
+          barBox.appendChild(bar);
+          row.appendChild(el("span", "neuron-index", String(i)));
+          row.appendChild(barBox);
+          row.appendChild(el("span", "neuron-value number", item[1]));
+          row.setAttribute("data-neuron", String(i));
+          row.setAttribute("data-value", item[0]);
+          list.appendChild(row);
+        });
+        body.appendChild(list);
+      }
+    }
+    panel.replaceChildren(body);
+    return Date.now();
+  }
+
+  // -- the clientside callbacks ---------------------------------------------------------------------
+  function setSummaries(summaries) {
+    state.summaries = summaries || {};
+    return window.dash_clientside.no_update;
+  }
+
+  function renderGraph(key, documents, badges, shown) {
+    var hash = key && key.hash, doc = hash && documents ? documents[hash] : null;
+    var renderKey = (hash || "") + "|" + JSON.stringify(badges || {});
+    if (renderKey !== state.rendered || doc !== state.doc) {
+      state.doc = doc || null;
+      state.badges = badges || {};
+      state.rendered = renderKey;
+      if (doc) index(doc);
+      if (doc && doc.nodes.length > 400 && state.key !== hash) {  // large graphs start with boxes closed
+        state.collapsed = {};
+        doc.boxes.forEach(function (box) { state.collapsed[box.id] = true; });
+      }
+      state.key = hash;
+      render();
+    }
+    if (shown && shown.node_id) highlight(shown.node_id, shown.role);
+    return renderKey;
+  }
+
+  function searchOptions(key, documents) {
+    var doc = key && key.hash && documents ? documents[key.hash] : null;
+    if (!doc) return [];
+    return doc.nodes.slice().sort(function (a, b) { return a.name < b.name ? -1 : a.name > b.name ? 1 : 0; })
+      .map(function (n) {
+        return { label: n.name + (n.old ? " (previous iteration)" : "") + " [" + n.role + "]", value: n.id };
+      });
+  }
+
+  function notices(data) {
+    data = data || {};
+    return NOTICE_TOPICS.map(function (topic) { return data[topic] || ""; });
+  }
+
+  window.dash_clientside = window.dash_clientside || {};
+  window.dash_clientside.comgra = { renderGraph: renderGraph, searchOptions: searchOptions, notices: notices,
+                                    writeUrl: writeUrl, tabFromUrl: tabFromUrl, renderValues: renderValues,
+                                    setSummaries: setSummaries };
+  window.comgraGraph = { state: state, neighbour: neighbour, select: select };
 })();

@@ -1,0 +1,144 @@
+"""Cost of per-layer profiling and of resource sampling, side by side in one process.
+
+Variants, interleaved round by round (drift on a noisy machine hits them alike), each figure the
+seconds per training step, median and best over the rounds, each divided by the same statistic of
+``off``:
+
+  none       the recorder present with comgra_is_active=False (no comgra)
+  off        comgra recording on the tutorial's sparse schedule, modules tracked, profiling off
+  on         the same with track_module(..., profile=True)
+  on/10      profiling every 10th step (profile_every=10)
+  resources  ``off`` plus resource sampling every second (resource_seconds=1.0)
+
+Workloads: the tutorial's recurrent network (comgra.examples.tutorial; 9 small modules called once
+per iteration, up to 20 iterations per step: many hook calls per millisecond of compute) and a small
+GPT-2 built from a config (transformers, 2 layers, 128 wide, sequence 64, batch 8: 30 modules).
+
+    python benchmarks/profiling.py [--rounds 5] [--steps 60]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import comgra
+from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
+from comgra.recorder import ComgraRecorder
+
+VARIANTS = ("none", "off", "on", "on/10", "resources")
+
+
+def _recorder(root: Path, trial: str, variant: str) -> ComgraRecorder:
+    return ComgraRecorder(root, "bench", trial, DecisionMakerForRecordingsFrequencyPerType(
+        min_training_steps_difference=1000), comgra_is_active=variant != "none",
+        resource_seconds=1.0 if variant == "resources" else None, max_num_batch_size_to_record=4,
+        profile_every=10 if variant == "on/10" else 1)
+
+
+def tutorial_workload(root: Path, variant: str) -> Callable[[int], None]:
+    from comgra.examples import tutorial
+
+    torch.manual_seed(0)
+    model = tutorial.SequenceSumNetwork(64, activate_output=False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    recorder = _recorder(root, f"tutorial-{variant.replace('/', '-')}", variant)
+    recorder.track_module("main_model", model, profile=variant.startswith("on"))
+    generator = torch.Generator().manual_seed(1)
+    batches = [tutorial._make_batch(tutorial.TRAINING_LENGTHS[i % len(tutorial.TRAINING_LENGTHS)], generator,
+                                    torch.device("cpu")) for i in range(16)]
+
+    def step(index: int) -> None:
+        comgra.my_recorder = recorder
+        tutorial._training_step(model, optimizer, index, batches[index % len(batches)])
+
+    step.recorder = recorder  # type: ignore[attr-defined]
+    return step
+
+
+def transformer_workload(root: Path, variant: str) -> Callable[[int], None]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=256, n_positions=64, n_embd=128, n_layer=2, n_head=4,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    recorder = _recorder(root, f"gpt-{variant.replace('/', '-')}", variant)
+    recorder.track_module("gpt", model, profile=variant.startswith("on"))
+    generator = torch.Generator().manual_seed(1)
+    tokens = [torch.randint(0, 256, (8, 64), generator=generator) for _ in range(8)]
+
+    def step(index: int) -> None:
+        batch = tokens[index % len(tokens)]
+        recorder.start_batch(index, 8)
+        recorder.start_iteration()
+        loss = model(batch, labels=batch).loss
+        recorder.register_tensor("loss", loss, is_loss=True)
+        recorder.finish_iteration()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        recorder.finish_batch()
+
+    step.recorder = recorder  # type: ignore[attr-defined]
+    return step
+
+
+WORKLOADS: dict[str, Callable[[Path, str], Callable[[int], None]]] = {
+    "tutorial": tutorial_workload, "transformer": transformer_workload}
+
+
+def measure(workload: str, rounds: int, steps: int, root: Path) -> dict[str, list[float]]:
+    runs = {variant: WORKLOADS[workload](root, variant) for variant in VARIANTS}
+    counters = dict.fromkeys(VARIANTS, 0)
+    for variant, run in runs.items():  # warm-up: first-step costs (FLOP counting, allocations) are not measured
+        for _ in range(3):
+            run(counters[variant])
+            counters[variant] += 1
+    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    for _ in range(rounds):
+        for variant, run in runs.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                run(counters[variant])
+                counters[variant] += 1
+            times[variant].append((time.perf_counter() - start) / steps)
+    for run in runs.values():
+        run.recorder.finalize()  # type: ignore[attr-defined]
+    return times
+
+
+def report(workload: str, times: dict[str, list[float]]) -> str:
+    """Median and best round per variant, each as a ratio to the same statistic of ``off``: on a shared
+    machine the best rounds are the ones least disturbed by other jobs."""
+    median_off, best_off = statistics.median(times["off"]), min(times["off"])
+    cells = [f"{variant} {statistics.median(values) * 1e3:.2f} ms ({statistics.median(values) / median_off:.3f}x), "
+             f"best {min(values) * 1e3:.2f} ms ({min(values) / best_off:.3f}x)" for variant, values in times.items()]
+    return f"{workload}:\n  " + "\n  ".join(cells)
+
+
+def main(arguments: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    args = parser.parse_args(arguments)
+    torch.set_num_threads(1)
+    print(f"time per training step: median and best of {args.rounds} interleaved rounds of {args.steps} steps; "
+          "ratios to 'off' (comgra on, profiling off)")
+    with tempfile.TemporaryDirectory() as root:
+        for workload in args.workloads.split(","):
+            print(report(workload, measure(workload, args.rounds, args.steps, Path(root))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

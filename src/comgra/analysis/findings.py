@@ -1,0 +1,117 @@
+"""What a detector reports: a ``Finding``, how findings are ranked, and their JSON form.
+
+A finding names the node where a problem shows first and the app selection that shows the
+evidence, so that a user knows where to look before looking.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT_VERSION = 1
+SEVERITIES = ("error", "warning", "info")
+_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+
+
+@dataclass(frozen=True)
+class ScanOptions:
+    """Thresholds of the detectors. ``sensitivity`` > 1 finds more (thresholds are divided by it).
+
+    >>> ScanOptions(sensitivity=2.0).scaled(0.4)
+    0.2
+    """
+
+    sensitivity: float = 1.0
+    target: str | None = None  # the per-sample tensor that correlation hints explain; None: a loss-like one
+    vanishing_orders: float = 4.0  # a gradient this many powers of ten below the largest of its step
+    exploding_orders: float = 4.0
+    growth_orders: float = 3.0  # a statistic that grows this many powers of ten from the first to the last quarter
+    collapse_orders: float = 3.0
+    dead_fraction: float = 0.4  # warning above; info above a quarter of it
+    saturated_fraction: float = 0.5
+    saturation_margin: float = 0.02
+    one_sided_ratio: float = 0.05  # the small side below this fraction of the large one
+    update_ratio_high: float = 0.1  # relative change of a parameter per training step
+    update_ratio_low: float = 1e-8
+    outlier_z: float = 10.0  # robust z-score (median/MAD) of a detrended statistic
+    outlier_iqr: float = 3.0
+    correlation_min_rho: float = 0.3
+    correlation_alpha: float = 0.01  # after the Benjamini-Hochberg correction over every feature tried
+    correlation_max_hints: int = 8
+    min_steps: int = 3  # fewer recorded steps: no statement about a trend
+
+    def scaled(self, threshold: float) -> float:
+        """A threshold of 'how bad', lowered when the user asks for more findings."""
+        return threshold / self.sensitivity
+
+    def orders(self, orders: float) -> float:
+        return orders / self.sensitivity
+
+
+@dataclass
+class Finding:
+    """One problem or hint, with the numbers behind it and the selection that shows it."""
+
+    detector: str
+    severity: str  # error, warning, info
+    score: float  # confidence in [0, 1]
+    trial: str
+    node: str
+    role: str | None
+    kind: str | None  # "forward" or the gradient group
+    training_step: int | None  # the first step where it shows
+    message: str
+    steps: list[int] = field(default_factory=list)
+    iteration: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    aggregation: str | None = None  # of the selection that shows it
+    statistic: str = "mean"  # the statistic to plot across steps
+    origin: bool = True  # False for a node a problem spread to
+    column: int = 0  # how early in the graph the node is (for ranking)
+
+    @property
+    def selection(self) -> dict[str, Any]:
+        return {"trial": self.trial, "training_step": self.training_step, "iteration": self.iteration,
+                "node_id": self.node, "role": self.role, "kind": self.kind, "aggregation": self.aggregation}
+
+    def to_json(self, link: str | None = None) -> dict[str, Any]:
+        """The JSON form; ``link`` is the app's link to the selection (the service builds it: analysis
+        sits below the service and does not know the app's URLs)."""
+        document = asdict(self)
+        document.pop("column")
+        document["steps"] = [int(s) for s in self.steps]
+        document["selection"] = self.selection
+        document["link"] = link
+        return _plain(document)
+
+
+def rank_findings(findings: list[Finding]) -> list[Finding]:
+    """Most useful first: severity, then confidence, an origin before the nodes it spread to,
+    then how early in the graph and in training the problem starts."""
+    return sorted(findings, key=lambda f: (
+        _SEVERITY_RANK.get(f.severity, len(SEVERITIES)), not f.origin, -round(f.score, 3), f.column,
+        f.training_step if f.training_step is not None else 0, f.trial, f.node, f.detector))
+
+
+def document(findings: list[Finding], problems: list[str] | None = None,
+             link: Callable[[Finding], str] | None = None) -> dict[str, Any]:
+    """The versioned JSON document of ``comgra scan --json``."""
+    return {"format_version": FORMAT_VERSION,
+            "findings": [f.to_json(link(f) if link else None) for f in findings],
+            "skipped_chunks": list(problems or [])}
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and tuples turned into JSON types; non-finite floats into strings JSON can hold."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return "inf" if value > 0 else "-inf"
+    return value

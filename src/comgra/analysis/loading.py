@@ -1,0 +1,190 @@
+"""A trial's recorded values in the shape the detectors need, read chunk by chunk, once.
+
+Chunks are immutable, so what was taken from one is kept under its name: a scan of a live run
+reads only the chunks that appeared since the last scan. Neuron values are kept only for the rows
+that a detector looks at neuron by neuron (a few per step), so memory grows with the steps, not
+with the width of the network.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from comgra.store import format as fmt
+from comgra.store.reader import TrialReader
+
+KEYS = ["training_step", "kind", "iteration", "node", "role", "tensor_type", "aggregation", "sample", "rank"]
+STATS = list(fmt.STATISTICS)
+# Rows whose neurons a detector needs, and how many of their values it needs (None: all recorded).
+SAMPLE_NEURONS = 16  # per-sample values: saturation and correlation hints
+SPREAD_NEURONS = 16  # batch std per neuron: collapse
+
+
+@dataclass
+class NeuronRows:
+    """Rows (their keys) and their neuron values, one list per row, aligned."""
+
+    keys: pd.DataFrame
+    values: pa.ListArray
+
+    def matrix(self, index: np.ndarray) -> np.ndarray:
+        """The values of the rows at ``index`` (of one tensor: all of the same length) as a 2-D array."""
+        if len(index) == 0:
+            return np.zeros((0, 0), dtype=np.float32)
+        chosen = self.values.take(pa.array(index))
+        flat = pc.list_flatten(chosen).to_numpy(zero_copy_only=False).astype(np.float64)
+        width = len(flat) // len(index)
+        if width * len(index) != len(flat):  # lengths differ (a tensor whose shape changed): keep the shortest
+            width = int(pc.min(pc.list_value_length(chosen)).as_py())
+            return np.stack([np.asarray(v[:width], dtype=np.float64) for v in chosen.to_pylist()])
+        return flat.reshape(len(index), width)
+
+
+@dataclass
+class _ArrowNeurons:
+    keys: pa.Table
+    values: pa.ListArray
+
+
+@dataclass
+class ChunkData:
+    """What a scan keeps of one chunk: the statistics of every row, neurons of a few kinds of rows."""
+
+    stats: pa.Table
+    neurons: dict[str, _ArrowNeurons]  # "abs_max", "sample", "std", "parameter"
+
+
+@dataclass
+class TrialData:
+    """Everything a scan of one trial looks at."""
+
+    trial: str
+    stats: pd.DataFrame
+    neurons: dict[str, NeuronRows]
+    steps: pd.DataFrame  # training_step, type_of_execution, iteration, graph
+    graphs: dict[str, dict[str, Any]]  # hash -> graph document
+    problems: list[str] = field(default_factory=list)
+
+
+class ChunkCache:
+    """Per trial and chunk name, what was taken from that chunk. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._chunks: dict[tuple[str, str], ChunkData] = {}
+        self._lock = threading.Lock()
+
+    def load(self, trial: TrialReader, progress: Callable[[int], None] | None = None) -> TrialData:
+        paths = trial.tensor_chunks()
+        parts = []
+        for path in paths:
+            key = (str(trial.directory), path.name)
+            with self._lock:
+                cached = self._chunks.get(key)
+            if cached is None:
+                cached = read_chunk(trial, path)
+                with self._lock:
+                    self._chunks[key] = cached
+            parts.append(cached)
+            if progress is not None:
+                progress(1)
+        self._forget_others(str(trial.directory), {p.name for p in paths})
+        return _assemble(trial, parts)
+
+    def _forget_others(self, directory: str, names: set[str]) -> None:
+        """Chunks merged into a bigger one are gone from the listing: let go of their copies."""
+        with self._lock:
+            for key in [k for k in self._chunks if k[0] == directory and k[1] not in names]:
+                del self._chunks[key]
+
+
+def read_chunk(trial: TrialReader, path: Path) -> ChunkData:
+    table = trial.read_tensor_chunk(path, KEYS + STATS + ["svd_max", "num_neurons", "neurons"])
+    return ChunkData(table.drop_columns(["neurons"]), _neuron_frames(table))
+
+
+def _frame(table: pa.Table) -> pd.DataFrame:
+    """One conversion per scan: strings become categories (a few distinct names, many rows)."""
+    columns = {}
+    for name in table.column_names:
+        column = table[name]
+        columns[name] = column.dictionary_encode() if pa.types.is_string(column.type) else column
+    return pa.table(columns).to_pandas()
+
+
+def _neuron_frames(table: pa.Table) -> dict[str, _ArrowNeurons]:
+    forward = pc.equal(table["kind"], fmt.FORWARD)
+    parameter = pc.equal(table["tensor_type"], "parameter")
+    non_parameter = pc.invert(parameter)
+    wanted = {
+        "abs_max": (pc.and_(pc.and_(forward, non_parameter), pc.equal(table["aggregation"], "abs_max")), None),
+        "sample": (pc.and_(pc.and_(forward, non_parameter), pc.equal(table["aggregation"], "sample")),
+                   SAMPLE_NEURONS),
+        "std": (pc.and_(pc.and_(forward, non_parameter), pc.equal(table["aggregation"], "std")), SPREAD_NEURONS),
+        "parameter": (pc.and_(forward, parameter), None),
+    }
+    return {name: _neurons_of(table.filter(mask), limit) for name, (mask, limit) in wanted.items()}
+
+
+def _neurons_of(table: pa.Table, limit: int | None) -> _ArrowNeurons:
+    values = table["neurons"].combine_chunks() if table.num_rows else pa.array([], pa.list_(pa.float32()))
+    if limit is not None and len(values):
+        values = pc.list_slice(values, 0, limit)
+    return _ArrowNeurons(table.select(KEYS), _plain_list(values))
+
+
+def _plain_list(values: pa.Array) -> pa.ListArray:
+    """A list array whose offsets start at 0 (a slice or filter may leave them shifted)."""
+    return pa.array(values.to_pylist(), pa.list_(pa.float32())) if values.offset else values.cast(
+        pa.list_(pa.float32()))
+
+
+def _assemble(trial: TrialReader, parts: list[ChunkData]) -> TrialData:
+    steps = trial.steps()
+    steps_frame = pd.DataFrame({
+        "training_step": steps["training_step"].to_numpy(),
+        "type_of_execution": steps["type_of_execution"].to_pylist(),
+        "iteration": steps["iteration"].to_numpy(),
+        "graph": steps["graph"].to_pylist(),
+    })
+    graphs: dict[str, dict[str, Any]] = {}
+    for graph_hash in dict.fromkeys(steps_frame["graph"]):
+        try:
+            graphs[graph_hash] = dict(trial.graph(graph_hash))
+        except Exception:  # noqa: BLE001 - a damaged graph document: scan the rest; the reader reports it
+            continue
+    known = set(steps_frame["training_step"].tolist())
+    stats = _concat([p.stats for p in parts], known)
+    names = ("abs_max", "sample", "std", "parameter")
+    neurons = {name: _concat_neurons([p.neurons[name] for p in parts], known) for name in names}
+    problems = [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in trial.problem_reasons().items()]
+    return TrialData(trial.trial_id, stats, neurons, steps_frame, graphs, problems)
+
+
+def _concat(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return pd.DataFrame({name: pd.Series(dtype=object) for name in KEYS + STATS})
+    table = pa.concat_tables(tables)
+    # Values of a step the index does not list (a crash between the two writes) are not a step.
+    return _frame(table.filter(pc.is_in(table["training_step"], pa.array(sorted(known), pa.int64()))))
+
+
+def _concat_neurons(parts: list[_ArrowNeurons], known: set[int]) -> NeuronRows:
+    parts = [p for p in parts if p.keys.num_rows]
+    if not parts:
+        return NeuronRows(pd.DataFrame({name: pd.Series(dtype=object) for name in KEYS}),
+                          pa.array([], pa.list_(pa.float32())))
+    keys = pa.concat_tables([p.keys for p in parts])
+    values = pa.concat_arrays([p.values for p in parts])
+    keep = pc.is_in(keys["training_step"], pa.array(sorted(known), pa.int64()))
+    if pc.all(keep).as_py() is False:
+        keys, values = keys.filter(keep), values.filter(keep)
+    return NeuronRows(_frame(keys), values)

@@ -1,0 +1,145 @@
+"""Steps where a statistic of a node jumps away from its own course.
+
+Training moves every statistic, so each series is first detrended with a running median; a step
+is an outlier when its residual has a robust z-score (median and MAD) above the threshold and lies
+outside the interquartile fences too. An IsolationForest (scikit-learn), fitted on the node's
+per-step feature vectors (all its statistics at once), then says whether the step is also unusual
+as a whole; that raises the confidence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.ndimage import median_filter
+
+from comgra.analysis.findings import Finding, ScanOptions
+from comgra.analysis.graphs import GraphFacts
+from comgra.analysis.loading import TrialData
+from comgra.analysis.trends import _iteration_of
+from comgra.store import format as fmt
+
+FEATURES = ["abs_mean", "std", "abs_max"]
+WINDOW = 9
+MIN_STEPS = 12
+MIN_STEPS_PER_TYPE = 5
+FOREST_TREES = 10
+MAX_FINDINGS = 8  # per trial, the strongest
+MAX_LISTED_STEPS = 20
+
+
+def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    stats = data.stats
+    rows = stats[stats["aggregation"].isin(["mean", "none"])]
+    if not len(rows):
+        return []
+    per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True)[FEATURES].median()
+    # Steps of different types (sequence lengths, ...) differ by design: each is compared with its own type.
+    types = data.steps.drop_duplicates("training_step").set_index("training_step")["type_of_execution"]
+    candidates = []
+    for (kind, node, role), series in per_step.groupby(level=[0, 1, 2], sort=False):
+        if len(series) < MIN_STEPS or facts.role.get(node) in ("input", "target"):
+            continue
+        step_types = types.reindex(series.index.get_level_values("training_step")).to_numpy()
+        candidate = _candidate(options, kind, node, role, series, step_types)
+        if candidate is not None:
+            candidates.append(candidate)
+    # The forest costs the most: it confirms only the strongest candidates of a trial.
+    candidates.sort(key=lambda c: -c.largest)
+    return [_finding(data, facts, options, c) for c in candidates[:MAX_FINDINGS]]
+
+
+@dataclass
+class _Candidate:
+    kind: str
+    node: str
+    role: str
+    steps: np.ndarray  # every step compared
+    residuals: np.ndarray  # (steps, features)
+    flagged: np.ndarray  # bool per step
+    zscores: np.ndarray
+
+    @property
+    def largest(self) -> float:
+        return float(np.abs(self.zscores[self.flagged]).max())
+
+
+def _candidate(options: ScanOptions, kind: str, node: str, role: str, series: pd.DataFrame,
+               step_types: np.ndarray) -> _Candidate | None:
+    steps = series.index.get_level_values("training_step").to_numpy()
+    logs = np.log10(np.abs(series.to_numpy(np.float64)) + 1e-30)
+    if not np.isfinite(logs).all():
+        return None  # non-finite values are the non-finite detector's
+    residuals, usable = _detrended(logs, step_types)
+    if usable.sum() < MIN_STEPS:
+        return None
+    flagged, zscores = _robust_outliers(residuals[usable], options)
+    if not flagged.any():
+        return None
+    return _Candidate(kind, node, role, steps[usable], residuals[usable], flagged, zscores)
+
+
+def _finding(data: TrialData, facts: GraphFacts, options: ScanOptions, candidate: _Candidate) -> Finding:
+    from sklearn.ensemble import IsolationForest  # a second of import time, paid only when a step stands out
+
+    flagged, zscores = candidate.flagged, candidate.zscores
+    forest = IsolationForest(n_estimators=FOREST_TREES, max_samples=min(64, len(candidate.residuals)),
+                             random_state=0)
+    forest.fit(candidate.residuals)
+    agree = forest.predict(candidate.residuals[flagged]) == -1
+    statistic = FEATURES[int(np.argmax(np.abs(zscores[flagged]).max(axis=0)))]
+    outlier_steps = candidate.steps[flagged]
+    largest = candidate.largest
+    step = int(outlier_steps[np.argmax(np.abs(zscores[flagged]).max(axis=1))])
+    kind, node, role = candidate.kind, candidate.node, candidate.role
+    return Finding(
+        detector="outlier", severity="info", score=min(1.0, 0.5 * float(agree.mean()) + largest / (10 * options.outlier_z)),
+        trial=data.trial, node=node, role=role, kind=kind, training_step=step,
+        steps=[int(s) for s in outlier_steps[:MAX_LISTED_STEPS]], iteration=_iteration_of(data, node, kind, step),
+        message=f"{node} ({role}, {kind}) has outlying steps: {len(outlier_steps)} of {len(candidate.steps)} recorded "
+                f"steps leave the course of {statistic} (robust z-score up to {largest:.0f}; the IsolationForest "
+                f"agrees on {int(agree.sum())} of them). The worst is step {step}.",
+        evidence={"statistic": statistic, "robust_z": largest, "outlier_steps": len(outlier_steps),
+                  "steps": len(candidate.steps), "isolation_forest_agrees": int(agree.sum())},
+        aggregation="none" if _unbatched(data, node, role) else "mean", statistic=statistic,
+        column=facts.column.get(node, 0))
+
+
+def _detrended(logs: np.ndarray, step_types: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each step minus the running median of the steps of its type; types with too few steps are left out."""
+    residuals = np.zeros_like(logs)
+    usable = np.zeros(len(logs), dtype=bool)
+    for step_type in set(step_types.tolist()):
+        members = np.flatnonzero(step_types == step_type)
+        if len(members) < MIN_STEPS_PER_TYPE:
+            continue
+        part = logs[members]
+        window = _window(len(members))
+        residuals[members] = part - median_filter(part, size=(window, 1), mode="nearest")
+        usable[members] = True
+    return residuals, usable
+
+
+def _robust_outliers(residuals: np.ndarray, options: ScanOptions) -> tuple[np.ndarray, np.ndarray]:
+    median = np.median(residuals, axis=0)
+    mad = np.median(np.abs(residuals - median), axis=0)
+    scale = np.where(mad > 0, mad / 0.6745, np.inf)
+    zscores = (residuals - median) / scale
+    q1, q3 = np.percentile(residuals, [25, 75], axis=0)
+    fence = options.outlier_iqr * (q3 - q1)
+    outside = (residuals < q1 - fence) | (residuals > q3 + fence)
+    # A jump of under a factor of two is noise, whatever its z-score.
+    big = np.abs(residuals - median) > 0.3
+    flagged = ((np.abs(zscores) > options.scaled(options.outlier_z)) & outside & big).any(axis=1)
+    return flagged, zscores
+
+
+def _window(length: int) -> int:
+    window = min(WINDOW, length if length % 2 else length - 1)
+    return max(window, 1)
+
+
+def _unbatched(data: TrialData, node: str, role: str) -> bool:
+    rows = data.stats[(data.stats["node"] == node) & (data.stats["role"] == role)]
+    return bool(len(rows)) and bool((rows["aggregation"] == "none").all())

@@ -1,0 +1,95 @@
+"""Parameters that never change, change without a gradient, or get a gradient and do not change,
+and the size of their updates relative to their values."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from comgra.analysis.findings import Finding, ScanOptions
+from comgra.analysis.graphs import GraphFacts
+from comgra.analysis.loading import TrialData
+from comgra.store import format as fmt
+
+MIN_UNITS_FOR_RATIO = 16
+COMPARED = ["mean", "abs_mean", "std", "min", "max", "abs_max"]
+
+
+def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    rows = data.neurons["parameter"]
+    if not len(rows.keys):
+        return []
+    stats = data.stats
+    values = stats[(stats["kind"] == fmt.FORWARD) & (stats["tensor_type"] == "parameter")]
+    gradients = stats[(stats["kind"] != fmt.FORWARD) & (stats["tensor_type"] == "parameter")]
+    gradient_size = gradients.groupby(["node", "role"])["abs_max"].max()
+    findings = []
+    for (node, role), group in rows.keys.groupby(["node", "role"], sort=False):
+        group = group.sort_values("training_step").drop_duplicates("training_step")
+        if len(group) < 2:
+            continue
+        matrix = rows.matrix(group.index.to_numpy())
+        own = values[(values["node"] == node) & (values["role"] == role)].drop_duplicates("training_step")
+        own = own.sort_values("training_step")[COMPARED].to_numpy(np.float64)
+        changes = np.linalg.norm(np.diff(matrix, axis=0), axis=1)
+        changed = (changes > 0) | (np.abs(np.diff(own, axis=0)).max(axis=1) > 0 if len(own) == len(group)
+                                   else False)
+        gradient = float(gradient_size.get((node, role), 0.0))
+        finding = _finding(data, facts, node, role, group, matrix, changes, bool(np.any(changed)), gradient, options)
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def _finding(data: TrialData, facts: GraphFacts, node: str, role: str, group: pd.DataFrame, matrix: np.ndarray,
+             changes: np.ndarray, changed: bool, gradient: float, options: ScanOptions) -> Finding | None:
+    steps = group["training_step"].astype(int).tolist()
+    base = dict(trial=data.trial, node=node, role=role, kind=fmt.FORWARD, training_step=steps[0], steps=steps,
+                iteration=_first_iteration(data, steps[0]), aggregation="none", column=facts.column.get(node, 0))
+    has_gradient = gradient > 0 and np.isfinite(gradient)
+    span = f"steps {steps[0]} to {steps[-1]} ({len(steps)} recorded)"
+    if not changed and has_gradient:
+        return Finding(detector="parameter_not_updated", severity="warning", score=0.9, statistic="mean",
+                       message=f"{role} gets a gradient (up to {gradient:.3g}) but never changes over {span}: is it "
+                               "left out of the optimizer?",
+                       evidence={"max_gradient": gradient, "steps": len(steps)}, **base)
+    if not changed:
+        return Finding(detector="parameter_frozen", severity="info", score=0.5, statistic="mean",
+                       message=f"{role} never changes over {span} and gets no gradient: frozen.",
+                       evidence={"steps": len(steps)}, **base)
+    if not has_gradient:
+        return Finding(detector="parameter_changes_without_gradient", severity="warning", score=0.8,
+                       statistic="mean",
+                       message=f"{role} changes over {span} although it never gets a gradient: something other "
+                               "than the optimizer writes to it (weight decay alone, an in-place update, a reset?).",
+                       evidence={"steps": len(steps), "largest_change": float(changes.max())}, **base)
+    return _update_ratio(matrix, changes, steps, options, base, role)
+
+
+def _update_ratio(matrix: np.ndarray, changes: np.ndarray, steps: list[int], options: ScanOptions,
+                  base: dict, role: str) -> Finding | None:
+    if matrix.shape[1] < MIN_UNITS_FOR_RATIO:
+        return None  # a bias of a few values near zero has a huge relative change and means nothing
+    norms = np.linalg.norm(matrix[:-1], axis=1)
+    gaps = np.maximum(np.diff(np.asarray(steps, dtype=np.float64)), 1.0)
+    valid = norms > 0
+    if not valid.any():
+        return None
+    ratio = float(np.median(changes[valid] / norms[valid] / gaps[valid]))
+    high, low = options.scaled(options.update_ratio_high), options.update_ratio_low * options.sensitivity
+    if ratio > high:
+        return Finding(detector="update_ratio", severity="warning", score=min(1.0, ratio / (10 * high)),
+                       statistic="abs_max",
+                       message=f"The updates of {role} are large: each training step changes it by {ratio:.2g} of "
+                               f"its size (median; usually about 1e-3). The learning rate may be too high.",
+                       evidence={"update_to_weight_ratio": ratio, "pairs": int(valid.sum())}, **base)
+    if 0 < ratio < low:
+        return Finding(detector="update_ratio", severity="info", score=0.3, statistic="abs_max",
+                       message=f"The updates of {role} are tiny: each training step changes it by {ratio:.2g} of its "
+                               "size (median; usually about 1e-3). Is it learning?",
+                       evidence={"update_to_weight_ratio": ratio, "pairs": int(valid.sum())}, **base)
+    return None
+
+
+def _first_iteration(data: TrialData, step: int) -> int:
+    iterations = data.steps.loc[data.steps["training_step"] == step, "iteration"]
+    return int(iterations.min()) if len(iterations) else 0

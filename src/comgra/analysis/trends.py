@@ -1,0 +1,167 @@
+"""Gradients that vanish or explode, tensors that grow without bound, batches that collapse.
+
+Magnitudes are compared in powers of ten: a gradient against the largest gradient of the same
+step (vanishing, exploding), a statistic of the last quarter of training against the first
+(growth, collapse).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from comgra.analysis.findings import Finding, ScanOptions
+from comgra.analysis.graphs import GraphFacts
+from comgra.analysis.loading import TrialData
+from comgra.store import format as fmt
+
+NOT_LEARNED = ("input", "target", "initial_value")
+STANDS_OUT = 10.0  # growth is reported only for a tensor that ends this many times above the typical one
+
+
+def gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """Nodes whose gradient is orders of magnitude below or above the largest one of their step."""
+    stats = data.stats
+    rows = stats[(stats["kind"] != fmt.FORWARD) & stats["aggregation"].isin(["abs_max", "none"])]
+    rows = rows[[not facts.is_loss_like(n, t) for n, t in zip(rows["node"], rows["tensor_type"])]]
+    rows = rows[np.isfinite(rows["abs_mean"]) & (rows["abs_mean"] > 0)]
+    if not len(rows):
+        return []
+    rows = rows.assign(log=np.log10(rows["abs_mean"].astype(np.float64)),
+                       learned=rows["tensor_type"] != "parameter")
+    per_node = rows.groupby(["kind", "training_step", "node", "role", "learned"], sort=False)["log"].max().reset_index()
+    reference = per_node[per_node["learned"]].groupby(["kind", "training_step"])["log"].max()
+    fallback = per_node.groupby(["kind", "training_step"])["log"].max()
+    reference = reference.reindex(fallback.index).fillna(fallback).rename("reference")
+    per_node = per_node.join(reference, on=["kind", "training_step"])
+    per_node["below"] = per_node["reference"] - per_node["log"]
+    median = per_node.groupby(["kind", "training_step"])["log"].median().rename("median")
+    per_node = per_node.join(median, on=["kind", "training_step"])
+    per_node["above"] = per_node["log"] - per_node["median"]
+    findings = []
+    vanishing, exploding = options.orders(options.vanishing_orders), options.orders(options.exploding_orders)
+    for (kind, node, role), series in per_node.groupby(["kind", "node", "role"], sort=False):
+        if facts.role.get(node) in ("input", "target"):
+            continue  # the gradient of an input says how much the loss depends on it: small is fine
+        for name, column, limit, word in (("vanishing_gradient", "below", vanishing, "below the largest"),
+                                          ("exploding_gradient", "above", exploding, "above the median")):
+            flagged = series[series[column] > limit]
+            if len(flagged) * 2 < len(series) or not len(flagged):
+                continue
+            orders = float(flagged[column].median())
+            steps = sorted(flagged["training_step"].tolist())
+            findings.append(Finding(
+                detector=name, severity="warning", score=min(1.0, len(flagged) / len(series) * orders / (2 * limit)),
+                trial=data.trial, node=node, role=role, kind=kind, training_step=int(steps[0]), steps=steps,
+                iteration=_iteration_of(data, node, kind, int(steps[0])),
+                message=f"The gradient of {node} ({role}) is {orders:.1f} orders of magnitude {word} gradient of "
+                        f"its step in {len(flagged)} of {len(series)} recorded steps "
+                        f"(typically {10 ** float(flagged['log'].median()):.2e}).",
+                evidence={"orders_of_magnitude": orders, "steps_flagged": len(flagged), "steps": len(series),
+                          "median_gradient": 10 ** float(flagged["log"].median()),
+                          "reference_gradient": 10 ** float(flagged["reference"].median())},
+                aggregation="none" if role in _unbatched(data, node) else "abs_max", statistic="abs_mean",
+                column=facts.column.get(node, 0)))
+    return findings
+
+
+def growth(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """A tensor, parameter or gradient whose largest value grows by orders of magnitude over training."""
+    stats = data.stats
+    rows = stats[stats["aggregation"].isin(["mean", "none"]) & np.isfinite(stats["abs_max"])]
+    rows = rows[~rows["tensor_type"].isin(NOT_LEARNED)]
+    per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True)["abs_max"].median().reset_index()
+    findings = []
+    limit = options.orders(options.growth_orders)
+    # What the tensors of a kind typically reach by the end: growth from tiny to typical (a gradient that
+    # starts near zero, an output layer initialised at zero) is learning, not growth without bound.
+    last_steps = per_step.groupby(["kind", "node", "role"])["training_step"].transform("max")
+    typical = per_step[per_step["training_step"] == last_steps].groupby("kind")["abs_max"].median()
+    for (kind, node, role), series in per_step.groupby(["kind", "node", "role"], sort=False):
+        values = series["abs_max"].to_numpy(np.float64)
+        early, late = _quarters(values, options)
+        if early is None or late is None or early <= 0 or not np.isfinite(late) or late <= 0:
+            continue
+        if late < STANDS_OUT * float(typical.get(kind, 0.0)):
+            continue
+        orders = float(np.log10(late / early))
+        trend = _monotone(series["training_step"].to_numpy(), values)
+        if orders < limit or trend < 0.8:
+            continue
+        gradient = kind != fmt.FORWARD
+        findings.append(Finding(
+            detector="exploding_gradient" if gradient else "growth", severity="warning",
+            score=min(1.0, orders / (2 * limit)) * trend, trial=data.trial, node=node, role=role, kind=kind,
+            training_step=int(series["training_step"].iloc[-1]), steps=series["training_step"].tolist(),
+            iteration=_iteration_of(data, node, kind, int(series["training_step"].iloc[-1])),
+            message=f"The largest {'gradient' if gradient else 'value'} of {node} ({role}) grows {orders:.1f} orders "
+                    f"of magnitude over training ({early:.3g} in the first quarter of the recorded steps, "
+                    f"{late:.3g} in the last) and keeps growing (Spearman {trend:.2f} with the step).",
+            evidence={"first_quarter": early, "last_quarter": late, "orders_of_magnitude": orders,
+                      "spearman_with_step": trend, "steps": len(values)},
+            aggregation="none" if role in _unbatched(data, node) else "mean", statistic="abs_max",
+            column=facts.column.get(node, 0)))
+    return findings
+
+
+def collapse(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """The spread over the batch shrinking towards zero: every sample gets the same value."""
+    spread = data.neurons["std"]
+    keys = spread.keys
+    if not len(keys):
+        return []
+    findings = []
+    limit = options.orders(options.collapse_orders)
+    for (node, role), group in keys.groupby(["node", "role"], sort=False):
+        if group["tensor_type"].iloc[0] in NOT_LEARNED or facts.is_loss_like(node):
+            continue
+        matrix = spread.matrix(group.index.to_numpy())
+        per_row = pd.Series(matrix.mean(axis=1), index=group.index)
+        per_step = per_row.groupby(group["training_step"]).median().sort_index()
+        values = per_step.to_numpy(np.float64)
+        early, late = _quarters(values, options)
+        if early is None or late is None or early <= 0 or not np.isfinite(late):
+            continue
+        orders = float(np.log10(early / max(late, 1e-30)))
+        if orders < limit:
+            continue
+        findings.append(Finding(
+            detector="collapse", severity="warning", score=min(1.0, orders / (2 * limit)), trial=data.trial,
+            node=node, role=role, kind=fmt.FORWARD, training_step=int(per_step.index[-1]),
+            steps=[int(s) for s in per_step.index], iteration=_iteration_of(data, node, fmt.FORWARD,
+                                                                             int(per_step.index[-1])),
+            message=f"The spread of {node} ({role}) over the batch collapses: its standard deviation falls "
+                    f"{orders:.1f} orders of magnitude ({early:.3g} in the first quarter, {late:.3g} in the last), "
+                    "so every sample gets nearly the same value.",
+            evidence={"first_quarter_std": early, "last_quarter_std": late, "orders_of_magnitude": orders},
+            aggregation="std", statistic="abs_mean", column=facts.column.get(node, 0)))
+    return findings
+
+
+def _quarters(values: np.ndarray, options: ScanOptions) -> tuple[float | None, float | None]:
+    if len(values) < max(4, options.min_steps):
+        return None, None
+    quarter = max(1, len(values) // 4)
+    return float(np.median(values[:quarter])), float(np.median(values[-quarter:]))
+
+
+def _monotone(steps: np.ndarray, values: np.ndarray) -> float:
+    if len(set(values.tolist())) < 2:
+        return 0.0
+    rho = scipy_stats.spearmanr(steps, values).statistic
+    return float(rho) if np.isfinite(rho) else 0.0
+
+
+def _unbatched(data: TrialData, node: str) -> set[str]:
+    rows = data.stats[(data.stats["node"] == node) & (data.stats["aggregation"] == "none")]
+    return set(rows["role"].unique())
+
+
+def _iteration_of(data: TrialData, node: str, kind: str, step: int) -> int:
+    """An iteration of ``step`` in which the node's values can be opened."""
+    rows = data.stats[(data.stats["node"] == node) & (data.stats["training_step"] == step)]
+    iterations = rows["iteration"].astype(int)
+    if len(iterations) and iterations.max() >= 0:
+        return int(iterations[iterations >= 0].min())
+    step_iterations = data.steps.loc[data.steps["training_step"] == step, "iteration"]
+    return int(step_iterations.min()) if len(step_iterations) else 0

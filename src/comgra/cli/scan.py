@@ -1,0 +1,120 @@
+"""``comgra scan``: findings of a recording as a table, or as JSON for scripts.
+
+    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--sensitivity S] [--target NAME]
+
+Exit 0 with or without findings; 2 with a one-line message on a bad path, trial, target or
+option, or a recording of a newer format.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from comgra.errors import ComgraError
+
+PROGRESS_AFTER_SECONDS = 1.0
+SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+def parser() -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser(prog="comgra scan", description="Find anomalies in a recording and say where "
+                                     "they start: non-finite values, vanishing gradients, dead units, ...")
+    result.add_argument("--path", type=Path, required=True, help="the group folder: comgra_root_path/group")
+    result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
+    result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
+    result.add_argument("--sensitivity", type=_sensitivity, default=1.0,
+                        help="above 1 finds more, below 1 fewer (default: 1)")
+    result.add_argument("--target", help="the per-sample tensor that correlation hints explain "
+                                         "(default: a loss-like one such as loss_per_sample)")
+    return result
+
+
+def run(arguments: list[str], usage_error: Callable[[str], Exception]) -> int:
+    """Parse, scan, print. ``usage_error`` builds the CLI's one-line error (cli.app owns it)."""
+    from comgra.analysis import ScanOptions, Scanner, document
+    from comgra.cli.app import check_recording
+    from comgra.service import finding_link
+
+    args = parser().parse_args(arguments)
+    group = check_recording(args.path)
+    options = ScanOptions(sensitivity=args.sensitivity, target=args.target)
+    try:
+        with _Progress() as progress:
+            result = Scanner().scan(group, trials=args.trial, options=options, progress=progress.update)
+    except ComgraError as error:
+        raise usage_error(str(error).splitlines()[0]) from None
+    if args.json:
+        print(json.dumps(document(result.findings, result.problems, link=finding_link), indent=1))
+    else:
+        _print_table(result.findings, result.problems, result.trials)
+    return 0
+
+
+def _sensitivity(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < 1000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a sensitivity; use a number above 0, e.g. 0.5 or 2")
+    return value
+
+
+class _Progress:
+    """A Rich progress bar on stderr, shown only once a scan has taken more than a second."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._bar: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def update(self, trial: str, done: int, total: int) -> None:
+        if self._bar is None:
+            if time.perf_counter() - self._start < PROGRESS_AFTER_SECONDS:
+                return
+            from rich.console import Console
+            from rich.progress import Progress
+
+            self._bar = Progress(console=Console(stderr=True), transient=True)
+            self._bar.start()
+        if trial not in self._tasks:
+            self._tasks[trial] = self._bar.add_task(f"scanning {trial}", total=total)
+        self._bar.update(self._tasks[trial], completed=done, total=total)
+
+
+def _print_table(findings: list[Any], problems: list[str], trials: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not findings:
+        console.print(f"No findings in {len(trials)} trial(s).")
+    else:
+        table = Table(title=f"{len(findings)} findings, most important first")
+        for column in ("#", "severity", "detector", "trial", "node", "step", "what"):
+            table.add_column(column, overflow="fold")
+        for number, finding in enumerate(findings, 1):
+            table.add_row(str(number), f"[{SEVERITY_STYLES.get(finding.severity, '')}]{finding.severity}",
+                          finding.detector, finding.trial, finding.node,
+                          "" if finding.training_step is None else str(finding.training_step), finding.message)
+        console.print(table)
+    for problem in problems:
+        console.print(f"[yellow]{problem}", markup=True, highlight=False)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from comgra.cli.app import main
+
+    sys.exit(main(["scan", *sys.argv[1:]]))

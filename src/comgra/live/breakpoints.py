@@ -1,0 +1,400 @@
+"""Breakpoints in the training process: check conditions on every step, pause, obey continue/step/abort.
+
+The recorder calls a ``BreakpointMonitor`` at a few points of each training step. With no enabled
+breakpoint every call returns after a flag check; with breakpoints, a target's metrics are a few
+reductions of the tensors it names, moved to the host in one transfer. When a condition holds, the
+recorder records the step in full and the process pauses at ``finish_batch``, blocked on a socket
+(``control.wait_for_command``) until the app or the REST API sends a command.
+
+Under torch.distributed the ranks agree on the breakpoints (rank 0 reads the file and broadcasts it
+every ``sync_every_steps`` steps), combine their hit flags with one all_reduce per step while
+breakpoints exist, and pause and resume together: rank 0 waits for the command and broadcasts it.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from comgra.config import BreakpointSettings
+from comgra.errors import ComgraError, TrainingAborted, did_you_mean
+from comgra.live import control
+from comgra.live.conditions import Condition, parse_condition
+
+__all__ = ["BreakpointMonitor", "tensor_metrics"]
+
+
+@dataclass
+class ActiveBreakpoint:
+    id: str
+    target: str
+    condition: Condition
+    needs_gradients: bool  # checked after backward, with the value metrics taken at registration
+
+
+@dataclass
+class StepState:
+    """What the monitor knows about the current training step."""
+
+    training_step: int = -1
+    type_of_execution: str | None = None
+    iteration: int = -1  # as the recording's: 0 in the first iteration
+    hit: ActiveBreakpoint | None = None  # the first breakpoint that held in this step
+    held: set[str] = field(default_factory=set)  # ids that held in this step (a hit counts once per step)
+    grad_tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # targets whose gradients are checked
+    values: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> its value metrics this step
+    gradients_checked: bool = False
+    module_started: dict[str, float] = field(default_factory=dict)
+    module_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class BreakpointMonitor:
+    """Owns the breakpoints of one recorder and the pause protocol of its process."""
+
+    def __init__(self, trial_dir: Path, settings: BreakpointSettings, *, rank: int, world_size: int,
+                 initial: list[dict[str, Any]] | None, warn: Callable[[str, str], None]):
+        self.trial_dir = trial_dir
+        self.settings = settings
+        self.rank, self.world_size = rank, world_size
+        self.lead = rank == 0
+        self.warn = warn
+        self.breakpoints: list[ActiveBreakpoint] = []
+        self.by_target: dict[str, list[ActiveBreakpoint]] = {}
+        self.value_names: dict[str, tuple[str, ...]] = {}  # target -> the value metrics its conditions read
+        self.gradient_targets: set[str] = set()  # targets with a condition on their gradient
+        self.active = False  # any enabled breakpoint, or a pending "step"
+        self.stepping = False
+        self.hits: dict[str, int] = {}
+        self.step = StepState()
+        self.modules: dict[str, torch.nn.Module] = {}
+        self._hook_handles: list[Any] = []
+        self._signature: tuple[int, int] | None = None
+        self._next_poll = 0.0
+        self._steps_seen = 0
+        self._names_seen: set[str] = set()
+        self._checked_targets = False
+        self._end_reason: str | None = None
+        if self.lead:
+            if initial is not None:
+                control.replace_breakpoints(trial_dir, initial)
+            self._publish("running")
+        self._load(control.read_breakpoints(trial_dir) if self.lead else [])  # the others get rank 0's at step 1
+
+    # -- the training step ----------------------------------------------------------------------
+    def start_batch(self, training_step: int, type_of_execution: str | None) -> bool:
+        """Refresh the breakpoints if due; True when this step must be recorded (a pending "step")."""
+        self.step = StepState(training_step, type_of_execution)
+        self._steps_seen += 1
+        if self._distributed():
+            if (self._steps_seen - 1) % max(1, self.settings.sync_every_steps) == 0:
+                self._load(self._broadcast(self._read_if_lead()))
+        elif time.monotonic() >= self._next_poll:
+            self._poll()
+        return self.stepping
+
+    def start_iteration(self, iteration: int) -> None:
+        self.step.iteration = iteration
+
+    def check_tensor(self, name: str, tensor: torch.Tensor) -> bool:
+        """At register_tensor: check the value conditions on ``name``; True when one holds now."""
+        self._names_seen.add(name)
+        watching = self.by_target.get(name)
+        if not watching:
+            return False
+        if name in self.gradient_targets and tensor.requires_grad:
+            if tensor.grad_fn is not None:
+                tensor.retain_grad()  # so that its gradient exists for the check after backward
+            self.step.grad_tensors[name] = tensor
+        values = self.step.values[name] = tensor_metrics(tensor, self.value_names[name])
+        return self._check(watching, values, gradients=False)
+
+    def check_gradients(self) -> bool:
+        """After backward (record_current_gradients or finish_batch): the gradient conditions."""
+        held = False
+        self.step.gradients_checked = True
+        for target, watching in self.by_target.items():
+            if not any(b.needs_gradients for b in watching):
+                continue
+            gradients = self._gradients_of(target)
+            if gradients is None:
+                continue
+            wanted = tuple(name[len("grad_"):] for b in watching for name in b.condition.gradient_metrics)
+            values = {f"grad_{k}": v for k, v in tensor_metrics_of_many(gradients, tuple(set(wanted))).items()}
+            values.update(self.step.values.get(target, {}))
+            if target in self.step.module_seconds:
+                values["execution_time"] = self.step.module_seconds[target]
+            held |= self._check(watching, values, gradients=True)
+        return held
+
+    def finish_batch(self, flush: Callable[[], None]) -> str | None:
+        """Count hits, pause if a breakpoint held (or a "step" was asked); returns the action obeyed."""
+        if self.by_target:
+            if not self.step.gradients_checked:
+                self.check_gradients()
+            self._warn_unknown_targets()
+        hit = self.step.hit
+        if self._distributed() and (self.breakpoints or self.stepping):
+            hit = self._agree_on_hit()
+        elif hit is not None:
+            self.hits[hit.id] = self.hits.get(hit.id, 0) + 1
+        if hit is None and not self.stepping:
+            return None
+        flush()  # the paused step must be readable in the store while we wait
+        action = self._pause(hit)
+        self.stepping = action == "step"
+        self.active = bool(self.breakpoints) or self.stepping
+        if action == "abort":
+            self._end_reason = "aborted"
+            self._publish("finished", reason="aborted")
+            raise TrainingAborted(f"Training was aborted from comgra at step {self.step.training_step}"
+                                  + (f" (breakpoint {hit.id}: {hit.target} {hit.condition.text!r})." if hit else "."))
+        return action
+
+    def close(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        if self.lead:
+            self._publish("finished", reason=self._end_reason)
+
+    # -- modules ---------------------------------------------------------------------------------
+    def add_modules(self, name: str, module: torch.nn.Module) -> None:
+        for sub_name, sub in module.named_modules():
+            self.modules.setdefault(f"{name}.{sub_name}" if sub_name else name, sub)
+        self._hook_modules()
+
+    def _hook_modules(self) -> None:
+        """Forward hooks only on modules that an enabled breakpoint names; removed when none does."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        for target in self.by_target:
+            module = self.modules.get(target)
+            if module is not None:
+                self._hook_handles.append(module.register_forward_pre_hook(self._before_module(target)))
+                self._hook_handles.append(module.register_forward_hook(self._after_module(target)))
+
+    def _before_module(self, target: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, inputs: Any) -> None:
+            self.step.module_started[target] = time.perf_counter()
+        return hook
+
+    def _after_module(self, target: str) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            started = self.step.module_started.pop(target, None)
+            seconds = time.perf_counter() - started if started is not None else float("nan")
+            self.step.module_seconds[target] = seconds
+            self._names_seen.add(target)
+            watching = self.by_target.get(target, [])
+            if not watching:
+                return
+            tensor = _first_tensor(output)
+            values = tensor_metrics(tensor, self.value_names[target]) if tensor is not None else {}
+            self.step.values[target] = values
+            if self._check(watching, {**values, "execution_time": seconds}, gradients=False) and self.on_hit is not None:
+                self.on_hit()
+        return hook
+
+    on_hit: Callable[[], None] | None = None  # the recorder's "record this step from now on"
+
+    def _gradients_of(self, target: str) -> list[torch.Tensor] | None:
+        tensor = self.step.grad_tensors.get(target)
+        if tensor is not None:
+            return [tensor.grad] if tensor.grad is not None else None
+        module = self.modules.get(target)
+        if module is None:
+            return None
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        return grads or None
+
+    # -- checking --------------------------------------------------------------------------------
+    def _check(self, watching: list[ActiveBreakpoint], metrics: dict[str, float], *, gradients: bool) -> bool:
+        values = metrics  # a fresh dict of this check: add the context metrics in place
+        values["step"], values["iteration"] = self.step.training_step, self.step.iteration
+        held_now = False
+        for breakpoint in watching:
+            if breakpoint.needs_gradients != gradients or breakpoint.id in self.step.held:
+                continue
+            try:
+                holds = breakpoint.condition.evaluate(values)
+            except KeyError as missing:
+                self.warn(f"bp-metric:{breakpoint.id}", f"comgra breakpoint {breakpoint.id} ({breakpoint.target!r}) "
+                          f"uses {missing}, which target {breakpoint.target!r} does not have; it never holds.")
+                continue
+            if holds:
+                self.step.held.add(breakpoint.id)
+                self.step.hit = self.step.hit or breakpoint
+                held_now = True
+        return held_now
+
+    # -- loading the breakpoints ------------------------------------------------------------------
+    def _poll(self) -> None:
+        self._next_poll = time.monotonic() + self.settings.poll_interval_s
+        signature = control.breakpoints_signature(self.trial_dir)
+        if signature != self._signature:
+            self._signature = signature
+            self._load(self._read())
+        if self.lead:
+            self._publish("running")
+
+    def _read_if_lead(self) -> list[dict[str, Any]] | None:
+        if not self.lead:
+            return None
+        self._publish("running")
+        return self._read()
+
+    def _read(self) -> list[dict[str, Any]]:
+        """The breakpoints file; unreadable, it keeps the breakpoints as they were (and says so once)."""
+        try:
+            return control.read_breakpoints(self.trial_dir)
+        except (OSError, ComgraError) as error:
+            self.warn("bp-read", f"comgra keeps its breakpoints as they were: {error}")
+            return [{"id": b.id, "target": b.target, "condition": b.condition.text} for b in self.breakpoints]
+
+    def _load(self, entries: list[dict[str, Any]]) -> None:
+        loaded = []
+        for entry in entries:
+            if not entry.get("enabled", True):
+                continue
+            try:
+                condition = parse_condition(entry["condition"])
+            except Exception as error:  # noqa: BLE001 - a bad file must not stop the training
+                self.warn(f"bp-bad:{entry.get('id')}", f"comgra ignores breakpoint {entry.get('id')!r}: {error}")
+                continue
+            loaded.append(ActiveBreakpoint(str(entry["id"]), str(entry["target"]), condition,
+                                           bool(condition.gradient_metrics)))
+        self.breakpoints = loaded
+        self.by_target = {}
+        for breakpoint in loaded:
+            self.by_target.setdefault(breakpoint.target, []).append(breakpoint)
+        self.value_names = {target: _value_metrics(watching) for target, watching in self.by_target.items()}
+        self.gradient_targets = {b.target for b in loaded if b.needs_gradients}
+        self.active = bool(loaded) or self.stepping
+        self._checked_targets = False
+        if self.modules:
+            self._hook_modules()
+
+    def _warn_unknown_targets(self) -> None:
+        if self._checked_targets or not self._names_seen:
+            return
+        self._checked_targets = True
+        known = self._names_seen | set(self.modules)
+        for target in self.by_target:
+            if target not in known:
+                self.warn(f"bp-target:{target}", f"comgra breakpoint target {target!r} is neither a registered tensor "
+                          f"nor a tracked module seen so far{did_you_mean(target, known)}")
+
+    # -- pausing -----------------------------------------------------------------------------------
+    def _pause(self, hit: ActiveBreakpoint | None) -> str:
+        if self.lead:
+            state = self._state("paused", breakpoint=hit.id if hit else None, reason="breakpoint" if hit else "step",
+                                condition=hit.condition.text if hit else None, target=hit.target if hit else None)
+            action = control.wait_for_command(self.trial_dir, state, self.settings.pause_timeout)
+        else:
+            action = "continue"
+        if self._distributed():
+            action, entries = self._broadcast((action, self._read() if self.lead else None))
+            self._load(entries)
+        else:
+            self._signature = None  # the breakpoints may have changed while we waited
+            self._poll()
+        if self.lead:
+            self._publish("running")
+        return action
+
+    def _agree_on_hit(self) -> ActiveBreakpoint | None:
+        """One all_reduce: which breakpoints held on any rank, and whether any rank asks to pause."""
+        flags = torch.zeros(len(self.breakpoints) + 1)
+        for index, breakpoint in enumerate(self.breakpoints):
+            flags[index] = float(breakpoint.id in self.step.held)
+        flags[-1] = float(self.stepping)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        hit = None
+        for index, breakpoint in enumerate(self.breakpoints):
+            if flags[index] > 0:
+                self.hits[breakpoint.id] = self.hits.get(breakpoint.id, 0) + 1
+                hit = hit or breakpoint
+        return hit
+
+    def _distributed(self) -> bool:
+        return self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+    def _broadcast(self, payload: Any) -> Any:
+        box = [payload]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _state(self, state: str, **extra: Any) -> dict[str, Any]:
+        return {"state": state, "training_step": self.step.training_step if self.step.training_step >= 0 else None,
+                "type_of_execution": self.step.type_of_execution, "iteration": self.step.iteration,
+                "breakpoint": None, "hits": dict(self.hits), "ranks": self.world_size, "pid": os.getpid(),
+                "hostname": socket.gethostname(), **extra}
+
+    def _publish(self, state: str, **extra: Any) -> None:
+        try:
+            control.write_run_state(self.trial_dir, self._state(state, **extra))
+        except FileNotFoundError:
+            pass  # the trial folder is gone: the writer reports that, and nothing recreates it
+        except OSError as error:  # a full disk must not stop the training
+            self.warn("bp-publish", f"comgra cannot publish the run state in {str(self.trial_dir)!r}: {error}")
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "mean": lambda t: t.mean(),
+    "abs_mean": lambda t: torch.linalg.vector_norm(t, 1) / t.numel(),  # one kernel, no |t| copy
+    "std": lambda t: t.std() if t.numel() > 1 else torch.zeros((), dtype=t.dtype, device=t.device),
+    "min": lambda t: t.min(),
+    "max": lambda t: t.max(),
+    "abs_max": lambda t: t.abs().max(),
+    "norm": lambda t: torch.linalg.vector_norm(t),
+    "has_nan": lambda t: torch.isnan(t).any(),
+    "has_inf": lambda t: torch.isinf(t).any(),
+}
+
+
+def tensor_metrics(tensor: torch.Tensor, names: tuple[str, ...]) -> dict[str, float]:
+    """The named reductions of ``tensor``, computed on its device and moved to the host in one transfer."""
+    if not names:
+        return {}
+    data = tensor.detach()
+    if not data.is_floating_point():
+        data = data.double()
+    if data.numel() == 0:
+        return {name: float("nan") for name in names}
+    if len(names) == 1:
+        return {names[0]: float(_REDUCTIONS[names[0]](data))}
+    reduced = [_REDUCTIONS[name](data) for name in names]
+    # One stack and one transfer; only the boolean flags need a cast (each cast is a kernel launch).
+    values = torch.stack([r if r.dtype == data.dtype else r.to(data.dtype) for r in reduced]).tolist()
+    return dict(zip(names, values))
+
+
+def tensor_metrics_of_many(tensors: list[torch.Tensor], names: tuple[str, ...]) -> dict[str, float]:
+    """Metrics of several tensors seen as one (a module's parameter gradients); norm is the global norm."""
+    if len(tensors) == 1:
+        return tensor_metrics(tensors[0], names)
+    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
+    return tensor_metrics(flat, names)
+
+
+def _value_metrics(watching: list[ActiveBreakpoint]) -> tuple[str, ...]:
+    return tuple(sorted({name for b in watching for name in b.condition.value_metrics}))
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((item for item in output if isinstance(item, torch.Tensor)), None)
+    if isinstance(output, dict):
+        return next((item for item in output.values() if isinstance(item, torch.Tensor)), None)
+    return None

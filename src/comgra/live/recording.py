@@ -1,0 +1,165 @@
+"""The recorder's side of breakpoints: check on every step, and record in full the step where one holds.
+
+A step that the policy does not record touches no tensor. While breakpoints are enabled, such a
+step keeps a *shadow*: the list of recording calls made so far (a tuple append each, tensors by
+reference). When a condition holds mid-step, the shadow is replayed into a fresh step recording and
+the rest of the step is recorded as usual, so the paused step is in the store in full.
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from comgra.config import Settings, load_settings
+from comgra.errors import ComgraError, TrainingAborted
+from comgra.live import control
+from comgra.live.breakpoints import BreakpointMonitor
+from comgra.store import format as fmt
+
+if TYPE_CHECKING:
+    from comgra.recorder import ComgraRecorder
+
+__all__ = ["RecorderBreakpoints"]
+
+
+class RecorderBreakpoints:
+    """Created by ComgraRecorder when it records; ``None`` there when comgra is off (nothing to pay)."""
+
+    def __init__(self, recorder: ComgraRecorder, monitor: BreakpointMonitor):
+        self.recorder = recorder
+        self.monitor = monitor
+        self.shadow: list[tuple[Any, ...]] | None = None
+        self.forced = False
+        self._step_args: tuple[int, bool] = (0, True)
+        monitor.on_hit = self.force_recording
+
+    @classmethod
+    def attach(cls, recorder: ComgraRecorder, *, breakpoints: Iterable[dict[str, Any]] | None,
+               settings: Settings) -> RecorderBreakpoints | None:
+        options, ranks = recorder.options, recorder.rank_info
+        if ranks.world_size > 1 and options.record_ranks is not None and \
+                not set(range(ranks.world_size)) <= options.record_ranks:
+            if breakpoints or settings.breakpoints.set:
+                warnings.warn("comgra breakpoints need every rank of a torch.distributed run to record "
+                              "(record_ranks='all'); they are off for this run.", stacklevel=3)
+            return None
+        initial = [control.checked_breakpoint(entry) for entry in
+                   list(settings.breakpoints.set) + list(breakpoints or [])]  # the user's mistakes raise here
+        session = recorder.session
+        if ranks.world_size == 1 and (session is None or session.broken):
+            return None  # recording is off after a fault of comgra's own (already reported): so are breakpoints
+        warn = session.warn_once if session is not None else _warn_once()
+        try:
+            monitor = BreakpointMonitor(
+                fmt.trial_dir(options.group_dir, options.trial_id), settings.breakpoints, rank=ranks.rank,
+                world_size=ranks.world_size, initial=initial if (initial or breakpoints is not None) else None,
+                warn=warn)
+        except (OSError, ComgraError) as error:  # a fault of comgra's own never stops the training
+            warn("bp-start", f"comgra breakpoints are off: {error}. Training goes on.")
+            return None
+        return cls(recorder, monitor)
+
+    # -- calls from the recorder ---------------------------------------------------------------------
+    def start_batch(self, recording: bool, training_step: int, batch_size: int, per_sample: bool) -> bool:
+        """Returns whether the step is recorded: as the policy says, or forced by a pending "step"."""
+        self.forced = self.monitor.start_batch(training_step, self.recorder.type_of_execution)
+        session = self.recorder.session
+        healthy = session is not None and not session.broken
+        if self.forced and not recording and healthy:
+            recording = session.start_step(training_step, batch_size, self.recorder.type_of_execution,  # type: ignore[union-attr]
+                                           self.recorder.modules, per_sample)
+        self._step_args = (batch_size, per_sample)
+        self.shadow = [] if self.monitor.active and not recording and healthy else None
+        return recording
+
+    def start_iteration(self) -> None:
+        if self.monitor.active:
+            self.monitor.step.iteration += 1
+            self.keep(("start_iteration",))
+
+    def register(self, name: str, tensor: torch.Tensor, arguments: dict[str, Any]) -> None:
+        if self.monitor.active:
+            if self.monitor.check_tensor(name, tensor):
+                self.force_recording()
+            self.keep(("register", name, tensor, arguments))
+
+    def gradients(self, name_of_loss_group: str, set_to_zero: bool) -> None:
+        if self.monitor.active:
+            if self.monitor.check_gradients():
+                self.force_recording()
+            self.keep(("gradients", name_of_loss_group, set_to_zero))
+
+    def keep(self, call: tuple[Any, ...]) -> None:
+        """Remember a recording call of an unrecorded step, in case a breakpoint forces its recording."""
+        if self.shadow is not None and not self.recorder.recording_is_active():
+            self.shadow.append(call)
+
+    def finish_batch(self) -> None:
+        self.shadow = None
+        try:
+            self.monitor.finish_batch(flush=self._flush)
+        except (TrainingAborted, KeyboardInterrupt):
+            raise
+        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+            self.monitor.active = False
+            self.monitor.breakpoints, self.monitor.by_target = [], {}
+            self.monitor.warn("bp-fault", f"comgra breakpoints are off after an internal error: "
+                              f"{type(error).__name__}: {error}. Training goes on.")
+
+    def _flush(self) -> None:
+        """Before pausing: the step and its KPIs must be readable in the store while the run waits."""
+        session = self.recorder.session
+        if session is not None and session.writer is not None and not session.broken:
+            session.flush_kpis(self.recorder._kpis, force=True)
+            session.writer.flush()
+
+    def close(self) -> None:
+        self.monitor.close()
+
+    # -- forcing the recording of this step ------------------------------------------------------------
+    def force_recording(self) -> None:
+        """Record the current step from now on, replaying the calls made so far in it."""
+        recorder, session, shadow = self.recorder, self.recorder.session, self.shadow
+        self.forced = True
+        if recorder.recording_is_active() or shadow is None or session is None or session.broken:
+            return
+        self.shadow = None
+        batch_size, per_sample = self._step_args
+        recorder._recording = session.start_step(recorder.training_step, batch_size,  # type: ignore[arg-type]
+                                                 recorder.type_of_execution, recorder.modules, per_sample)
+        if session.step is not None:
+            session.step.replayed = True  # type: ignore[attr-defined]
+        for call in shadow:
+            recorder._guarded(lambda s, call=call: _replay(s, call))
+
+
+def _replay(session: Any, call: tuple[Any, ...]) -> None:
+    kind = call[0]
+    if kind == "start_iteration":
+        session.step.start_iteration()
+    elif kind == "register":
+        session.register(call[1], call[2], **call[3])
+    elif kind == "finish_iteration":
+        session.finish_iteration()
+    elif kind == "gradients":
+        session.step.record_gradients(call[1], call[2])
+    elif kind == "connect":
+        session.step.connect(call[1], call[2])
+
+
+def _warn_once() -> Any:
+    seen: set[str] = set()
+
+    def warn(key: str, message: str) -> None:
+        if key not in seen:
+            seen.add(key)
+            warnings.warn(message, stacklevel=3)
+    return warn
+
+
+def load_recorder_settings(config: str | Path | None) -> Settings:
+    return load_settings(config)

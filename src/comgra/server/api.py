@@ -1,0 +1,430 @@
+"""The REST API: versioned JSON under ``/api/v1``, on the app's own Flask server, from the same service.
+
+Its contract is the OpenAPI document in ``api_spec`` (served at ``/api/v1/openapi.json``), which
+the tests check every route against. What arrives is data, never code: query values are parsed
+as integers or matched against known names, and a breakpoint's condition goes to the whitelist
+parser of ``comgra.live.conditions``. A bad value is a 4xx whose JSON names the field.
+
+State-changing calls (POST, PATCH, DELETE) are refused from another web origin, and, when the
+server is bound to a non-loopback address, need the token it prints at start
+(``Authorization: Bearer <token>``).
+
+    $ curl http://127.0.0.1:8055/api/v1/trials
+    {"trials": ["trial_a"]}
+"""
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+from flask import Blueprint, Flask, Response, current_app, json, request
+from werkzeug.exceptions import HTTPException
+
+from comgra.errors import BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint, did_you_mean
+from comgra.server.api_spec import API_PREFIX, openapi_document
+from comgra.service import RecordingService, aggregation_value, view_link
+from comgra.store import format as fmt
+
+TOKEN_CONFIG = "COMGRA_API_TOKEN"  # Flask config key: the token state-changing calls need, or None
+INT_LIMIT = 2**62
+_INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²" and "٣"
+PHASES = ("forward", "backward")
+AGGREGATIONS = ("mean", "std", "abs_max", "none", "sample")
+RUN_ACTIONS = ("continue", "step", "abort")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+# -- reading what was sent --------------------------------------------------------------------------
+def int_arg(name: str, *, default: int | None = None, required: bool = False, minimum: int | None = None) -> int | None:
+    raw = request.args.get(name)
+    if raw is None:
+        if required:
+            raise ApiError(400, f"The query parameter {name!r} is required (an integer).", name)
+        return default
+    text = raw.strip()
+    if not _INTEGER.fullmatch(text) or abs(int(text)) >= INT_LIMIT:
+        raise ApiError(400, f"{name}={raw[:40]!r} is not an integer.", name)
+    value = int(text)
+    if minimum is not None and value < minimum:
+        raise ApiError(400, f"{name}={value} must be >= {minimum}.", name)
+    return value
+
+
+def str_arg(name: str, *, default: str | None = None, required: bool = False,
+            choices: tuple[str, ...] | None = None) -> str | None:
+    raw = request.args.get(name)
+    if raw is None:
+        if required:
+            raise ApiError(400, f"The query parameter {name!r} is required.", name)
+        return default
+    if raw == "":
+        raise ApiError(400, f"{name} is empty; leave it out for the default.", name)
+    if len(raw) > 1000:
+        raise ApiError(400, f"{name} is longer than 1000 characters.", name)
+    if choices is not None and raw not in choices:
+        raise ApiError(400, f"{name}={raw[:40]!r} is not one of {list(choices)}.", name)
+    return raw
+
+
+def json_body(allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    body = request.get_json(silent=True, force=True) if request.content_length else None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"The request body must be a JSON object with {list(allowed)}.", "body")
+    unknown = sorted(str(k) for k in body if k not in allowed)
+    if unknown:
+        raise ApiError(400, f"Unknown field(s) {unknown[:5]}; known: {list(allowed)}.", unknown[0][:100])
+    missing = [k for k in required if k not in body]
+    if missing:
+        raise ApiError(400, f"The field {missing[0]!r} is required.", missing[0])
+    return body
+
+
+def plain(value: Any) -> Any:
+    """JSON-safe data: NaN and infinities become null (JSON has no such numbers), numpy to Python."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return plain(value.tolist())
+    if isinstance(value, np.generic):
+        return plain(value.item())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(dataclasses.asdict(value))
+    return value
+
+
+def answer(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(plain(data), separators=(",", ":")), status=status, mimetype="application/json")
+
+
+def api_url(path: str, **query: Any) -> str:
+    """A link to an API call (``api_url("trials/a/layers")``), for the app's "API" links."""
+    from urllib.parse import quote, urlencode
+
+    params = {k: v for k, v in query.items() if v is not None}
+    return f"{API_PREFIX}/{quote(path)}" + (f"?{urlencode(params)}" if params else "")
+
+
+# -- the blueprint -------------------------------------------------------------------------------------
+def blueprint(service: RecordingService) -> Blueprint:
+    api = Blueprint("comgra_api", __name__, url_prefix=API_PREFIX)
+    api.before_request(_check_state_change)
+    api.before_request(_check_query_names)
+    api.register_error_handler(Exception, _error)
+    routes = Routes(service)
+    for rule, methods, view in routes.table():
+        api.add_url_rule(rule, view.__name__, view, methods=methods)
+    return api
+
+
+def install(server: Flask, service: RecordingService) -> None:
+    """Serve the API on ``server`` (the app's Flask server)."""
+    server.config.setdefault(TOKEN_CONFIG, None)
+    server.register_blueprint(blueprint(service))
+
+
+def _known_query_names() -> dict[tuple[str, str], set[str]]:
+    """(route rule, METHOD) -> the query parameters its document lists."""
+    names = {}
+    for path, item in openapi_document()["paths"].items():
+        rule = API_PREFIX + re.sub(r"\{(\w+)\}", r"<\1>", path)
+        for method, operation in item.items():
+            names[(rule, method.upper())] = {p["name"] for p in operation["parameters"] if p["in"] == "query"}
+    for action in RUN_ACTIONS:  # one rule serves the three documented actions
+        names[(f"{API_PREFIX}/trials/<trial>/run/<action>", "POST")] = set()
+    return names
+
+
+_QUERY_NAMES = _known_query_names()
+
+
+def _check_query_names() -> None:
+    """An unknown query parameter is a mistake (``stpe=3``), not something to ignore silently."""
+    rule = request.url_rule.rule if request.url_rule is not None else None
+    known = _QUERY_NAMES.get((rule, request.method)) if rule else None
+    if known is None:
+        return
+    unknown = sorted(set(request.args) - known)
+    if unknown:
+        name = unknown[0][:100]
+        raise ApiError(400, f"Unknown query parameter {name!r}" + did_you_mean(name, known), name)
+
+
+def _check_state_change() -> None:
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return
+    origin = request.headers.get("Origin")
+    if origin and urlsplit(origin).netloc.lower() != request.host.lower():
+        raise ApiError(403, f"A state-changing call from the web origin {origin[:80]!r} is refused.", "Origin")
+    token = current_app.config.get(TOKEN_CONFIG)
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise ApiError(401, "This call changes the run: send the token the server printed at start as "
+                                "'Authorization: Bearer <token>'.", "Authorization")
+
+
+def _error(error: Exception) -> Response:
+    if isinstance(error, ApiError):
+        return _error_answer(error.status, error.message, error.field)
+    if isinstance(error, HTTPException):
+        return _error_answer(error.code or 500, error.description or error.name, None)
+    if isinstance(error, UnknownBreakpoint):
+        return _error_answer(404, str(error), "id")
+    if isinstance(error, BreakpointError):
+        return _error_answer(400, str(error), error.field)
+    if isinstance(error, NotPaused):
+        return _error_answer(409, str(error), None)
+    if isinstance(error, SelectionError):
+        return _error_answer(404, str(error), None)
+    if isinstance(error, ComgraError):
+        return _error_answer(400, str(error), None)
+    current_app.logger.error("comgra: an API request failed: %s %s", request.method, request.path, exc_info=error)
+    return _error_answer(500, "comgra hit an internal error; the terminal that runs the app shows the details.", None)
+
+
+def _error_answer(status: int, message: str, field: str | None) -> Response:
+    return answer({"error": {"status": status, "message": message, "field": field}}, status)
+
+
+class Routes:
+    """The handlers; each reads its arguments, asks the service, and answers plain JSON."""
+
+    def __init__(self, service: RecordingService):
+        self.service = service
+
+    def table(self) -> list[tuple[str, list[str], Callable[..., Response]]]:
+        t = "/trials/<trial>"
+        return [
+            ("/", ["GET"], self.index), ("/openapi.json", ["GET"], self.openapi),
+            ("/trials", ["GET"], self.trials), (f"{t}/steps", ["GET"], self.steps),
+            (f"{t}/graph", ["GET"], self.graph), (f"{t}/values", ["GET"], self.values),
+            (f"{t}/series", ["GET"], self.series), (f"{t}/kpis", ["GET"], self.kpis),
+            (f"{t}/notes", ["GET"], self.notes), (f"{t}/modules", ["GET"], self.modules),
+            (f"{t}/layers", ["GET"], self.layers), (f"{t}/layers/<module>", ["GET"], self.layer),
+            (f"{t}/profile", ["GET"], self.profile), (f"{t}/flamegraph", ["GET"], self.flamegraph),
+            (f"{t}/trace", ["GET"], self.trace), (f"{t}/resources", ["GET"], self.resources),
+            ("/findings", ["GET"], self.findings),
+            (f"{t}/breakpoints", ["GET", "POST"], self.breakpoints),
+            (f"{t}/breakpoints/<breakpoint_id>", ["PATCH", "DELETE"], self.breakpoint),
+            (f"{t}/run", ["GET"], self.run), (f"{t}/run/<action>", ["POST"], self.run_command),
+            ("/<path:rest>", ["GET", "POST", "PATCH", "DELETE", "PUT"], self.not_found),
+        ]
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _trial(self, trial: str) -> str:
+        known = self.service.trials()
+        if trial not in known:
+            raise ApiError(404, f"No trial {trial[:100]!r} in this recording" + did_you_mean(trial[:100], known), "trial")
+        return trial
+
+    def _trial_dir(self, trial: str) -> Path:
+        return fmt.trial_dir(self.service.group.path, self._trial(trial))
+
+    def _rank(self, trial: str) -> int:
+        ranks = self.service.ranks(trial)
+        rank = int_arg("rank", default=ranks[0])
+        if rank not in ranks:
+            raise ApiError(404, f"rank={rank} did not record trial {trial!r}; ranks: {ranks}.", "rank")
+        return rank  # type: ignore[return-value]
+
+    def _step_rows(self, trial: str, rank: int) -> tuple[int, list[dict[str, Any]]]:
+        step = int_arg("step", required=True)
+        rows = self.service.step_index(trial, rank).rows_of(step)  # type: ignore[arg-type]
+        if not rows:
+            raise ApiError(404, f"Training step {step} is not recorded in trial {trial!r} (rank {rank}).", "step")
+        return step, rows  # type: ignore[return-value]
+
+    def _iteration_row(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        iteration = int_arg("iteration", default=rows[0]["iteration"])
+        row = next((r for r in rows if r["iteration"] == iteration), None)
+        if row is None:
+            raise ApiError(404, f"iteration={iteration} is not in this step; iterations: "
+                                f"{[r['iteration'] for r in rows]}.", "iteration")
+        return row
+
+    def _steps_filter(self) -> dict[str, int | None]:
+        return {"first_step": int_arg("first_step"), "last_step": int_arg("last_step")}
+
+    # -- routes ---------------------------------------------------------------------------------
+    def index(self) -> Response:
+        return answer({"version": "v1", "openapi": f"{API_PREFIX}/openapi.json"})
+
+    def openapi(self) -> Response:
+        return answer(openapi_document())
+
+    def not_found(self, rest: str) -> Response:
+        raise ApiError(404, f"No API route {('/' + rest)[:100]!r}; see {API_PREFIX}/openapi.json.", None)
+
+    def trials(self) -> Response:
+        return answer({"trials": self.service.trials()})
+
+    def steps(self, trial: str) -> Response:
+        self._trial(trial)
+        rank = self._rank(trial)
+        rows = self.service.step_index(trial, rank).table.to_pylist()
+        return answer({"trial": trial, "rank": rank, "steps": rows})
+
+    def graph(self, trial: str) -> Response:
+        self._trial(trial)
+        rank = self._rank(trial)
+        step, rows = self._step_rows(trial, rank)
+        row = self._iteration_row(rows)
+        return answer({"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
+                       "graph": self.service.trial(trial).graph(row["graph"])})
+
+    def values(self, trial: str) -> Response:
+        self._trial(trial)
+        rank = self._rank(trial)
+        step, rows = self._step_rows(trial, rank)
+        iteration = self._iteration_row(rows)["iteration"]
+        graph = self.service.trial(trial).graph(self._iteration_row(rows)["graph"])
+        node = str_arg("node")
+        node_ids = sorted(n["id"] for n in graph["nodes"])
+        if node is not None and node not in node_ids:
+            raise ApiError(404, f"node={node[:100]!r} is not in the graph of step {step}, iteration {iteration}"
+                           + did_you_mean(node[:100], node_ids), "node")
+        aggregation = str_arg("aggregation", choices=AGGREGATIONS)
+        sample = int_arg("sample", default=0 if aggregation == "sample" else -1, minimum=-1)
+        wanted: dict[str, Any] = {"trial": trial, "training_step": step, "iteration": iteration, "rank": rank,
+                                  "node_id": node, "kind": str_arg("kind"),
+                                  "aggregation": None if aggregation is None else aggregation_value(aggregation, sample or 0)}
+        view = self.service.resolve({k: v for k, v in wanted.items() if v is not None})
+        selection = view.selection
+        if selection is None:
+            raise ApiError(404, " ".join(view.banners + view.notices) or "Nothing to show.", None)
+        role = str_arg("role")
+        if role is not None and role != selection.role:
+            view = self.service.resolve({**wanted, "node_id": selection.node_id, "roles": {selection.node: role}})
+            selection = view.selection
+        self._check_met(selection, role=role, kind=wanted["kind"], aggregation=wanted["aggregation"])
+        link = view_link(trial, training_step=step, iteration=iteration, node_id=selection.node_id,  # type: ignore[union-attr]
+                         role=selection.role, kind=selection.kind, aggregation=selection.aggregation, rank=rank)  # type: ignore[union-attr]
+        return answer({"selection": selection.to_dict(), "values": view.row, "app_link": link})  # type: ignore[union-attr]
+
+    @staticmethod
+    def _check_met(selection: Any, **asked: str | None) -> None:
+        for name, value in asked.items():
+            if value is not None and getattr(selection, name) != value:
+                raise ApiError(404, f"{name}={value[:100]!r} was not recorded for this node at this step.", name)
+
+    def series(self, trial: str) -> Response:
+        self._trial(trial)
+        aggregation = str_arg("aggregation", default="mean", choices=AGGREGATIONS)
+        statistic = str_arg("statistic", default="mean", choices=fmt.STATISTICS + ("svd_max",))
+        sample = int_arg("sample", default=0 if aggregation == "sample" else -1, minimum=-1)
+        table = self.service.trial(trial).series(
+            node=str_arg("node", required=True), role=str_arg("role", required=True),  # type: ignore[arg-type]
+            kind=str_arg("kind", default=fmt.FORWARD), iteration=int_arg("iteration", default=0),  # type: ignore[arg-type]
+            aggregation=aggregation, sample=sample, statistic=statistic, rank=self._rank(trial))  # type: ignore[arg-type]
+        return answer({"trial": trial, "statistic": statistic, "training_step": table["training_step"].to_pylist(),
+                       "value": table["value"].to_pylist()})
+
+    def kpis(self, trial: str) -> Response:
+        return answer({"trial": trial, "kpis": self.service.kpis(self._trial(trial)).to_pylist()})
+
+    def notes(self, trial: str) -> Response:
+        return answer({"trial": trial, "notes": self.service.notes(self._trial(trial))})
+
+    def modules(self, trial: str) -> Response:
+        return answer({"trial": trial, "modules": self.service.modules(self._trial(trial))})
+
+    def layers(self, trial: str) -> Response:
+        return answer({"trial": trial, "layers": self.service.layers(self._trial(trial))})
+
+    def layer(self, trial: str, module: str) -> Response:
+        self._trial(trial)
+        limit = int_arg("limit", default=100, minimum=1)
+        try:
+            rows = self.service.layer_history(trial, module, limit=limit)  # type: ignore[arg-type]
+        except SelectionError as error:
+            raise ApiError(404, str(error), "module") from None
+        return answer({"trial": trial, "module": module, "executions": rows})
+
+    def profile(self, trial: str) -> Response:
+        self._trial(trial)
+        phase = str_arg("phase", default="forward", choices=PHASES)
+        limit = int_arg("limit", minimum=1)
+        return answer({"trial": trial, "phase": phase, "layers": self.service.profile_summary(
+            trial, phase, limit=limit, **self._steps_filter())})  # type: ignore[arg-type]
+
+    def flamegraph(self, trial: str) -> Response:
+        self._trial(trial)
+        phase = str_arg("phase", default="forward", choices=PHASES)
+        return answer({"trial": trial, "phase": phase,
+                       "nodes": self.service.flame_graph(trial, phase, **self._steps_filter())})  # type: ignore[arg-type]
+
+    def trace(self, trial: str) -> Response:
+        self._trial(trial)
+        response = answer(self.service.chrome_trace(trial, **self._steps_filter()))
+        if str_arg("download", default="false", choices=("true", "false", "1", "0")) in ("true", "1"):
+            response.headers["Content-Disposition"] = f'attachment; filename="comgra-trace-{_file_safe(trial)}.json"'
+        return response
+
+    def resources(self, trial: str) -> Response:
+        return answer({"trial": trial, **self.service.resources(self._trial(trial))})
+
+    def findings(self) -> Response:
+        trial = str_arg("trial")
+        trials = [self._trial(trial)] if trial is not None else self.service.trials()
+        find = getattr(self.service, "findings", None)
+        if find is None:
+            return answer({"available": False, "findings": [],
+                           "message": "This comgra has no findings analysis."})
+        return answer({"available": True, "findings": [{"trial": t, "findings": find(t)} for t in trials]})
+
+    def breakpoints(self, trial: str) -> Response:
+        from comgra.live import control
+
+        directory = self._trial_dir(trial)
+        if request.method == "GET":
+            return answer({"trial": trial, "breakpoints": control.list_breakpoints(directory)})
+        body = json_body(("target", "condition", "enabled"), required=("target", "condition"))
+        created = control.add_breakpoint(directory, body["target"], body["condition"], body.get("enabled", True))
+        return answer(created, 201)
+
+    def breakpoint(self, trial: str, breakpoint_id: str) -> Response:
+        from comgra.live import control
+
+        directory = self._trial_dir(trial)
+        if request.method == "DELETE":
+            control.remove_breakpoint(directory, breakpoint_id)
+            return answer({"deleted": breakpoint_id})
+        body = json_body(("target", "condition", "enabled"))
+        if any(body.get(k) is None and k in body for k in body):
+            field = next(k for k in body if body[k] is None)
+            raise ApiError(400, f"{field} must not be null.", field)
+        return answer(control.update_breakpoint(directory, breakpoint_id, **body))
+
+    def run(self, trial: str) -> Response:
+        from comgra.live import control
+
+        return answer({"trial": trial, **control.run_state(self._trial_dir(trial))})
+
+    def run_command(self, trial: str, action: str) -> Response:
+        from comgra.live import control
+
+        directory = self._trial_dir(trial)
+        if action not in RUN_ACTIONS:
+            raise ApiError(404, f"No run command {action[:40]!r}; use one of {list(RUN_ACTIONS)}.", "action")
+        control.send_command(directory, action)
+        return answer({"trial": trial, "sent": action, **control.run_state(directory)})
+
+
+def _file_safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80]

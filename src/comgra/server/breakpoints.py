@@ -1,0 +1,126 @@
+"""The Breakpoints tab: the trial's breakpoints with hit counts, and control of a run in progress.
+
+Everything goes through ``comgra.live.control`` (the same functions the REST API calls): the
+training process, a separate process, reads the breakpoints from the trial folder and answers the
+Continue / Step / Abort buttons while it is paused.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash.development.base_component import Component
+
+from comgra.errors import ComgraError
+from comgra.live import control
+from comgra.service import RecordingService, view_link
+from comgra.store import format as fmt
+
+__all__ = ["panel", "register", "breakpoints_view"]
+
+
+class ID:
+    TABLE = "bp-table"
+    STATE = "bp-run-state"
+    MESSAGE = "bp-message"
+    TARGET = "bp-target"
+    CONDITION = "bp-condition"
+    ADD = "bp-add"
+    POLL = "bp-poll"
+    ACTIONS = {"continue": "bp-continue", "step": "bp-step", "abort": "bp-abort"}
+    TOGGLE = "bp-toggle"
+    REMOVE = "bp-remove"
+
+
+def panel() -> html.Div:
+    return html.Div(className="breakpoints-panel", children=[
+        dcc.Interval(id=ID.POLL, interval=1000),
+        html.Div(id=ID.STATE, className="run-state mb-2", role="status"),
+        html.Div(className="d-flex gap-2 mb-3", children=[
+            html.Button(action.capitalize(), id=button, className="btn btn-sm btn-outline-primary", n_clicks=0)
+            for action, button in ID.ACTIONS.items()]),
+        html.Div(id=ID.TABLE),
+        html.Div(className="d-flex gap-2 mt-3 align-items-center", children=[
+            dcc.Input(id=ID.TARGET, placeholder="tensor or module, e.g. loss", type="text", debounce=False),
+            dcc.Input(id=ID.CONDITION, placeholder="condition, e.g. has_nan or abs_max > 1e4", type="text",
+                      style={"minWidth": "22em"}),
+            html.Button("Add breakpoint", id=ID.ADD, className="btn btn-sm btn-primary", n_clicks=0)]),
+        html.Div(id=ID.MESSAGE, className="bp-message small mt-2", role="alert"),
+        html.P("Conditions use the metrics mean, abs_mean, std, min, max, abs_max, norm, has_nan, has_inf, "
+               "grad_norm, grad_mean, grad_abs_max, grad_has_nan, step, iteration and execution_time (modules), "
+               "with comparisons, and/or/not and + - * /.", className="text-muted small mt-2"),
+    ])
+
+
+def breakpoints_view(trial: str, trial_dir: Path) -> dict[str, Any]:
+    """The table and the run state of one trial, as components (a pure function of the files)."""
+    entries = control.list_breakpoints(trial_dir)
+    state = control.run_state(trial_dir)
+    rows = [html.Tr([html.Td(e["id"]), html.Td(e["target"]), html.Td(html.Code(e["condition"])),
+                     html.Td(str(e["hits"]), className="bp-hits"),
+                     html.Td("on" if e["enabled"] else "off", className="bp-enabled"),
+                     html.Td([html.Button("Disable" if e["enabled"] else "Enable", id={"type": ID.TOGGLE, "id": e["id"]},
+                                          className="btn btn-sm btn-outline-secondary me-1", n_clicks=0),
+                              html.Button("Remove", id={"type": ID.REMOVE, "id": e["id"]},
+                                          className="btn btn-sm btn-outline-danger", n_clicks=0)])],
+                    **{"data-id": e["id"]}) for e in entries]
+    table = html.Table(className="table table-sm bp-list", children=[
+        html.Thead(html.Tr([html.Th(h) for h in ("Id", "Target", "Condition", "Hits", "Enabled", "")])),
+        html.Tbody(rows or [html.Tr(html.Td("No breakpoints.", colSpan=6, className="text-muted"))])])
+    return {"table": table, "state": _state_line(trial, state)}
+
+
+def _state_line(trial: str, state: dict[str, Any]) -> list[Component | str]:
+    name = state["state"]
+    line: list[Component | str] = [html.Strong(name, className=f"run-{name}", **{"data-state": name})]
+    if state.get("training_step") is not None:
+        line.append(f" at training step {state['training_step']}")
+    if name == "paused":
+        why = f" by breakpoint {state['breakpoint']}" if state.get("breakpoint") else " after a step"
+        link = view_link(trial, type_of_execution=state.get("type_of_execution"), training_step=state["training_step"])
+        line += [why, " · ", html.A("show the paused step", href=link, className="bp-paused-link")]
+    if state.get("ranks", 1) > 1:
+        line.append(f" ({state['ranks']} ranks)")
+    return line
+
+
+def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str) -> None:
+    @app.callback(Output(ID.TABLE, "children"), Output(ID.STATE, "children"), Output(ID.MESSAGE, "children"),
+                  Input(tabs, "active_tab"), Input(current_trial, "data"), Input(ID.POLL, "n_intervals"),
+                  Input(ID.ADD, "n_clicks"), *[Input(b, "n_clicks") for b in ID.ACTIONS.values()],
+                  Input({"type": ID.TOGGLE, "id": ALL}, "n_clicks"), Input({"type": ID.REMOVE, "id": ALL}, "n_clicks"),
+                  State(ID.TARGET, "value"), State(ID.CONDITION, "value"))
+    def update(active: str, trial: Any, *arguments: Any) -> Any:
+        if active != "breakpoints":
+            return no_update, no_update, no_update
+        trial = (trial if isinstance(trial, str) else None) or next(iter(service.trials()), None)
+        if trial is None:
+            return None, "This recording has no trials yet.", None
+        target, condition = arguments[-2], arguments[-1]
+        trial_dir = fmt.trial_dir(service.group.path, trial)
+        message = _act(trial_dir, ctx.triggered_id, target, condition)
+        view = breakpoints_view(trial, trial_dir)
+        return view["table"], view["state"], message if message is not None else no_update
+
+
+def _act(trial_dir: Path, trigger: Any, target: Any, condition: Any) -> Component | str | None:
+    """Do what the clicked control asks; an error becomes the message the user sees."""
+    try:
+        if trigger == ID.ADD:
+            added = control.add_breakpoint(trial_dir, target, condition)
+            return f"Added {added['id']}."
+        for action, button in ID.ACTIONS.items():
+            if trigger == button:
+                control.send_command(trial_dir, action)
+                return f"Sent {action}."
+        if isinstance(trigger, dict) and trigger.get("type") == ID.TOGGLE and ctx.triggered[0]["value"]:
+            current = {e["id"]: e for e in control.list_breakpoints(trial_dir)}[trigger["id"]]
+            control.update_breakpoint(trial_dir, trigger["id"], enabled=not current["enabled"])
+            return ""
+        if isinstance(trigger, dict) and trigger.get("type") == ID.REMOVE and ctx.triggered[0]["value"]:
+            control.remove_breakpoint(trial_dir, trigger["id"])
+            return f"Removed {trigger['id']}."
+    except (ComgraError, KeyError) as error:
+        return html.Span(str(error), className="text-danger")
+    return None

@@ -1,0 +1,133 @@
+"""The Compare tab: a pinned selection beside the one the Tensors tab shows, and their difference.
+
+Pin a selection (a trial, step, node under some lens), then change the trial or the
+step in the Tensors tab: this tab shows the stored statistics of both and
+``shown - pinned``. The data question is :meth:`comgra.service.RecordingService.compare`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
+
+from comgra.errors import ComgraError
+from comgra.server.dom import attributes
+from comgra.server.panels import COUNT_STATISTICS, number, statistic_help
+from comgra.service import PLOT_STATISTICS, Comparison, RecordingService, Selection, aggregation_label
+
+
+class ID:
+    PIN = "compare-pin"
+    CLEAR = "compare-clear"
+    PINNED = "compare-pinned"  # dcc.Store: the pinned selection (a Selection's dict)
+    TRIAL = "compare-trial"  # pin the shown tensor in another trial ...
+    STEP = "compare-step"  # ... and/or at another step
+    NOTICE = "compare-notice"
+    BODY = "compare-body"
+
+
+SUMMARY = (("trial", "Trial"), ("training_step", "Training step"), ("step_type", "Type of step"),
+           ("iteration", "Iteration"), ("node_id", "Node"), ("role", "Role"), ("kind", "Type of recording"),
+           ("aggregation", "Batch or sample"), ("rank", "Rank"))
+
+
+def panel() -> html.Div:
+    return html.Div(className="compare-panel", children=[
+        dcc.Store(id=ID.PINNED, storage_type="memory"),
+        html.Div(className="d-flex flex-wrap align-items-end gap-3 mb-2", children=[
+            html.Button("Pin the shown selection", id=ID.PIN, className="btn btn-outline-primary btn-sm",
+                        title="Keep the tensor shown in the Tensors tab; then choose another trial or step there"),
+            html.Div(className="selector compare-trial", children=[
+                html.Label("…or the shown tensor in trial", htmlFor=ID.TRIAL, className="form-label"),
+                dcc.Dropdown(id=ID.TRIAL, clearable=True, placeholder="another trial")]),
+            html.Div(className="selector compare-step", children=[
+                html.Label("at training step", htmlFor=ID.STEP, className="form-label"),
+                dcc.Input(id=ID.STEP, type="number", debounce=True, placeholder="step",
+                          className="form-control form-control-sm")]),
+            html.Button("Unpin", id=ID.CLEAR, className="btn btn-outline-secondary btn-sm"),
+        ]),
+        html.Div(id=ID.NOTICE, className="selector-notice small", role="status"),
+        html.Div(id=ID.BODY),
+    ])
+
+
+def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: str) -> None:
+    @app.callback(Output(ID.TRIAL, "options"), Input(tabs, "active_tab"))
+    def trials(active: str) -> Any:
+        return [{"label": t, "value": t} for t in service.trials()] if active == "compare" else no_update
+
+    @app.callback(Output(ID.PINNED, "data"), Output(ID.NOTICE, "children"), Input(ID.PIN, "n_clicks"),
+                  Input(ID.CLEAR, "n_clicks"), Input(ID.TRIAL, "value"), Input(ID.STEP, "value"),
+                  State(shown_store, "data"), prevent_initial_call=True)
+    def pin(_pin: Any, _clear: Any, trial: Any, step: Any, shown: Any) -> Any:
+        selection = _selection(shown)
+        if ctx.triggered_id == ID.CLEAR or selection is None:
+            return None, ""
+        if ctx.triggered_id == ID.PIN:
+            return selection.to_dict(), ""
+        trial = trial if isinstance(trial, str) else None
+        step = step if type(step) is int else None  # noqa: E721 - no bools
+        if trial is None and step is None:
+            return no_update, ""
+        try:
+            view = service.counterpart(selection, trial=trial, training_step=step)
+        except ComgraError as error:
+            return no_update, str(error)
+        pinned = view.selection.to_dict() if view.selection else no_update
+        return pinned, " ".join([*view.notices, *view.banners])
+
+    @app.callback(Output(ID.BODY, "children"), Input(tabs, "active_tab"), Input(ID.PINNED, "data"),
+                  Input(shown_store, "data"))
+    def update(active: str, pinned: Any, shown: Any) -> Any:
+        if active != "compare":
+            return no_update
+        first, second = _selection(pinned), _selection(shown)
+        if first is None:
+            return html.P("Nothing pinned yet. Select a tensor in the Tensors tab, pin it here, then choose "
+                          "another trial or step (or node) there: both are shown side by side.", className="text-muted")
+        if second is None:
+            return html.P("Select a tensor in the Tensors tab to compare it with the pinned one.", className="text-muted")
+        try:
+            return comparison_table(service.compare(first, second))
+        except ComgraError as error:
+            return html.Div(str(error), className="alert alert-warning")
+
+
+def comparison_table(comparison: Comparison) -> html.Table:
+    """Summary rows (what each side is), then each statistic: pinned, shown, shown - pinned."""
+    pinned, current = comparison.pinned, comparison.current
+    head = html.Thead(html.Tr([html.Th(""), html.Th("Pinned"), html.Th("Shown"), html.Th("Shown − pinned")]))
+    rows = [_summary_row(key, label, pinned, current) for key, label in SUMMARY]
+    aggregation = current.aggregation
+    for name in PLOT_STATISTICS:
+        a, b = (comparison.pinned_row or {}).get(name), (comparison.current_row or {}).get(name)
+        if name == "svd_max" and not any(v is not None and math.isfinite(v) for v in (a, b)):
+            continue  # only 2-D parameters have one
+        count = name in COUNT_STATISTICS
+        delta = comparison.deltas.get(name)
+        rows.append(html.Tr([
+            html.Th(name, scope="row", title=statistic_help(name, aggregation)),
+            *[html.Td(number(v, count=count), className="number",
+                      **attributes({"data-side": side, "data-stat": name, "data-value": repr(v)}))
+              for side, v in (("pinned", a), ("shown", b), ("delta", delta))],
+        ]))
+    return html.Table([head, html.Tbody(rows)], id="compare-table", className="table table-sm compare")
+
+
+def _summary_row(key: str, label: str, pinned: Selection, current: Selection) -> html.Tr:
+    def text(selection: Selection) -> str:
+        value = getattr(selection, key)
+        return aggregation_label(value) if key == "aggregation" else str(value)
+
+    a, b = text(pinned), text(current)
+    return html.Tr([html.Th(label, scope="row"),
+                    html.Td(a, **attributes({"data-side": "pinned", "data-field": key})),
+                    html.Td(b, **attributes({"data-side": "shown", "data-field": key})),
+                    html.Td("" if a == b else "differs", className="text-muted small")])
+
+
+def _selection(shown: Any) -> Selection | None:
+    from comgra.server.callbacks import selection_from  # the one check of what the browser says it shows
+
+    return selection_from(shown)

@@ -1,0 +1,175 @@
+"""The Profile tab (flame graph, slowest layers, Chrome trace download) and the Resources tab.
+
+A callback reads the tab and trial, asks the service (``flame_graph``, ``profile_summary``,
+``resources``), and builds components with the pure functions below. Each view links to the
+API call that returns its data.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import plotly.graph_objects as go
+from dash import Dash, Input, Output, dcc, html, no_update
+from dash.development.base_component import Component
+
+from comgra.errors import ComgraError
+from comgra.server.api import api_url
+from comgra.server.dom import attributes
+from comgra.service import RecordingService
+
+SLOWEST = 20  # rows of the slowest-layers table
+
+
+class ID:
+    PHASE = "profile-phase"
+    FLAME = "profile-flame"
+    TABLE = "profile-table"
+    LINKS = "profile-links"
+    RESOURCES = "resources-plots"
+    RESOURCES_STATUS = "resources-status"
+    RESOURCES_LINKS = "resources-links"
+
+
+def api_link(href: str, text: str = "API") -> html.A:
+    """The small link beside a view to the API call that returns its data."""
+    return html.A(text, href=href, target="_blank", className="api-link small", title=f"This view's data: {href}",
+                  **attributes({"data-api": href}))
+
+
+# -- skeletons ---------------------------------------------------------------------------------------
+def profile_panel() -> html.Div:
+    return html.Div(className="profile-panel", children=[
+        html.Div(className="d-flex flex-wrap align-items-end gap-3 mb-2", children=[
+            html.Div(className="selector", children=[
+                html.Label("Time", htmlFor=ID.PHASE, className="form-label"),
+                dcc.RadioItems(id=ID.PHASE, value="forward", inline=True, className="phase-radio",
+                               options=[{"label": " forward ", "value": "forward"},
+                                        {"label": " backward ", "value": "backward"}])]),
+            html.Div(id=ID.LINKS, className="profile-links d-flex gap-3"),
+        ]),
+        html.Div(id=ID.FLAME, className="profile-flame"),
+        html.H2("Slowest layers", className="h6 mt-3"),
+        html.Div(id=ID.TABLE, className="profile-table"),
+    ])
+
+
+def resources_panel() -> html.Div:
+    return html.Div(className="resources-panel", children=[
+        html.Div(className="d-flex flex-wrap gap-3 mb-2", children=[
+            html.P(id=ID.RESOURCES_STATUS, className="resources-status mb-0", role="status"),
+            html.Div(id=ID.RESOURCES_LINKS)]),
+        html.Div(id=ID.RESOURCES, className="resources-plots"),
+    ])
+
+
+# -- pure builders ---------------------------------------------------------------------------------
+def flame_figure(nodes: list[dict[str, Any]], phase: str) -> go.Figure:
+    """An icicle (a flame graph drawn top-down): a parent's bar spans its children's."""
+    figure = go.Figure(go.Icicle(
+        ids=[n["name"] for n in nodes], labels=[n["label"] for n in nodes], parents=[n["parent"] for n in nodes],
+        values=[n["value"] for n in nodes], branchvalues="total", tiling={"orientation": "v"},
+        customdata=[[n["self_value"] * 1e3, n["calls"]] for n in nodes],
+        hovertemplate="<b>%{id}</b><br>%{value:.4f} s in total<br>%{customdata[0]:.3f} ms self"
+                      "<br>%{customdata[1]} calls<extra></extra>"))
+    figure.update_layout(margin={"t": 30, "l": 0, "r": 0, "b": 0}, height=420,
+                         title={"text": f"{phase} time by module (s)", "font": {"size": 13}})
+    return figure
+
+
+def slowest_table(rows: list[dict[str, Any]]) -> html.Table:
+    header = html.Tr([html.Th(h) for h in ("Module", "Total (s)", "Calls", "Mean (ms)", "Min (ms)", "Max (ms)")])
+    body = [html.Tr([html.Td(r["module"], className="module"), html.Td(f"{r['total']:.4f}"), html.Td(r["calls"]),
+                     html.Td(f"{r['mean'] * 1e3:.3f}"), html.Td(f"{r['min'] * 1e3:.3f}"),
+                     html.Td(f"{r['max'] * 1e3:.3f}")], **attributes({"data-module": r["module"]})) for r in rows]
+    return html.Table([html.Thead(header), html.Tbody(body)], className="table table-sm slowest-layers")
+
+
+def resource_figures(series: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
+    """One figure per kind of quantity (percent, bytes), one line per source and metric."""
+    groups = {"percent": [s for s in series if s["metric"].endswith("percent")],
+              "bytes": [s for s in series if s["metric"].endswith("bytes") and "total" not in s["metric"]]}
+    titles = {"percent": "CPU and GPU utilisation, memory (%)", "bytes": "Memory (bytes)"}
+    figures = []
+    for kind, members in groups.items():
+        if not members:
+            continue
+        figure = go.Figure([go.Scatter(x=[dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in s["wall_time"]],
+                                       y=s["value"], mode="lines+markers",
+                                       name=f"{s['source']} {s['metric']}" + (f" (rank {s['rank']})" if s["rank"] else ""),
+                                       customdata=s["training_step"],
+                                       hovertemplate="%{y}<br>training step %{customdata}<extra>%{fullData.name}</extra>")
+                            for s in members])
+        figure.update_layout(title={"text": titles[kind], "font": {"size": 13}}, height=320,
+                             margin={"t": 40, "l": 50, "r": 10, "b": 40}, legend={"orientation": "h"})
+        figures.append((kind, figure))
+    return figures
+
+
+def profile_view(service: RecordingService, trial: str, phase: str) -> dict[str, Any]:
+    nodes = service.flame_graph(trial, phase)
+    links = [api_link(api_url(f"trials/{trial}/flamegraph", phase=phase), "Flame graph (API)"),
+             api_link(api_url(f"trials/{trial}/profile", phase=phase), "Slowest layers (API)"),
+             html.A("Download Chrome trace", href=api_url(f"trials/{trial}/trace", download=1),
+                    download=f"comgra-trace-{trial}.json", className="trace-download small",
+                    title="Opens in https://ui.perfetto.dev and chrome://tracing")]
+    if not nodes:
+        message = html.P(f"No {phase} times in trial {trial!r}. Profile a module with "
+                         "recorder.track_module(name, module, profile=True).", className="text-muted no-profile")
+        return {"flame": message, "table": None, "links": links[:2]}
+    rows = service.profile_summary(trial, phase, limit=SLOWEST)
+    return {"flame": dcc.Graph(figure=flame_figure(nodes, phase), config={"displaylogo": False}),
+            "table": slowest_table(rows), "links": links}
+
+
+def resources_view(service: RecordingService, trial: str) -> dict[str, Any]:
+    answer = service.resources(trial)
+    plots: list[Component] = [html.Div(dcc.Graph(figure=f, config={"displaylogo": False}), className="resource-plot",
+                                       **attributes({"data-kind": kind}))
+                              for kind, f in resource_figures(answer["series"])]
+    if not plots:
+        plots = [html.P(f"No resource samples in trial {trial!r} (recorded with resource_seconds=None?).",
+                        className="text-muted")]
+    return {"status": f"GPU: {answer['gpu']}", "plots": plots,
+            "links": api_link(api_url(f"trials/{trial}/resources"), "Resources (API)")}
+
+
+PANELS = {"profile": profile_panel, "resources": resources_panel}  # tab -> skeleton, for layout.page
+
+
+# -- callbacks -------------------------------------------------------------------------------------
+def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str, data_version: str) -> None:
+    @app.callback(Output(ID.FLAME, "children"), Output(ID.TABLE, "children"), Output(ID.LINKS, "children"),
+                  Input(tabs, "active_tab"), Input(current_trial, "data"), Input(ID.PHASE, "value"),
+                  Input(data_version, "data"))
+    def update_profile(active: str, trial: Any, phase: Any, _version: Any) -> Any:
+        if active != "profile":
+            return no_update, no_update, no_update
+        trial = _trial(service, trial)
+        if trial is None:
+            return html.P("This recording has no trials yet."), None, None
+        phase = phase if phase in ("forward", "backward") else "forward"
+        try:
+            view = profile_view(service, trial, phase)
+        except ComgraError as error:
+            return html.P(str(error), className="text-danger"), None, None
+        return view["flame"], view["table"], view["links"]
+
+    @app.callback(Output(ID.RESOURCES, "children"), Output(ID.RESOURCES_STATUS, "children"),
+                  Output(ID.RESOURCES_LINKS, "children"),
+                  Input(tabs, "active_tab"), Input(current_trial, "data"), Input(data_version, "data"))
+    def update_resources(active: str, trial: Any, _version: Any) -> Any:
+        if active != "resources":
+            return no_update, no_update, no_update
+        trial = _trial(service, trial)
+        if trial is None:
+            return None, "This recording has no trials yet.", None
+        try:
+            view = resources_view(service, trial)
+        except ComgraError as error:
+            return None, str(error), None
+        return view["plots"], view["status"], view["links"]
+
+
+def _trial(service: RecordingService, trial: Any) -> str | None:
+    return (trial if isinstance(trial, str) else None) or next(iter(service.trials()), None)

@@ -1,0 +1,245 @@
+"""The panels' data questions, answered as plain data (a part of ``RecordingService``): the samples table and
+its column choices, a tensor's stored values, step navigation, a comparison of two selections.
+
+Kept apart from ``service.py`` (which re-exports these names) so that the tensors page's questions and these
+grow separately; ``RecordingService`` inherits them, so the app and the REST API still ask one object.
+No torch, no Dash.
+
+    >>> service.samples_table("trial_a", 40, 2, [SampleColumn("loss_per_sample", "loss_per_sample")])  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from comgra.errors import SelectionError, did_you_mean
+from comgra.store import format as fmt
+
+if TYPE_CHECKING:
+    from comgra.service import Selection, StepIndex, View
+    from comgra.store.reader import TrialReader
+
+
+def _service() -> ModuleType:
+    """``comgra.service``, which imports this module: its helpers are reached when a question is asked."""
+    import comgra.service
+
+    return comgra.service
+
+
+class PanelQuestions:
+    """Mixed into ``RecordingService``: needs its ``trial``, ``step_index``, ``tensor_rows`` and ``resolve``."""
+
+    if TYPE_CHECKING:  # provided by RecordingService
+        def trial(self, trial_id: str) -> TrialReader: ...
+        def step_index(self, trial_id: str, rank: int | None = None) -> StepIndex: ...
+        def tensor_rows(self, trial_id: str, training_step: int, **filters: Any) -> pa.Table: ...
+        def resolve(self, wanted: Any, move: str | None = None) -> View: ...
+
+    def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> dict[str, Any]:
+        """The steps index's row of one (training step, iteration): type, graph hash, samples, categories."""
+        rows = [r for r in self.step_index(trial_id, rank).rows_of(training_step) if r["iteration"] == iteration]
+        if not rows:
+            raise SelectionError(f"Trial {trial_id!r} has no iteration {iteration} of training step {training_step} "
+                                 f"(rank {rank}); choose a recorded step in the Tensors tab.")
+        return rows[0]
+
+    def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> fmt.GraphDocument:
+        """The dependency graph of one iteration of one recorded step."""
+        return self.trial(trial_id).graph(self.step_row(trial_id, training_step, iteration, rank)["graph"])
+
+    def adjacent_step(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
+                      index: int | None = None, rank: int | None = 0) -> int | None:
+        """The recorded step ``offset`` steps of this type away from ``training_step`` (clamped to the first and
+        last), or the ``index``-th one; None when the type has no steps. The step buttons and slider ask this."""
+        steps = self.step_index(trial_id, rank).steps_of(type_of_execution).tolist()
+        if not steps:
+            return None
+        if index is None:
+            here = steps.index(training_step) if training_step in steps else \
+                int(np.searchsorted(steps, training_step)) - (1 if offset > 0 else 0)
+            index = here + offset
+        return int(steps[max(0, min(len(steps) - 1, index))])
+
+    def neuron_values(self, selection: Selection) -> NeuronValues:
+        """The stored values of the selected tensor (the first ones of the flattened value dimensions)."""
+        aggregation, sample = _service().parse_aggregation(selection.aggregation)
+        table = self.tensor_rows(selection.trial, selection.training_step, columns=["neurons", "shape", "num_neurons"],
+                                 kind=selection.kind, iteration=selection.data_iteration, node=selection.node,
+                                 role=selection.role, aggregation=aggregation, sample=sample, rank=selection.rank)
+        if table.num_rows == 0:
+            return NeuronValues([], [], 0)
+        row = table.slice(0, 1).to_pylist()[0]
+        values = row["neurons"] or []
+        return NeuronValues(values, list(row["shape"] or []), int(row["num_neurons"] or len(values)))
+
+    def selection_row(self, selection: Selection) -> dict[str, Any] | None:
+        """The stored row of a selection (statistics and neurons); None when it has no values."""
+        aggregation, sample = _service().parse_aggregation(selection.aggregation)
+        table = self.tensor_rows(selection.trial, selection.training_step, kind=selection.kind,
+                                 iteration=selection.data_iteration, node=selection.node, role=selection.role,
+                                 aggregation=aggregation, sample=sample, rank=selection.rank)
+        return table.slice(0, 1).to_pylist()[0] if table.num_rows else None
+
+    def compare(self, pinned: Selection, current: Selection) -> Comparison:
+        """The statistics of two selections (another trial, step or node) and their difference, current - pinned."""
+        first, second = self.selection_row(pinned), self.selection_row(current)
+        deltas: dict[str, float | None] = {}
+        for name in _service().PLOT_STATISTICS:
+            a, b = (first or {}).get(name), (second or {}).get(name)
+            deltas[name] = None if a is None or b is None else float(b) - float(a)
+        return Comparison(pinned, current, first, second, deltas)
+
+    def counterpart(self, selection: Selection, *, trial: str | None = None, training_step: int | None = None) -> View:
+        """The same tensor under the same lens in another trial and/or at another step: what Compare pins.
+
+        Whatever does not exist there (the step, the iteration, the node) falls back as in
+        ``resolve``, and the view's notices say what changed.
+        """
+        wanted = {"trial": trial or selection.trial, "type_of_execution": _service().ANY_TYPE,
+                  "training_step": selection.training_step if training_step is None else training_step,
+                  "iteration": selection.iteration, "node_id": selection.node_id,
+                  "roles": {selection.node: selection.role}, "kind": selection.kind,
+                  "aggregation": selection.aggregation, "rank": selection.rank}
+        return self.resolve(wanted)
+
+    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *,
+                       rank: int = 0) -> list[SampleColumn]:
+        """Every (node, role, kind) of this iteration that has per-sample values: the samples table's choices."""
+        graph = self.graph_at(trial_id, training_step, iteration, rank)
+        table = self.tensor_rows(trial_id, training_step, columns=["node", "role", "kind", "iteration"],
+                                 aggregation="sample", rank=rank)
+        recorded = set(zip(*(table.column(c).to_pylist() for c in ("node", "role", "kind", "iteration"))))
+        columns = []
+        for node in sorted(graph["nodes"], key=lambda n: (n["column"], n["row"])):
+            data_iteration = _service()._data_iteration(node, iteration)
+            for node_name, role, kind, at in sorted(recorded, key=lambda r: (r[2] != fmt.FORWARD, r[2], r[1])):
+                if node_name == node["node"] and at == data_iteration:
+                    columns.append(SampleColumn(node["id"], role, kind))
+        return columns
+
+    def samples_table(self, trial_id: str, training_step: int, iteration: int, columns: list[SampleColumn], *,
+                      rank: int = 0) -> SamplesTable:
+        """One row per recorded sample of one iteration, one value per column (a statistic or one neuron).
+
+        The tutorial's last finding is one look at this table: sort by ``loss_per_sample``
+        and read ``helper_partial_sums`` beside it.
+        """
+        step = self.step_row(trial_id, training_step, iteration, rank)
+        graph = self.trial(trial_id).graph(step["graph"])
+        nodes = {n["id"]: n for n in graph["nodes"]}
+        samples = list(step["samples"] or [])
+        categories = dict(zip(samples, step["categories"] or [None] * len(samples)))
+        values: dict[str, dict[int, float | None]] = {}
+        missing = []
+        for column in columns:
+            node = nodes.get(column.node_id)
+            found = self._sample_values(trial_id, training_step, _service()._data_iteration(node, iteration), node["node"],
+                                        column, rank) if node else {}
+            if not found:
+                missing.append(column.label)
+            for sample in found:
+                categories.setdefault(sample, None)
+            values[column.key] = found
+        rows = [{"sample": sample, "category": categories[sample], "type_of_execution": step["type_of_execution"],
+                 **{key: by_sample.get(sample) for key, by_sample in values.items()}} for sample in sorted(categories)]
+        return SamplesTable(trial_id, training_step, iteration, step["type_of_execution"], list(columns), rows, missing)
+
+    def _sample_values(self, trial_id: str, training_step: int, data_iteration: int, node: str,
+                       column: SampleColumn, rank: int) -> dict[int, float | None]:
+        read = "neurons" if column.statistic == NEURON else column.statistic
+        if read not in (*_service().PLOT_STATISTICS, "neurons"):
+            raise SelectionError(f"Unknown statistic {column.statistic!r} for the samples table"
+                                 + did_you_mean(column.statistic, [*_service().PLOT_STATISTICS, NEURON]))
+        table = self.tensor_rows(trial_id, training_step, columns=["sample", read], kind=column.kind,
+                                 iteration=data_iteration, node=node, role=column.role, aggregation="sample",
+                                 rank=rank)
+        found: dict[int, float | None] = {}
+        for sample, value in zip(table.column("sample").to_pylist(), table.column(read).to_pylist()):
+            if read == "neurons":
+                value = value[column.neuron] if value is not None and 0 <= column.neuron < len(value) else None
+            found[int(sample)] = None if value is None else float(value)
+        return found
+
+
+NEURON = "neuron"  # a samples-table column of one stored value instead of a statistic
+
+
+@dataclass(frozen=True)
+class SampleColumn:
+    """One column of the samples table: a statistic (or one neuron) of one tensor, per sample."""
+
+    node_id: str  # the node's id in the iteration's graph ("state*old" for an earlier iteration's)
+    role: str
+    kind: str = fmt.FORWARD
+    statistic: str = "mean"  # one of service.PLOT_STATISTICS, or NEURON
+    neuron: int = -1  # with NEURON: the index among the stored values
+
+    @property
+    def key(self) -> str:
+        """A string that names the column (a table's column id, a dropdown's value); ``parse`` reads it back."""
+        what = f"{NEURON}:{self.neuron}" if self.statistic == NEURON else self.statistic
+        return "|".join((self.node_id, self.role, self.kind, what))
+
+    @property
+    def label(self) -> str:
+        role = "" if self.role == self.node_id else f" [{self.role}]"
+        kind = "" if self.kind == fmt.FORWARD else f" ({self.kind})"
+        what = f"neuron {self.neuron}" if self.statistic == NEURON else self.statistic
+        return f"{self.node_id}{role}{kind} · {what}"
+
+    def with_statistic(self, statistic: str, neuron: int = -1) -> SampleColumn:
+        return SampleColumn(self.node_id, self.role, self.kind, statistic, neuron if statistic == NEURON else -1)
+
+    @staticmethod
+    def parse(key: Any) -> SampleColumn | None:
+        """The column a key names; None for anything else (a key comes from the browser)."""
+        parts = key.split("|") if isinstance(key, str) else []
+        if len(parts) != 4 or not all(parts[:3]):
+            return None
+        statistic, _, neuron = parts[3].partition(":")
+        node_id, role, kind = parts[:3]
+        if statistic == NEURON:
+            valid = neuron.isdigit() and len(neuron) < 10
+            return SampleColumn(node_id, role, kind, NEURON, int(neuron)) if valid else None
+        valid = statistic in _service().PLOT_STATISTICS and not neuron
+        return SampleColumn(node_id, role, kind, statistic) if valid else None
+
+
+@dataclass
+class SamplesTable:
+    trial: str
+    training_step: int
+    iteration: int
+    type_of_execution: str
+    columns: list[SampleColumn]
+    rows: list[dict[str, Any]]  # {"sample", "category", "type_of_execution", column.key: value or None}
+    missing: list[str]  # labels of the columns without per-sample values in this iteration
+
+
+@dataclass(frozen=True)
+class NeuronValues:
+    values: list[float]  # the first stored values of the flattened value dimensions
+    shape: list[int]  # the tensor's shape (with the batch dimension for a batch tensor)
+    total: int  # how many values the tensor has; more than len(values) when the recorder kept the first ones
+
+
+@dataclass(frozen=True)
+class Comparison:
+    pinned: Selection
+    current: Selection
+    pinned_row: dict[str, Any] | None
+    current_row: dict[str, Any] | None
+    deltas: dict[str, float | None]  # statistic -> current - pinned (None where either has no value)
+
+
+def visualization_selection(selection: Selection) -> dict[str, Any]:
+    """What a custom visualization's ``create_visualization`` gets as ``selection`` (see server/visualization.py)."""
+    aggregation, sample = _service().parse_aggregation(selection.aggregation)
+    return {"trial": selection.trial, "training_step": selection.training_step,
+            "type_of_execution": selection.step_type, "kind": selection.kind, "iteration": selection.iteration,
+            "node": selection.node, "role": selection.role, "aggregation": aggregation, "sample": sample}

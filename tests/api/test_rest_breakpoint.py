@@ -1,0 +1,124 @@
+"""A real training process, paused and resumed over HTTP: the REST API's breakpoints and run control.
+
+The test sets a breakpoint through POST /breakpoints on a run in progress, sees it paused through
+GET /run, reads the paused step's values through GET /values, continues it through POST
+/run/continue, and checks that training finished with the same losses as a run without it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+SCRIPT = Path(__file__).resolve().parents[1] / "live" / "train_script.py"
+STEPS = 12
+PAUSE_AT = 5
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[str]]]:
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:  # a failed test must not leave a training process paused forever
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+
+def _start(tmp_path: Path, name: str, processes: list[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], Path]:
+    root, out = tmp_path / name / "root", tmp_path / name / "out"
+    out.mkdir(parents=True)
+    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    process = subprocess.Popen([sys.executable, str(SCRIPT), str(root), str(out), str(STEPS), "--go", str(out / "go")],
+                               env={**environment, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    processes.append(process)
+    return process, out
+
+
+def _wait(condition: Callable[[], Any], process: subprocess.Popen[str], what: str, timeout: float = 90.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process.poll() is not None and not condition():
+            raise AssertionError(f"the training process ended before {what}: {process.communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _serve(group: Path) -> tuple[str, Callable[[], None]]:
+    from comgra.server.app import create_app, make_http_server, url_of
+
+    server = make_http_server(create_app(group, warm_up=False, poll_seconds=60), host="127.0.0.1", port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return url_of(server).rstrip("/") + "/api/v1/trials/trial", stop
+
+
+def test_a_breakpoint_set_over_http_pauses_and_resumes_training(tmp_path: Path, processes: list[Any]) -> None:
+    plain, plain_out = _start(tmp_path, "plain", processes)
+    (plain_out / "go").touch()
+    process, out = _start(tmp_path, "paused", processes)
+    group = out.parent / "root" / "group"
+    _wait(lambda: (group / "trials" / "trial" / "trial.json").is_file(), process, "the trial's metadata")
+    api, stop = _serve(group)
+    try:
+        status, created = _call(f"{api}/breakpoints", "POST", {"target": "loss", "condition": f"step == {PAUSE_AT}"})
+        assert status == 201 and created["hits"] == 0, created
+        status, error = _call(f"{api}/breakpoints", "POST", {"target": "loss", "condition": "__import__('os')"})
+        assert status == 400 and error["error"]["field"] == "condition"
+        (out / "go").touch()
+
+        state = _wait(lambda: (s := _call(f"{api}/run")[1])["state"] == "paused" and s, process, "the pause")
+        assert state["training_step"] == PAUSE_AT
+        assert not (out / "losses-r000.json").exists()  # really waiting
+        status, listed = _call(f"{api}/breakpoints")
+        assert listed["breakpoints"][0]["hits"] == 1
+
+        status, values = _call(f"{api}/values?step={PAUSE_AT}&node=loss")
+        assert status == 200, values
+        paused_loss = values["values"]["mean"]
+
+        status, sent = _call(f"{api}/run/continue", "POST", {})
+        assert status == 200 and sent["sent"] == "continue"
+        assert process.wait(90) == 0, process.communicate()[1][-2000:]
+        status, final = _call(f"{api}/run")
+        assert final["state"] == "finished"
+        status, refused = _call(f"{api}/run/continue", "POST", {})
+        assert status == 409
+    finally:
+        stop()
+    assert plain.wait(90) == 0
+    losses = json.loads((out / "losses-r000.json").read_text())
+    assert losses == json.loads((plain_out / "losses-r000.json").read_text())
+    assert paused_loss == pytest.approx(losses[PAUSE_AT], rel=1e-6)

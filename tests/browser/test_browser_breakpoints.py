@@ -1,0 +1,82 @@
+"""The Breakpoints tab against a real training process: add, see it pause, follow the paused step, continue."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from comgra.live import control
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "live"))
+from test_run_control import _start, _STARTED  # noqa: E402  (the same training script and launcher)
+
+expect = pytest.importorskip("playwright.sync_api").expect
+
+
+def _wait_for(condition: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: Any, browser: Any) -> None:
+    process, trial_dir, out = _start(tmp_path)
+    try:
+        _wait_for(lambda: control.run_state(trial_dir)["state"] == "running", "the run to start")
+        url = serve(tmp_path / "root" / "group", poll_seconds=1)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.goto(url + "/?tab=breakpoints&trial=trial")
+        expect(page.locator("#bp-run-state [data-state]")).to_have_text("running", timeout=20000)
+
+        # A bad condition is refused with the name of the bad token; nothing is added.
+        page.fill("#bp-target", "loss")
+        page.fill("#bp-condition", "los > 1")
+        page.click("#bp-add")
+        expect(page.locator("#bp-message")).to_contain_text("unknown name 'los'")
+        assert control.list_breakpoints(trial_dir) == []
+
+        page.fill("#bp-condition", "step == 2")
+        page.click("#bp-add")
+        row = page.locator('.bp-list tr[data-id="bp1"]')
+        expect(row).to_contain_text("step == 2")
+        assert [(b["target"], b["condition"]) for b in control.list_breakpoints(trial_dir)] == [("loss", "step == 2")]
+
+        (out / "go").touch()
+        expect(page.locator("#bp-run-state [data-state]")).to_have_text("paused", timeout=60000)
+        expect(row.locator(".bp-hits")).to_have_text("1")
+        link = page.locator(".bp-paused-link")
+        href = link.get_attribute("href")
+        assert href is not None and "step=2" in href and "trial=trial" in href
+        assert control.run_state(trial_dir)["training_step"] == 2
+
+        row.get_by_role("button", name="Disable").click()
+        expect(row.locator(".bp-enabled")).to_have_text("off")
+        assert control.list_breakpoints(trial_dir)[0]["enabled"] is False
+
+        page.click("#bp-continue")
+        expect(page.locator("#bp-run-state [data-state]")).to_have_text("finished", timeout=60000)
+        _, errors = process.communicate(timeout=60)
+        assert process.returncode == 0, errors[-2000:]
+        assert len(json.loads((out / "losses-r000.json").read_text())) > 2
+
+        # The link opens the paused step in the Tensors view, which the run recorded in full.
+        page.goto(url + href)
+        page.wait_for_selector("#stat-mean")
+        page.wait_for_function("() => new URLSearchParams(location.search).get('step') === '2'")
+        context.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        if process in _STARTED:
+            _STARTED.remove(process)

@@ -1,0 +1,47 @@
+"""The Findings tab: a click on a finding opens the Tensors view on the selection it names, with the store's numbers."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+torch = pytest.importorskip("torch")
+sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
+from planted import Network, mlp, record  # noqa: E402
+
+from comgra.analysis import Scanner  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dead_recording(tmp_path_factory):
+    blocks = mlp(4, 16, 1, activation=torch.nn.ReLU)
+    with torch.no_grad():
+        blocks[0][1][0].bias.fill_(-20.0)
+    return record(tmp_path_factory.mktemp("findings"), "dead", Network(blocks, steps=8))
+
+
+def test_a_click_on_a_finding_shows_the_selection_it_names(serve, open_page, dead_recording) -> None:
+    (finding,) = [f for f in Scanner().scan(dead_recording).findings if f.detector == "dead_units"]
+    page = open_page(serve(dead_recording), dead_recording)
+    page.page.get_by_role("tab", name="Findings").click(no_wait_after=True)
+    expect(page.page.locator("#panel-findings")).to_be_visible(timeout=20_000)
+    item = page.page.locator('#findings-list .finding[data-detector="dead_units"]')
+    expect(item).to_contain_text(finding.message, timeout=20_000)
+    expect(page.page.locator('.finding[data-severity="info"]').first).to_be_visible()
+    # Filter by severity: only the warning is left.
+    page.page.locator("#findings-severity").get_by_text("info").click()
+    page.page.wait_for_timeout(4000)  # under load the list re-renders more than once after a filter change
+    expect(page.page.locator("#findings-list .finding")).to_have_count(1, timeout=20_000)
+    item.get_by_role("button", name="Details").click()
+    detail = page.page.locator("#findings-detail")
+    expect(detail.locator(".finding-series")).to_be_visible()
+    expect(detail).to_contain_text("dead_fraction: 1.0")
+    item.get_by_role("link", name="Open in Tensors").click()
+    page.page.wait_for_selector("#stat-mean")
+    page.wait_for(node="layer0", training_step=finding.training_step, kind="forward")
+    shown = page.check_against_store()
+    assert (shown["node_id"], shown["role"], shown["aggregation"], int(shown["iteration"])) == \
+        (finding.node, finding.role, finding.aggregation, finding.iteration)
+    assert "tab=findings" not in page.page.url
