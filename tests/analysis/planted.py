@@ -96,12 +96,19 @@ def _step(recorder: Any, model: nn.Sequential, optimizer: Any, network: Network,
     recorder.finish_batch()
 
 
-def mlp(*sizes: int, activation: Callable[[], nn.Module] = nn.Tanh, last: nn.Module | None = None
-        ) -> list[tuple[str, nn.Module]]:
-    """Linear layers with ``activation`` after each but the last, named layer0, layer1, ..."""
+def mlp(*sizes: int, activation: Callable[[], nn.Module] = nn.Tanh, last: nn.Module | None = None,
+        seed: int = 0) -> list[tuple[str, nn.Module]]:
+    """Linear layers with ``activation`` after each but the last, named layer0, layer1, ...
+
+    The weights come from ``seed``, not from the global generator: a test's network must not depend
+    on which tests ran before it in the same process.
+    """
     blocks: list[tuple[str, nn.Module]] = []
-    for index, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        is_last = index == len(sizes) - 2
-        tail = last if is_last else activation()
-        blocks.append((f"layer{index}", nn.Sequential(nn.Linear(a, b), tail) if tail is not None else nn.Linear(a, b)))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for index, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            is_last = index == len(sizes) - 2
+            tail = last if is_last else activation()
+            blocks.append((f"layer{index}",
+                           nn.Sequential(nn.Linear(a, b), tail) if tail is not None else nn.Linear(a, b)))
     return blocks

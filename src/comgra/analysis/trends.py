@@ -104,6 +104,11 @@ def growth(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
     return findings
 
 
+# The least spread over the batch, in the first quarter of training, that can collapse: below it the
+# samples were alike from the start (e.g. a layer fed by dead units: its bias, plus rounding noise).
+COLLAPSE_MIN_SPREAD = 1e-6
+
+
 def collapse(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
     """The spread over the batch shrinking towards zero: every sample gets the same value."""
     spread = data.neurons["std"]
@@ -120,8 +125,8 @@ def collapse(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[F
         per_step = per_row.groupby(group["training_step"]).median().sort_index()
         values = per_step.to_numpy(np.float64)
         early, late = _quarters(values, options)
-        if early is None or late is None or early <= 0 or not np.isfinite(late):
-            continue
+        if early is None or late is None or early <= COLLAPSE_MIN_SPREAD or not np.isfinite(late):
+            continue  # a spread at the level of float32 rounding from the start has nothing to collapse from
         orders = float(np.log10(early / max(late, 1e-30)))
         if orders < limit:
             continue
