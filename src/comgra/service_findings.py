@@ -70,11 +70,16 @@ class FindingQuestions:
                 # Every trial, this one first: a user who opens the Findings tab next finds them scanned.
                 found.extend(self.findings(trial_id))
                 done.set()
-                self.findings()
+                for other in self.group.trials():
+                    if not threading.main_thread().is_alive():
+                        break  # the app is stopping: it waits for this thread, so no more trials
+                    self.findings(other)
             finally:
                 done.set()
 
-        threading.Thread(target=scan, name=f"comgra-findings-{trial_id}", daemon=True).start()
+        # Not a daemon: a daemon thread inside DuckDB when the interpreter ends aborts the process
+        # ("terminate called ..."); this one ends after the trial it is scanning once the app stops.
+        threading.Thread(target=scan, name=f"comgra-findings-{trial_id}").start()
         if not done.wait(wait_seconds):
             return {}
         counts: dict[str, int] = {}

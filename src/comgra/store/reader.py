@@ -290,6 +290,21 @@ class TrialReader:
         return found
 
     def _cached_table(self, table: str, rank: int | None = None) -> pa.Table:
+        # A live writer's compaction may remove parts between our listing and our read; their rows are
+        # then in a merged chunk that the listing did not have yet. Such a listing is stale: list again.
+        for _ in range(_STALE_LISTING_ATTEMPTS):
+            parts = self._read_listed(table, rank)
+            if parts is not None:
+                break
+        else:
+            parts = []
+        if not parts:
+            return fmt.SCHEMAS[table].empty_table()
+        merged = pa.concat_tables(parts)
+        return merged if rank is None else merged.filter(pc.equal(merged["rank"], rank))
+
+    def _read_listed(self, table: str, rank: int | None) -> list[pa.Table] | None:
+        """The chunks of one listing of ``table``; None when one of them vanished before it was read."""
         parts = []
         for path in self._files(table, rank):
             key = (table, path.name)
@@ -298,14 +313,16 @@ class TrialReader:
                     self._cache[key] = _complete(table, _with_rank_of_format_1(
                         pq.read_table(path, schema=fmt.SCHEMAS[table])))
                 except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
+                    if not path.exists():
+                        return None  # merged away meanwhile
                     self._report_problem(path, "damaged, or not a comgra chunk of this table")
                     log.debug("comgra: skipped %s", path, exc_info=error)
                     continue
             parts.append(self._cache[key])
-        if not parts:
-            return fmt.SCHEMAS[table].empty_table()
-        merged = pa.concat_tables(parts)
-        return merged if rank is None else merged.filter(pc.equal(merged["rank"], rank))
+        return parts
+
+
+_STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight listings in a row cannot all be stale
 
 
 def _with_rank_of_format_1(table: pa.Table) -> pa.Table:
