@@ -42,25 +42,25 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
         page.fill("#bp-target", "loss")
         page.fill("#bp-condition", "los > 1")
         page.click("#bp-add")
-        expect(page.locator("#bp-message")).to_contain_text("unknown name 'los'")
+        expect(page.locator("#bp-message")).to_contain_text("unknown name 'los'", timeout=20000)
         assert control.list_breakpoints(trial_dir) == []
 
         page.fill("#bp-condition", "step == 2")
         page.click("#bp-add")
         row = page.locator('.bp-list tr[data-id="bp1"]')
-        expect(row).to_contain_text("step == 2")
+        expect(row).to_contain_text("step == 2", timeout=20000)
         assert [(b["target"], b["condition"]) for b in control.list_breakpoints(trial_dir)] == [("loss", "step == 2")]
 
         (out / "go").touch()
         expect(page.locator("#bp-run-state [data-state]")).to_have_text("paused", timeout=60000)
-        expect(row.locator(".bp-hits")).to_have_text("1")
+        expect(row.locator(".bp-hits")).to_have_text("1", timeout=20000)
         link = page.locator(".bp-paused-link")
         href = link.get_attribute("href")
         assert href is not None and "step=2" in href and "trial=trial" in href
         assert control.run_state(trial_dir)["training_step"] == 2
 
         row.get_by_role("button", name="Disable").click()
-        expect(row.locator(".bp-enabled")).to_have_text("off")
+        expect(row.locator(".bp-enabled")).to_have_text("off", timeout=20000)
         assert control.list_breakpoints(trial_dir)[0]["enabled"] is False
 
         page.click("#bp-continue")
