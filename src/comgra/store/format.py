@@ -292,9 +292,7 @@ def chunk_names(folder: Path) -> list[str]:
 
 def chunk_files(folder: Path) -> list[Path]:
     """The ``*.parquet`` files of one table folder, sorted, temporary and hidden files left out."""
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
+    return [folder / name for name in chunk_names(folder)]
 
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
