@@ -12,6 +12,10 @@ it writes a synthetic recording (cached under --out), starts
 * browser (Playwright + Chromium), timed inside the page: from navigation start
   until the values are shown, and from a click on a node / the next-step button
   until the values element changed (with a pause between clicks, as a user makes);
+  a node click's values come from the values route (``/_comgra/values``), timed
+  on the server as "node click: values route", the rest from the view callback;
+* timing starts after the findings scan of every trial has finished (the first
+  page starts one in the server; it reads every chunk once).
 * server RSS after visiting 0, 100, 300 ... training steps (no cache grows
   with the steps visited).
 
@@ -40,6 +44,7 @@ sys.path.insert(0, str(HERE))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 VIEW_OUTPUT = "selection.data"
+VALUES_ROUTE = "/_comgra/values"  # comgra.server.callbacks.VALUES_ROUTE
 
 
 # -- a Dash client over HTTP ---------------------------------------------------------------------------
@@ -77,6 +82,14 @@ class DashClient:
     def _with_value(self, dependency: dict[str, Any]) -> dict[str, Any]:
         key = (dependency["id"], dependency["property"])
         return {**dependency, **({"value": self.props[key]} if key in self.props else {})}
+
+    def click_values(self, node_id: str) -> dict[str, Any]:
+        """What the page asks first on a node click: the values route (outside Dash's callback queue)."""
+        return self._post(VALUES_ROUTE, {"selection": self.props.get(("selection", "data")), "node_id": node_id})
+
+    def hover_cards(self) -> dict[str, Any]:
+        """The hover cards' numbers, asked by the page after every step change (this reads the whole step)."""
+        return self.trigger("node-summaries.data", {"step-key.data": self.props.get(("step-key", "data"))})
 
     def statistics(self) -> dict[str, float | None]:
         """The statistics the values panel shows, read from the data-value attributes."""
@@ -178,8 +191,11 @@ def server_latencies(client: DashClient, repeats: int, rng: random.Random) -> di
     nodes = [n["id"] for n in client.graph()["nodes"]]
     steps = client.props[("step-slider", "max")] + 1
     trials = [o["value"] for o in client.props[("trial-select", "options")]]
+    hover_cards = [timed(client.hover_cards)]  # as the page does once a step is shown
     actions: dict[str, Callable[[], Any]] = {
-        "node click": lambda: client.trigger(VIEW_OUTPUT, {"node-click.data": {"id": rng.choice(nodes), "t": time.time()}}),
+        "node click: values route (what the page draws)": lambda: client.click_values(rng.choice(nodes)),
+        "node click: view callback (selectors, link)": lambda: client.trigger(
+            VIEW_OUTPUT, {"node-click.data": {"id": rng.choice(nodes), "t": time.time()}}),
         "step slider": lambda: client.trigger(VIEW_OUTPUT, {"step-slider.value": rng.randrange(steps)}),
         "batch/sample": lambda: client.trigger(VIEW_OUTPUT, {"aggregation-select.value": rng.choice(
             [o["value"] for o in client.props[("aggregation-select", "options")]])}),
@@ -188,10 +204,14 @@ def server_latencies(client: DashClient, repeats: int, rng: random.Random) -> di
         "trial": lambda: client.trigger(VIEW_OUTPUT, {"trial-select.value": rng.choice(trials)}),
     }
     results = {name: [timed(action) for _ in range(repeats)] for name, action in actions.items()}
-    sizes = []
-    for _ in range(repeats):
-        sizes.append(len(json.dumps(actions["node click"]())) / 1024)
-    results["node click: response size (KiB, not ms)"] = sizes
+    for _ in range(repeats - 1):
+        client.trigger(VIEW_OUTPUT, {"step-slider.value": rng.randrange(steps)})
+        hover_cards.append(timed(client.hover_cards))
+    results["hover cards after a step change (reads the whole step)"] = hover_cards
+    results["node click: values route answer (KiB, not ms)"] = [
+        len(json.dumps(client.click_values(rng.choice(nodes)))) / 1024 for _ in range(repeats)]
+    results["node click: view callback answer (KiB, not ms)"] = [len(json.dumps(actions[
+        "node click: view callback (selectors, link)"]())) / 1024 for _ in range(repeats)]
     results["series plot, a new tensor"] = [_series_after(client, rng, {"node-click.data": {
         "id": rng.choice(nodes), "t": time.time()}}, rng.choice(STATISTICS)) for _ in range(repeats)]
     results["series plot, same tensor at another step"] = [_series_after(client, rng, {
@@ -288,9 +308,10 @@ def recording_for(scale: float, out: Path, nodes: int = 15) -> Path:
     group = root / "synthetic"
     if not (root / "complete").exists():
         start = time.perf_counter()
-        # Larger graphs repeat the values of their first steps, so that a long run is written in minutes;
-        # the app reads each step's rows all the same.
-        options = synthetic_recording.Options(scale=scale, nodes=nodes, distinct_steps=10**9 if nodes <= 15 else 8)
+        # Larger graphs and longer runs repeat the values of their first steps, so that they are written in
+        # minutes; the app reads each step's rows all the same.
+        distinct = 10**9 if nodes <= 15 and scale <= 1 else 8
+        options = synthetic_recording.Options(scale=scale, nodes=nodes, distinct_steps=distinct)
         synthetic_recording.write_recording(root, options)
         (root / "complete").write_text("")
         print(f"# wrote {nodes} nodes, scale {scale:g} in {time.perf_counter() - start:.0f} s", flush=True)
@@ -321,6 +342,9 @@ def measure(scale: float, args: argparse.Namespace, nodes: int = 15) -> list[str
         size = len(client.graph()["nodes"])
         head = f"| {size} | {scale:g} |"
         rows = [f"{head} start until the page is served | {startup * 1000:.0f} | |"]
+        # The page starts a findings scan of the shown trial in the server; clicks are timed once it is done.
+        scan = timed(lambda: urllib.request.urlopen(url.rstrip("/") + "/api/v1/findings", timeout=3600).read())
+        rows.append(f"{head} findings scan of every trial, waited for before timing (s, not ms) | {scan / 1000:.1f} | |")
         for name, samples in server_latencies(client, args.repeats, random.Random(0)).items():
             p50, p95 = percentiles(samples)
             rows.append(f"{head} server: {name} | {p50:.1f} | {p95:.1f} |")

@@ -4,19 +4,23 @@ The model is deliberately tiny (Linear(8, 16) - ReLU - Linear(16, 1), batch 8) s
 finishes in a few minutes on two cores: what is measured is the store, not the model. Every
 step calls record_kpi_in_graph; one step in ``--every`` (default 100) is recorded in full.
 
-Printed at the end: wall time, bytes and number of files per table, peak RSS and the RSS at
-25/50/75/100% of the run (flat memory), and the reader's latency for the step index, one
-selection and one series (a fresh reader, then the same reader again).
+Printed at the end: wall time, bytes and number of files per table, peak RSS, the memory at every
+tenth of the run (RSS, its anonymous part, and with ``--tracemalloc`` Python's traced heap; flat
+memory), and the reader's latency for the step index, one selection and one series (a fresh
+reader, then the same reader again).
 
     python benchmarks/long_run.py                  # 100,000 steps
     python benchmarks/long_run.py --steps 5000     # a quick look
+    python benchmarks/long_run.py --tracemalloc    # also Python's heap (about 2x slower)
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import resource
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import torch
@@ -32,7 +36,24 @@ def rss_mib() -> float:
         return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def train(root: Path, steps: int, every: int) -> list[tuple[int, float]]:
+def anonymous_rss_mib() -> float:
+    """RSS less the mapped files (shared libraries): the heaps, where a leak would show."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def memory_now() -> dict[str, float]:
+    memory = {"rss": rss_mib(), "anon": anonymous_rss_mib()}
+    if tracemalloc.is_tracing():
+        gc.collect()
+        memory["python"] = tracemalloc.get_traced_memory()[0] / 2**20
+    return memory
+
+
+def train(root: Path, steps: int, every: int) -> list[tuple[int, dict[str, float]]]:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -41,7 +62,7 @@ def train(root: Path, steps: int, every: int) -> list[tuple[int, float]]:
         min_training_steps_difference=every))
     recorder.track_module("model", model)
     inputs, targets = torch.randn(64, 8, 8), torch.randn(64, 8, 1)
-    marks = {steps * q // 4 - 1 for q in (1, 2, 3, 4)}
+    marks = {steps * q // 10 - 1 for q in range(1, 11)}
     memory = []
     for step in range(steps):
         x, y = inputs[step % 64], targets[step % 64]
@@ -60,7 +81,7 @@ def train(root: Path, steps: int, every: int) -> list[tuple[int, float]]:
         recorder.finish_iteration()
         recorder.finish_batch()
         if step in marks:
-            memory.append((step + 1, rss_mib()))
+            memory.append((step + 1, memory_now()))
     recorder.finalize()
     return memory
 
@@ -76,8 +97,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--every", type=int, default=100, help="record one step in this many (default: 100)")
     parser.add_argument("--root", type=Path, help="where to record (default: a new temporary folder)")
+    parser.add_argument("--tracemalloc", action="store_true", help="also trace Python's heap (about 2x slower)")
     args = parser.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="comgra-long-run-"))
+    if args.tracemalloc:
+        tracemalloc.start()
 
     began, cpu = time.perf_counter(), time.process_time()
     memory = train(root, args.steps, args.every)
@@ -90,8 +114,12 @@ def main() -> None:
         print(f"  {table:8s} {len(files):4d} files {sum(f.stat().st_size for f in files) / 2**20:8.2f} MiB")
     total = [p for p in trial_dir.rglob("*") if p.is_file()]
     print(f"  all      {len(total):4d} files {sum(f.stat().st_size for f in total) / 2**20:8.2f} MiB")
-    print("  RSS MiB at " + ", ".join(f"{step} steps: {mib:.0f}" for step, mib in memory)
-          + f"; peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
+    print(f"  memory (MiB) at every tenth of the run; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
+    for step, values in memory:
+        print(f"    {step:7d} steps: " + ", ".join(f"{name} {mib:.2f}" for name, mib in values.items()))
+    first, last = memory[0][1], memory[-1][1]
+    print("  from the first tenth to the end: " + ", ".join(
+        f"{name} {last[name] - first[name]:+.1f} MiB ({(last[name] / first[name] - 1) * 100:+.1f}%)" for name in first))
 
     for label in ("fresh reader", "same reader"):
         trial = GroupReader(root / "long").trial("trial") if label == "fresh reader" else trial

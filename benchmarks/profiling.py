@@ -2,7 +2,8 @@
 
 Variants, interleaved round by round (drift on a noisy machine hits them alike), each figure the
 seconds per training step, median and best over the rounds, each divided by the same statistic of
-``off``:
+``off``, both in wall-clock time and in the CPU time of the process (all its threads: the writer and
+the resource sampler included; on a machine shared with other jobs it is the steadier figure):
 
   none       the recorder present with comgra_is_active=False (no comgra)
   off        comgra recording on the tutorial's sparse schedule, modules tracked, profiling off
@@ -13,6 +14,10 @@ seconds per training step, median and best over the rounds, each divided by the 
 Workloads: the tutorial's recurrent network (comgra.examples.tutorial; 9 small modules called once
 per iteration, up to 20 iterations per step: many hook calls per millisecond of compute) and a small
 GPT-2 built from a config (transformers, 2 layers, 128 wide, sequence 64, batch 8: 30 modules).
+
+Two costs too small to see in a step time are measured directly: what the recorder's per-step calls
+into the instruments cost with profiling and sampling off, and the CPU time of one resource sample
+(psutil; NVML where there is a GPU), set against the sampling interval.
 
     python benchmarks/profiling.py [--rounds 5] [--steps 60]
 """
@@ -105,25 +110,65 @@ def measure(workload: str, rounds: int, steps: int, root: Path) -> dict[str, lis
             run(counters[variant])
             counters[variant] += 1
     times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    cpu: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     for _ in range(rounds):
         for variant, run in runs.items():
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 run(counters[variant])
                 counters[variant] += 1
             times[variant].append((time.perf_counter() - start) / steps)
-    for run in runs.values():
+            cpu[variant].append((time.process_time() - start_cpu) / steps)
+    for variant, run in runs.items():
+        profiler = run.recorder.instruments.profiler  # type: ignore[attr-defined]
+        if variant.startswith("on") and (profiler is None or not any(
+                profiler.history(name) for name in profiler.layer_names)):
+            raise RuntimeError(f"{workload} {variant}: the profiler measured nothing (switched off by a fault?)")
         run.recorder.finalize()  # type: ignore[attr-defined]
-    return times
+    return {"wall": times, "cpu": cpu}
 
 
-def report(workload: str, times: dict[str, list[float]]) -> str:
+def report(workload: str, measured: dict[str, dict[str, list[float]]]) -> str:
     """Median and best round per variant, each as a ratio to the same statistic of ``off``: on a shared
     machine the best rounds are the ones least disturbed by other jobs."""
-    median_off, best_off = statistics.median(times["off"]), min(times["off"])
-    cells = [f"{variant} {statistics.median(values) * 1e3:.2f} ms ({statistics.median(values) / median_off:.3f}x), "
-             f"best {min(values) * 1e3:.2f} ms ({min(values) / best_off:.3f}x)" for variant, values in times.items()]
-    return f"{workload}:\n  " + "\n  ".join(cells)
+    lines = [f"{workload}:"]
+    for clock, times in measured.items():
+        median_off, best_off = statistics.median(times["off"]), min(times["off"])
+        lines += [f"  {clock:4s} {variant:9s} median {statistics.median(values) * 1e3:7.2f} ms "
+                  f"({statistics.median(values) / median_off:.3f}x), best {min(values) * 1e3:7.2f} ms "
+                  f"({min(values) / best_off:.3f}x)" for variant, values in times.items()]
+    return "\n".join(lines)
+
+
+def instruments_off_cost(root: Path, trial: str, repeats: int = 20000) -> float:
+    """Seconds per training step of the recorder's calls into its instruments with nothing switched on."""
+    recorder = ComgraRecorder(root, "bench", trial,
+                              DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=1000),
+                              resource_seconds=None)
+    instruments = recorder.instruments
+    start = time.process_time()
+    for step in range(repeats):
+        instruments.start_step(step, False)
+        instruments.finish_step()
+    cost = (time.process_time() - start) / repeats
+    recorder.finalize()
+    return cost
+
+
+def resource_sample_cost(repeats: int = 200) -> float:
+    """CPU seconds of one resource sample (what the sampler's thread does once per interval)."""
+    import os
+
+    import psutil
+
+    from comgra.capture.resources import GpuProbe, cpu_and_memory
+
+    process, gpu = psutil.Process(os.getpid()), GpuProbe.open()
+    start = time.process_time()
+    for _ in range(repeats):
+        cpu_and_memory(process) + gpu.sample()
+    gpu.close()
+    return (time.process_time() - start) / repeats
 
 
 def main(arguments: list[str] | None = None) -> None:
@@ -137,7 +182,15 @@ def main(arguments: list[str] | None = None) -> None:
           "ratios to 'off' (comgra on, profiling off)")
     with tempfile.TemporaryDirectory() as root:
         for workload in args.workloads.split(","):
-            print(report(workload, measure(workload, args.rounds, args.steps, Path(root))), flush=True)
+            measured = measure(workload, args.rounds, args.steps, Path(root))
+            print(report(workload, measured), flush=True)
+            step = statistics.median(measured["cpu"]["off"])
+            off = instruments_off_cost(Path(root), f"instruments-off-{workload}")
+            print(f"  profiling and sampling off: the instruments' per-step calls cost {off * 1e6:.2f} us of CPU "
+                  f"per step = {off / step:.4%} of this workload's step", flush=True)
+        sample = resource_sample_cost()
+        print(f"resource sampling: one sample costs {sample * 1e6:.0f} us of CPU = {sample / 1.0:.4%} of a core "
+              "at the default interval of 1 s", flush=True)
 
 
 if __name__ == "__main__":

@@ -64,19 +64,25 @@ def overhead(python: str, workload: str, steps: int, rounds: int, out: Path) -> 
 CLOCKS = {"wall": "seconds", "cpu": "cpu_seconds", "main": "main_seconds"}
 
 
+def paired_runs(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path, mode: str,
+                schedule_gap: int = 1000):
+    """Per round and implementation, a run without comgra and one in ``mode``, back to back: yields
+    (implementation, run without comgra, run in mode)."""
+    for _ in range(rounds):
+        for impl, python in pythons.items():
+            none = run(python, workload, "none", steps, out)
+            yield impl, none, run(python, workload, mode, steps, out, schedule_gap=schedule_gap)
+
+
 def per_recorded_step(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path,
                       clocks: list[str] = ["wall"]) -> dict:
     """Per implementation and clock: the cost of one recorded step in every round; bytes per recorded step."""
     costs: dict[str, dict[str, list[float]]] = {impl: {c: [] for c in clocks} for impl in pythons}
     size: dict[str, float] = {}
-    for _ in range(rounds):
-        for impl, python in pythons.items():
-            none = run(python, workload, "none", steps, out)
-            result = run(python, workload, "all", steps, out)
-            for clock in clocks:
-                key = CLOCKS[clock]
-                costs[impl][clock].append((result[key] - none[key]) / steps)
-            size[impl] = result["bytes"] / max(1, result["recorded_steps"])
+    for impl, none, result in paired_runs(pythons, workload, steps, rounds, out, "all"):
+        for clock in clocks:
+            costs[impl][clock].append((result[CLOCKS[clock]] - none[CLOCKS[clock]]) / steps)
+        size[impl] = result["bytes"] / max(1, result["recorded_steps"])
     return {impl: {"costs": costs[impl], "bytes": size[impl]} for impl in pythons}
 
 
@@ -84,12 +90,9 @@ def sparse_ratio(pythons: dict[str, str], workload: str, steps: int, rounds: int
                  clocks: list[str] = ["wall"]) -> dict:
     """Per implementation and clock: time recording 1 step in 10 over time without comgra, per round."""
     ratios: dict[str, dict[str, list[float]]] = {impl: {c: [] for c in clocks} for impl in pythons}
-    for _ in range(rounds):
-        for impl, python in pythons.items():
-            none = run(python, workload, "none", steps, out)
-            sparse = run(python, workload, "schedule", steps, out, schedule_gap=10)
-            for clock in clocks:
-                ratios[impl][clock].append(sparse[CLOCKS[clock]] / none[CLOCKS[clock]])
+    for impl, none, sparse in paired_runs(pythons, workload, steps, rounds, out, "schedule", schedule_gap=10):
+        for clock in clocks:
+            ratios[impl][clock].append(sparse[CLOCKS[clock]] / none[CLOCKS[clock]])
     return ratios
 
 

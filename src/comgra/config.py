@@ -8,7 +8,7 @@ names it and lists the known ones. Constructor arguments win over the file.
     [app]
     refresh_interval_s = 2.0        # how often the app looks for new data of a run in progress
     [anomalies]
-    sensitivity = 3.0               # z-score threshold of the anomaly detectors
+    sensitivity = 1.0               # findings: 2 halves every detector's threshold (more findings), 0.5 doubles them
     [history]
     layer_executions = 100          # per-layer profiling rows kept per module
     resource_samples = 3600         # resource samples kept in memory for the live plot
@@ -20,6 +20,7 @@ names it and lists the known ones. Constructor arguments win over the file.
     pause_timeout_s = 0             # 0: a paused run waits until told to continue
     poll_interval_s = 0.5           # how often the training process re-reads breakpoints.json
     sync_every_steps = 10           # torch.distributed: how often rank 0 shares the breakpoints
+    record_every_rank = true        # torch.distributed: every rank records a paused step in full
     [[breakpoints.set]]
     target = "loss"
     condition = "has_nan"
@@ -46,7 +47,7 @@ class AppSettings:
 
 @dataclass(frozen=True)
 class AnomalySettings:
-    sensitivity: float = 3.0
+    sensitivity: float = 1.0  # the default of comgra scan --sensitivity and of the app's Findings tab
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class BreakpointSettings:
     pause_timeout_s: float = 0.0
     poll_interval_s: float = 0.5
     sync_every_steps: int = 10
+    record_every_rank: bool = True
     set: tuple[dict[str, Any], ...] = ()
 
     @property

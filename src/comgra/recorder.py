@@ -29,7 +29,7 @@ from comgra.capture.session import Session, report_fault
 from comgra.capture.modules import ModuleTracker
 from comgra.capture.instruments import Instruments
 from comgra.capture.profiling import ProfileOptions
-from comgra.capture.resources import check_interval
+from comgra.capture.resources import FROM_CONFIG, resolve_interval
 from comgra.config import load_settings
 from comgra.errors import ConfigError, RecordingError
 from comgra.live.recording import RecorderBreakpoints
@@ -57,7 +57,8 @@ class ComgraRecorder:
     of ranks) limits that, and the other ranks behave as with ``comgra_is_active=False``.
     ``profile_history``, ``profile_flops_every`` and ``profile_every`` (ours) tune per-layer profiling
     (``track_module(..., profile=True)``); ``resource_seconds`` (ours) is the interval of resource
-    sampling, None to switch it off.
+    sampling, None to switch it off; left out, comgra.toml's ``[profiling] resource_interval_s`` (1.0
+    without a file; 0: off). Where an argument is left out, comgra.toml (``config``) decides.
     """
 
     def __init__(
@@ -80,7 +81,7 @@ class ComgraRecorder:
         profile_history: int | None = None,
         profile_flops_every: int | None = None,
         profile_every: int = 1,
-        resource_seconds: float | None = 1.0,
+        resource_seconds: float | None = FROM_CONFIG,
         breakpoints: Iterable[dict[str, Any]] | None = None,
         config: str | Path | None = None,
     ):
@@ -96,7 +97,7 @@ class ComgraRecorder:
         )
         # Checked before any folder is made: a bad value leaves nothing behind.
         profile_options = _profile_options(self.settings, profile_history, profile_flops_every, profile_every)
-        check_interval(resource_seconds)
+        resource_seconds = resolve_interval(resource_seconds, self.settings.profiling.resource_interval_s)
         self.rank_info = discover_rank()
         # A rank that does not record is a recorder switched off: no folder, no cost.
         comgra_is_active = comgra_is_active and self.options.records_rank(self.rank_info.rank)
@@ -120,7 +121,8 @@ class ComgraRecorder:
             if comgra_is_active else None
         # Per-layer profiling (track_module(..., profile=True)) and resource sampling; see capture/instruments.
         self.instruments = Instruments(
-            self.session, profile=profile_options, resource_seconds=resource_seconds, rank=self.rank_info.rank)
+            self.session, profile=profile_options, resource_seconds=resource_seconds, rank=self.rank_info.rank,
+            resource_samples=self.settings.history.resource_samples)
 
     @property
     def _recording(self) -> bool:
@@ -314,6 +316,8 @@ class ComgraRecorder:
             raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
                                  "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
         self.current_stage = "inactive"
+        if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
+            self._breakpoints.settle()
         if self._recording:
             self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
         self._recording = False
@@ -365,6 +369,9 @@ def _profile_options(settings: Any, history: int | None, flops_every: int | None
     """Constructor arguments first, then comgra.toml: ``[history] layer_executions`` and, where it is set
     (> 0), ``[profiling] flops_every_steps``."""
     configured_flops = settings.profiling.flops_every_steps
+    if history is None and settings.history.layer_executions < 1:
+        raise ConfigError(f"{settings.source}: history.layer_executions={settings.history.layer_executions!r} must be "
+                          f"at least 1 (the executions of each profiled layer kept in memory), e.g. 100.")
     return ProfileOptions(settings.history.layer_executions if history is None else history,
                           flops_every if flops_every is not None or not configured_flops else configured_flops,
                           every)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
@@ -46,8 +47,8 @@ AGGREGATION_LABELS = {
     "none": "No batch dimension",
 }
 PLOT_STATISTICS = fmt.STATISTICS + ("svd_max",)
-DIRECTIONS = ("left", "right", "up", "down")
 SERIES_CACHE_SIZE = 64  # answers of statistic_series kept; each is two arrays of one value per step
+STEP_CACHE_SIZE = 8  # whole steps kept (all rows of one step of one rank): a click in such a step reads no file
 
 
 def aggregation_value(aggregation: str, sample: int) -> str:
@@ -171,7 +172,6 @@ class Choices:
     kinds: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
     aggregations: list[tuple[str, str]] = field(default_factory=list)  # (value, label)
-    nodes: list[tuple[str, str]] = field(default_factory=list)  # (id, label)
     ranks: list[int] = field(default_factory=list)  # the ranks of a torch.distributed run; [0] for one process
 
 
@@ -205,17 +205,41 @@ class StepIndex:
         self.chunks = chunks  # the steps chunks it was built from: its version
         self.steps = table.column("training_step").to_numpy()
         self.types = np.asarray(table.column("type_of_execution").to_pylist(), dtype=object)
+        # Answers kept with the index (it never changes): every click asks them again, and over 12,000
+        # steps they cost tens of milliseconds each.
+        self._types: list[str] | None = None
+        self._steps_of: dict[str, np.ndarray] = {}
 
     def types_of_execution(self) -> list[str]:
-        return sorted(set(self.types.tolist()))
+        if self._types is None:
+            self._types = sorted(set(self.types.tolist()))
+        return list(self._types)
 
     def steps_of(self, type_of_execution: str) -> np.ndarray:
-        steps = self.steps if type_of_execution == ANY_TYPE else self.steps[self.types == type_of_execution]
-        return np.unique(steps)
+        steps = self._steps_of.get(type_of_execution)
+        if steps is None:
+            steps = self.steps if type_of_execution == ANY_TYPE else self.steps[self.types == type_of_execution]
+            steps = self._steps_of[type_of_execution] = np.unique(steps)
+            steps.flags.writeable = False  # shared by every caller
+        return steps
 
     def rows_of(self, training_step: int) -> list[dict[str, Any]]:
         first, last = np.searchsorted(self.steps, [training_step, training_step + 1])
         return self.table.slice(int(first), int(last - first)).to_pylist()
+
+
+class KeptStep:
+    """All rows of one step, with the positions of each (node, iteration): a node's rows without a scan."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table = table.combine_chunks()  # ``take`` across DuckDB's many small batches is slow
+        self._positions: dict[tuple[str, int], list[int]] = {}
+        for position, key in enumerate(zip(table.column("node").to_pylist(), table.column("iteration").to_pylist())):
+            self._positions.setdefault(key, []).append(position)
+
+    def rows(self, node: str, iteration: int) -> list[dict[str, Any]]:
+        positions = self._positions.get((node, iteration))
+        return self.table.take(positions).to_pylist() if positions else []
 
 
 class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # profiling and resources; findings (issue 8)
@@ -225,14 +249,17 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         self.group = GroupReader(path)
         self._indexes: dict[tuple[str, int | None], tuple[tuple[str, ...], StepIndex]] = {}
         self._series: OrderedDict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._steps: OrderedDict[tuple[Any, ...], KeptStep] = OrderedDict()
         self._lock = threading.Lock()
 
     def close(self) -> None:
         """Let go of the store's connections (DuckDB reports those still alive at exit as leaks)."""
+        self.close_findings()  # the background scanner takes no new trial (issue 8)
         self.group.close()
         with self._lock:
             self._indexes.clear()
             self._series.clear()
+            self._steps.clear()
 
     # -- small questions ------------------------------------------------------------------------
     def trials(self) -> list[str]:
@@ -326,8 +353,9 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         """min / mean / max of every node of one iteration (its first role; the batch mean of a tensor with a
         batch dimension), for the graph's hover cards. One query for the whole step."""
         graph = self.graph_at(trial_id, training_step, iteration, rank)
-        table = self.tensor_rows(trial_id, training_step, kind=kind, rank=rank,
-                                 columns=["node", "role", "iteration", "aggregation", "min", "mean", "max"])
+        table = self.step_rows(trial_id, training_step, rank)  # also what the next clicks in this step read
+        table = table.filter(pc.equal(table["kind"], kind)).select(
+            ["node", "role", "iteration", "aggregation", "min", "mean", "max"])
         wanted_rows: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
         for row in table.to_pylist():
             if row["aggregation"] in ("mean", "none"):
@@ -341,12 +369,41 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
                 summaries[node["id"]] = {name: row[name] for name in ("min", "mean", "max")}
         return summaries
 
-    def resolve(self, wanted: Mapping[str, Any], move: str | None = None) -> View:
+    def step_rows(self, trial_id: str, training_step: int, rank: int) -> pa.Table:
+        """Every row of one step of one rank, kept for the last few steps asked.
+
+        The hover cards ask for the whole step as soon as a step is shown; the node clicks
+        that follow in the same step then read their rows from here instead of querying
+        the chunk again (a step's rows never change once the step index lists it).
+        """
+        key = (trial_id, training_step, rank, self.step_index(trial_id, rank).chunks[-1:])
+        with self._lock:
+            kept = self._steps.get(key)
+            if kept is not None:
+                self._steps.move_to_end(key)
+                return kept.table
+        kept = KeptStep(self.tensor_rows(trial_id, training_step, rank=rank))
+        with self._lock:
+            self._steps[key] = kept
+            while len(self._steps) > STEP_CACHE_SIZE:
+                self._steps.popitem(last=False)
+        return kept.table
+
+    def node_rows(self, trial_id: str, index: StepIndex, training_step: int, *, iteration: int, node: str,
+                  rank: int) -> list[dict[str, Any]]:
+        """The rows of one node at one step and iteration: from a kept step if there is one, else one query."""
+        with self._lock:
+            kept = self._steps.get((trial_id, training_step, rank, index.chunks[-1:]))
+        if kept is None:
+            return self.tensor_rows(trial_id, training_step, iteration=iteration, node=node, rank=rank).to_pylist()
+        return kept.rows(node, iteration)
+
+    def resolve(self, wanted: Mapping[str, Any]) -> View:
         """Turn what the user asked for into a selection that exists, saying what had to change.
 
         ``wanted`` may hold trial, type_of_execution, training_step, iteration, node_id,
         roles ({node: role}), kind and aggregation; a missing key means "the default".
-        ``move`` (left/right/up/down) moves the selected node along the graph first.
+        Moving along the graph happens in the browser (assets/comgra.js), which then asks for a node.
         """
         view = View()
         wanted = clean_wanted(wanted, view)
@@ -366,7 +423,7 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
                                 "they appear here as soon as it flushes.")
         else:
             try:
-                self._resolve_step(view, trial_id, index, wanted, move, rank)
+                self._resolve_step(view, trial_id, index, wanted, rank)
             except StoreError as error:  # a damaged graph or chunk of this step: say so; other steps still work
                 view.selection, view.graph, view.row = None, None, None
                 view.banners.append(f"{error} Other steps and trials still work.")
@@ -374,7 +431,7 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         return view
 
     def _resolve_step(self, view: View, trial_id: str, index: StepIndex, wanted: Mapping[str, Any],
-                      move: str | None, rank: int) -> None:
+                      rank: int) -> None:
         choices = view.choices
         choices.types = [ANY_TYPE, *index.types_of_execution()]
         type_ = _pick(view, wanted.get("type_of_execution"), choices.types, ANY_TYPE, "type of training step", "type")
@@ -386,17 +443,13 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         step_row = rows[choices.iterations.index(iteration)]
         graph = self.trial(trial_id).graph(step_row["graph"])
         view.graph = graph
-        choices.nodes = [(n["id"], _node_label(n)) for n in sorted(graph["nodes"], key=lambda n: n["id"])]
         node = _pick_node(view, graph, wanted.get("node_id"), iteration)
-        if move in DIRECTIONS:
-            node = _node_by_id(graph, neighbour(graph, node["id"], move)) or node
-            view.node_fallback = False
         data_iteration = _data_iteration(node, iteration)
-        table = self.tensor_rows(trial_id, step, iteration=data_iteration, node=node["node"], rank=rank)
+        recorded = self.node_rows(trial_id, index, step, iteration=data_iteration, node=node["node"], rank=rank)
         base = {"trial": trial_id, "type_of_execution": type_, "training_step": step,
                 "step_type": step_row["type_of_execution"], "iteration": iteration, "node_id": node["id"],
                 "node": node["node"], "data_iteration": data_iteration, "rank": rank}
-        _resolve_tensor(view, base, node, table.to_pylist(), wanted)
+        _resolve_tensor(view, base, node, recorded, wanted)
 
 
 # -- what the browser sent: any JSON at all ------------------------------------------------------------
@@ -496,11 +549,6 @@ def _node_by_id(graph: fmt.GraphDocument, node_id: str | None) -> fmt.GraphNode 
     return next((n for n in graph["nodes"] if n["id"] == node_id), None)
 
 
-def _node_label(node: fmt.GraphNode) -> str:
-    old = " (previous iteration)" if node.get("iteration_offset", 0) < 0 else ""
-    return f"{node['node']}{old} [{node['role']}]"
-
-
 def _data_iteration(node: fmt.GraphNode, iteration: int) -> int:
     absolute = node.get("absolute_iteration")
     return int(absolute) if absolute is not None else iteration + int(node.get("iteration_offset") or 0)
@@ -557,31 +605,6 @@ def _pick_aggregation(view: View, wanted: str | None, valid: list[str], node: st
         reason = f"{aggregation_label(wanted)} was not recorded for {node!r} at this step"
     view.notices.append(Notice(f"{reason}; showing {aggregation_label(default)!r}.", "aggregation"))
     return default
-
-
-# -- moving along the graph ---------------------------------------------------------------------------
-def neighbour(graph: fmt.GraphDocument, node_id: str, direction: str) -> str:
-    """The node reached from ``node_id`` by an arrow key; the same node where there is none.
-
-    Left and right prefer a direct dependency (left) or dependent (right), the
-    closest column first; without one they go to the nearest column on that
-    side. Up and down move within the column.
-    """
-    nodes = {n["id"]: n for n in graph["nodes"]}
-    here = nodes[node_id]
-    if direction in ("up", "down"):
-        column = sorted((n for n in nodes.values() if n["column"] == here["column"]), key=lambda n: n["row"])
-        position = column.index(here) + (-1 if direction == "up" else 1)
-        return column[position]["id"] if 0 <= position < len(column) else node_id
-    sign = -1 if direction == "left" else 1
-    linked = {e["source"] for e in graph["edges"] if e["target"] == node_id} if sign < 0 else \
-        {e["target"] for e in graph["edges"] if e["source"] == node_id}
-    side = [n for n in nodes.values() if (n["column"] - here["column"]) * sign > 0]
-    candidates = [n for n in side if n["id"] in linked] or side
-    if not candidates:
-        return node_id
-    best = min(candidates, key=lambda n: (abs(n["column"] - here["column"]), abs(n["row"] - here["row"]), n["row"]))
-    return best["id"]
 
 
 # -- series across trials -------------------------------------------------------------------------------

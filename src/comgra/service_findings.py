@@ -1,24 +1,33 @@
 """The findings questions of the service (issue 8): findings per trial, badges for the graph, links.
 
-Mixed into ``RecordingService``. A scan reads each chunk once and keeps what it found until a
-trial's chunks change, so the Findings tab and the graph badges of a live run stay current
-without rereading the recording.
+Mixed into ``RecordingService``. Each service owns one background scanner (``FindingsWorker``): a
+thread (``MAX_SCAN_THREADS``) that takes trials from one queue and scan each trial once per data version (the set of
+its chunks). The Findings tab, the graph badges and the REST API all read what it found; none of
+them scans on its own. A scan reads each chunk once (chunks are immutable), so a live run's new
+steps cost only their own chunks.
 """
 from __future__ import annotations
 
+import logging
+import os
 import threading
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from comgra.analysis.findings import Finding, ScanOptions, rank_findings
-from comgra.errors import StoreError
+from comgra.analysis.findings import Finding, ScanOptions, rank_findings, trial_signature
+from comgra.errors import ComgraError, ConfigError
 
 if TYPE_CHECKING:
     from comgra.analysis.scan import Scanner
     from comgra.store.reader import GroupReader
 
+log = logging.getLogger("comgra.service")
 BADGE_SEVERITIES = ("error", "warning")
 BADGE_MARK = "\u26a0"  # ⚠
-BADGE_WAIT_SECONDS = 0.25  # the first view of a trial waits at most this long for its badges
+# One thread: the app's own requests keep the other core on a 2-core machine (comgra scan, which has
+# nothing else to do, scans trials side by side).
+MAX_SCAN_THREADS = 1
 
 
 def finding_link(finding: Finding) -> str:
@@ -29,65 +38,247 @@ def finding_link(finding: Finding) -> str:
                      node_id=finding.node, role=finding.role, kind=finding.kind, aggregation=finding.aggregation)
 
 
+def scan_options(sensitivity: float | None = None, *, source: str = "sensitivity") -> ScanOptions:
+    """The default scan options at ``sensitivity`` (None: the built-in default); 0 or less is refused."""
+    if sensitivity is None:
+        return ScanOptions()
+    if not sensitivity > 0:
+        raise ConfigError(f"{source}={sensitivity!r}: a sensitivity must be above 0, e.g. 0.5 (fewer findings), "
+                          "1 (the default) or 2 (more).")
+    return ScanOptions(sensitivity=float(sensitivity))
+
+
+@dataclass(frozen=True)
+class FindingsProgress:
+    """What the background scanner has found so far: ``pending`` trials are still being scanned."""
+
+    findings: list[Finding]
+    pending: list[str]
+    problems: list[str]
+    version: int  # ``findings_version()`` when this was taken
+
+
+class FindingsWorker:
+    """The one background scanner of a service. Thread-safe.
+
+    ``request`` queues the trials whose data changed since their last scan (most recently asked
+    first) and returns at once; up to ``MAX_SCAN_THREADS`` threads work through the queue and end
+    when it is empty. ``version`` counts the scans finished, so that a view knows when to redraw.
+    """
+
+    def __init__(self, group: GroupReader, options: ScanOptions) -> None:
+        self.group = group
+        self.options = options
+        self._scanner: Scanner | None = None
+        self._scanner_lock = threading.Lock()  # not ``_changed``: importing the scanner takes seconds
+        self._done: dict[str, tuple[tuple[str, ...], list[Finding], list[str]]] = {}  # trial -> signature, ...
+        self._versions: dict[str, int] = {}
+        self._queue: list[str] = []
+        self._running: set[str] = set()
+        self._threads = 0
+        self._version = 0
+        self._closed = False
+        self._changed = threading.Condition()
+
+    @property
+    def scanner(self) -> Scanner:
+        with self._scanner_lock:
+            if self._scanner is None:
+                from comgra.analysis.scan import Scanner  # pandas, scipy: seconds to import, not at app start
+
+                self._scanner = Scanner()
+            return self._scanner
+
+    def version(self, trial_id: str | None = None) -> int:
+        with self._changed:
+            return self._version if trial_id is None else self._versions.get(trial_id, 0)
+
+    def request(self, trials: list[str]) -> list[str]:
+        """Queue the trials not scanned at their current data (the first ones first); returns them."""
+        stale = [t for t in trials if not self._is_current(t)]
+        with self._changed:
+            if self._closed:
+                return stale
+            for trial in reversed(stale):
+                if trial in self._queue:
+                    self._queue.remove(trial)
+                if trial not in self._running:
+                    self._queue.insert(0, trial)
+            wanted = min(MAX_SCAN_THREADS, os.cpu_count() or 1, len(self._queue)) - self._threads
+            for _ in range(max(0, wanted)):
+                self._threads += 1
+                # Not a daemon: a daemon thread inside DuckDB when the interpreter ends aborts the process
+                # ("terminate called ..."); this one stops after its trial once the main thread has ended.
+                threading.Thread(target=self._work, name="comgra-findings").start()
+        return stale
+
+    def wait(self, trials: list[str], timeout: float | None = None) -> bool:
+        """Wait until ``trials`` are scanned at their current data; False if ``timeout`` came first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            stale = self.request(trials)
+            if not stale:
+                return True
+            with self._changed:
+                left = None if deadline is None else deadline - time.monotonic()
+                if (left is not None and left <= 0) or self._closed:
+                    return False
+                if not self._queue and not self._running and not self._threads:
+                    return False  # nothing can scan them (the app is stopping)
+                self._changed.wait(left if left is None else min(left, 1.0))
+
+    def progress(self, trials: list[str]) -> FindingsProgress:
+        """What is found so far for ``trials`` (at their last scan), without waiting; queues stale ones."""
+        pending = self.request(trials)
+        with self._changed:
+            done = [self._done[t] for t in trials if t in self._done]
+            version = self._version
+        return FindingsProgress(rank_findings([f for _, found, _ in done for f in found]), pending,
+                                [p for _, _, problems in done for p in problems], version)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._queue.clear()
+            self._changed.notify_all()
+
+    def _is_current(self, trial_id: str) -> bool:
+        signature = self._signature(trial_id)
+        with self._changed:
+            return trial_id in self._done and self._done[trial_id][0] == signature
+
+    def _signature(self, trial_id: str) -> tuple[str, ...]:
+        try:
+            return trial_signature(self.group.trial(trial_id))
+        except ComgraError:
+            return ()  # an unknown or unreadable trial: scanned once, to an empty answer
+
+    def _work(self) -> None:
+        try:
+            while True:
+                with self._changed:
+                    if self._closed or not self._queue or not threading.main_thread().is_alive():
+                        return
+                    trial = self._queue.pop(0)
+                    self._running.add(trial)
+                self._scan(trial)
+        finally:
+            with self._changed:
+                self._threads -= 1
+                self._changed.notify_all()
+
+    def _scan(self, trial_id: str) -> None:
+        signature = self._signature(trial_id)
+        try:
+            found, problems = self.scanner.scan_trial(self.group, trial_id, self.options)
+        except ComgraError as error:
+            found, problems = [], [f"trial {trial_id!r}: {error}"]
+        except Exception as error:  # noqa: BLE001 - a scanner fault must not stop the other trials
+            log.exception("comgra: the findings of trial %r could not be computed", trial_id)
+            found, problems = [], [f"trial {trial_id!r}: {type(error).__name__}: {error}"]
+        with self._changed:
+            self._done[trial_id] = (signature, found, problems)
+            self._running.discard(trial_id)
+            self._version += 1
+            self._versions[trial_id] = self._versions.get(trial_id, 0) + 1
+            self._changed.notify_all()
+
+
 class FindingQuestions:
     """Findings of the recording the service reads (``self.group``)."""
 
     group: GroupReader
-    _scanner_lock = threading.Lock()
+    _worker_lock = threading.Lock()
 
-    def _scanner(self) -> Scanner:
-        with self._scanner_lock:
-            scanner = self.__dict__.get("_findings_scanner")
-            if scanner is None:
-                from comgra.analysis.scan import Scanner  # pandas, scipy: seconds to import, not at app start
+    def configure_findings(self, *, sensitivity: float | None = None) -> None:
+        """The default sensitivity of the findings (``[anomalies] sensitivity`` of comgra.toml)."""
+        options = scan_options(sensitivity, source="[anomalies] sensitivity")
+        with self._worker_lock:
+            old = self.__dict__.get("_findings_scanner")
+            if old is not None:
+                old.close()
+            self.__dict__["_findings_scanner"] = FindingsWorker(self.group, options)
 
-                scanner = self.__dict__["_findings_scanner"] = Scanner()
-            return scanner
+    @property
+    def findings_options(self) -> ScanOptions:
+        return self._findings_worker().options
+
+    def _findings_worker(self) -> FindingsWorker:
+        with self._worker_lock:
+            worker = self.__dict__.get("_findings_scanner")
+            if worker is None:
+                worker = self.__dict__["_findings_scanner"] = FindingsWorker(self.group, ScanOptions())
+            return worker
+
+    def _trials_first(self, trial_id: str | None) -> list[str]:
+        trials = self.group.trials()
+        if trial_id is None:
+            return trials
+        return [trial_id] + [t for t in trials if t != trial_id]
 
     def findings(self, trial_id: str | None = None, options: ScanOptions | None = None) -> list[Finding]:
-        """Findings of one trial or of all, most useful first; trials that cannot be read are skipped."""
+        """Findings of one trial or of all, most useful first (waits for the scan); trials that cannot
+        be read are skipped. Other ``options`` than the service's are scanned here and now."""
+        worker = self._findings_worker()
         trials = [trial_id] if trial_id is not None else self.group.trials()
-        found: list[Finding] = []
-        for trial in trials:
-            try:
-                found.extend(self._scanner().scan_trial(self.group, trial, options or ScanOptions())[0])
-            except StoreError:
-                continue
-        return rank_findings(found)
+        if options is not None and options != worker.options:
+            return self._scanned_now(trials, options)
+        worker.wait(trials)
+        return worker.progress(trials).findings
 
-    def finding_badges(self, trial_id: str, wait_seconds: float = BADGE_WAIT_SECONDS) -> dict[str, str]:
+    def findings_progress(self, trial_id: str | None = None, wait_seconds: float = 0.0) -> FindingsProgress:
+        """What the background scanner has found so far; waits at most ``wait_seconds`` for the rest."""
+        worker = self._findings_worker()
+        trials = [trial_id] if trial_id is not None else self.group.trials()
+        if wait_seconds > 0:
+            worker.wait(trials, wait_seconds)
+        return worker.progress(trials)
+
+    def findings_version(self, trial_id: str | None = None) -> int:
+        """A number that changes whenever a scan of the trial (default: of any trial) has finished: a
+        view that shows findings or badges redraws when it changes. Queues trials whose data changed."""
+        worker = self._findings_worker()
+        worker.request(self._trials_first(trial_id))
+        return worker.version(trial_id)
+
+    def finding_badges(self, trial_id: str, wait_seconds: float = 0.0) -> dict[str, str]:
         """node id -> a short badge ("2 ⚠") for the nodes of a trial with findings of warning or above.
 
-        The graph must not wait for a long scan: the trial is scanned on a background thread, and
-        if that takes longer than ``wait_seconds`` there are no badges yet (the next view has them).
-        The thread goes on with the other trials, so that the Findings tab opens on a finished scan.
+        Never waits for a scan unless asked to: the trial is queued (first) on the background
+        scanner and the badges of its last scan are returned; ``findings_version(trial)`` changes
+        when a newer scan is done (the app then asks again).
         """
-        done = threading.Event()
-        found: list[Finding] = []
+        worker = self._findings_worker()
+        trials = self._trials_first(trial_id)
+        if wait_seconds > 0:
+            worker.wait([trial_id], wait_seconds)
+        worker.request(trials)  # the others after it: the Findings tab opens on a finished scan
+        return badges_of(worker.progress([trial_id]).findings)
 
-        def scan() -> None:
-            try:
-                # Every trial, this one first: a user who opens the Findings tab next finds them scanned.
-                found.extend(self.findings(trial_id))
-                done.set()
-                for other in self.group.trials():
-                    if not threading.main_thread().is_alive():
-                        break  # the app is stopping: it waits for this thread, so no more trials
-                    self.findings(other)
-            finally:
-                done.set()
-
-        # Not a daemon: a daemon thread inside DuckDB when the interpreter ends aborts the process
-        # ("terminate called ..."); this one ends after the trial it is scanning once the app stops.
-        threading.Thread(target=scan, name=f"comgra-findings-{trial_id}").start()
-        if not done.wait(wait_seconds):
-            return {}
-        counts: dict[str, int] = {}
-        for finding in found:
-            if finding.severity in BADGE_SEVERITIES:
-                counts[finding.node] = counts.get(finding.node, 0) + 1
-        return {node: f"{count} {BADGE_MARK}" for node, count in counts.items()}
+    def close_findings(self) -> None:
+        """Stop the background scanner after the trials it is scanning (``RecordingService.close``)."""
+        worker = self.__dict__.get("_findings_scanner")
+        if worker is not None:
+            worker.close()
 
     def finding_documents(self, trial_id: str | None = None) -> list[dict[str, Any]]:
         """The findings as JSON documents (the ``comgra scan --json`` form), each with its link."""
         return [f.to_json(finding_link(f)) for f in self.findings(trial_id)]
+
+    def _scanned_now(self, trials: list[str], options: ScanOptions) -> list[Finding]:
+        scanner = self._findings_worker().scanner
+        found: list[Finding] = []
+        for trial in trials:
+            try:
+                found.extend(scanner.scan_trial(self.group, trial, options)[0])
+            except ComgraError:
+                continue
+        return rank_findings(found)
+
+
+def badges_of(findings: list[Finding]) -> dict[str, str]:
+    counts: dict[str, int] = {}
+    for finding in findings:
+        if finding.severity in BADGE_SEVERITIES:
+            counts[finding.node] = counts.get(finding.node, 0) + 1
+    return {node: f"{count} {BADGE_MARK}" for node, count in counts.items()}

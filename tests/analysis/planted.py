@@ -112,3 +112,12 @@ def mlp(*sizes: int, activation: Callable[[], nn.Module] = nn.Tanh, last: nn.Mod
             blocks.append((f"layer{index}",
                            nn.Sequential(nn.Linear(a, b), tail) if tail is not None else nn.Linear(a, b)))
     return blocks
+
+
+def record_dead_and_healthy(root: Path) -> Path:
+    """Two trials: ``dead`` (ReLU units with a bias of -20, never active) and ``healthy``."""
+    blocks = mlp(4, 16, 1, activation=nn.ReLU)
+    with torch.no_grad():
+        blocks[0][1][0].bias.fill_(-20.0)
+    record(root, "dead", Network(blocks, steps=12))
+    return record(root, "healthy", Network(mlp(4, 8, 1), steps=12, lr=0.02))

@@ -121,6 +121,40 @@ def test_one_sided_output_is_a_warning_at_the_layer_before_the_output(tmp_path) 
     assert "layer0" not in {f.node for f in found}  # tanh: both signs
 
 
+def test_an_output_one_sided_early_in_training_only_is_found_on_those_steps(tmp_path) -> None:
+    """A network can learn to push values through a wrongly placed activation with ever larger inputs (the
+    tutorial's leaky ReLU reaches -32 late in a long run): the extremes of the whole run are then balanced,
+    and only the steps show the fault."""
+    def later_both_sides(step, name, h):
+        return h * 100 - 50 if name == "layer1" and step >= 6 else h
+
+    blocks = mlp(4, 16, 3, last=nn.LeakyReLU(0.01))
+    group = record(tmp_path, "one_sided_early", Network(blocks, steps=12, output=torch.sigmoid,
+                                                        target=lambda x: (x[:, :3] > 0).float(),
+                                                        inject=later_both_sides))
+    warnings = [f for f in of(scan(group), "one_sided") if f.severity == "warning"]
+    assert [f.node for f in warnings] == ["layer1"]
+    assert (warnings[0].evidence["one_sided_steps"], warnings[0].evidence["recorded_steps"]) == (6, 12)
+    assert warnings[0].steps == list(range(6)) and warnings[0].training_step == 0
+    assert "on 6 of 12 recorded steps (training steps 0 to 5)" in warnings[0].message
+
+
+def test_a_target_high_when_any_unit_is_near_zero_is_linked_to_the_smallest_unit(tmp_path) -> None:
+    """The tutorial's loss per sample averages over its outputs, and it is high when any partial sum is near
+    zero: no single unit shows that as clearly as the unit closest to zero."""
+    noise = torch.Generator().manual_seed(3)
+
+    def register_difficulty(recorder, x):
+        difficulty = torch.exp(-4 * x.abs()).mean(dim=1, keepdim=True)
+        recorder.register_tensor("difficulty", difficulty + 0.02 * torch.randn(x.shape[0], 1, generator=noise))
+
+    group = record(tmp_path, "nearest", Network(mlp(4, 8, 1), steps=20, extra=register_difficulty))
+    top = of(scan(group, target="difficulty"), "correlation")[0]
+    assert (top.node, top.evidence["feature"]) == ("input", "the smallest |input[i]|")
+    assert top.evidence["spearman"] < -0.6
+    assert top.message.startswith("difficulty is high when the smallest |input[i]| is small (Spearman")
+
+
 def test_layer_left_out_of_the_optimizer_gets_a_gradient_but_never_changes(tmp_path) -> None:
     network = Network(mlp(4, 8, 1), steps=8, optimized=lambda model: model[1].parameters())
     found = scan(record(tmp_path, "forgotten", network))

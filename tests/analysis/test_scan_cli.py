@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from planted import Network, mlp, record  # noqa: E402
+from planted import Network, mlp, record, record_dead_and_healthy  # noqa: E402
 
 from comgra.analysis import ScanOptions, Scanner  # noqa: E402
 from comgra.cli.app import main  # noqa: E402
@@ -20,12 +20,7 @@ FINDING_FIELDS = {"detector", "severity", "score", "trial", "node", "role", "kin
 
 @pytest.fixture(scope="module")
 def dead_group(tmp_path_factory):
-    root = tmp_path_factory.mktemp("scan")
-    blocks = mlp(4, 16, 1, activation=torch.nn.ReLU)
-    with torch.no_grad():
-        blocks[0][1][0].bias.fill_(-20.0)
-    record(root, "dead", Network(blocks, steps=12))
-    return record(root, "healthy", Network(mlp(4, 8, 1), steps=12, lr=0.02))
+    return record_dead_and_healthy(tmp_path_factory.mktemp("scan"))
 
 
 def test_json_document_is_versioned_and_each_finding_links_to_its_selection(dead_group, capsys) -> None:

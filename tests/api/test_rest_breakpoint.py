@@ -7,11 +7,8 @@ GET /run, reads the paused step's values through GET /values, continues it throu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -21,43 +18,17 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-SCRIPT = Path(__file__).resolve().parents[1] / "live" / "train_script.py"
-STEPS = 12
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "live"))
+from live_processes import start_training, stop_all, wait_until  # noqa: E402  (the live tests' launcher)
+
 PAUSE_AT = 5
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[str]]]:
-    started: list[subprocess.Popen[str]] = []
-    yield started
-    for process in started:  # a failed test must not leave a training process paused forever
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
-
-
-def _start(tmp_path: Path, name: str, processes: list[subprocess.Popen[str]]) -> tuple[subprocess.Popen[str], Path]:
-    root, out = tmp_path / name / "root", tmp_path / name / "out"
-    out.mkdir(parents=True)
-    environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    process = subprocess.Popen([sys.executable, str(SCRIPT), str(root), str(out), str(STEPS), "--go", str(out / "go")],
-                               env={**environment, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    processes.append(process)
-    return process, out
-
-
-def _wait(condition: Callable[[], Any], process: subprocess.Popen[str], what: str, timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if process.poll() is not None and not condition():
-            raise AssertionError(f"the training process ended before {what}: {process.communicate()[1][-2000:]}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+@pytest.fixture(autouse=True)
+def _no_process_left_waiting() -> Iterator[None]:
+    yield
+    stop_all()  # a failed test must not leave a training process paused forever
 
 
 def _call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
@@ -85,12 +56,12 @@ def _serve(group: Path) -> tuple[str, Callable[[], None]]:
     return url_of(server).rstrip("/") + "/api/v1/trials/trial", stop
 
 
-def test_a_breakpoint_set_over_http_pauses_and_resumes_training(tmp_path: Path, processes: list[Any]) -> None:
-    plain, plain_out = _start(tmp_path, "plain", processes)
+def test_a_breakpoint_set_over_http_pauses_and_resumes_training(tmp_path: Path) -> None:
+    plain, _, plain_out = start_training(tmp_path / "plain")
     (plain_out / "go").touch()
-    process, out = _start(tmp_path, "paused", processes)
+    process, _, out = start_training(tmp_path / "paused")
     group = out.parent / "root" / "group"
-    _wait(lambda: (group / "trials" / "trial" / "trial.json").is_file(), process, "the trial's metadata")
+    wait_until(lambda: (group / "trials" / "trial" / "trial.json").is_file(), process, "the trial's metadata")
     api, stop = _serve(group)
     try:
         status, created = _call(f"{api}/breakpoints", "POST", {"target": "loss", "condition": f"step == {PAUSE_AT}"})
@@ -99,7 +70,7 @@ def test_a_breakpoint_set_over_http_pauses_and_resumes_training(tmp_path: Path, 
         assert status == 400 and error["error"]["field"] == "condition"
         (out / "go").touch()
 
-        state = _wait(lambda: (s := _call(f"{api}/run")[1])["state"] == "paused" and s, process, "the pause")
+        state = wait_until(lambda: (s := _call(f"{api}/run")[1])["state"] == "paused" and s, process, "the pause")
         assert state["training_step"] == PAUSE_AT
         assert not (out / "losses-r000.json").exists()  # really waiting
         status, listed = _call(f"{api}/breakpoints")

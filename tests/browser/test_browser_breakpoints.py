@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +14,8 @@ import pytest
 from comgra.live import control
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "live"))
-from test_run_control import _start, _STARTED  # noqa: E402  (the same training script and launcher)
+from live_processes import STARTED as _STARTED  # noqa: E402  (the same training script and launcher)
+from live_processes import start_training as _start  # noqa: E402
 
 expect = pytest.importorskip("playwright.sync_api").expect
 
@@ -59,11 +61,21 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
         assert href is not None and "step=2" in href and "trial=trial" in href
         assert control.run_state(trial_dir)["training_step"] == 2
 
+        # With the 1-s poll stopped, an action still shows its result: the callback that performs it
+        # renders the panel, and a continued run reads as running as soon as the command is answered.
+        page.evaluate("window.dash_clientside.set_props('bp-poll', {disabled: true})")
+        control.add_breakpoint(trial_dir, "hidden", "has_nan")  # made elsewhere: not shown without the poll
+        page.wait_for_timeout(2500)
+        expect(page.locator('.bp-list tr[data-id="bp2"]')).to_have_count(0)
         row.get_by_role("button", name="Disable").click()
         expect(row.locator(".bp-enabled")).to_have_text("off", timeout=20000)
+        expect(page.locator('.bp-list tr[data-id="bp2"]')).to_have_count(1)  # the action rendered the whole panel
         assert control.list_breakpoints(trial_dir)[0]["enabled"] is False
-
         page.click("#bp-continue")
+        expect(page.locator("#bp-message")).to_have_text("Sent continue.", timeout=20000)
+        expect(page.locator("#bp-run-state [data-state]")).to_have_text(re.compile("running|finished"))
+
+        page.evaluate("window.dash_clientside.set_props('bp-poll', {disabled: false})")  # the run's own changes
         expect(page.locator("#bp-run-state [data-state]")).to_have_text("finished", timeout=60000)
         _, errors = process.communicate(timeout=60)
         assert process.returncode == 0, errors[-2000:]

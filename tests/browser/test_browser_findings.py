@@ -45,3 +45,22 @@ def test_a_click_on_a_finding_shows_the_selection_it_names(serve, open_page, dea
     assert (shown["node_id"], shown["role"], shown["aggregation"], int(shown["iteration"])) == \
         (finding.node, finding.role, finding.aggregation, finding.iteration)
     assert "tab=findings" not in page.page.url
+
+
+def test_badges_appear_on_the_graph_once_a_slow_scan_is_done(serve, open_page, dead_recording, monkeypatch) -> None:
+    """The graph is drawn at once, without waiting for the scan; the badge comes when the scan is done,
+    with no click and no change of trial (before, it came only if the scan took under 0.25 s)."""
+    import threading
+
+    from comgra.analysis import scan
+
+    release = threading.Event()
+    original = scan.detect_all
+    monkeypatch.setattr(scan, "detect_all", lambda data, options: release.wait(60) and original(data, options))
+    page = open_page(serve(dead_recording, warm_up=False), dead_recording)
+    node = page.page.locator('.graph-node[data-node="layer0"]')
+    expect(node).to_be_visible(timeout=20_000)
+    page.page.wait_for_timeout(1500)
+    expect(node.locator(".node-badge")).to_have_count(0)
+    release.set()
+    expect(node.locator('.node-badge[data-badge="1 \u26a0"]')).to_be_visible(timeout=20_000)

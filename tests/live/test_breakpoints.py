@@ -17,6 +17,7 @@ from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 from comgra.store import GroupReader
 from comgra.store import format as fmt
+from live_training import train_step
 
 STEPS = 12
 
@@ -35,21 +36,10 @@ def _train(tmp_path: Path, breakpoints: list[dict[str, Any]]) -> tuple[ComgraRec
     truth = []
     for step in range(STEPS):
         x = torch.randn(5, 3, generator=data)
-        recorder.start_batch(step, 5)
-        recorder.start_iteration()
-        recorder.register_tensor("x", x, is_input=True)
-        out = model(x)
-        recorder.register_tensor("out", out)
-        loss = out.pow(2).mean()
-        recorder.register_tensor("loss", loss, is_loss=True)
-        optimizer.zero_grad()
-        loss.backward()
-        recorder.record_current_gradients("gradients")
-        recorder.finish_iteration()
-        recorder.finish_batch()
+        _, outputs = train_step(recorder, [("out", model)], optimizer, x, step)
+        # The gradients are still those of this step after the optimizer's update.
         gradients = torch.cat([p.grad.reshape(-1) for p in model[0].parameters()])
-        truth.append({"out_mean": out.mean().item(), "first_grad_norm": gradients.norm().item()})
-        optimizer.step()
+        truth.append({"out_mean": outputs["out"].mean().item(), "first_grad_norm": gradients.norm().item()})
     recorder.finalize()
     return recorder, truth
 

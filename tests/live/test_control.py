@@ -89,6 +89,19 @@ def test_a_paused_run_obeys_a_command_with_its_token_only(trial_dir: Path) -> No
     assert answers == ["step"]
 
 
+@pytest.mark.parametrize(("action", "state"), [("continue", "running"), ("step", "running"), ("abort", "finished")])
+def test_the_sender_of_a_command_reads_the_new_state_as_soon_as_it_is_answered(
+        trial_dir: Path, action: str, state: str) -> None:
+    """The app's panel re-reads the state in the callback that sent the command: no stale "paused"."""
+    thread, answers = _pause_in_thread(trial_dir)
+    control.send_command(trial_dir, action)
+    after = control.run_state(trial_dir)
+    assert after["state"] == state and after["training_step"] == 7
+    assert after["breakpoint"] == (None if state == "running" else "bp1")
+    thread.join(5)
+    assert answers == [action]
+
+
 def test_a_pause_with_a_timeout_continues_by_itself(trial_dir: Path) -> None:
     started = time.monotonic()
     thread, answers = _pause_in_thread(trial_dir, timeout=0.3)

@@ -3,11 +3,7 @@ continues, steps or aborts it, through comgra.live.control (what the app and the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,67 +12,19 @@ import pytest
 from comgra.errors import NotPaused
 from comgra.live import control
 from comgra.store import GroupReader
-
-SCRIPT = Path(__file__).resolve().parent / "train_script.py"
-STEPS = 12
-_STARTED: list[subprocess.Popen[str]] = []
+from live_processes import finish as _finish
+from live_processes import losses as _losses
+from live_processes import paused as _paused
+from live_processes import start_training as _start
+from live_processes import stop_all
+from live_processes import wait_until as _wait
 
 
 @pytest.fixture(autouse=True)
 def _no_process_left_waiting() -> Any:
     """A failed test must not leave a training process paused forever."""
     yield
-    while _STARTED:
-        process = _STARTED.pop()
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
-
-
-def _environment() -> dict[str, str]:
-    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        environment.pop(variable, None)
-    return environment
-
-
-def _start(tmp_path: Path, *extra: str, ranks: int = 1) -> tuple[subprocess.Popen[str], Path, Path]:
-    root, out = tmp_path / "root", tmp_path / "out"
-    out.mkdir(parents=True, exist_ok=True)
-    launcher = [sys.executable] if ranks == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}"]
-    process = subprocess.Popen([*launcher, str(SCRIPT), str(root), str(out), str(STEPS), "--go", str(out / "go"), *extra],
-                               env=_environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _STARTED.append(process)
-    return process, root / "group" / "trials" / "trial", out
-
-
-def _wait(condition: Callable[[], Any], process: subprocess.Popen[str], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if process.poll() is not None and not condition():
-            _, errors = process.communicate()
-            raise AssertionError(f"training ended (rc {process.returncode}) while waiting for {what}: {errors[-3000:]}")
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _paused(trial_dir: Path) -> dict[str, Any] | None:
-    state = control.run_state(trial_dir)
-    return state if state["state"] == "paused" else None
-
-
-def _finish(process: subprocess.Popen[str]) -> None:
-    _, errors = process.communicate(timeout=120)
-    assert process.returncode == 0, errors[-3000:]
-
-
-def _losses(out: Path, rank: int = 0) -> list[float]:
-    return json.loads((out / f"losses-r{rank:03d}.json").read_text())
+    stop_all()
 
 
 @pytest.fixture(scope="module")
@@ -177,12 +125,25 @@ def test_two_torchrun_ranks_pause_and_resume_together(tmp_path: Path) -> None:
     time.sleep(0.5)
     for rank in (0, 1):
         assert (out / f"progress-r{rank:03d}.txt").read_text() == "4", f"rank {rank} did not stop"
-    # The rank where the condition held recorded step 5 in full; the other one learnt of the hit only
-    # at finish_batch, too late to record its step (see the README's limits).
-    held_on = input_max.index(max(input_max))
+    # Every rank recorded step 5 in full, also the one where the condition did not hold (it learnt of
+    # the hit when the ranks agreed at finish_batch, and replayed the step from what it had kept):
+    # the same graph as the policy's step 0, the loss it computed, and the gradients.
+    baseline_losses = {rank: _losses(baseline_out, rank) for rank in (0, 1)}
     trial = GroupReader(trial_dir.parent.parent).trial("trial")
-    assert 5 in trial.steps(rank=held_on)["training_step"].to_pylist()
-    assert 5 not in trial.steps(rank=1 - held_on)["training_step"].to_pylist()
+    for rank in (0, 1):
+        steps = {row["training_step"]: row for row in trial.steps(rank=rank).to_pylist()}
+        assert sorted(steps) == [0, 5], f"rank {rank}"
+        assert steps[5]["graph"] == steps[0]["graph"], f"rank {rank}: the paused step's graph lacks edges"
+        (loss_row,) = trial.selection(training_step=5, rank=rank, node="loss", kind="forward").to_pylist()
+        assert loss_row["mean"] == pytest.approx(baseline_losses[rank][5], rel=1e-6)
+        for node in ("x", "hidden", "loss"):
+            assert trial.selection(training_step=5, rank=rank, node=node, kind="gradients").num_rows > 0, (rank, node)
+        # loss = mean((hidden - 1)^2) over 4 values, so d loss / d hidden = (hidden - 1) / 2, value by value.
+        (hidden,) = trial.selection(training_step=5, rank=rank, node="hidden", kind="forward",
+                                    aggregation="mean").to_pylist()
+        (gradient,) = trial.selection(training_step=5, rank=rank, node="hidden", kind="gradients",
+                                      aggregation="mean").to_pylist()
+        assert gradient["mean"] == pytest.approx((hidden["mean"] - 1) / 2, rel=1e-5), f"rank {rank}"
     control.send_command(trial_dir, "continue")
     _finish(process)
     for rank in (0, 1):

@@ -19,6 +19,7 @@ import torch
 
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
+from live_training import train_step  # beside this script
 
 
 def main() -> None:
@@ -50,19 +51,7 @@ def main() -> None:
     losses, input_abs_max = [], []
     for step in range(arguments.steps):
         x = torch.randn(4, 3, generator=data)
-        recorder.start_batch(step, 4)
-        recorder.start_iteration()
-        recorder.register_tensor("x", x, is_input=True)
-        hidden = trained(x)
-        recorder.register_tensor("hidden", hidden)
-        loss = ((hidden - 1.0) ** 2).mean()
-        recorder.register_tensor("loss", loss, is_loss=True)
-        optimizer.zero_grad()
-        loss.backward()
-        recorder.record_current_gradients("gradients")
-        recorder.finish_iteration()
-        recorder.finish_batch()
-        optimizer.step()
+        loss, _ = train_step(recorder, [("hidden", trained)], optimizer, x, step, target=1.0)
         losses.append(loss.item())
         input_abs_max.append(x.abs().max().item())
         (out / f"progress-r{rank:03d}.txt").write_text(str(step))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from comgra.service import ANY_TYPE, RecordingService, neighbour, parse_aggregation, series
+from comgra.service import ANY_TYPE, RecordingService, parse_aggregation, series
 from comgra.store import GroupReader
 from comgra.store import format as fmt
 
@@ -105,26 +105,30 @@ def test_categories_of_dynamic_recordings_label_the_samples(service):
     assert ("sample:1", "Sample 1 (negative)") in view.choices.aggregations
 
 
-GRAPH = {"nodes": [
-    {"id": "a", "column": 0, "row": 0}, {"id": "b", "column": 0, "row": 1}, {"id": "c", "column": 1, "row": 0},
-    {"id": "d", "column": 1, "row": 1}, {"id": "e", "column": 3, "row": 0}],
-    "edges": [{"source": "b", "target": "d"}, {"source": "a", "target": "c"}, {"source": "d", "target": "e"}]}
+def test_a_click_in_a_kept_step_shows_what_a_fresh_read_shows(recording, monkeypatch):
+    """The hover cards keep the shown step; the node clicks that follow read no file and show the same rows."""
+    fresh, kept = RecordingService(recording), RecordingService(recording)
+    first = kept.resolve({"type_of_execution": "05_iterations", "iteration": 3})
+    step, trial = first.selection.training_step, first.selection.trial
+    kept.node_summaries(trial, step, 3, rank=0)
 
-
-@pytest.mark.parametrize("start, direction, end", [
-    ("a", "down", "b"), ("b", "down", "b"), ("b", "up", "a"), ("a", "up", "a"),
-    ("b", "right", "d"),  # a dependent, though "c" is closer in rows
-    ("d", "left", "b"), ("d", "right", "e"), ("e", "left", "d"), ("e", "right", "e"),
-    ("c", "right", "e"),  # no dependent: the nearest column to the right
-    ("a", "left", "a"),
-])
-def test_moving_along_the_graph(start, direction, end):
-    assert neighbour(GRAPH, start, direction) == end
-
-
-def test_a_move_applies_to_the_shown_node(service):
-    view = service.resolve({"node_id": "input"}, move="right")
-    assert view.selection.node_id in {"subnet_pre__out", "helper_partial_sums"}
+    def no_query(*_args, **_kwargs):
+        raise AssertionError("a click in a kept step queried the store")
+    monkeypatch.setattr(kept, "tensor_rows", no_query)
+    checked = 0
+    for iteration in (0, 3, 4):
+        wanted = {"type_of_execution": "05_iterations", "training_step": step, "iteration": iteration}
+        for node in kept.resolve(wanted).graph["nodes"]:
+            for aggregation in ("mean", "sample:2", "none"):
+                asked = {**wanted, "node_id": node["id"], "aggregation": aggregation, "kind": "gradients"}
+                expected, got = fresh.resolve(asked), kept.resolve(asked)
+                assert got.selection == expected.selection and got.notices == expected.notices
+                assert got.choices == expected.choices
+                assert repr(got.row) == repr(expected.row)  # NaN included
+                if got.row is not None:
+                    assert repr(got.row) == repr(stored_row(recording, got.selection))
+                checked += 1
+    assert checked >= 3 * 3 * 10
 
 
 def test_series_has_one_curve_per_trial_limited_to_the_type(service, recording):

@@ -8,7 +8,6 @@ features tried. The result is a ranked list of plain sentences with the numbers 
 """
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +16,7 @@ from scipy import stats as scipy_stats
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
-from comgra.analysis.loading import TrialData
+from comgra.analysis.loading import NeuronRows, TrialData
 from comgra.errors import SelectionError, did_you_mean
 from comgra.store import format as fmt
 
@@ -79,40 +78,56 @@ def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
 
 def _features(data: TrialData, samples: pd.DataFrame, observations: pd.DataFrame, excluded: set[str],
               facts: GraphFacts):
-    keys = observations[JOIN]
+    """One block per tensor; rows are placed by their position among the observations (one index
+    lookup per tensor, no join)."""
+    where = pd.MultiIndex.from_frame(observations[JOIN].astype(np.int64))
+    units = data.neurons["sample"]
+    unit_rows = {key: group.index.to_numpy() for key, group in
+                 units.keys.groupby(["node", "role"], sort=False, observed=True)}
     for (node, role), rows in samples.groupby(["node", "role"], sort=False, observed=True):
         if node in excluded or facts.role.get(node) == "output" or facts.is_loss_like(node):
             continue
-        joined = keys.merge(rows[JOIN + list(ROW_FEATURES)], on=JOIN, how="left")
         features = [Feature(node, role, pattern.format(node=node)) for pattern in ROW_FEATURES.values()]
-        columns = [joined[statistic].to_numpy(np.float64) for statistic in ROW_FEATURES]
-        units = _unit_features(data, node, role, keys)
-        if units is not None:
-            features += units.features
-            columns += list(units.values.T)
-        yield FeatureBlock(features, np.column_stack(columns))
+        values = _placed(where, rows[JOIN], rows[list(ROW_FEATURES)].to_numpy(np.float64))
+        block = _unit_features(units, unit_rows.get((node, role)), node, role, where)
+        if block is not None:
+            features += block.features
+            values = np.hstack([values, block.values])
+        yield FeatureBlock(features, values)
 
 
-def _unit_features(data: TrialData, node: str, role: str, keys: pd.DataFrame) -> FeatureBlock | None:
-    rows = data.neurons["sample"]
-    chosen = rows.keys[(rows.keys["node"] == node) & (rows.keys["role"] == role)]
-    if not len(chosen):
+def _placed(where: pd.MultiIndex, keys: pd.DataFrame, values: np.ndarray) -> np.ndarray:
+    """``values`` (one row per key) moved to the rows of the observations they belong to; NaN elsewhere."""
+    placed = np.full((len(where), values.shape[1]), np.nan)
+    position = where.get_indexer(pd.MultiIndex.from_frame(keys.astype(np.int64)))
+    found = position >= 0
+    placed[position[found]] = values[found]
+    return placed
+
+
+def _unit_features(units: NeuronRows, index: np.ndarray | None, node: str, role: str,
+                   where: pd.MultiIndex) -> FeatureBlock | None:
+    if index is None or not len(index):
         return None
-    matrix = rows.matrix(chosen.index.to_numpy())[:, :UNIT_FEATURES]
-    if matrix.shape[1] < 2:
+    stored = units.matrix(index)
+    if stored.shape[1] < 2:
         return None  # a one-unit tensor: its unit is its mean
-    frame = chosen[JOIN].reset_index(drop=True).astype({"training_step": np.int64})
-    frame[[f"u{i}" for i in range(matrix.shape[1])]] = matrix
-    joined = keys.merge(frame, on=JOIN, how="left")
-    values = joined[[f"u{i}" for i in range(matrix.shape[1])]].to_numpy(np.float64)
+    matrix = stored[:, :UNIT_FEATURES]
+    values = _placed(where, units.keys.loc[index, JOIN], matrix)
     features = [Feature(node, role, label) for unit in range(matrix.shape[1])
                 for label in (f"{node}[{unit}]", f"|{node}[{unit}]|")]
     columns = [column for unit in range(matrix.shape[1]) for column in (values[:, unit], np.abs(values[:, unit]))]
+    # The unit closest to zero, over every stored unit: a per-sample target that averages over units (a loss
+    # per sample) goes with "any unit near zero", which no single unit shows (the tutorial's partial sums).
+    with np.errstate(invalid="ignore"):
+        nearest = np.nanmin(np.abs(stored), axis=1, keepdims=True) if np.isfinite(stored).any() else stored[:, :1]
+    features.append(Feature(node, role, f"the smallest |{node}[i]|"))
+    columns.append(_placed(where, units.keys.loc[index, JOIN], nearest)[:, 0])
     return FeatureBlock(features, np.column_stack(columns))
 
 
 def _significant(observations: pd.DataFrame, blocks: list[FeatureBlock], options: ScanOptions):
-    """Spearman's rho and p of every feature against the target: one scipy call per tensor."""
+    """Spearman's rho and p of every feature against the target, all features of a tensor at once."""
     target = observations["target"].to_numpy(np.float64)
     tested = []
     for block in blocks:
@@ -123,11 +138,7 @@ def _significant(observations: pd.DataFrame, blocks: list[FeatureBlock], options
         if not varying.any():
             continue
         columns = block.values[keep][:, varying]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # ties only warn
-            result = scipy_stats.spearmanr(target[keep], columns)
-        rhos = np.atleast_2d(result.statistic)[0, 1:] if columns.shape[1] > 1 else np.array([result.statistic])
-        p_values = np.atleast_2d(result.pvalue)[0, 1:] if columns.shape[1] > 1 else np.array([result.pvalue])
+        rhos, p_values = _spearman(target[keep], columns)
         features = [f for f, v in zip(block.features, varying) if v]
         for feature, r, p_value in zip(features, rhos, p_values):
             if np.isfinite(r):
@@ -144,6 +155,23 @@ def _significant(observations: pd.DataFrame, blocks: list[FeatureBlock], options
         if key not in best or abs(rho) > abs(best[key][1]):
             best[key] = (feature, rho, p_value, float(q_value), n)
     return sorted(best.values(), key=lambda hint: -abs(hint[1]))
+
+
+def _spearman(target: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Spearman's rho of ``target`` with each column and its two-sided p-value: Pearson's r of the ranks
+    (``scipy.stats.rankdata``) and Student's t with n - 2 degrees of freedom, as ``scipy.stats.spearmanr``
+    computes them, without the column-by-column matrix it also builds (the most of its time). No
+    warnings machinery: ``warnings.catch_warnings`` is not thread-safe, and trials are scanned in threads."""
+    ranked_target = scipy_stats.rankdata(target)
+    ranked = scipy_stats.rankdata(columns, axis=0)
+    centred_target = ranked_target - ranked_target.mean()
+    centred = ranked - ranked.mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho = (centred_target @ centred) / np.sqrt((centred_target @ centred_target) * (centred * centred).sum(axis=0))
+        rho = np.clip(rho, -1.0, 1.0)
+        freedom = len(target) - 2
+        t = rho * np.sqrt(freedom / ((1.0 - rho) * (1.0 + rho)))
+    return rho, 2 * scipy_stats.t.sf(np.abs(t), freedom)
 
 
 def _hint(data: TrialData, facts: GraphFacts, target: str, feature: Feature, rho: float, p_value: float,

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from comgra.store.reader import TrialReader
 
 FORMAT_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
@@ -84,6 +87,13 @@ class Finding:
         document["selection"] = self.selection
         document["link"] = link
         return _plain(document)
+
+
+def trial_signature(trial: TrialReader) -> tuple[str, ...]:
+    """The version of a trial's data: the names of its tensors and steps chunks (chunks are immutable,
+    so a trial whose names did not change has the same findings)."""
+    return tuple(p.name for p in trial.tensor_chunks()) + tuple(
+        p.name for p in sorted((trial.directory / "steps").glob("*.parquet")))
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:

@@ -174,7 +174,8 @@ def _concat(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:
         return pd.DataFrame({name: pd.Series(dtype=object) for name in KEYS + STATS})
     table = pa.concat_tables(tables)
     # Values of a step the index does not list (a crash between the two writes) are not a step.
-    return _frame(table.filter(pc.is_in(table["training_step"], pa.array(sorted(known), pa.int64()))))
+    listed = pc.is_in(table["training_step"], pa.array(sorted(known), pa.int64()))
+    return _frame(table if pc.all(listed).as_py() is not False else table.filter(listed))
 
 
 def _concat_neurons(parts: list[_ArrowNeurons], known: set[int]) -> NeuronRows:

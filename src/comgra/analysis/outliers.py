@@ -2,12 +2,14 @@
 
 Training moves every statistic, so each series is first detrended with a running median; a step
 is an outlier when its residual has a robust z-score (median and MAD) above the threshold and lies
-outside the interquartile fences too. An IsolationForest (scikit-learn), fitted on the node's
-per-step feature vectors (all its statistics at once), then says whether the step is also unusual
-as a whole; that raises the confidence.
+outside the interquartile fences too. An IsolationForest (scikit-learn), fitted on per-step feature
+vectors (all statistics of a node at once, each node's residuals in units of its own robust spread),
+then says whether the step is also unusual as a whole; that raises the confidence. One forest per
+trial is fitted on the steps of every candidate node together: the fit's fixed cost is paid once.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +27,8 @@ WINDOW = 9
 MIN_STEPS = 12
 MIN_STEPS_PER_TYPE = 5
 FOREST_TREES = 10
+_FOREST_LOCK = threading.Lock()
+FOREST_SAMPLES = 256  # steps per tree, drawn from the pooled steps of the candidate nodes
 MAX_FINDINGS = 8  # per trial, the strongest
 MAX_LISTED_STEPS = 20
 
@@ -47,7 +51,9 @@ def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
             candidates.append(candidate)
     # The forest costs the most: it confirms only the strongest candidates of a trial.
     candidates.sort(key=lambda c: -c.largest)
-    return [_finding(data, facts, options, c) for c in candidates[:MAX_FINDINGS]]
+    strongest = candidates[:MAX_FINDINGS]
+    agreements = _forest_agreement(strongest)
+    return [_finding(data, facts, options, c, agree) for c, agree in zip(strongest, agreements)]
 
 
 @dataclass
@@ -80,14 +86,35 @@ def _candidate(options: ScanOptions, kind: str, node: str, role: str, series: pd
     return _Candidate(kind, node, role, steps[usable], residuals[usable], flagged, zscores)
 
 
-def _finding(data: TrialData, facts: GraphFacts, options: ScanOptions, candidate: _Candidate) -> Finding:
+def _forest_agreement(candidates: list[_Candidate]) -> list[np.ndarray]:
+    """Per candidate, whether the IsolationForest also isolates each of its flagged steps early.
+
+    The steps of all candidates are pooled (each node's residuals scaled by its own robust spread,
+    so that a noisy node does not look unusual next to a quiet one) and one forest is fitted."""
+    if not candidates:
+        return []
     from sklearn.ensemble import IsolationForest  # a second of import time, paid only when a step stands out
 
-    flagged, zscores = candidate.flagged, candidate.zscores
-    forest = IsolationForest(n_estimators=FOREST_TREES, max_samples=min(64, len(candidate.residuals)),
+    scaled = [_robustly_scaled(c.residuals) for c in candidates]
+    pooled = np.vstack(scaled)
+    forest = IsolationForest(n_estimators=FOREST_TREES, max_samples=min(FOREST_SAMPLES, len(pooled)),
                              random_state=0)
-    forest.fit(candidate.residuals)
-    agree = forest.predict(candidate.residuals[flagged]) == -1
+    # One forest at a time: scikit-learn's joblib wrapper resets the process-wide warning filters while a
+    # task runs, and a second thread's forest would read them empty ("should be used with Parallel").
+    with _FOREST_LOCK:
+        forest.fit(pooled)
+        return [forest.predict(rows[c.flagged]) == -1 for c, rows in zip(candidates, scaled)]
+
+
+def _robustly_scaled(residuals: np.ndarray) -> np.ndarray:
+    median = np.median(residuals, axis=0)
+    mad = np.median(np.abs(residuals - median), axis=0)
+    return (residuals - median) / np.where(mad > 0, mad / 0.6745, 1.0)
+
+
+def _finding(data: TrialData, facts: GraphFacts, options: ScanOptions, candidate: _Candidate,
+             agree: np.ndarray) -> Finding:
+    flagged, zscores = candidate.flagged, candidate.zscores
     statistic = FEATURES[int(np.argmax(np.abs(zscores[flagged]).max(axis=0)))]
     outlier_steps = candidate.steps[flagged]
     largest = candidate.largest

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from comgra.analysis import cooccurrence, correlation, graphs, nonfinite, outliers, parameters, trends, units
-from comgra.analysis.findings import Finding, ScanOptions, rank_findings
+from comgra.analysis.findings import Finding, ScanOptions, rank_findings, trial_signature
 from comgra.analysis.loading import ChunkCache, TrialData
 from comgra.errors import SelectionError, did_you_mean
 from comgra.store.reader import GroupReader
@@ -91,8 +91,7 @@ class Scanner:
     def _scan_trial(self, group: GroupReader, trial_id: str, options: ScanOptions,
                     progress: Callable[[str, int, int], None] | None) -> tuple[list[Finding], list[str]]:
         trial = group.trial(trial_id)
-        chunks = tuple(p.name for p in trial.tensor_chunks()) + tuple(
-            p.name for p in sorted((trial.directory / "steps").glob("*.parquet")))
+        chunks = trial_signature(trial)
         key = (str(group.path), trial_id, options)
         with self._lock:
             cached = self._found.get(key)

@@ -23,7 +23,8 @@ def gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[
     """Nodes whose gradient is orders of magnitude below or above the largest one of their step."""
     stats = data.stats
     rows = stats[(stats["kind"] != fmt.FORWARD) & stats["aggregation"].isin(["abs_max", "none"])]
-    rows = rows[[not facts.is_loss_like(n, t) for n, t in zip(rows["node"], rows["tensor_type"])]]
+    loss_nodes = [n for n in rows["node"].unique() if facts.is_loss_like(n)]  # asked once per node, not per row
+    rows = rows[~(rows["node"].isin(loss_nodes) | (rows["tensor_type"] == "loss"))]
     rows = rows[np.isfinite(rows["abs_mean"]) & (rows["abs_mean"] > 0)]
     if not len(rows):
         return []

@@ -87,44 +87,64 @@ def saturated(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[
 
 
 def one_sided(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
-    """Tensors whose negative side is orders of magnitude smaller than the positive side, or the reverse."""
+    """Tensors whose negative side is orders of magnitude smaller than the positive side, or the reverse.
+
+    Judged step by step, not over the whole run: a network can learn to push values through a wrongly placed
+    activation with ever larger inputs (the tutorial's leaky ReLU reaches -32 late in training), so the
+    extremes of the whole run hide a stretch of training that was one-sided.
+    """
     stats = data.stats
     rows = stats[(stats["kind"] == fmt.FORWARD) & stats["aggregation"].isin(["sample", "none"])]
     rows = rows[~rows["tensor_type"].isin((*NOT_LEARNED, "parameter"))]
     rows = rows[np.isfinite(rows["min"]) & np.isfinite(rows["max"])]
     if not len(rows):
         return []
-    sides = rows.groupby(["node", "role"], sort=False).agg(
-        low=("min", "min"), high=("max", "max"), count=("min", "size"), first=("training_step", "min"))
-    findings = []
+    per_step = rows.groupby(["node", "role", "training_step"], sort=True).agg(
+        low=("min", "min"), high=("max", "max"), samples=("min", "size")).reset_index()
+    negative = np.maximum(0.0, -per_step["low"].to_numpy(dtype=float))
+    positive = np.maximum(0.0, per_step["high"].to_numpy(dtype=float))
+    large, small = np.maximum(negative, positive), np.minimum(negative, positive)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_step["ratio"] = np.where(large > 0, small / large, np.nan)
+    per_step["negative_small"] = negative < positive
     limit = options.scaled(options.one_sided_ratio)
-    for (node, role), side in sides.iterrows():
+    findings = []
+    for (node, role), steps in per_step.groupby(["node", "role"], sort=False):
         if facts.is_loss_like(node) or facts.role.get(node) in ("output", "input", "target"):
             continue
-        negative, positive = max(0.0, -float(side["low"])), max(0.0, float(side["high"]))
-        large, small = max(negative, positive), min(negative, positive)
-        if large == 0 or small / large >= limit or side["count"] < options.min_steps:
+        sided = steps[steps["ratio"] < limit]
+        if len(sided) < options.min_steps:
             continue
-        ratio = small / large
-        small_side = "negative" if negative < positive else "positive"
+        # The side that is small on most of the one-sided steps, and the steps where it is.
+        negative_small = bool(sided["negative_small"].mean() >= 0.5)
+        sided = sided[sided["negative_small"] == negative_small]
+        if len(sided) < options.min_steps:
+            continue
+        ratio = float(sided["ratio"].median())
+        low, high = float(sided["low"].min()), float(sided["high"].max())
+        first, last = int(sided["training_step"].iloc[0]), int(sided["training_step"].iloc[-1])
+        share = len(sided) / len(steps)
+        small_side, large_side = ("negative", "positive") if negative_small else ("positive", "negative")
         into_output = facts.feeds_output(node)
-        leaky = ratio > 0
-        shape = "a leaky-ReLU-like activation" if leaky else "a ReLU-like activation"
-        message = (f"{node} ({role}) is one-sided: its {small_side} values reach at most {ratio:.2g} of its "
-                   f"{'positive' if small_side == 'negative' else 'negative'} ones (min {float(side['low']):.3g}, "
-                   f"max {float(side['high']):.3g} over {int(side['count'])} recorded samples), the signature of "
-                   f"{shape}.")
+        shape = "a leaky-ReLU-like activation" if ratio > 0 else "a ReLU-like activation"
+        when = "on every recorded step" if len(sided) == len(steps) else \
+            f"on {len(sided)} of {len(steps)} recorded steps (training steps {first} to {last})"
+        message = (f"{node} ({role}) is one-sided {when}: its {small_side} values reach a median {ratio:.2g} of its "
+                   f"{large_side} ones (min {low:.3g}, max {high:.3g} on those steps), the signature of {shape}.")
         if into_output:
             message += " It feeds the output without a learned layer in between: is an activation applied where " \
                        "none should be?"
+        strength = (1.0 - ratio / limit) * (0.5 + 0.5 * share)
         findings.append(Finding(
             detector="one_sided", severity="warning" if into_output else "info",
-            score=1.0 - ratio / limit if into_output else 0.5 * (1.0 - ratio / limit), trial=data.trial,
-            node=node, role=role, kind=fmt.FORWARD, training_step=int(side["first"]),
-            steps=[], iteration=_iteration_of(data, node, fmt.FORWARD, int(side["first"])), message=message,
-            evidence={"negative_extent": negative, "positive_extent": positive, "ratio": ratio,
-                      "samples": int(side["count"]), "feeds_output": into_output},
-            aggregation="mean", statistic="min" if small_side == "negative" else "max",
+            score=strength if into_output else 0.5 * strength, trial=data.trial,
+            node=node, role=role, kind=fmt.FORWARD, training_step=first,
+            steps=[int(step) for step in sided["training_step"].iloc[:20]],
+            iteration=_iteration_of(data, node, fmt.FORWARD, first), message=message,
+            evidence={"negative_extent": max(0.0, -low), "positive_extent": max(0.0, high), "ratio": ratio,
+                      "one_sided_steps": len(sided), "recorded_steps": len(steps),
+                      "samples": int(sided["samples"].sum()), "feeds_output": into_output},
+            aggregation="mean", statistic="min" if negative_small else "max",
             column=facts.column.get(node, 0)))
     return findings
 

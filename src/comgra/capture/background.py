@@ -5,9 +5,10 @@ passes over every parameter value, plus the spectral norms: tens of milliseconds
 nanoGPT. They are handed to one worker thread, which runs them on a core that the training leaves
 idle (torch kernels release the GIL), and the step waits for them only where the values could
 change: before any optimizer's ``step()`` (a global step pre-hook), at the end of the backward pass (a
-manual update needs the gradients), and at the next recorder call that needs them. (The gradients
-are summarised synchronously: a second backward pass accumulates into ``.grad`` in place, and no hook
-runs before it that could wait.)
+manual update needs the gradients), and at the next recorder call that needs them. (The parameters'
+gradients are summarised synchronously at ``record_current_gradients``: the user holds them, and a
+second backward pass, ``clip_grad_norm_`` or a ``.data`` edit changes them in place with no hook that
+could wait.)
 
 Each job remembers the version counters of its tensors. If one changed before the job was waited for
 (an in-place op the hooks cannot see), the job is computed again on the caller's thread, so the
@@ -90,46 +91,3 @@ def wait_at_end_of_backward(job: Job) -> None:
         torch.autograd.Variable._execution_engine.queue_callback(job.wait)  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError):  # not inside a backward pass, or a torch without it
         job.wait()
-
-
-class GradientPrefetch:
-    """The statistics of one parameter's gradient, started on the worker the moment the backward pass
-    has accumulated it (``register_post_accumulate_grad_hook``): they overlap the rest of the backward
-    pass and the optimizer step instead of waiting for ``record_current_gradients``.
-
-    The gradient must be the same at ``record_current_gradients`` as when the worker read it; nothing
-    guarantees that (``clip_grad_norm_``, ``p.grad.data.clamp_(-1, 1)``, a second backward pass), and
-    ``.data`` edits do not move the version counter. So the worker takes a checksum of the raw bits
-    before and after its pass, and the result is used only if the gradient at the call has the same
-    checksum (one integer sum, a fifth of the work of the statistics); otherwise the caller computes it
-    anew, from the values at the call."""
-
-    def __init__(self, compute: Callable[[Any], Any], item: tuple[Any, torch.Tensor]) -> None:
-        self.gradient = item[1]
-        self._future = _executor().submit(self._run, compute, item)
-
-    @staticmethod
-    def _run(compute: Callable[[Any], Any], item: tuple[Any, torch.Tensor]) -> tuple[Any, int | None]:
-        before = checksum(item[1])
-        result = compute([item])
-        return result, (before if checksum(item[1]) == before else None)
-
-    def result_if_unchanged(self, gradient: torch.Tensor) -> Any | None:
-        """What the worker computed, or None where ``gradient`` is not exactly what it read."""
-        if gradient is not self.gradient:
-            return None
-        concurrent.futures.wait([self._future])
-        if self._future.exception() is not None:
-            return None  # computed again on the caller's thread, where an error is reported as usual
-        result, before = self._future.result()
-        return result if before is not None and checksum(gradient) == before else None
-
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def checksum(tensor: torch.Tensor) -> int:
-    """The sum of the raw bits as integers, wrapping around in their own width: exact, so independent
-    of the order of summation (widening to int64 first is 70x slower: not vectorised)."""
-    bits = _BITS[tensor.element_size()]
-    return int(tensor.detach().view(bits).sum(dtype=bits))

@@ -10,13 +10,14 @@ from typing import Any
 import torch
 
 from comgra.capture.profiling import ProfileOptions, Profiler
-from comgra.capture.resources import ResourceSampler
+from comgra.capture.resources import DEFAULT_KEPT_SAMPLES, ResourceSampler
 
 RESOURCES_DOCUMENT = "resources-r{rank:03d}.json"
 
 
 class Instruments:
-    def __init__(self, session: Any, *, profile: ProfileOptions, resource_seconds: float | None, rank: int = 0):
+    def __init__(self, session: Any, *, profile: ProfileOptions, resource_seconds: float | None, rank: int = 0,
+                 resource_samples: int = DEFAULT_KEPT_SAMPLES):
         self.session = session  # comgra.capture.session.Session, or None when recording is off
         self.profile_options = profile
         self.profiler: Profiler | None = None
@@ -25,7 +26,7 @@ class Instruments:
         self.rank = rank
         if session is not None and not session.broken and resource_seconds is not None:
             self.sampler = ResourceSampler(resource_seconds, self._put_resources, step=lambda: self.training_step,
-                                           on_status=self._put_status)
+                                           on_status=self._put_status, keep=resource_samples)
             self.sampler.start()
 
     def profile(self, module_name: str, module: torch.nn.Module) -> None:

@@ -2,28 +2,35 @@
 
 Every submodule is measured under its dotted name (``net.b1.attn``) on every training step (or every
 ``every``-th, see ``ProfileOptions``):
-forward and backward time, the bytes of its outputs (and, on CUDA, allocated memory), and it
-appears as a ``torch.profiler.record_function`` range named after it, so that a user's own
-torch.profiler trace shows the modules. On the steps the recorder records, the statistics of
-each module's output and the norm of its parameters' gradients are added; on the steps asked
-for, its forward FLOPs (``torch.utils.flop_counter.FlopCounterMode``). Rows go to the
+forward and backward time, the bytes of its outputs (and, on CUDA, allocated memory), and, while a
+torch profiler runs, it appears as a ``torch.profiler.record_function`` range named after it, so that
+a user's own torch.profiler trace shows the modules. On the steps the recorder records, the
+statistics of each module's output and the norm of its parameters' gradients are added; on the steps
+asked for, its forward FLOPs (``torch.utils.flop_counter.FlopCounterMode``). Rows go to the
 ``layers`` table; the last ``history`` executions of each layer stay in memory (``history()``).
 
-Clocks: ``time.perf_counter`` on CPU. On a GPU a module's time is the time between two CUDA
-events recorded in its hooks, read once per step at ``finish_step`` (one synchronisation per
-step, none per module), because host time measures only the launch of asynchronous kernels.
+Cost: a hook does only what must happen at that moment (read the clock, note the output's size,
+put a marker on the output's autograd node) into a plain list; pairing the marks, the backward
+ends, wall-clock times and rows are worked out once per step, and the Arrow table once per flush.
+
+Clocks: ``time.perf_counter`` on CPU. On a GPU a mark is a CUDA event recorded in the hook; a step's
+events are read once the last of them has completed (``Event.query``, which never blocks), so the
+profiler makes no host synchronisation, neither per module nor per step; statistics come to the
+host by non-blocking copies. Only ``take(force=True)`` at the end of a run waits for the last step.
 
 Backward time is the span from the moment the gradient reaches a module's outputs to the last
 gradient of its parameters or inputs. It needs no ``register_full_backward_hook`` (which breaks
-training code that modifies a module's output in place, e.g. ``x += ...``); an input shared
-with other modules is complete only when all of them are done, which can lengthen that span.
+training code that modifies a module's output in place, e.g. ``x += ...``, and puts two extra
+autograd nodes around every module); an input shared with other modules is complete only when all
+of them are done, which can lengthen that span.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +42,10 @@ from comgra.store import format as fmt
 
 DEFAULT_HISTORY = 100
 _profiler_enabled = torch._C._autograd._profiler_enabled  # True while a torch.profiler (or autograd profiler) runs
+_FIELDS = tuple(fmt.LAYERS_SCHEMA.names)
+
+# One execution of one module is a list (the cheapest mutable record to make in a hook), indexed by:
+_LAYER, _FORWARD_START, _FORWARD_END, _BYTES, _BACKWARD_START, _BACKWARD_END, _EXTRA = range(7)
 
 
 @dataclass(frozen=True)
@@ -58,21 +69,13 @@ class ProfileOptions:
                               "or an int >= 1 (every n-th step).")
 
 
-class Execution:
-    """One execution of one module in one step (a module called twice has two). Marks are floats
-    (perf_counter) or torch.cuda.Event; a plain class with slots, as it is made on every module call."""
+class _Extra:
+    """What only some steps measure (CUDA memory, FLOPs, statistics) or a running torch profiler needs."""
 
-    __slots__ = ("call", "forward_start", "forward_end", "backward_start", "backward_end", "output_bytes",
-                 "cuda_before", "cuda_allocated_delta", "cuda_peak", "flops_before", "forward_flops",
+    __slots__ = ("cuda_before", "cuda_allocated_delta", "cuda_peak", "flops_before", "forward_flops",
                  "statistics", "scope")
 
-    def __init__(self, call: int):
-        self.call = call
-        self.forward_start: Any = None
-        self.forward_end: Any = None
-        self.backward_start: Any = None
-        self.backward_end: Any = None
-        self.output_bytes = 0
+    def __init__(self) -> None:
         self.cuda_before: int | None = None
         self.cuda_allocated_delta: int | None = None
         self.cuda_peak: int | None = None
@@ -83,40 +86,66 @@ class Execution:
 
 
 class _Layer:
-    __slots__ = ("name", "module", "parameters", "open", "calls", "history", "needs_input_marks")
+    __slots__ = ("name", "module", "parameter_indices", "open", "history", "needs_input_marks")
 
-    def __init__(self, name: str, module: torch.nn.Module, history: int):
+    def __init__(self, name: str, module: torch.nn.Module, history: int, parameter_indices: list[int]):
         self.name = name
         self.module = module
-        self.parameters = [p for p in module.parameters() if p.requires_grad]
+        self.parameter_indices = parameter_indices  # of every trainable parameter in its subtree
         # The end of a module's backward is its parameters' last gradient; only a module without any
-        # needs the gradients of its inputs for it (tensor hooks on every input cost more).
-        self.needs_input_marks = not self.parameters
-        self.open: list[Execution] = []  # forward calls in progress (recursion-safe)
-        self.calls: list[Execution] = []  # this step's executions
-        self.history: deque[dict[str, Any]] = deque(maxlen=history)
+        # needs the gradients of its inputs for it (markers on every input cost more).
+        self.needs_input_marks = not parameter_indices
+        self.open: list[list[Any]] = []  # forward calls in progress (recursion-safe)
+        self.history: deque[tuple[Any, ...]] = deque(maxlen=history)
+
+
+class _StepCapture:
+    """The raw marks of one profiled step, until they can be read (at once on CPU; on CUDA once its
+    last event has completed)."""
+
+    __slots__ = ("step", "records", "parameter_marks", "start", "host_start", "statistics", "grad_norms", "ready")
+
+    def __init__(self, step: int, records: list[list[Any]], parameter_marks: list[tuple[int, Any]],
+                 start: Any, host_start: float):
+        self.step, self.records, self.parameter_marks = step, records, parameter_marks
+        self.start, self.host_start = start, host_start
+        self.statistics: list[tuple[list[list[Any]], torch.Tensor]] = []  # (records, host values) per device
+        self.grad_norms: list[tuple[list[int], torch.Tensor]] = []  # (parameter indices, host norms) per device
+        self.ready: Any = None  # CUDA: an event recorded after everything of the step
 
 
 class Profiler:
-    """Hooks on the profiled modules while a recorder is alive; ``close()`` removes every one."""
+    """Hooks on the profiled modules while a recorder is alive; ``close()`` removes every one.
 
-    def __init__(self, options: ProfileOptions = ProfileOptions()):
+    ``cuda``: use CUDA events as the clock (None: where a profiled module has a CUDA parameter)."""
+
+    def __init__(self, options: ProfileOptions = ProfileOptions(), *, cuda: bool | None = None):
         self.options = options
         self._layers: list[_Layer] = []
         self._by_module: dict[int, _Layer] = {}
+        self._parameter_index: dict[int, int] = {}
         self._handles: list[Any] = []
+        self._forced_cuda = cuda
+        self._cuda = bool(cuda)
+        self._clock: Callable[[], Any] = _cuda_event if self._cuda else time.perf_counter
         self._step: int | None = None
         self._steps_seen = 0
         self._detail = False
+        self._extras = False  # detail, FLOPs or CUDA memory: the hooks take the slower path
+        self._records: list[list[Any]] | None = None  # None: this step is not profiled, the hooks return at once
+        self._parameter_marks: list[tuple[int, Any]] | None = None
+        self._grad_norms: dict[int, torch.Tensor] = {}
         self._flops: FlopCounterMode | None = None
-        self._cuda = False
+        self._flops_counted = False
         self._step_start: Any = None
         self._step_host = 0.0
         self._epoch = (time.time(), time.perf_counter())  # maps perf_counter onto the wall clock
-        self._rows: list[dict[str, Any]] = []
+        self._pending: deque[_StepCapture] = deque()
+        self._rows: list[tuple[Any, ...]] = []
         self._rows_since = 0.0
-        self._grad_norms: dict[int, torch.Tensor] = {}
-        self._flops_counted = False
+        self._last_node: Any = None  # the autograd node of the last prehook registered, and its records
+        self._last_node_records: list[list[Any]] = []
+        self.error: BaseException | None = None  # a fault inside a hook: profiling stops, training goes on
 
     # -- setup ------------------------------------------------------------------------------
     def add(self, root_name: str, module: torch.nn.Module) -> None:
@@ -124,37 +153,31 @@ class Profiler:
         for dotted, submodule in module.named_modules():
             if id(submodule) in self._by_module:
                 continue  # a module reached twice is profiled once, under its first name
-            layer = _Layer(f"{root_name}.{dotted}" if dotted else root_name, submodule, self.options.history)
+            indices = [self._watch_parameter(p) for p in submodule.parameters() if p.requires_grad]
+            layer = _Layer(f"{root_name}.{dotted}" if dotted else root_name, submodule, self.options.history, indices)
             self._layers.append(layer)
             self._by_module[id(submodule)] = layer
-            self._handles.append(submodule.register_forward_pre_hook(self._before_forward))
-            self._handles.append(submodule.register_forward_hook(self._after_forward))
-            self._cuda = self._cuda or any(p.is_cuda for p in submodule.parameters(recurse=False))
-        for layer in self._layers:
-            for parameter in layer.module.parameters(recurse=False):
-                if parameter.requires_grad and not getattr(parameter, "_comgra_profiled", False):
-                    parameter._comgra_profiled = True  # type: ignore[attr-defined]
-                    self._handles.append(parameter.register_post_accumulate_grad_hook(self._parameter_done))
-        self._owners = self._parameter_owners()
+            before, after = self._hooks(layer)
+            self._handles.append(submodule.register_forward_pre_hook(before))
+            self._handles.append(submodule.register_forward_hook(after))
+            if self._forced_cuda is None and any(p.is_cuda for p in submodule.parameters(recurse=False)):
+                self._cuda, self._clock = True, _cuda_event
 
-    def _parameter_owners(self) -> dict[int, list[_Layer]]:
-        """Every layer whose subtree holds a parameter: its gradient ends their backward."""
-        owners: dict[int, list[_Layer]] = {}
-        for layer in self._layers:
-            for parameter in layer.parameters:
-                owners.setdefault(id(parameter), []).append(layer)
-        return owners
+    def _watch_parameter(self, parameter: torch.Tensor) -> int:
+        """The parameter's index; the first time, a hook that notes when its gradient is complete."""
+        index = self._parameter_index.get(id(parameter))
+        if index is None:
+            index = self._parameter_index[id(parameter)] = len(self._parameter_index)
+            self._handles.append(parameter.register_post_accumulate_grad_hook(partial(self._parameter_done, index)))
+        return index
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        for layer in self._layers:
-            for parameter in layer.module.parameters(recurse=False):
-                if getattr(parameter, "_comgra_profiled", False):
-                    del parameter._comgra_profiled  # type: ignore[attr-defined]
+        self._records = self._parameter_marks = None
         self._end_flops()
-        self._layers, self._by_module = [], {}
+        self._layers, self._by_module, self._parameter_index = [], {}, {}
 
     @property
     def layer_names(self) -> list[str]:
@@ -164,7 +187,7 @@ class Profiler:
         """The last ``options.history`` executions of a layer, oldest first (the rows of the layers table)."""
         for layer in self._layers:
             if layer.name == name:
-                return list(layer.history)
+                return [dict(zip(_FIELDS, row)) for row in layer.history]
         raise ConfigError(f"No profiled layer {name!r}; profiled: {self.layer_names[:12]}")
 
     # -- one training step --------------------------------------------------------------------
@@ -174,198 +197,266 @@ class Profiler:
         Every ``options.every``-th step is profiled, and every step the recorder records; on the others
         the hooks return at once."""
         self._steps_seen += 1
-        if not detail and (self._steps_seen - 1) % self.options.every:
+        self._records = self._parameter_marks = None
+        if self.error is not None or (not detail and (self._steps_seen - 1) % self.options.every):
             return
         self._step, self._detail = training_step, detail
         self._grad_norms = {}
-        for layer in self._layers:
-            layer.calls, layer.open = [], []
         every, seen = self.options.flops_every, self._steps_seen - 1
         if (every is None and not self._flops_counted) or (every and seen % every == 0):
             self._flops_counted = True
             self._flops = FlopCounterMode(display=False)
             self._flops.__enter__()
+        self._extras = detail or self._cuda or self._flops is not None
         self._step_host = time.perf_counter()
-        self._step_start = self._mark()
+        self._step_start = self._clock()
+        self._records, self._parameter_marks = [], []
+        self._last_node, self._last_node_records = None, []
 
     def finish_step(self) -> None:
-        """Close the step; its rows wait for ``take``."""
-        if self._step is None:
-            return
+        """Close the step: its marks wait until they can be read, its rows then wait for ``take``."""
+        records, marks = self._records, self._parameter_marks
+        self._records = self._parameter_marks = None
+        self._last_node, self._last_node_records = None, []  # nothing keeps the step's graph alive
         self._end_flops()
-        if self._cuda:
-            torch.cuda.synchronize()  # once per step: every event of the step can be read now
-        norms = self._gradient_norms() if self._detail else {}
-        statistics = self._statistics() if self._detail else {}
-        rows = []
         for layer in self._layers:
-            for execution in layer.calls:
-                row = self._row(layer, execution, norms.get(layer.name), statistics.get(id(execution)))
-                layer.history.append(row)
-                rows.append(row)
-            layer.calls, layer.open = [], []  # nothing of this step outlives it
-        if rows:
-            if not self._rows:
-                self._rows_since = time.monotonic()
-            self._rows.extend(rows)
+            if layer.open:
+                layer.open = []  # a forward that raised; nothing of this step outlives it
+        if self.error is not None:
+            raise self.error  # the recorder reports it once and switches profiling off
+        if records is None or self._step is None:
+            return
+        capture = _StepCapture(self._step, records, marks or [], self._step_start, self._step_host)
+        if self._detail:
+            capture.statistics = _to_host([(r, r[_EXTRA].statistics) for r in records
+                                           if r[_EXTRA] is not None and r[_EXTRA].statistics is not None])
+            capture.grad_norms = _to_host(list(self._grad_norms.items()))
+            self._grad_norms = {}
+        if self._cuda:
+            capture.ready = _cuda_event()  # after every mark and copy of the step on this stream
+        self._pending.append(capture)
         self._step = None
+        self._convert_ready(force=False)
 
     def take(self, *, force: bool, max_age: float = 2.0, max_rows: int = 4096) -> pa.Table | None:
         """The pending rows as one table, when there are many or they are ``max_age`` seconds old (or
         ``force``): one Arrow conversion per flush, not one per step."""
+        if force:
+            self._convert_ready(force=True)
         if not self._rows or not (force or len(self._rows) >= max_rows
                                   or time.monotonic() - self._rows_since >= max_age):
             return None
         rows, self._rows = self._rows, []
-        return pa.Table.from_pylist(rows, schema=fmt.LAYERS_SCHEMA)
+        columns = zip(*rows)
+        return pa.Table.from_arrays([pa.array(column, type=field.type) for column, field
+                                     in zip(columns, fmt.LAYERS_SCHEMA)], schema=fmt.LAYERS_SCHEMA)
 
     def _end_flops(self) -> None:
         if self._flops is not None:
             mode, self._flops = self._flops, None
             mode.__exit__(None, None, None)
 
-    # -- hooks --------------------------------------------------------------------------------
-    def _before_forward(self, module: torch.nn.Module, inputs: Any) -> None:
-        layer = self._by_module.get(id(module))
-        if layer is None or self._step is None:
-            return
-        execution = Execution(len(layer.calls))
-        layer.calls.append(execution)
-        layer.open.append(execution)
-        if _profiler_enabled():  # a user's torch.profiler runs: name the range after the module
-            execution.scope = torch.profiler.record_function(layer.name)
-            execution.scope.__enter__()
-        if self._cuda:
-            execution.cuda_before = torch.cuda.memory_allocated()
-        if self._flops is not None:
-            execution.flops_before = self._flops.get_total_flops()
-        if layer.needs_input_marks:
-            for tensor in _tensors(inputs):
-                node = tensor.grad_fn
-                if node is not None:  # runs once the input's gradient is complete
-                    node.register_prehook(_Marker(self, execution, False))
-        execution.forward_start = self._mark()
+    # -- hooks: only what must happen at that moment -------------------------------------------
+    def _hooks(self, layer: _Layer) -> tuple[Callable[..., None], Callable[..., None]]:
+        profiler = self
 
-    def _after_forward(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
-        layer = self._by_module.get(id(module))
-        if layer is None or not layer.open:
+        def before_forward(module: torch.nn.Module, inputs: Any) -> None:
+            records = profiler._records
+            if records is None:
+                return
+            try:
+                record: list[Any] = [layer, None, None, 0, None, None, None]
+                records.append(record)
+                layer.open.append(record)
+                if profiler._extras or _profiler_enabled():
+                    profiler._begin_extras(layer, record)
+                if layer.needs_input_marks:
+                    _mark_inputs(record, inputs, profiler._clock)
+                record[_FORWARD_START] = profiler._clock()
+            except Exception as error:  # noqa: BLE001 - a fault of ours never breaks the user's forward
+                profiler._fail(error)
+
+        def after_forward(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            if not layer.open or profiler._records is None:
+                return
+            try:
+                end = profiler._clock()
+                record = layer.open.pop()
+                record[_FORWARD_END] = end
+                if isinstance(output, torch.Tensor):
+                    record[_BYTES], node, outputs = output.nbytes, output.grad_fn, None
+                else:
+                    outputs = list(_tensors(output))
+                    record[_BYTES] = sum(t.nbytes for t in outputs)
+                    node = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
+                if node is not None:
+                    profiler._mark_backward_start(node, record)
+                if record[_EXTRA] is not None:
+                    profiler._end_extras(record, [output] if outputs is None else outputs)
+            except Exception as error:  # noqa: BLE001
+                profiler._fail(error)
+
+        return before_forward, after_forward
+
+    def _mark_backward_start(self, node: Any, record: list[Any]) -> None:
+        """One output suffices: the gradient reaches a module's outputs together. A prehook on the node that
+        made it runs when that gradient arrives (cheaper than Tensor.register_hook; it never changes the
+        gradient). Registering it is most of a module call's cost, so a parent that returns its last child's
+        output (the same node) joins the child's prehook instead of registering its own."""
+        if node is self._last_node:
+            self._last_node_records.append(record)
             return
-        execution = layer.open.pop()
-        execution.forward_end = self._mark()
-        if execution.scope is not None:
-            execution.scope.__exit__(None, None, None)
-            execution.scope = None
-        outputs = [output] if isinstance(output, torch.Tensor) else list(_tensors(output))
-        execution.output_bytes = sum(t.numel() * t.element_size() for t in outputs)
+        records = [record]
+        node.register_prehook(partial(_backward_reached, records, self._clock))
+        self._last_node, self._last_node_records = node, records
+
+    def _parameter_done(self, index: int, parameter: torch.Tensor) -> None:
+        marks = self._parameter_marks
+        if marks is None:
+            return
+        try:
+            marks.append((index, self._clock()))
+            if self._detail and parameter.grad is not None:
+                # Now, not at finish_batch: by then an optimizer may have zeroed the gradient. A tensor, no sync.
+                self._grad_norms[index] = torch.linalg.vector_norm(parameter.grad.detach().float())
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+
+    def _begin_extras(self, layer: _Layer, record: list[Any]) -> None:
+        extra = record[_EXTRA] = _Extra()
+        if _profiler_enabled():  # a user's torch.profiler runs: name the range after the module
+            extra.scope = torch.profiler.record_function(layer.name)
+            extra.scope.__enter__()
         if self._cuda:
-            execution.cuda_allocated_delta = torch.cuda.memory_allocated() - (execution.cuda_before or 0)
-            execution.cuda_peak = torch.cuda.max_memory_allocated()
-        if self._flops is not None and execution.flops_before is not None:
-            execution.forward_flops = self._flops.get_total_flops() - execution.flops_before
-        # One output suffices: the gradient reaches a module's outputs together. A prehook on the node that
-        # made it runs when that gradient arrives (cheaper than Tensor.register_hook, and never changes it).
-        node = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
-        if node is not None:
-            node.register_prehook(_Marker(self, execution, True))
+            extra.cuda_before = torch.cuda.memory_allocated()  # the caching allocator's counter: no sync
+        if self._flops is not None:
+            extra.flops_before = self._flops.get_total_flops()
+
+    def _end_extras(self, record: list[Any], outputs: list[torch.Tensor]) -> None:
+        extra = record[_EXTRA]
+        if extra.scope is not None:
+            extra.scope.__exit__(None, None, None)
+            extra.scope = None
+        if extra.cuda_before is not None:
+            extra.cuda_allocated_delta = torch.cuda.memory_allocated() - extra.cuda_before
+            extra.cuda_peak = torch.cuda.max_memory_allocated()
+        if self._flops is not None and extra.flops_before is not None:
+            extra.forward_flops = self._flops.get_total_flops() - extra.flops_before
         if self._detail:
             first = next((t for t in outputs if t.is_floating_point() and t.numel()), None)
             if first is not None:
-                execution.statistics = _statistics_of(first.detach())
+                extra.statistics = _statistics_of(first.detach())
 
-    def _parameter_done(self, parameter: torch.Tensor) -> None:
-        if self._step is None:
-            return
-        moment = self._mark()
-        if self._detail and parameter.grad is not None:
-            # Now, not at finish_batch: by then an optimizer may have zeroed the gradient. A tensor, no sync.
-            self._grad_norms[id(parameter)] = torch.linalg.vector_norm(parameter.grad.detach().float())
-        for layer in self._owners.get(id(parameter), ()):
-            for execution in layer.calls:
-                if execution.backward_start is not None:
-                    execution.backward_end = moment
+    def _fail(self, error: BaseException) -> None:
+        self.error = error
+        self._records = self._parameter_marks = None
 
-    def _mark(self) -> Any:
-        if self._cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
+    # -- turning marks into rows, once per step ----------------------------------------------------
+    def _convert_ready(self, *, force: bool) -> None:
+        if force and self._pending and self._pending[-1].ready is not None:
+            self._pending[-1].ready.synchronize()  # the end of the run; the last step's event comes after all others
+        while self._pending:
+            capture = self._pending[0]
+            if not force and capture.ready is not None and not capture.ready.query():
+                return  # the GPU is still busy with that step: read it later, never wait for it
+            self._pending.popleft()
+            rows = self._rows_of(capture)
+            if rows and not self._rows:
+                self._rows_since = time.monotonic()
+            self._rows.extend(rows)
 
-    # -- turning marks into rows ----------------------------------------------------------------
-    def _seconds(self, mark: Any) -> float | None:
-        """A mark as seconds on the wall clock (time.time scale)."""
-        if mark is None:
-            return None
-        if isinstance(mark, float):
-            return self._epoch[0] + (mark - self._epoch[1])
+    def _rows_of(self, capture: _StepCapture) -> list[tuple[Any, ...]]:
+        seconds = self._seconds_of(capture)
+        done: dict[int, Any] = dict(capture.parameter_marks)  # the last mark of each parameter
+        done_at = {index: seconds(mark) for index, mark in done.items()}
+        norms = {i: v for indices, values in capture.grad_norms for i, v in zip(indices, values.tolist())}
+        statistics = {id(r): v for group, values in capture.statistics for r, v in zip(group, values.tolist())}
+        calls: dict[int, int] = {}
+        per_layer: dict[int, tuple[float | None, float | None]] = {}  # its backward end and gradient norm
+        clock = "cuda_event" if self._cuda else "perf_counter"
+        rows = []
+        for record in capture.records:
+            layer = record[_LAYER]
+            call = calls[id(layer)] = calls.get(id(layer), -1) + 1
+            if id(layer) not in per_layer:
+                per_layer[id(layer)] = _layer_end_and_norm(layer, done_at, norms)
+            parameters_end, grad_norm = per_layer[id(layer)]
+            forward_start, forward_end = seconds(record[_FORWARD_START]), seconds(record[_FORWARD_END])
+            backward_start = seconds(record[_BACKWARD_START])
+            backward_end = seconds(record[_BACKWARD_END]) if layer.needs_input_marks else parameters_end
+            backward_time = None
+            if backward_start is not None and backward_end is not None and backward_end >= backward_start:
+                backward_time = backward_end - backward_start
+            extra = record[_EXTRA] or _NO_EXTRA
+            mean, std, abs_max, nans = statistics.get(id(record), (None, None, None, None))
+            row = (capture.step, layer.name, call, clock, forward_start,
+                   None if forward_start is None or forward_end is None else forward_end - forward_start,
+                   backward_start if backward_time is not None else None, backward_time, record[_BYTES],
+                   extra.cuda_allocated_delta, extra.cuda_peak, extra.forward_flops, mean, std, abs_max,
+                   None if nans is None else int(nans), grad_norm)
+            layer.history.append(row)
+            rows.append(row)
+        return rows
+
+    def _seconds_of(self, capture: _StepCapture) -> Callable[[Any], float | None]:
+        """Marks as seconds on the wall clock (time.time scale)."""
+        if not self._cuda:
+            offset = self._epoch[0] - self._epoch[1]
+            return lambda mark: None if mark is None else mark + offset
         # A CUDA event: its offset from the step's first event, placed at the host time of that event.
-        return self._epoch[0] + (self._step_host - self._epoch[1]) + self._step_start.elapsed_time(mark) / 1000.0
-
-    def _row(self, layer: _Layer, execution: Execution, grad_norm: float | None,
-             statistics: list[float] | None) -> dict[str, Any]:
-        forward_start, forward_end = self._seconds(execution.forward_start), self._seconds(execution.forward_end)
-        backward_start, backward_end = self._seconds(execution.backward_start), self._seconds(execution.backward_end)
-        backward_time = None
-        if backward_start is not None and backward_end is not None and backward_end >= backward_start:
-            backward_time = backward_end - backward_start
-        mean, std, abs_max, nans = statistics if statistics is not None else (None, None, None, None)
-        return {
-            "training_step": self._step, "module": layer.name, "call": execution.call,
-            "clock": "cuda_event" if self._cuda else "perf_counter",
-            "forward_start": forward_start,
-            "forward_time": None if forward_start is None or forward_end is None else forward_end - forward_start,
-            "backward_start": backward_start if backward_time is not None else None, "backward_time": backward_time,
-            "output_bytes": execution.output_bytes, "cuda_allocated_delta": execution.cuda_allocated_delta,
-            "cuda_peak": execution.cuda_peak, "forward_flops": execution.forward_flops,
-            "act_mean": mean, "act_std": std, "act_abs_max": abs_max,
-            "act_nan_count": None if nans is None else int(nans), "grad_norm": grad_norm,
-        }
-
-    def _statistics(self) -> dict[int, list[float]]:
-        """Every output's statistics of the step in one host transfer per device."""
-        executions = [e for layer in self._layers for e in layer.calls if e.statistics is not None]
-        by_device: dict[Any, list[Execution]] = {}
-        for execution in executions:
-            by_device.setdefault(execution.statistics.device, []).append(execution)
-        result = {}
-        for group in by_device.values():
-            values = torch.stack([e.statistics for e in group]).tolist()
-            result.update({id(e): v for e, v in zip(group, values)})
-        return result
-
-    def _gradient_norms(self) -> dict[str, float]:
-        """L2 norm of the gradients of each layer's parameters: one norm per parameter (taken when its
-        gradient was complete), one transfer, then per layer the root of the sum of squares."""
-        taken, self._grad_norms = self._grad_norms, {}
-        if not taken:
-            return {}
-        ids = list(taken)
-        device = taken[ids[0]].device
-        norms = dict(zip(ids, torch.stack([taken[i].to(device) for i in ids]).tolist()))
-        result = {}
-        for layer in self._layers:
-            squares = [norms[id(p)] ** 2 for p in layer.parameters if id(p) in norms]
-            if squares:
-                result[layer.name] = float(sum(squares) ** 0.5)
-        return result
+        base = self._epoch[0] + (capture.host_start - self._epoch[1])
+        return lambda mark: None if mark is None else base + capture.start.elapsed_time(mark) / 1000.0
 
 
-class _Marker:
-    """A grad_fn prehook that notes when a gradient passes; it returns None, so it never changes it."""
+_NO_EXTRA = _Extra()
 
-    __slots__ = ("profiler", "execution", "start")
 
-    def __init__(self, profiler: Profiler, execution: Execution, start: bool):
-        self.profiler, self.execution, self.start = profiler, execution, start
+def _layer_end_and_norm(layer: _Layer, done_at: dict[int, float | None],
+                        norms: dict[int, float]) -> tuple[float | None, float | None]:
+    """The last gradient of the layer's parameters in this step, and the L2 norm of their gradients (the
+    root of the sum of the squared norms taken when each gradient was complete)."""
+    ends = [end for end in (done_at.get(i) for i in layer.parameter_indices) if end is not None]
+    squares = [norms[i] ** 2 for i in layer.parameter_indices if i in norms]
+    return (max(ends) if ends else None), (float(sum(squares) ** 0.5) if squares else None)
 
-    def __call__(self, _gradients: Any) -> None:
-        if self.profiler._step is None:
-            return
-        if self.start:
-            if self.execution.backward_start is None:
-                self.execution.backward_start = self.profiler._mark()
-        elif self.execution.backward_start is not None:
-            self.execution.backward_end = self.profiler._mark()
+
+def _backward_reached(records: list[list[Any]], clock: Callable[[], Any], _gradients: Any) -> None:
+    """A grad_fn prehook on modules' output: notes when its gradient arrives (returns None: never changes it)."""
+    moment = clock()
+    for record in records:
+        if record[_BACKWARD_START] is None:
+            record[_BACKWARD_START] = moment
+
+
+def _input_gradient_done(record: list[Any], clock: Callable[[], Any], _gradients: Any) -> None:
+    if record[_BACKWARD_START] is not None:
+        record[_BACKWARD_END] = clock()
+
+
+def _mark_inputs(record: list[Any], inputs: Any, clock: Callable[[], Any]) -> None:
+    for tensor in _tensors(inputs):
+        node = tensor.grad_fn
+        if node is not None:  # runs once the input's gradient is complete
+            node.register_prehook(partial(_input_gradient_done, record, clock))
+
+
+def _cuda_event() -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()  # queued on the current stream: no sync
+    return event
+
+
+def _to_host(items: list[tuple[Any, torch.Tensor]]) -> list[tuple[list[Any], torch.Tensor]]:
+    """Stack the scalars per device and start their copy to the host; a copy from a GPU is non-blocking
+    (into pinned memory) and is read only once the step's last event has completed."""
+    by_device: dict[Any, list[tuple[Any, torch.Tensor]]] = {}
+    for key, tensor in items:
+        by_device.setdefault(tensor.device, []).append((key, tensor))
+    result = []
+    for device, group in by_device.items():
+        stacked = torch.stack([tensor for _, tensor in group])
+        result.append(([key for key, _ in group], stacked if device.type == "cpu" else stacked.to("cpu", non_blocking=True)))
+    return result
 
 
 def _statistics_of(tensor: torch.Tensor) -> torch.Tensor:

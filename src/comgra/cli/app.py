@@ -98,7 +98,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         raise UsageError(str(error)) from None
     return _run_server(group, host=args.host, port=args.port, visualization_file=visualization,
-                       allow_hosts=args.allow_host, poll_seconds=settings.app.refresh_interval_s)
+                       allow_hosts=args.allow_host, poll_seconds=settings.app.refresh_interval_s,
+                       findings_sensitivity=settings.anomalies.sensitivity)
 
 
 def _repair(arguments: list[str]) -> int:
@@ -167,14 +168,16 @@ def check_recording(path: Path) -> Path:
 
 
 def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,
-                allow_hosts: list[str] | None = None, poll_seconds: float = 2.0) -> int:
-    from comgra.errors import StoreError
+                allow_hosts: list[str] | None = None, poll_seconds: float = 2.0,
+                findings_sensitivity: float | None = None) -> int:
+    from comgra.errors import ConfigError, StoreError
     from comgra.server.app import create_app, make_http_server, url_of
 
     try:
-        app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds))
+        app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds),
+                         findings_sensitivity=findings_sensitivity)
         server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts or ())
-    except StoreError as error:
+    except (StoreError, ConfigError) as error:
         raise UsageError(str(error)) from None
     except OSError as error:
         raise UsageError(f"cannot serve on {host}:{port} ({error.strerror or error}); try another --port.") from None

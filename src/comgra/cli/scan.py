@@ -27,8 +27,11 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--path", type=Path, required=True, help="the group folder: comgra_root_path/group")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
-    result.add_argument("--sensitivity", type=_sensitivity, default=1.0,
-                        help="above 1 finds more, below 1 fewer (default: 1)")
+    result.add_argument("--sensitivity", type=_sensitivity, default=None,
+                        help="above 1 finds more, below 1 fewer (default: [anomalies] sensitivity of comgra.toml, "
+                             "else 1)")
+    result.add_argument("--config", type=Path,
+                        help="a comgra.toml file (default: comgra.toml in the working directory, if there is one)")
     result.add_argument("--target", help="the per-sample tensor that correlation hints explain "
                                          "(default: a loss-like one such as loss_per_sample)")
     return result
@@ -42,7 +45,7 @@ def run(arguments: list[str], usage_error: Callable[[str], Exception]) -> int:
 
     args = parser().parse_args(arguments)
     group = check_recording(args.path)
-    options = ScanOptions(sensitivity=args.sensitivity, target=args.target)
+    options = ScanOptions(sensitivity=_chosen_sensitivity(args, usage_error), target=args.target)
     try:
         with _Progress() as progress:
             result = Scanner().scan(group, trials=args.trial, options=options, progress=progress.update)
@@ -53,6 +56,21 @@ def run(arguments: list[str], usage_error: Callable[[str], Exception]) -> int:
     else:
         _print_table(result.findings, result.problems, result.trials)
     return 0
+
+
+def _chosen_sensitivity(args: argparse.Namespace, usage_error: Callable[[str], Exception]) -> float:
+    """--sensitivity wins; else ``[anomalies] sensitivity`` of comgra.toml; else 1."""
+    if args.sensitivity is not None:
+        return float(args.sensitivity)
+    from comgra.config import load_settings
+    from comgra.service_findings import scan_options
+
+    try:
+        settings = load_settings(args.config)
+        return scan_options(settings.anomalies.sensitivity,
+                            source=f"{settings.source}: anomalies.sensitivity").sensitivity
+    except ComgraError as error:
+        raise usage_error(str(error)) from None
 
 
 def _sensitivity(text: str) -> float:

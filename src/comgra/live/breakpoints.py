@@ -6,13 +6,13 @@ reductions of the tensors it names, moved to the host in one transfer. When a co
 recorder records the step in full and the process pauses at ``finish_batch``, blocked on a socket
 (``control.wait_for_command``) until the app or the REST API sends a command.
 
-Under torch.distributed the ranks agree on the breakpoints (rank 0 reads the file and broadcasts it
-every ``sync_every_steps`` steps), combine their hit flags with one all_reduce per step while
-breakpoints exist, and pause and resume together: rank 0 waits for the command and broadcasts it.
+Under torch.distributed the ranks agree on the breakpoints (every ``sync_every_steps`` steps rank 0
+broadcasts the file if it changed), combine their hit flags with one all_reduce per step while
+breakpoints exist (``settle``, before the step's recording is finished, so that every rank can record
+the paused step), and pause and resume together: rank 0 waits for the command and broadcasts it.
 """
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -28,6 +28,7 @@ from comgra.config import BreakpointSettings
 from comgra.errors import ComgraError, TrainingAborted, did_you_mean
 from comgra.live import control
 from comgra.live.conditions import Condition, parse_condition
+from comgra.live.metrics import MetricPlan, tensor_metrics, tensor_metrics_of_many
 
 __all__ = ["BreakpointMonitor", "tensor_metrics"]
 
@@ -52,6 +53,8 @@ class StepState:
     grad_tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # targets whose gradients are checked
     values: dict[str, dict[str, float]] = field(default_factory=dict)  # target -> its value metrics this step
     gradients_checked: bool = False
+    settled: bool = False  # the ranks agreed on this step's hit (settle())
+    pausing: bool = False
     module_started: dict[str, float] = field(default_factory=dict)
     module_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -68,7 +71,9 @@ class BreakpointMonitor:
         self.warn = warn
         self.breakpoints: list[ActiveBreakpoint] = []
         self.by_target: dict[str, list[ActiveBreakpoint]] = {}
-        self.value_names: dict[str, tuple[str, ...]] = {}  # target -> the value metrics its conditions read
+        # Per target, built once at load: the reductions its conditions read (values, and gradients).
+        self.value_plans: dict[str, MetricPlan] = {}
+        self.gradient_plans: dict[str, MetricPlan] = {}
         self.gradient_targets: set[str] = set()  # targets with a condition on their gradient
         self.active = False  # any enabled breakpoint, or a pending "step"
         self.stepping = False
@@ -95,7 +100,9 @@ class BreakpointMonitor:
         self._steps_seen += 1
         if self._distributed():
             if (self._steps_seen - 1) % max(1, self.settings.sync_every_steps) == 0:
-                self._load(self._broadcast(self._read_if_lead()))
+                entries = self._broadcast(self._read_if_lead())
+                if entries is not None:  # None: rank 0 saw no change of breakpoints.json
+                    self._load(entries)
         elif time.monotonic() >= self._next_poll:
             self._poll()
         return self.stepping
@@ -105,7 +112,8 @@ class BreakpointMonitor:
 
     def check_tensor(self, name: str, tensor: torch.Tensor) -> bool:
         """At register_tensor: check the value conditions on ``name``; True when one holds now."""
-        self._names_seen.add(name)
+        if not self._checked_targets:  # the names are needed only until the targets were checked once
+            self._names_seen.add(name)
         watching = self.by_target.get(name)
         if not watching:
             return False
@@ -113,40 +121,50 @@ class BreakpointMonitor:
             if tensor.grad_fn is not None:
                 tensor.retain_grad()  # so that its gradient exists for the check after backward
             self.step.grad_tensors[name] = tensor
-        values = self.step.values[name] = tensor_metrics(tensor, self.value_names[name])
+        values = self.step.values[name] = self.value_plans[name](tensor)
         return self._check(watching, values, gradients=False)
 
     def check_gradients(self) -> bool:
         """After backward (record_current_gradients or finish_batch): the gradient conditions."""
         held = False
         self.step.gradients_checked = True
-        for target, watching in self.by_target.items():
-            if not any(b.needs_gradients for b in watching):
-                continue
+        for target, plan in self.gradient_plans.items():
             gradients = self._gradients_of(target)
             if gradients is None:
                 continue
-            wanted = tuple(name[len("grad_"):] for b in watching for name in b.condition.gradient_metrics)
-            values = {f"grad_{k}": v for k, v in tensor_metrics_of_many(gradients, tuple(set(wanted))).items()}
+            values = {f"grad_{k}": v for k, v in tensor_metrics_of_many(gradients, plan).items()}
             values.update(self.step.values.get(target, {}))
             if target in self.step.module_seconds:
                 values["execution_time"] = self.step.module_seconds[target]
-            held |= self._check(watching, values, gradients=True)
+            held |= self._check(self.by_target[target], values, gradients=True)
         return held
 
-    def finish_batch(self, flush: Callable[[], None]) -> str | None:
-        """Count hits, pause if a breakpoint held (or a "step" was asked); returns the action obeyed."""
+    def settle(self) -> bool:
+        """Before the step's recording is finished: the last checks, the ranks' agreement, the hit count.
+
+        True when this step pauses (a breakpoint held on this rank or, under torch.distributed, on any
+        rank; or a "step" was asked), so that every rank can still record it in full.
+        """
+        if self.step.settled:
+            return self.step.pausing
+        self.step.settled = True
         if self.by_target:
             if not self.step.gradients_checked:
                 self.check_gradients()
             self._warn_unknown_targets()
         hit = self.step.hit
         if self._distributed() and (self.breakpoints or self.stepping):
-            hit = self._agree_on_hit()
+            hit = self.step.hit = self._agree_on_hit()
         elif hit is not None:
             self.hits[hit.id] = self.hits.get(hit.id, 0) + 1
-        if hit is None and not self.stepping:
+        self.step.pausing = hit is not None or self.stepping
+        return self.step.pausing
+
+    def finish_batch(self, flush: Callable[[], None]) -> str | None:
+        """Pause if the step settled on a hit (or a "step" was asked); returns the action obeyed."""
+        if not self.settle():
             return None
+        hit = self.step.hit
         flush()  # the paused step must be readable in the store while we wait
         action = self._pause(hit)
         self.stepping = action == "step"
@@ -197,7 +215,7 @@ class BreakpointMonitor:
             if not watching:
                 return
             tensor = _first_tensor(output)
-            values = tensor_metrics(tensor, self.value_names[target]) if tensor is not None else {}
+            values = self.value_plans[target](tensor) if tensor is not None else {}
             self.step.values[target] = values
             if self._check(watching, {**values, "execution_time": seconds}, gradients=False) and self.on_hit is not None:
                 self.on_hit()
@@ -246,9 +264,16 @@ class BreakpointMonitor:
             self._publish("running")
 
     def _read_if_lead(self) -> list[dict[str, Any]] | None:
+        """Rank 0: the breakpoints if the file changed since the last read (else None); the others: None."""
         if not self.lead:
             return None
-        self._publish("running")
+        if time.monotonic() >= self._next_poll:  # "running" with a fresh time stamp, as often as without ranks
+            self._next_poll = time.monotonic() + self.settings.poll_interval_s
+            self._publish("running")
+        signature = control.breakpoints_signature(self.trial_dir)
+        if signature == self._signature:
+            return None
+        self._signature = signature
         return self._read()
 
     def _read(self) -> list[dict[str, Any]]:
@@ -275,7 +300,9 @@ class BreakpointMonitor:
         self.by_target = {}
         for breakpoint in loaded:
             self.by_target.setdefault(breakpoint.target, []).append(breakpoint)
-        self.value_names = {target: _value_metrics(watching) for target, watching in self.by_target.items()}
+        self.value_plans = {target: MetricPlan(_value_metrics(watching)) for target, watching in self.by_target.items()}
+        self.gradient_plans = {target: MetricPlan(_gradient_metrics(watching)) for target, watching in self.by_target.items()
+                               if any(b.needs_gradients for b in watching)}
         self.gradient_targets = {b.target for b in loaded if b.needs_gradients}
         self.active = bool(loaded) or self.stepping
         self._checked_targets = False
@@ -347,47 +374,14 @@ class BreakpointMonitor:
             self.warn("bp-publish", f"comgra cannot publish the run state in {str(self.trial_dir)!r}: {error}")
 
 
-# -- metrics ---------------------------------------------------------------------------------------
-_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "mean": lambda t: t.mean(),
-    "abs_mean": lambda t: torch.linalg.vector_norm(t, 1) / t.numel(),  # one kernel, no |t| copy
-    "std": lambda t: t.std() if t.numel() > 1 else torch.zeros((), dtype=t.dtype, device=t.device),
-    "min": lambda t: t.min(),
-    "max": lambda t: t.max(),
-    "abs_max": lambda t: t.abs().max(),
-    "norm": lambda t: torch.linalg.vector_norm(t),
-    "has_nan": lambda t: torch.isnan(t).any(),
-    "has_inf": lambda t: torch.isinf(t).any(),
-}
-
-
-def tensor_metrics(tensor: torch.Tensor, names: tuple[str, ...]) -> dict[str, float]:
-    """The named reductions of ``tensor``, computed on its device and moved to the host in one transfer."""
-    if not names:
-        return {}
-    data = tensor.detach()
-    if not data.is_floating_point():
-        data = data.double()
-    if data.numel() == 0:
-        return {name: float("nan") for name in names}
-    if len(names) == 1:
-        return {names[0]: float(_REDUCTIONS[names[0]](data))}
-    reduced = [_REDUCTIONS[name](data) for name in names]
-    # One stack and one transfer; only the boolean flags need a cast (each cast is a kernel launch).
-    values = torch.stack([r if r.dtype == data.dtype else r.to(data.dtype) for r in reduced]).tolist()
-    return dict(zip(names, values))
-
-
-def tensor_metrics_of_many(tensors: list[torch.Tensor], names: tuple[str, ...]) -> dict[str, float]:
-    """Metrics of several tensors seen as one (a module's parameter gradients); norm is the global norm."""
-    if len(tensors) == 1:
-        return tensor_metrics(tensors[0], names)
-    flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors])
-    return tensor_metrics(flat, names)
-
-
+# -- helpers ---------------------------------------------------------------------------------------
 def _value_metrics(watching: list[ActiveBreakpoint]) -> tuple[str, ...]:
     return tuple(sorted({name for b in watching for name in b.condition.value_metrics}))
+
+
+def _gradient_metrics(watching: list[ActiveBreakpoint]) -> tuple[str, ...]:
+    """grad_norm -> norm: the reductions of the gradient that the conditions read."""
+    return tuple(sorted({name[len("grad_"):] for b in watching for name in b.condition.gradient_metrics}))
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:

@@ -104,6 +104,11 @@ def _compile(node: ast.AST, text: str, names: set[str]) -> Evaluator:
     """Turn one whitelisted node into a closure; any other node is an error naming its source text."""
     if isinstance(node, ast.BoolOp):
         parts = [_compile(value, text, names) for value in node.values]
+        if len(parts) == 2:  # the common case, without a generator per evaluation
+            first, second = parts
+            if isinstance(node.op, ast.And):
+                return lambda m: first(m) and second(m)
+            return lambda m: first(m) or second(m)
         if isinstance(node.op, ast.And):
             return lambda m: all(part(m) for part in parts)
         return lambda m: any(part(m) for part in parts)
@@ -135,6 +140,12 @@ def _compile(node: ast.AST, text: str, names: set[str]) -> Evaluator:
 def _compile_comparison(node: ast.Compare, text: str, names: set[str]) -> Evaluator:
     operands = [_compile(node.left, text, names)] + [_compile(c, text, names) for c in node.comparators]
     tests = [_COMPARE[type(op)] for op in node.ops]
+    if len(tests) == 1:  # "metric > number": one call of the test on a dict lookup and a constant
+        test, (left, right) = tests[0], operands
+        if isinstance(node.left, ast.Name) and node.left.id in names and isinstance(node.comparators[0], ast.Constant):
+            name, constant = node.left.id, right({})
+            return lambda m: test(m[name], constant)
+        return lambda m: test(left(m), right(m))
 
     def compare(m: Mapping[str, float]) -> bool:
         left = operands[0](m)

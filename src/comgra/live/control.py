@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,12 +202,21 @@ def wait_for_command(trial_dir: str | Path, state: dict[str, Any], timeout: floa
                 connection, _ = server.accept()
             except socket.timeout:
                 return "continue"
-            action = _answer(connection, token)
+            action = _answer(connection, token, lambda action: _resumed(trial_dir, state, action))
             if action is not None:
                 return action
 
 
-def _answer(connection: socket.socket, token: str) -> str | None:
+def _resumed(trial_dir: str | Path, state: dict[str, Any], action: str) -> None:
+    """Before the sender gets its answer: the run is no longer paused, so that whoever sent the command
+    (the app, the REST API) reads the new state at once (the training process publishes it again as it goes)."""
+    resumed = {**state, "state": "finished", "reason": "aborted"} if action == "abort" else \
+        {**state, "state": "running", "breakpoint": None, "reason": None}
+    with contextlib.suppress(OSError):  # a full disk must not lose the command: the process publishes later
+        write_run_state(trial_dir, resumed)
+
+
+def _answer(connection: socket.socket, token: str, accepted: Callable[[str], None]) -> str | None:
     with connection:
         connection.settimeout(COMMAND_TIMEOUT_S)
         try:
@@ -221,6 +230,7 @@ def _answer(connection: socket.socket, token: str) -> str | None:
             with contextlib.suppress(OSError):
                 connection.sendall(json.dumps({"ok": False, "error": error}).encode() + b"\n")
             return None
+        accepted(str(action))
         with contextlib.suppress(OSError):
             connection.sendall(json.dumps({"ok": True, "action": action}).encode() + b"\n")
         return str(action)

@@ -4,6 +4,13 @@ A step that the policy does not record touches no tensor. While breakpoints are 
 step keeps a *shadow*: the list of recording calls made so far (a tuple append each, tensors by
 reference). When a condition holds mid-step, the shadow is replayed into a fresh step recording and
 the rest of the step is recorded as usual, so the paused step is in the store in full.
+
+Under torch.distributed, another rank's hit is known only when the ranks agree, at finish_batch
+before the step's recording is finished (``settle``): a rank that did not record replays its whole
+shadow then. So that this replay is a full recording, the shadow of a distributed run also keeps what
+the backward pass would otherwise throw away (``[breakpoints] record_every_rank``, on by default):
+each registered tensor's gradient (one tensor hook each), and inputs switched to requires_grad as
+on a recorded step, so that they have gradients and edges; both are undone at finish_batch.
 """
 from __future__ import annotations
 
@@ -34,6 +41,10 @@ class RecorderBreakpoints:
         self.monitor = monitor
         self.shadow: list[tuple[Any, ...]] | None = None
         self.forced = False
+        # A distributed run: keep gradients in the shadow, so that a peer's hit can be recorded here in full.
+        self.full_shadow = monitor.world_size > 1 and monitor.settings.record_every_rank
+        self._switched_on_grad: list[torch.Tensor] = []
+        self._gradient_hooks: list[Any] = []  # removed at finish_batch: a reused input must not collect them
         self._step_args: tuple[int, bool] = (0, True)
         monitor.on_hit = self.force_recording
 
@@ -85,7 +96,21 @@ class RecorderBreakpoints:
         if self.monitor.active:
             if self.monitor.check_tensor(name, tensor):
                 self.force_recording()
-            self.keep(("register", name, tensor, arguments))
+            if self.shadow is not None:  # (None once this step records: force_recording drops it)
+                self.shadow.append(("register", name, tensor, arguments, self._keep_gradient(tensor))
+                                   if self.full_shadow else ("register", name, tensor, arguments))
+
+    def _keep_gradient(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A box that receives ``tensor``'s gradient in the backward pass (what a recorded step's hook sees)."""
+        box: dict[str, torch.Tensor] = {}
+        if tensor.is_floating_point() and not tensor.requires_grad and tensor.grad_fn is None:
+            tensor.requires_grad_(True)  # as a recorded step does for an input; undone at finish_batch
+            self._switched_on_grad.append(tensor)
+        if tensor.requires_grad:
+            def keep(grad: torch.Tensor) -> None:
+                box["grad"] = grad.detach() if "grad" not in box else box["grad"] + grad.detach()
+            self._gradient_hooks.append(tensor.register_hook(keep))
+        return box
 
     def gradients(self, name_of_loss_group: str, set_to_zero: bool) -> None:
         if self.monitor.active:
@@ -94,21 +119,44 @@ class RecorderBreakpoints:
             self.keep(("gradients", name_of_loss_group, set_to_zero))
 
     def keep(self, call: tuple[Any, ...]) -> None:
-        """Remember a recording call of an unrecorded step, in case a breakpoint forces its recording."""
-        if self.shadow is not None and not self.recorder.recording_is_active():
+        """Remember a recording call of an unrecorded step, in case a breakpoint forces its recording.
+
+        The shadow exists only on a step that does not record (start_batch), until it does."""
+        if self.shadow is not None:
             self.shadow.append(call)
+
+    def settle(self) -> None:
+        """At finish_batch, before the step's recording is finished: when the step pauses (its hit may
+        be another rank's), record it here too, replaying the calls made so far."""
+        try:
+            if self.monitor.settle() and not self.recorder.recording_is_active():
+                self.force_recording()
+        except (TrainingAborted, KeyboardInterrupt):
+            raise
+        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+            self._fault(error)
 
     def finish_batch(self) -> None:
         self.shadow = None
+        for tensor in self._switched_on_grad:  # leave the user's tensors as they were before the step
+            tensor.requires_grad_(False)
+            tensor.grad = None
+        self._switched_on_grad.clear()
+        for handle in self._gradient_hooks:
+            handle.remove()
+        self._gradient_hooks.clear()
         try:
             self.monitor.finish_batch(flush=self._flush)
         except (TrainingAborted, KeyboardInterrupt):
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
-            self.monitor.active = False
-            self.monitor.breakpoints, self.monitor.by_target = [], {}
-            self.monitor.warn("bp-fault", f"comgra breakpoints are off after an internal error: "
-                              f"{type(error).__name__}: {error}. Training goes on.")
+            self._fault(error)
+
+    def _fault(self, error: Exception) -> None:
+        self.monitor.active = False
+        self.monitor.breakpoints, self.monitor.by_target = [], {}
+        self.monitor.warn("bp-fault", f"comgra breakpoints are off after an internal error: "
+                          f"{type(error).__name__}: {error}. Training goes on.")
 
     def _flush(self) -> None:
         """Before pausing: the step and its KPIs must be readable in the store while the run waits."""
@@ -143,6 +191,10 @@ def _replay(session: Any, call: tuple[Any, ...]) -> None:
         session.step.start_iteration()
     elif kind == "register":
         session.register(call[1], call[2], **call[3])
+        grad = call[4].get("grad") if len(call) > 4 else None
+        if grad is not None:  # the backward pass ran before this replay: give the step the gradient we kept
+            step = session.step
+            step._gradient_hook(step.latest_by_name[call[1]])(grad)
     elif kind == "finish_iteration":
         session.finish_iteration()
     elif kind == "gradients":

@@ -39,7 +39,7 @@ _ALLOWED_HOSTS = "COMGRA_ALLOWED_HOSTS"  # Flask config key: a set of host names
 
 
 def create_app(path: str | Path, *, visualization_file: str | Path | None = None,
-               poll_seconds: float = 2.0, warm_up: bool = True) -> Dash:
+               poll_seconds: float = 2.0, warm_up: bool = True, findings_sensitivity: float | None = None) -> Dash:
     """The app for the group folder ``path`` (``comgra_root_path/group``).
 
     ``warm_up`` answers the first page's question once in a background thread,
@@ -47,6 +47,8 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     Raises ``StoreError`` if the folder does not exist.
     """
     service = RecordingService(path)
+    if findings_sensitivity is not None:  # [anomalies] sensitivity of comgra.toml; a bad value is a ConfigError
+        service.configure_findings(sensitivity=findings_sensitivity)
     visualization = VisualizationFile(visualization_file) if visualization_file else None
     title = str(service.group.path)
     app = Dash(__name__, title=f"comgra · {service.group.path.name}", assets_folder=str(ASSETS),

@@ -6,6 +6,7 @@ Continue / Step / Abort buttons while it is paused.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,13 @@ class ID:
     ACTIONS = {"continue": "bp-continue", "step": "bp-step", "abort": "bp-abort"}
     TOGGLE = "bp-toggle"
     REMOVE = "bp-remove"
+    SHOWN = "bp-shown"  # a fingerprint of what the panel shows, so that the poll re-renders only on a change
 
 
 def panel() -> html.Div:
     return html.Div(className="breakpoints-panel", children=[
         dcc.Interval(id=ID.POLL, interval=1000),
+        dcc.Store(id=ID.SHOWN),
         html.Div(id=ID.STATE, className="run-state mb-2", role="status"),
         html.Div(className="d-flex gap-2 mb-3", children=[
             html.Button(action.capitalize(), id=button, className="btn btn-sm btn-outline-primary", n_clicks=0)
@@ -54,7 +57,8 @@ def panel() -> html.Div:
 
 
 def breakpoints_view(trial: str, trial_dir: Path) -> dict[str, Any]:
-    """The table and the run state of one trial, as components (a pure function of the files)."""
+    """The table and the run state of one trial, as components (a pure function of the files), and a
+    fingerprint of what they show."""
     entries = control.list_breakpoints(trial_dir)
     state = control.run_state(trial_dir)
     rows = [html.Tr([html.Td(e["id"]), html.Td(e["target"]), html.Td(html.Code(e["condition"])),
@@ -68,7 +72,8 @@ def breakpoints_view(trial: str, trial_dir: Path) -> dict[str, Any]:
     table = html.Table(className="table table-sm bp-list", children=[
         html.Thead(html.Tr([html.Th(h) for h in ("Id", "Target", "Condition", "Hits", "Enabled", "")])),
         html.Tbody(rows or [html.Tr(html.Td("No breakpoints.", colSpan=6, className="text-muted"))])])
-    return {"table": table, "state": _state_line(trial, state)}
+    shown = [trial, entries, [state.get(k) for k in ("state", "training_step", "breakpoint", "ranks", "type_of_execution")]]
+    return {"table": table, "state": _state_line(trial, state), "fingerprint": json.dumps(shown, sort_keys=True)}
 
 
 def _state_line(trial: str, state: dict[str, Any]) -> list[Component | str]:
@@ -86,22 +91,41 @@ def _state_line(trial: str, state: dict[str, Any]) -> list[Component | str]:
 
 
 def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str) -> None:
-    @app.callback(Output(ID.TABLE, "children"), Output(ID.STATE, "children"), Output(ID.MESSAGE, "children"),
+    """Two callbacks: the poll shows changes made elsewhere (the training process, the REST API, another
+    browser) and re-renders only when what the panel shows changed; an action (add, enable, disable,
+    remove, continue, step, abort) shows its result in the same callback that performs it. They are
+    separate so that a poll never supersedes an action's answer."""
+    def trial_of(trial: Any) -> str | None:
+        return (trial if isinstance(trial, str) else None) or next(iter(service.trials()), None)
+
+    @app.callback(Output(ID.TABLE, "children"), Output(ID.STATE, "children"), Output(ID.SHOWN, "data"),
                   Input(tabs, "active_tab"), Input(current_trial, "data"), Input(ID.POLL, "n_intervals"),
-                  Input(ID.ADD, "n_clicks"), *[Input(b, "n_clicks") for b in ID.ACTIONS.values()],
-                  Input({"type": ID.TOGGLE, "id": ALL}, "n_clicks"), Input({"type": ID.REMOVE, "id": ALL}, "n_clicks"),
-                  State(ID.TARGET, "value"), State(ID.CONDITION, "value"))
-    def update(active: str, trial: Any, *arguments: Any) -> Any:
+                  State(ID.SHOWN, "data"))
+    def refresh(active: str, trial: Any, _: Any, shown: str | None) -> Any:
         if active != "breakpoints":
             return no_update, no_update, no_update
-        trial = (trial if isinstance(trial, str) else None) or next(iter(service.trials()), None)
+        trial = trial_of(trial)
         if trial is None:
             return None, "This recording has no trials yet.", None
-        target, condition = arguments[-2], arguments[-1]
+        view = breakpoints_view(trial, fmt.trial_dir(service.group.path, trial))
+        if view["fingerprint"] == shown:
+            return no_update, no_update, no_update
+        return view["table"], view["state"], view["fingerprint"]
+
+    @app.callback(Output(ID.TABLE, "children", allow_duplicate=True), Output(ID.STATE, "children", allow_duplicate=True),
+                  Output(ID.SHOWN, "data", allow_duplicate=True), Output(ID.MESSAGE, "children"),
+                  Input(ID.ADD, "n_clicks"), *[Input(b, "n_clicks") for b in ID.ACTIONS.values()],
+                  Input({"type": ID.TOGGLE, "id": ALL}, "n_clicks"), Input({"type": ID.REMOVE, "id": ALL}, "n_clicks"),
+                  State(current_trial, "data"), State(ID.TARGET, "value"), State(ID.CONDITION, "value"),
+                  prevent_initial_call=True)
+    def act(*arguments: Any) -> Any:
+        trial, target, condition = trial_of(arguments[-3]), arguments[-2], arguments[-1]
+        if trial is None or not ctx.triggered or not ctx.triggered[0]["value"]:
+            return no_update, no_update, no_update, no_update  # a re-rendered button, not a click
         trial_dir = fmt.trial_dir(service.group.path, trial)
         message = _act(trial_dir, ctx.triggered_id, target, condition)
         view = breakpoints_view(trial, trial_dir)
-        return view["table"], view["state"], message if message is not None else no_update
+        return view["table"], view["state"], view["fingerprint"], message if message is not None else no_update
 
 
 def _act(trial_dir: Path, trigger: Any, target: Any, condition: Any) -> Component | str | None:
@@ -114,11 +138,11 @@ def _act(trial_dir: Path, trigger: Any, target: Any, condition: Any) -> Componen
             if trigger == button:
                 control.send_command(trial_dir, action)
                 return f"Sent {action}."
-        if isinstance(trigger, dict) and trigger.get("type") == ID.TOGGLE and ctx.triggered[0]["value"]:
+        if isinstance(trigger, dict) and trigger.get("type") == ID.TOGGLE:
             current = {e["id"]: e for e in control.list_breakpoints(trial_dir)}[trigger["id"]]
             control.update_breakpoint(trial_dir, trigger["id"], enabled=not current["enabled"])
             return ""
-        if isinstance(trigger, dict) and trigger.get("type") == ID.REMOVE and ctx.triggered[0]["value"]:
+        if isinstance(trigger, dict) and trigger.get("type") == ID.REMOVE:
             control.remove_breakpoint(trial_dir, trigger["id"])
             return f"Removed {trigger['id']}."
     except (ComgraError, KeyError) as error:

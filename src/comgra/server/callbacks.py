@@ -10,6 +10,10 @@ A click costs only what changes. The graph of a step's structure is sent once
 per hash into a store the page keeps (``graph-documents``) and drawn, selected,
 highlighted and walked by assets/comgra.js; a node click's round trip returns
 the values (with their breadcrumb) and only those selector props that changed.
+The page also asks for the clicked node's values on a route of its own
+(``VALUES_ROUTE``), outside Dash's callback queue, and draws them as soon as
+they come: the values change within one short round trip of the click, and
+the view callback's answer (same values) updates the selectors and plots.
 The view's link (``service.view_link``) goes to the URL on every change, and a
 page opened with a link's query string shows the view it names.
 """
@@ -23,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dash import ClientsideFunction, Dash, Input, Output, Patch, State, ctx, dcc, html, no_update
+from flask import Response, request
 
 from comgra.errors import ComgraError
 from comgra.server import compare, figures, kpi_view, panels, profile_panel, samples
@@ -71,6 +76,7 @@ _TRIGGER_KEYS = {component: key for key, (component, _) in VIEW_INPUTS.items()}
 
 def register(app: Dash, service: RecordingService, visualization: VisualizationFile | None) -> None:
     _register_view(app, service)
+    _register_values_route(app, service)
     _register_graph(app, service)
     _register_series(app, service)
     _register_tabs(app, with_visualization=visualization is not None)
@@ -81,7 +87,7 @@ def register(app: Dash, service: RecordingService, visualization: VisualizationF
     kpi_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     profile_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     breakpoints_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL)
-    findings_panel.register(app, service, tabs=ID.TABS, data_version=ID.DATA_VERSION)
+    findings_panel.register(app, service, tabs=ID.TABS, data_version=ID.DATA_VERSION, badges=ID.BADGES, current_trial=ID.CURRENT_TRIAL)
     if visualization is not None:
         _register_visualization(app, service, visualization)
 
@@ -117,6 +123,41 @@ def _register_view(app: Dash, service: RecordingService) -> None:
         if not new_trial:
             outputs["current_trial"] = no_update
         return skip_unchanged(outputs, {**shown_options, **inputs})
+
+
+VALUES_ROUTE = "/_comgra/values"  # POST {"selection": the page's selection store, "node_id": ...}
+
+
+def _register_values_route(app: Dash, service: RecordingService) -> None:
+    def answer() -> Response:  # keys in the order Dash sends them, so that the page sees the same text
+        return Response(json.dumps(click_values(service, request.get_json(silent=True))), mimetype="application/json")
+
+    app.server.add_url_rule(VALUES_ROUTE, "comgra_click_values", answer, methods=["POST"])
+
+
+def click_values(service: RecordingService, body: Any) -> dict[str, Any]:
+    """The values panel after a click on ``body["node_id"]``, given the page's selection store
+    (``body["selection"]``): the same values the view callback answers to the same click.
+
+    ``values`` is None where there is nothing to draw early (a malformed request, a selection that
+    cannot be read): the view callback's answer then says why.
+    """
+    body = body if isinstance(body, dict) else {}
+    node_id, previous = body.get("node_id"), body.get("selection")
+    if not isinstance(node_id, str):
+        return {"node_id": None, "values": None}
+    previous = previous if isinstance(previous, dict) else {}
+    shown = selection_from(previous.get("shown"))
+    try:
+        wanted, _ = next_wanted(service, clean_wanted(previous.get("wanted")), shown.to_dict() if shown else None,
+                                "node_click", {"node_click": {"id": node_id}})
+        view = service.resolve(wanted)
+    except Exception:  # noqa: BLE001 - the view callback, asked the same, reports it
+        log.debug("comgra: a click's values could not be read early", exc_info=True)
+        return {"node_id": node_id, "values": None}
+    if view.selection is None:
+        return {"node_id": node_id, "values": None}
+    return {"node_id": node_id, "values": values_data(view.selection, view.row)}
 
 
 def linked_wanted(trigger: str | None, query: Any) -> dict[str, Any] | None:
@@ -390,7 +431,7 @@ def _register_graph(app: Dash, service: RecordingService) -> None:
     app.clientside_callback(ClientsideFunction("comgra", "setSummaries"), Output(ID.SUMMARIES_SET, "data"),
                             Input(ID.NODE_SUMMARIES, "data"))
     app.clientside_callback(ClientsideFunction("comgra", "renderValues"), Output(ID.VALUES_RENDERED, "data"),
-                            Input(ID.VALUES_DATA, "data"))
+                            Input(ID.VALUES_DATA, "data"), State(ID.SELECTION, "data"))
     app.clientside_callback(ClientsideFunction("comgra", "searchOptions"), Output(ID.SEARCH, "options"),
                             Input(ID.GRAPH_KEY, "data"), Input(ID.GRAPHS, "data"))
     app.clientside_callback(ClientsideFunction("comgra", "notices"),

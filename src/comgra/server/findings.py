@@ -1,7 +1,10 @@
 """The Findings tab: what ``comgra scan`` finds, sorted, filterable, each finding a link to its evidence.
 
-A callback reads the filters, asks the service (``findings``, which scans each chunk once and
-keeps the result until a trial changes), and builds the list with the pure functions below. A
+A callback reads the filters, asks the service what its background scanner has found so far
+(``findings_progress``: it waits at most ``OPEN_WAIT_SECONDS``, so the tab opens in under a second
+on any recording), and builds the list with the pure functions below. While trials are still being
+scanned, an interval asks again each second and redraws when ``findings_version`` changed. The
+same interval-driven callback sends the graph its badges once the shown trial's scan is done. A
 finding's link opens the Tensors view on the selection it names (``service.view_link``); its
 details plot the statistic that shows the problem across the recorded steps.
 """
@@ -20,6 +23,8 @@ from comgra.service import RecordingService, finding_link, parse_aggregation
 
 TAB = "findings"
 MAX_SHOWN = 200
+OPEN_WAIT_SECONDS = 0.6  # the tab waits this long for a scan to finish before it shows what is ready
+POLL_MS = 1000  # while a scan runs: how often the tab and the badges look for its results
 SEVERITY_CLASSES = {"error": "danger", "warning": "warning", "info": "info"}
 
 
@@ -30,6 +35,10 @@ class ID:
     LIST = "findings-list"
     DETAIL = "findings-detail"
     COUNT = "findings-count"
+    POLL = "findings-poll"  # dcc.Interval: enabled while the listed trials are being scanned
+    SHOWN_VERSION = "findings-shown-version"  # dcc.Store: the findings_version the list shows
+    BADGE_POLL = "findings-badge-poll"  # dcc.Interval: enabled while the shown trial is being scanned
+    BADGE_VERSION = "findings-badge-version"  # dcc.Store: [trial, findings_version] of the badges sent
     ROW = "finding-row"  # pattern-matching: {"type": ROW, "index": i}
 
 
@@ -50,23 +59,39 @@ def panel() -> html.Div:
         ]),
         dcc.Loading(html.Div(id=ID.LIST, className="findings-list"), delay_show=300),
         html.Div(id=ID.DETAIL, className="findings-detail mt-3"),
+        dcc.Interval(id=ID.POLL, interval=POLL_MS, disabled=True), dcc.Store(id=ID.SHOWN_VERSION),
+        dcc.Interval(id=ID.BADGE_POLL, interval=POLL_MS, disabled=True), dcc.Store(id=ID.BADGE_VERSION),
     ])
 
 
-def register(app: Dash, service: RecordingService, *, tabs: str, data_version: str) -> None:
+def register(app: Dash, service: RecordingService, *, tabs: str, data_version: str, badges: str | None = None,
+             current_trial: str | None = None) -> None:
+    """The tab's callbacks; with ``badges`` and ``current_trial`` (the graph's badge store and the shown
+    trial's store), also the one that sends the graph its badges once the trial's scan is done."""
     @app.callback(Output(ID.LIST, "children"), Output(ID.COUNT, "children"), Output(ID.DETECTOR, "options"),
-                  Output(ID.TRIAL, "options"), Input(tabs, "active_tab"), Input(data_version, "data"),
-                  Input(ID.SEVERITY, "value"), Input(ID.DETECTOR, "value"), Input(ID.TRIAL, "value"))
-    def update_list(active: str, _version: Any, severities: Any, detectors: Any, trials: Any) -> Any:
+                  Output(ID.TRIAL, "options"), Output(ID.POLL, "disabled"), Output(ID.SHOWN_VERSION, "data"),
+                  Input(tabs, "active_tab"), Input(data_version, "data"), Input(ID.POLL, "n_intervals"),
+                  Input(ID.SEVERITY, "value"), Input(ID.DETECTOR, "value"), Input(ID.TRIAL, "value"),
+                  State(ID.SHOWN_VERSION, "data"))
+    def update_list(active: str, _version: Any, _tick: Any, severities: Any, detectors: Any, trials: Any,
+                    shown_version: Any) -> Any:
         if active != TAB:
-            return no_update, no_update, no_update, no_update
+            return no_update, no_update, no_update, no_update, True, no_update
+        polled = ctx.triggered_id == ID.POLL
         try:
-            found = service.findings()
+            progress = service.findings_progress(wait_seconds=0.0 if polled else OPEN_WAIT_SECONDS)
         except ComgraError as error:
-            return html.Div(str(error), className="alert alert-warning"), "", [], []
+            return html.Div(str(error), className="alert alert-warning"), "", [], [], True, None
+        if polled and progress.version == shown_version:
+            return no_update, no_update, no_update, no_update, not progress.pending, no_update
+        found = progress.findings
         shown = filtered(found, severities, detectors, trials)
-        return (findings_list(shown), count_text(len(shown), len(found)), _options(f.detector for f in found),
-                _options(f.trial for f in found))
+        return (findings_list(shown, scanning=progress.pending), count_text(len(shown), len(found), progress.pending),
+                _options(f.detector for f in found), _options(f.trial for f in found), not progress.pending,
+                progress.version)
+
+    if badges is not None and current_trial is not None:
+        _register_badges(app, service, badges=badges, current_trial=current_trial, data_version=data_version)
 
     @app.callback(Output(ID.DETAIL, "children"), Input({"type": ID.ROW, "index": ALL}, "n_clicks"),
                   State(ID.SEVERITY, "value"), State(ID.DETECTOR, "value"), State(ID.TRIAL, "value"),
@@ -75,11 +100,30 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
         trigger = ctx.triggered_id
         if not isinstance(trigger, dict) or not any(clicks or []):
             return no_update
-        shown = filtered(service.findings(), severities, detectors, trials)
+        shown = filtered(service.findings_progress().findings, severities, detectors, trials)  # the list shown
         index = trigger.get("index")
         if not isinstance(index, int) or not 0 <= index < len(shown):
             return no_update
         return finding_detail(shown[index], statistic_series(service, shown[index]))
+
+
+def _register_badges(app: Dash, service: RecordingService, *, badges: str, current_trial: str,
+                     data_version: str) -> None:
+    @app.callback(Output(badges, "data", allow_duplicate=True), Output(ID.BADGE_POLL, "disabled"),
+                  Output(ID.BADGE_VERSION, "data"), Input(ID.BADGE_POLL, "n_intervals"),
+                  Input(current_trial, "data"), Input(data_version, "data"), State(ID.BADGE_VERSION, "data"),
+                  prevent_initial_call=True)
+    def refresh_badges(_tick: Any, trial: Any, _version: Any, sent: Any) -> Any:
+        if not isinstance(trial, str):
+            return no_update, True, no_update
+        try:
+            version = service.findings_version(trial)  # queues the trial first if its data changed
+            pending = bool(service.findings_progress(trial).pending)
+            if [trial, version] == sent:
+                return no_update, not pending, no_update
+            return service.finding_badges(trial), not pending, [trial, version]
+        except ComgraError:
+            return no_update, True, no_update
 
 
 # -- pure functions: findings in, components out ---------------------------------------------------------
@@ -92,14 +136,18 @@ def filtered(found: list[Finding], severities: Any, detectors: Any, trials: Any)
             and (trials is None or f.trial in trials)][:MAX_SHOWN]
 
 
-def count_text(shown: int, total: int) -> str:
-    return f"{shown} of {total} findings" if shown != total else f"{total} findings"
+def count_text(shown: int, total: int, scanning: list[str] | None = None) -> str:
+    text = f"{shown} of {total} findings" if shown != total else f"{total} findings"
+    return text + (f"; scanning {len(scanning)} more trial(s)\u2026" if scanning else "")
 
 
-def findings_list(found: list[Finding]) -> Component:
+def findings_list(found: list[Finding], scanning: list[str] | None = None) -> Component:
+    note = [html.P(f"Scanning {', '.join(scanning)}\u2026 its findings appear here when the scan is done.",
+                   className="text-muted findings-scanning", role="status")] if scanning else []
     if not found:
-        return html.P("No findings for these filters.", className="text-muted findings-empty")
-    return html.Ol(className="list-unstyled findings-items", children=[_item(i, f) for i, f in enumerate(found)])
+        return html.Div(note or [html.P("No findings for these filters.", className="text-muted findings-empty")])
+    return html.Div(note + [html.Ol(className="list-unstyled findings-items",
+                                    children=[_item(i, f) for i, f in enumerate(found)])])
 
 
 def _item(index: int, finding: Finding) -> html.Li:

@@ -2,8 +2,9 @@
  *
  * The server sends each graph structure once (the "graph-documents" store, keyed by hash; see
  * server/graph_view.py for what a document holds). This script lays it out, draws it, and does
- * everything that needs no data: selecting a node (the values then come from the server, the only
- * round trip of a click), highlighting its neighbours, moving along the graph with the arrow keys
+ * everything that needs no data: selecting a node (the values then come from the server: the page
+ * asks the values route directly and draws the answer at once, while Dash's view callback, asked
+ * the same, updates the selectors and plots), highlighting its neighbours, moving along the graph with the arrow keys
  * and the buttons, collapsing parameter boxes, zoom and pan, a hover card, and keeping the selected
  * node in view. It also keeps the page's URL in step with the selection (replaceState, no reload).
  */
@@ -18,8 +19,10 @@
 
   var state = {
     key: null, doc: null, badges: {}, summaries: {}, selected: null, role: null, collapsed: {},
-    layout: null, byId: {}, incoming: {}, outgoing: {}, highlighted: [], zoom: 1, rendered: ""
+    layout: null, byId: {}, incoming: {}, outgoing: {}, highlighted: [], zoom: 1, rendered: "",
+    selection: null, clicks: 0, drawnAfter: 0
   };
+  var VALUES_ROUTE = "_comgra/values";  // server/callbacks.py: VALUES_ROUTE
 
   // -- layout ---------------------------------------------------------------------------------
   function boxHeight(box) {
@@ -310,8 +313,30 @@
                         document.activeElement.closest("#dependency-graph");
     highlight(id, id === state.selected ? state.role : null);
     if (graphHadFocus) { var e = nodeElement(id); if (e) e.focus({ preventScroll: true }); }
-    var dc = window.dash_clientside;
-    if (dc && dc.set_props) dc.set_props("node-click", { data: { id: id, t: Date.now() } });
+    askValues(id, function () {
+      var dc = window.dash_clientside;
+      if (dc && dc.set_props) dc.set_props("node-click", { data: { id: id, t: Date.now() } });
+    });
+  }
+
+  // The clicked node's values, asked outside Dash's callback queue and drawn as soon as they come,
+  // unless a later click was made or the view callback's answer was drawn meanwhile. ``then`` (the
+  // view callback: selectors, plots, URL) runs after the answer, so that it never delays the values,
+  // and only for the last of quick clicks, so that answers coming out of order cannot select another.
+  function askValues(id, then) {
+    var click = ++state.clicks;
+    fetch(VALUES_ROUTE, {
+      method: "POST", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ selection: state.selection, node_id: id })
+    }).then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (answer) {
+        if (answer && answer.values && click === state.clicks && state.drawnAfter < click) {
+          state.drawnAfter = click;
+          drawValues(answer.values);
+        }
+      })
+      .catch(function () { /* the view callback's answer draws the values all the same */ })
+      .then(function () { if (click === state.clicks) then(); });  // a later click asks for itself
   }
 
   function move(direction) {
@@ -463,9 +488,17 @@
   }
 
   // -- the values panel (server/values_view.py says what it holds) -----------------------------------
-  function renderValues(data) {
-    var panel = document.getElementById("values");
+  function renderValues(data, selection) {
+    state.selection = selection || null;
+    state.drawnAfter = state.clicks;
+    return drawValues(data);
+  }
+
+  function drawValues(data) {
+    var panel = document.getElementById("values"), text = JSON.stringify(data || {});
     if (!panel) return window.dash_clientside.no_update;
+    if (text === state.drawnText && panel.firstChild) return Date.now();  // drawn early from the values route
+    state.drawnText = text;
     var body = el("div", "values-body");
     data = data || {};
     if (data.empty) {
@@ -544,10 +577,28 @@
     return window.dash_clientside.no_update;
   }
 
+  function drawBadges(badges) {
+    // Findings arrive after the graph: mark the nodes in place rather than rebuild the graph under the user.
+    state.badges = badges || {};
+    var graph = document.getElementById("dependency-graph");
+    if (!graph) return;
+    graph.querySelectorAll(".graph-node .node-badge").forEach(function (mark) { mark.remove(); });
+    graph.querySelectorAll(".graph-node[data-node]").forEach(function (element) {
+      var badge = state.badges[element.getAttribute("data-node")];
+      if (!badge) return;
+      var mark = el("span", "node-badge", String(badge));
+      mark.setAttribute("data-badge", String(badge));
+      element.appendChild(mark);
+    });
+  }
+
   function renderGraph(key, documents, badges, shown) {
     var hash = key && key.hash, doc = hash && documents ? documents[hash] : null;
     var renderKey = (hash || "") + "|" + JSON.stringify(badges || {});
-    if (renderKey !== state.rendered || doc !== state.doc) {
+    if (renderKey !== state.rendered && doc && doc === state.doc && hash === state.key) {
+      drawBadges(badges);
+      state.rendered = renderKey;
+    } else if (renderKey !== state.rendered || doc !== state.doc) {
       state.doc = doc || null;
       state.badges = badges || {};
       state.rendered = renderKey;

@@ -1,0 +1,137 @@
+"""One background scanner per service: each trial scanned once per data version, badges once it is done,
+and the default sensitivity from comgra.toml (``[anomalies] sensitivity``; the CLI flag wins)."""
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from planted import record_dead_and_healthy  # noqa: E402
+
+from comgra.analysis import scan  # noqa: E402
+from comgra.cli.app import main  # noqa: E402
+from comgra.errors import ConfigError  # noqa: E402
+from comgra.service import RecordingService  # noqa: E402
+from comgra.service_findings import MAX_SCAN_THREADS  # noqa: E402
+from comgra.store import format as fmt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_trials(tmp_path_factory):
+    return record_dead_and_healthy(tmp_path_factory.mktemp("worker"))
+
+
+@pytest.fixture
+def counted_scans(monkeypatch):
+    """The trials the scanner really scanned (its detectors ran), in order."""
+    scanned: list[str] = []
+    original = scan.detect_all
+    monkeypatch.setattr(scan, "detect_all", lambda data, options: scanned.append(data.trial) or original(data, options))
+    return scanned
+
+
+def _scan_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "comgra-findings"]
+
+
+def test_every_question_is_answered_by_one_scan_per_trial(two_trials, tmp_path, counted_scans) -> None:
+    group = tmp_path / "group"
+    shutil.copytree(two_trials, group)
+    service = RecordingService(group)
+    try:
+        for _ in range(5):  # the graph's first views of both trials, again and again, and the tab
+            service.finding_badges("dead")
+            service.finding_badges("healthy")
+            assert len(_scan_threads()) <= MAX_SCAN_THREADS
+        found = service.findings()
+        assert service.findings("dead") == [f for f in found if f.trial == "dead"]
+        assert service.finding_badges("dead") == {"layer0": "1 \u26a0"}
+        assert sorted(counted_scans) == ["dead", "healthy"]
+        # New data in one trial (a live run's flush): that trial alone is scanned again, once.
+        version = service.findings_version("dead")
+        source = sorted((fmt.trial_dir(group, "dead") / "tensors").glob("*.parquet"))[0]
+        shutil.copy(source, source.with_name(fmt.chunk_name(999, 1000, 1000)))
+        for _ in range(3):
+            service.finding_badges("dead")
+        service.findings()
+        assert sorted(counted_scans) == ["dead", "dead", "healthy"]
+        assert service.findings_version("dead") == version + 1
+    finally:
+        service.close()
+
+
+def test_badges_come_once_the_scan_is_done_without_waiting_for_it(two_trials, monkeypatch) -> None:
+    release = threading.Event()
+    original = scan.detect_all
+    monkeypatch.setattr(scan, "detect_all", lambda data, options: release.wait(30) and original(data, options))
+    service = RecordingService(two_trials)
+    try:
+        before = service.findings_version("dead")
+        assert service.finding_badges("dead") == {}  # the scan is slow: the graph is drawn without badges
+        progress = service.findings_progress()
+        assert "dead" in progress.pending and progress.findings == []
+        release.set()
+        assert service.findings_progress("dead", wait_seconds=60).pending == []
+        assert service.findings_version("dead") > before  # what tells the app to ask again
+        assert service.finding_badges("dead") == {"layer0": "1 \u26a0"}
+    finally:
+        release.set()
+        service.close()
+
+
+def test_configured_sensitivity_is_the_services_default(two_trials) -> None:
+    service = RecordingService(two_trials)
+    try:
+        assert any(f.detector == "dead_units" for f in service.findings("dead"))
+        service.configure_findings(sensitivity=0.01)  # every threshold 100 times higher
+        assert service.findings_options.sensitivity == 0.01
+        assert not any(f.detector == "dead_units" for f in service.findings("dead"))
+        with pytest.raises(ConfigError, match="sensitivity"):
+            service.configure_findings(sensitivity=0.0)
+    finally:
+        service.close()
+
+
+def test_app_takes_the_sensitivity_of_comgra_toml(two_trials, tmp_path, monkeypatch) -> None:
+    from comgra.cli import app as cli_app
+
+    (tmp_path / "comgra.toml").write_text("[anomalies]\nsensitivity = 0.01\n")
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+    monkeypatch.setattr(cli_app, "_run_server", lambda group, **options: seen.update(options) or 0)
+    assert cli_app.main(["--path", str(two_trials)]) == 0
+    assert seen["findings_sensitivity"] == 0.01
+    from comgra.server.app import create_app
+
+    app = create_app(two_trials, warm_up=False, findings_sensitivity=seen["findings_sensitivity"])
+    assert app is not None
+
+
+def _dead_units(capsys, *arguments: str) -> int:
+    assert main(["scan", "--json", *arguments]) == 0
+    return sum(f["detector"] == "dead_units" for f in json.loads(capsys.readouterr().out)["findings"])
+
+
+def test_scan_takes_the_sensitivity_of_comgra_toml_and_the_flag_wins(two_trials, tmp_path, monkeypatch,
+                                                                      capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _dead_units(capsys, "--path", str(two_trials)) == 1  # no comgra.toml: sensitivity 1
+    (tmp_path / "comgra.toml").write_text("[anomalies]\nsensitivity = 0.01\n")
+    assert _dead_units(capsys, "--path", str(two_trials)) == 0
+    assert _dead_units(capsys, "--path", str(two_trials), "--sensitivity", "1") == 1
+    other = tmp_path / "other.toml"
+    other.write_text("[anomalies]\nsensitivity = 1.0\n")
+    assert _dead_units(capsys, "--path", str(two_trials), "--config", str(other)) == 1
+
+
+def test_a_zero_sensitivity_in_comgra_toml_is_one_line_and_exit_2(two_trials, tmp_path, monkeypatch,
+                                                                  capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "comgra.toml").write_text("[anomalies]\nsensitivity = 0\n")
+    assert main(["scan", "--path", str(two_trials)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "anomalies.sensitivity" in error and "above 0" in error
