@@ -1,14 +1,13 @@
 """The real app over HTTP (Flask's test client): each callback answers with the store's numbers."""
 from __future__ import annotations
 
-
 import pytest
 
 from comgra.server.app import create_app
+from comgra.server.callbacks import VALUES_ROUTE
 from comgra.service import parse_aggregation
 from comgra.store import GroupReader
 from comgra.store import format as fmt
-
 
 
 @pytest.fixture
@@ -101,6 +100,21 @@ def test_the_values_route_answers_a_click_as_the_view_callback_does(client, reco
         shown = client.shown()  # "loss" is missing in this iteration: both show the same fallback
         assert client.statistics() == expected_statistics(recording, shown)
     assert shown["aggregation"] == "sample:2" and shown["kind"] == "gradients"
+
+
+def test_the_values_route_answers_a_step_button_as_the_view_callback_does(client, recording):
+    """The previous / next step buttons draw their values from the values route too, before Dash's answer."""
+    client.trigger("selection.data")
+    client.trigger("selection.data", {"node-click.data": {"id": "subnet_mem__out", "t": 0}})
+    for clicks, trigger in enumerate(["step_next", "step_next", "step_prev", "step_next"], start=1):
+        before = client.shown()["training_step"]
+        early = client._post(VALUES_ROUTE, {"selection": client.props.get(("selection", "data")), "trigger": trigger})
+        button = "step-next" if trigger == "step_next" else "step-prev"
+        client.trigger("selection.data", {f"{button}.n_clicks": clicks})
+        shown = client.shown()
+        assert shown["training_step"] != before and shown["node_id"] == "subnet_mem__out", trigger
+        assert early == {"node_id": "subnet_mem__out", "values": client.props[("values-data", "data")]}, trigger
+        assert client.statistics() == expected_statistics(recording, shown)
 
 
 @pytest.mark.parametrize("body", [[1], "x", None, {"node_id": 5}, {"node_id": "output", "selection": [2]},

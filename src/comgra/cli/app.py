@@ -13,7 +13,9 @@ A bad path or option ends with a one-line message and exit code 2.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib.util
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -29,6 +31,27 @@ DEMO_GROUP = "demo"
 
 class UsageError(Exception):
     """A problem with the command line; its message is printed as it is."""
+
+
+def run() -> None:
+    """The ``comgra`` command: ``main()``, then the exit.
+
+    After a server ran, the process leaves with ``os._exit`` once the ``atexit`` handlers are done
+    (the service's connections closed, the output flushed): the interpreter's own teardown would meet
+    threads of DuckDB and Arrow, and of the app's background scanner, in the middle of native code, and
+    glibc aborts such a process ("terminate called ... exception not rethrown") about one time in
+    ten after Ctrl+C. Nothing is lost: the app only reads.
+    """
+    code = main()
+    if _SERVED:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+_SERVED = False  # set once a server has run and stopped: see run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,12 +208,14 @@ def _run_server(group: Path, *, host: str, port: int, visualization_file: Path |
     token = app.server.config.get("COMGRA_API_TOKEN")
     if token:  # bound beyond loopback: the REST API's state-changing calls need it
         print(f"comgra: REST API token (Authorization: Bearer ...): {token}", flush=True)
+    global _SERVED
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         print("comgra: stopped", file=sys.stderr)
     finally:
         server.server_close()
+        _SERVED = True
     return 0
 
 
@@ -215,4 +240,4 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -125,7 +125,8 @@ def _register_view(app: Dash, service: RecordingService) -> None:
         return skip_unchanged(outputs, {**shown_options, **inputs})
 
 
-VALUES_ROUTE = "/_comgra/values"  # POST {"selection": the page's selection store, "node_id": ...}
+VALUES_ROUTE = "/_comgra/values"  # POST {"selection": the page's selection store, "node_id": ... | "trigger": ...}
+EARLY_TRIGGERS = ("step_prev", "step_next")  # besides a node click: what the page asks the values route for
 
 
 def _register_values_route(app: Dash, service: RecordingService) -> None:
@@ -136,28 +137,34 @@ def _register_values_route(app: Dash, service: RecordingService) -> None:
 
 
 def click_values(service: RecordingService, body: Any) -> dict[str, Any]:
-    """The values panel after a click on ``body["node_id"]``, given the page's selection store
+    """The values panel after a click on ``body["node_id"]``, or on the previous / next step button
+    (``body["trigger"]`` in ``EARLY_TRIGGERS``), given the page's selection store
     (``body["selection"]``): the same values the view callback answers to the same click.
 
     ``values`` is None where there is nothing to draw early (a malformed request, a selection that
     cannot be read): the view callback's answer then says why.
     """
     body = body if isinstance(body, dict) else {}
-    node_id, previous = body.get("node_id"), body.get("selection")
-    if not isinstance(node_id, str):
+    node_id, previous, trigger = body.get("node_id"), body.get("selection"), body.get("trigger")
+    if trigger in EARLY_TRIGGERS:
+        inputs: dict[str, Any] = {trigger: None}
+    elif isinstance(node_id, str):
+        trigger, inputs = "node_click", {"node_click": {"id": node_id}}
+    else:
         return {"node_id": None, "values": None}
     previous = previous if isinstance(previous, dict) else {}
     shown = selection_from(previous.get("shown"))
     try:
         wanted, _ = next_wanted(service, clean_wanted(previous.get("wanted")), shown.to_dict() if shown else None,
-                                "node_click", {"node_click": {"id": node_id}})
+                                trigger, inputs)
         view = service.resolve(wanted)
     except Exception:  # noqa: BLE001 - the view callback, asked the same, reports it
         log.debug("comgra: a click's values could not be read early", exc_info=True)
-        return {"node_id": node_id, "values": None}
+        return {"node_id": inputs.get("node_click", {}).get("id"), "values": None}
     if view.selection is None:
-        return {"node_id": node_id, "values": None}
-    return {"node_id": node_id, "values": values_data(view.selection, view.row)}
+        return {"node_id": inputs.get("node_click", {}).get("id"), "values": None}
+    return {"node_id": view.selection.node_id if trigger in EARLY_TRIGGERS else node_id,
+            "values": values_data(view.selection, view.row)}
 
 
 def linked_wanted(trigger: str | None, query: Any) -> dict[str, Any] | None:

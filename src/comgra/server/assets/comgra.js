@@ -20,7 +20,7 @@
   var state = {
     key: null, doc: null, badges: {}, summaries: {}, selected: null, role: null, collapsed: {},
     layout: null, byId: {}, incoming: {}, outgoing: {}, highlighted: [], zoom: 1, rendered: "",
-    selection: null, clicks: 0, drawnAfter: 0
+    selection: null, clicks: 0, asks: 0, drawnAfter: 0
   };
   var VALUES_ROUTE = "_comgra/values";  // server/callbacks.py: VALUES_ROUTE
 
@@ -325,18 +325,28 @@
   // and only for the last of quick clicks, so that answers coming out of order cannot select another.
   function askValues(id, then) {
     var click = ++state.clicks;
-    fetch(VALUES_ROUTE, {
-      method: "POST", headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ selection: state.selection, node_id: id })
+    askEarly({ selection: state.selection, node_id: id })
+      .then(function () { if (click === state.clicks) then(); });  // a later click asks for itself
+  }
+
+  // The values of the previous / next step, asked as a node click's are; the button's own Dash
+  // callback (selectors, plots, URL) runs as it always does, and its answer wins when it comes first.
+  function askStep(trigger) {
+    if (state.selection) askEarly({ selection: state.selection, trigger: trigger });
+  }
+
+  function askEarly(body) {
+    var ask = ++state.asks;
+    return fetch(VALUES_ROUTE, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body)
     }).then(function (response) { return response.ok ? response.json() : null; })
       .then(function (answer) {
-        if (answer && answer.values && click === state.clicks && state.drawnAfter < click) {
-          state.drawnAfter = click;
+        if (answer && answer.values && ask === state.asks && state.drawnAfter < ask) {
+          state.drawnAfter = ask;
           drawValues(answer.values);
         }
       })
-      .catch(function () { /* the view callback's answer draws the values all the same */ })
-      .then(function () { if (click === state.clicks) then(); });  // a later click asks for itself
+      .catch(function () { /* the view callback's answer draws the values all the same */ });
   }
 
   function move(direction) {
@@ -360,6 +370,12 @@
     var panel = document.getElementById("panel-tensors");
     return panel && !panel.classList.contains("hidden");
   }
+
+  var STEP_BUTTONS = { "step-prev": "step_prev", "step-next": "step_next" };  // server/layout.py: ID.STEP_*
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("#step-prev, #step-next");
+    if (button && !button.disabled) askStep(STEP_BUTTONS[button.id]);
+  }, true);
 
   document.addEventListener("click", function (event) {
     var target = event.target;
@@ -490,7 +506,7 @@
   // -- the values panel (server/values_view.py says what it holds) -----------------------------------
   function renderValues(data, selection) {
     state.selection = selection || null;
-    state.drawnAfter = state.clicks;
+    state.drawnAfter = state.asks;
     return drawValues(data);
   }
 
