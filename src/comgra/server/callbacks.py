@@ -146,10 +146,11 @@ def click_values(service: RecordingService, body: Any) -> dict[str, Any]:
     """
     body = body if isinstance(body, dict) else {}
     node_id, previous, trigger = body.get("node_id"), body.get("selection"), body.get("trigger")
+    clicked = None  # the node a click named; a step button names none
     if trigger in EARLY_TRIGGERS:
         inputs: dict[str, Any] = {trigger: None}
     elif isinstance(node_id, str):
-        trigger, inputs = "node_click", {"node_click": {"id": node_id}}
+        clicked, trigger, inputs = node_id, "node_click", {"node_click": {"id": node_id}}
     else:
         return {"node_id": None, "values": None}
     previous = previous if isinstance(previous, dict) else {}
@@ -160,11 +161,10 @@ def click_values(service: RecordingService, body: Any) -> dict[str, Any]:
         view = service.resolve(wanted)
     except Exception:  # noqa: BLE001 - the view callback, asked the same, reports it
         log.debug("comgra: a click's values could not be read early", exc_info=True)
-        return {"node_id": inputs.get("node_click", {}).get("id"), "values": None}
+        return {"node_id": clicked, "values": None}
     if view.selection is None:
-        return {"node_id": inputs.get("node_click", {}).get("id"), "values": None}
-    return {"node_id": view.selection.node_id if trigger in EARLY_TRIGGERS else node_id,
-            "values": values_data(view.selection, view.row)}
+        return {"node_id": clicked, "values": None}
+    return {"node_id": clicked or view.selection.node_id, "values": values_data(view.selection, view.row)}
 
 
 def linked_wanted(trigger: str | None, query: Any) -> dict[str, Any] | None:

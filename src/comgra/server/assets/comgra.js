@@ -121,12 +121,14 @@
     element.appendChild(el("span", "node-name", node.label));
     if (!node.box) element.appendChild(el("span", "node-detail", node.detail));
     var badge = state.badges && state.badges[node.id];
-    if (badge) {
-      var mark = el("span", "node-badge", String(badge));
-      mark.setAttribute("data-badge", String(badge));
-      element.appendChild(mark);
-    }
+    if (badge) element.appendChild(badgeMark(badge));
     return element;
+  }
+
+  function badgeMark(badge) {
+    var mark = el("span", "node-badge", String(badge));
+    mark.setAttribute("data-badge", String(badge));
+    return mark;
   }
 
   function drawBox(box, p) {
@@ -601,10 +603,7 @@
     graph.querySelectorAll(".graph-node .node-badge").forEach(function (mark) { mark.remove(); });
     graph.querySelectorAll(".graph-node[data-node]").forEach(function (element) {
       var badge = state.badges[element.getAttribute("data-node")];
-      if (!badge) return;
-      var mark = el("span", "node-badge", String(badge));
-      mark.setAttribute("data-badge", String(badge));
-      element.appendChild(mark);
+      if (badge) element.appendChild(badgeMark(badge));
     });
   }
 
