@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import statistics
@@ -86,6 +87,10 @@ class DashClient:
     def click_values(self, node_id: str) -> dict[str, Any]:
         """What the page asks first on a node click: the values route (outside Dash's callback queue)."""
         return self._post(VALUES_ROUTE, {"selection": self.props.get(("selection", "data")), "node_id": node_id})
+
+    def step_values(self, trigger: str) -> dict[str, Any]:
+        """What the page asks first on a click on the previous / next step button ("step_prev", "step_next")."""
+        return self._post(VALUES_ROUTE, {"selection": self.props.get(("selection", "data")), "trigger": trigger})
 
     def hover_cards(self) -> dict[str, Any]:
         """The hover cards' numbers, asked by the page after every step change (this reads the whole step)."""
@@ -208,6 +213,8 @@ def server_latencies(client: DashClient, repeats: int, rng: random.Random) -> di
         client.trigger(VIEW_OUTPUT, {"step-slider.value": rng.randrange(steps)})
         hover_cards.append(timed(client.hover_cards))
     results["hover cards after a step change (reads the whole step)"] = hover_cards
+    results["next step: values route, as the page asks it (a user's pause between clicks)"] = next_steps(
+        client, repeats)
     results["node click: values route answer (KiB, not ms)"] = [
         len(json.dumps(client.click_values(rng.choice(nodes)))) / 1024 for _ in range(repeats)]
     results["node click: view callback answer (KiB, not ms)"] = [len(json.dumps(actions[
@@ -220,6 +227,20 @@ def server_latencies(client: DashClient, repeats: int, rng: random.Random) -> di
 
 
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max")
+
+
+def next_steps(client: DashClient, repeats: int) -> list[float]:
+    """The values route's time for the next-step button, followed (untimed) by what the page asks next:
+    the button's view callback and the hover cards; then a user's pause."""
+    client.trigger(VIEW_OUTPUT, {"step-slider.value": 0})
+    client.hover_cards()
+    times = []
+    for clicks in range(1, repeats + 1):
+        time.sleep(PAUSE_MS / 1000)
+        times.append(timed(lambda: client.step_values("step_next")))
+        client.trigger(VIEW_OUTPUT, {"step-next.n_clicks": clicks})
+        client.hover_cards()
+    return times
 
 
 def _series_after(client: DashClient, rng: random.Random, change: dict[str, Any], statistic: str) -> float:
@@ -311,17 +332,19 @@ def recording_for(scale: float, out: Path, nodes: int = 15) -> Path:
         # Larger graphs and longer runs repeat the values of their first steps, so that they are written in
         # minutes; the app reads each step's rows all the same.
         distinct = 10**9 if nodes <= 15 and scale <= 1 else 8
-        options = synthetic_recording.Options(scale=scale, nodes=nodes, distinct_steps=distinct)
+        options = synthetic_recording.Options(scale=scale, nodes=nodes, distinct_steps=distinct, jobs=2, progress=True)
         synthetic_recording.write_recording(root, options)
         (root / "complete").write_text("")
         print(f"# wrote {nodes} nodes, scale {scale:g} in {time.perf_counter() - start:.0f} s", flush=True)
     return group
 
 
-def start_server(group: Path) -> tuple[subprocess.Popen, str, float]:
+def start_server(group: Path, source: Path | None = None) -> tuple[subprocess.Popen, str, float]:
+    """``comgra --path group`` in a subprocess; with ``source``, comgra imported from that src folder."""
     start = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(source)} if source else None
     process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(group), "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in process.stdout:
         match = re.search(r"(http://\S+)", line)
         if match:
@@ -333,14 +356,27 @@ def start_server(group: Path) -> tuple[subprocess.Popen, str, float]:
     return process, url, time.perf_counter() - start
 
 
-def measure(scale: float, args: argparse.Namespace, nodes: int = 15) -> list[str]:
+# The figures of the README's app-latency table: (row label in the full table, column of the summary).
+SUMMARY = [("browser: node click", "browser: node click until values changed"),
+           ("server: node click: values route (what the page draws)", "server: values route"),
+           ("browser: next step", "browser: next step"),
+           ("server: next step: values route, as the page asks it (a user's pause between clicks)",
+            "server: next step, values route"),
+           ("server: hover cards after a step change (reads the whole step)",
+            "server: hover cards after a jump to another step")]
+
+
+def measure(scale: float, args: argparse.Namespace, nodes: int = 15, source: Path | None = None,
+            label: str = "") -> tuple[list[str], dict[str, str]]:
+    """The full table's rows of one recording, and the summary's figures ("p50 / p95") by column."""
     group = recording_for(scale, args.out, nodes)
-    process, url, startup = start_server(group)
+    process, url, startup = start_server(group, source)
     try:
         client = DashClient(*urllib_transport(url.rstrip("/")))
         client.trigger(VIEW_OUTPUT)
         size = len(client.graph()["nodes"])
-        head = f"| {size} | {scale:g} |"
+        head = f"| {size} | {scale:g}{label} |"
+        summary = {"nodes": f"{size:,}", "scale": f"{scale:g}x{label}"}
         rows = [f"{head} start until the page is served | {startup * 1000:.0f} | |"]
         # The page starts a findings scan of the shown trial in the server; clicks are timed once it is done.
         scan = timed(lambda: urllib.request.urlopen(url.rstrip("/") + "/api/v1/findings", timeout=3600).read())
@@ -348,17 +384,29 @@ def measure(scale: float, args: argparse.Namespace, nodes: int = 15) -> list[str
         for name, samples in server_latencies(client, args.repeats, random.Random(0)).items():
             p50, p95 = percentiles(samples)
             rows.append(f"{head} server: {name} | {p50:.1f} | {p95:.1f} |")
+            summary[f"server: {name}"] = f"{p50:.1f} / {p95:.1f}"
         if not args.no_browser:
             for name, samples in browser_latencies(url, args.repeats).items():
                 p50, p95 = percentiles(samples)
                 rows.append(f"{head} browser: {name} | {p50:.0f} | {p95:.0f} |")
+                summary[f"browser: {name}"] = f"{p50:.0f} / {p95:.0f}"
         if not args.no_rss:
             for visited, rss in rss_by_steps_visited(client, process.pid, [100, 300, 1000]):
                 rows.append(f"{head} server RSS after visiting {visited} steps (MiB) | {rss:.0f} | |")
     finally:
         process.terminate()
         process.wait(10)
-    return rows
+    return rows, summary
+
+
+def summary_table(summaries: list[dict[str, str]]) -> list[str]:
+    """The README's table: per recording, the click targets' figures (p50 / p95 ms)."""
+    lines = ["| nodes | scale | " + " | ".join(column for _, column in SUMMARY) + " |",
+             "|---|---|" + "---|" * len(SUMMARY)]
+    for summary in summaries:
+        figures = [summary.get(key, "–") for key, _ in SUMMARY]
+        lines.append(f"| {summary['nodes']} | {summary['scale']} | " + " | ".join(figures) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,12 +418,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="graph size, repeatable; 15 (default): the tutorial's network, more: a transformer")
     parser.add_argument("--no-browser", action="store_true")
     parser.add_argument("--no-rss", action="store_true", help="skip the memory walk over the steps")
+    parser.add_argument("--baseline-src", type=Path,
+                        help="a src folder of another comgra (e.g. `git archive HEAD src`): each recording is "
+                             "measured with its server too, right before this tree's, marked 'baseline'")
     args = parser.parse_args(argv)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC, uptime: "
+          f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}", flush=True)
     print("| nodes | scale | measurement | p50 ms | p95 ms |\n|---|---|---|---|---|", flush=True)
+    summaries = []
     for nodes in args.nodes or [15]:
         for scale in args.scale or [1.0, 50.0]:
-            for row in measure(scale, args, nodes):
-                print(row, flush=True)
+            runs = [(args.baseline_src, " baseline"), (None, "")] if args.baseline_src else [(None, "")]
+            for source, label in runs:
+                rows, summary = measure(scale, args, nodes, source, label)
+                summaries.append(summary)
+                for row in rows:
+                    print(row, flush=True)
+    print(f"\n# Summary for the README (p50 / p95 ms), ended {time.strftime('%H:%M:%S', time.gmtime())} UTC, uptime: "
+          f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    for line in summary_table(summaries):
+        print(line, flush=True)
     return 0
 
 

@@ -29,20 +29,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def resident_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+sys.path.insert(0, str(HERE))
+from process_memory import resident_mib  # noqa: E402
 
 
 def train(mode: str, steps: int, out: Path, batch: int, size: int, max_neurons: int) -> dict:
     import torch
     import torch.nn.functional as F
-    sys.path.insert(0, str(HERE))
     from recording_workloads import Bottleneck, ResNet
 
     torch.manual_seed(0)

@@ -5,9 +5,14 @@ finishes in a few minutes on two cores: what is measured is the store, not the m
 step calls record_kpi_in_graph; one step in ``--every`` (default 100) is recorded in full.
 
 Printed at the end: wall time, bytes and number of files per table, peak RSS, the memory at every
-tenth of the run (RSS, its anonymous part, and with ``--tracemalloc`` Python's traced heap; flat
-memory), and the reader's latency for the step index, one selection and one series (a fresh
+tenth of the run (RSS, its anonymous part, and with ``--tracemalloc`` Python's traced heap), whether
+memory is flat, and the reader's latency for the step index, one selection and one series (a fresh
 reader, then the same reader again).
+
+Flat memory, as measured here: RSS is sampled at every hundredth of the run; over the second half
+(the first holds the one-time costs: the first merges load Parquet's reading code, the flush
+interval grows with the run's age) it grows by at most ``FLAT_MIB``, from the median of the tenth
+of samples before the middle to the median of the last tenth. The highest sample is printed too.
 
     python benchmarks/long_run.py                  # 100,000 steps
     python benchmarks/long_run.py --steps 5000     # a quick look
@@ -18,6 +23,8 @@ from __future__ import annotations
 import argparse
 import gc
 import resource
+import statistics
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -30,23 +37,14 @@ from comgra.recorder import ComgraRecorder
 from comgra.store import GroupReader
 from comgra.store import format as fmt
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from process_memory import anonymous_resident_mib, resident_mib  # noqa: E402
 
-def rss_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
-
-
-def anonymous_rss_mib() -> float:
-    """RSS less the mapped files (shared libraries): the heaps, where a leak would show."""
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+FLAT_MIB = 4.0  # about 1% of this process's RSS (~420 MiB, most of it torch)
 
 
 def memory_now() -> dict[str, float]:
-    memory = {"rss": rss_mib(), "anon": anonymous_rss_mib()}
+    memory = {"rss": resident_mib(), "anon": anonymous_resident_mib()}
     if tracemalloc.is_tracing():
         gc.collect()
         memory["python"] = tracemalloc.get_traced_memory()[0] / 2**20
@@ -62,7 +60,7 @@ def train(root: Path, steps: int, every: int) -> list[tuple[int, dict[str, float
         min_training_steps_difference=every))
     recorder.track_module("model", model)
     inputs, targets = torch.randn(64, 8, 8), torch.randn(64, 8, 1)
-    marks = {steps * q // 10 - 1 for q in range(1, 11)}
+    marks = {steps * q // 100 - 1 for q in range(1, 101)}
     memory = []
     for step in range(steps):
         x, y = inputs[step % 64], targets[step % 64]
@@ -84,6 +82,22 @@ def train(root: Path, steps: int, every: int) -> list[tuple[int, dict[str, float
             memory.append((step + 1, memory_now()))
     recorder.finalize()
     return memory
+
+
+def print_flatness(memory: list[tuple[int, dict[str, float]]]) -> None:
+    """Flat: RSS at the end of the run (the median of its last tenth of samples) is at most FLAT_MIB above
+    RSS at the middle (the median of the tenth before it). Medians, so that a merge in progress (it holds
+    its parts and the merged chunk at once, for a moment) is not taken for growth; the highest sample of
+    the second half is printed beside them."""
+    rss = [values["rss"] for _, values in memory]
+    tenth = max(1, len(rss) // 10)
+    half = len(rss) // 2
+    at_middle, at_end = statistics.median(rss[half - tenth:half]), statistics.median(rss[-tenth:])
+    grown, highest = at_end - at_middle, max(rss[half:]) - at_middle
+    verdict = "flat" if grown <= FLAT_MIB else "NOT flat"
+    print(f"  second half: RSS {at_middle:.1f} MiB at the middle, {at_end:.1f} MiB at the end ({grown:+.1f} MiB, "
+          f"medians of {tenth} samples): {verdict} (bound +{FLAT_MIB:g} MiB); highest sample {highest:+.1f} MiB "
+          "above the middle")
 
 
 def timed(call):
@@ -115,11 +129,13 @@ def main() -> None:
     total = [p for p in trial_dir.rglob("*") if p.is_file()]
     print(f"  all      {len(total):4d} files {sum(f.stat().st_size for f in total) / 2**20:8.2f} MiB")
     print(f"  memory (MiB) at every tenth of the run; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f}")
-    for step, values in memory:
+    tenths = memory[9::10]
+    for step, values in tenths:
         print(f"    {step:7d} steps: " + ", ".join(f"{name} {mib:.2f}" for name, mib in values.items()))
-    first, last = memory[0][1], memory[-1][1]
+    first, last = tenths[0][1], tenths[-1][1]
     print("  from the first tenth to the end: " + ", ".join(
         f"{name} {last[name] - first[name]:+.1f} MiB ({(last[name] / first[name] - 1) * 100:+.1f}%)" for name in first))
+    print_flatness(memory)
 
     for label in ("fresh reader", "same reader"):
         trial = GroupReader(root / "long").trial("trial") if label == "fresh reader" else trial

@@ -107,10 +107,11 @@ def print_recorded(pythons: dict[str, str], workloads: list[str], rounds: int, o
                 costs = row["costs"][clock]
                 print(f"{workload:<12}{clock:<6}{impl:<10}{statistics.median(costs) * 1e3:>17.1f}"
                       f"{spread(costs, 1e3):>17}{row['bytes'] / 1024:>19.1f}")
-            if "original" in rows:
-                ours, original = rows["ours"], rows["original"]
+            for impl in [i for i in rows if i != "original"] if "original" in rows else []:
+                ours, original = rows[impl], rows["original"]
                 time_ratio = statistics.median(ours["costs"][clock]) / statistics.median(original["costs"][clock])
-                print(f"{workload:<12}{clock:<6}{'ours/orig':<10}{time_ratio:>16.3f}x{'':>17}"
+                label = "ours/orig" if impl == "ours" else f"{impl[:6]}/orig"
+                print(f"{workload:<12}{clock:<6}{label:<10}{time_ratio:>16.3f}x{'':>17}"
                       f"{ours['bytes'] / original['bytes']:>18.3f}x", flush=True)
 
 
@@ -130,6 +131,9 @@ def print_sparse(pythons: dict[str, str], workloads: list[str], rounds: int, out
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--original-python", help="python of a venv with comgra==0.11.5 (and torch)")
+    parser.add_argument("--before-python",
+                        help="python that imports an earlier comgra of ours (e.g. PYTHONPATH=old/src): measured "
+                             "side by side as 'before', for an A/B of a change in the same run")
     parser.add_argument("--steps", type=int, default=2000,
                         help="training steps per overhead measurement (2000: as in the 20000-step tutorial, about 1.2%% of steps get recorded)")
     parser.add_argument("--parts", default="overhead,recorded,sparse", help="which tables to print")
@@ -140,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import sys
     pythons = {"ours": sys.executable}
+    if args.before_python:
+        pythons["before"] = args.before_python
     if args.original_python:
         pythons["original"] = args.original_python
     workloads = [w for w in args.workloads.split(",") if w]

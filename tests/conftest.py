@@ -127,6 +127,58 @@ def node_roles() -> Callable[[TrialReader, int, int], dict[str, str]]:
         n["id"]: n["role"] for n in graph_of(trial, step, iteration)["nodes"]}
 
 
+def record_step(recorder: Any, step: int, batch_size: int, forward: Callable[[Any], Any], *,
+                optimizer: Any = None, decide: tuple[str | None, list[str]] | None = None,
+                **start_batch_kwargs: Any) -> Any:
+    """One training step through the documented loop (start_batch ... finish_batch); returns the loss.
+
+    ``forward(recorder)`` registers the step's tensors and returns the loss to backpropagate, or None
+    for a step without a backward pass. ``optimizer`` is zeroed before and stepped after the backward
+    pass; ``decide`` is ``(type_of_execution, categories)`` of a dynamic recording, decided after the
+    iteration.
+    """
+    recorder.start_batch(step, batch_size, **start_batch_kwargs)
+    recorder.start_iteration()
+    loss = forward(recorder)
+    if loss is not None:
+        if optimizer is not None:
+            optimizer.zero_grad()
+        loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+        recorder.record_current_gradients("gradients")
+    recorder.finish_iteration()
+    if decide is not None:
+        recorder.decide_recording_of_batch(*decide)
+    recorder.finish_batch()
+    return loss
+
+
+def model_forward(model: Any, x: Any) -> Callable[[Any], Any]:
+    """A ``forward`` for ``record_step``: registers the input ``x``, ``y = model(x)`` and ``loss = mean(y**2)``."""
+
+    def forward(recorder: Any) -> Any:
+        recorder.register_tensor("x", x, is_input=True)
+        y = model(x)
+        recorder.register_tensor("y", y)
+        loss = y.pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        return loss
+
+    return forward
+
+
+@pytest.fixture(name="record_step")
+def _record_step() -> Callable[..., Any]:
+    """``record_step(recorder, step, batch_size, forward, optimizer=, decide=, **start_batch kwargs)``."""
+    return record_step
+
+
+@pytest.fixture(name="model_forward")
+def _model_forward() -> Callable[..., Any]:
+    """``model_forward(model, x)``: the usual input -> model -> squared-mean loss of a recorded step."""
+    return model_forward
+
 
 def load_benchmark_script(name: str):
     """A script under benchmarks/ (not a package), imported by path once per session."""

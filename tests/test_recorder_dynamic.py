@@ -12,23 +12,17 @@ from comgra.recorder import ComgraRecorder
 B = 8
 
 
-def _dynamic_step(recorder: ComgraRecorder, model: torch.nn.Module, step: int, decision: str | None,
-                  categories: list[str], generator: torch.Generator) -> None:
-    recorder.start_batch(step, B, type_of_execution=None)
-    assert recorder.recording_is_active()  # undecided: everything is kept until the decision
-    recorder.start_iteration()
-    x = torch.randn(B, 3, generator=generator)
-    recorder.register_tensor("x", x, is_input=True)
-    y = model(x)
-    recorder.register_tensor("y", y)
-    loss = y.pow(2).mean()
-    recorder.register_tensor("loss", loss, is_loss=True)
-    loss.backward()
-    recorder.record_current_gradients("gradients")
-    recorder.record_kpi_in_graph("loss", "train", loss.detach(), record_even_if_recording_is_inactive=True)
-    recorder.finish_iteration()
-    recorder.decide_recording_of_batch(decision, categories)
-    recorder.finish_batch()
+def _dynamic_step(record_step, model_forward, recorder: ComgraRecorder, model: torch.nn.Module, step: int,
+                  decision: str | None, categories: list[str], generator: torch.Generator) -> None:
+    through_model = model_forward(model, torch.randn(B, 3, generator=generator))
+
+    def forward(recorder: ComgraRecorder) -> torch.Tensor:
+        assert recorder.recording_is_active()  # undecided: everything is kept until the decision
+        loss = through_model(recorder)
+        recorder.record_kpi_in_graph("loss", "train", loss.detach(), record_even_if_recording_is_inactive=True)
+        return loss
+
+    record_step(recorder, step, B, forward, decide=(decision, categories), type_of_execution=None)
 
 
 CATEGORIES = ["hard", "easy", "easy", "hard", "easy", "medium", "easy", "hard"]
@@ -44,12 +38,12 @@ BALANCED = {
 
 
 @pytest.mark.parametrize(("limit", "expected"), BALANCED.items(), ids=[str(k) for k in BALANCED])
-def test_balanced_samples_are_picked_per_category(limit, expected, make_recorder, open_trial, tiny_model,
-                                                  generator) -> None:
+def test_balanced_samples_are_picked_per_category(limit, expected, make_recorder, record_step, model_forward,
+                                                  open_trial, tiny_model, generator) -> None:
     recorder = make_recorder(policy=DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=10),
                              max_num_batch_size_to_record=limit)
     recorder.track_module("model", tiny_model)
-    _dynamic_step(recorder, tiny_model, 0, "hard_cases", CATEGORIES, generator)
+    _dynamic_step(record_step, model_forward, recorder, tiny_model, 0, "hard_cases", CATEGORIES, generator)
     recorder.finalize()
     trial = open_trial()
     (row, ) = trial.steps().to_pylist()
@@ -61,28 +55,28 @@ def test_balanced_samples_are_picked_per_category(limit, expected, make_recorder
     assert sorted(gradient_rows["sample"].to_pylist()) == sorted(samples)
 
 
-def test_batch_statistics_still_use_the_whole_batch(make_recorder, open_trial, tiny_model, generator) -> None:
+def test_batch_statistics_still_use_the_whole_batch(make_recorder, record_step, open_trial, tiny_model) -> None:
     recorder = make_recorder(policy=DecisionMakerForRecordingsFrequencyPerType(1), max_num_batch_size_to_record=2)
     recorder.track_module("model", tiny_model)
-    recorder.start_batch(0, B, type_of_execution=None)
-    recorder.start_iteration()
     x = torch.arange(B * 3, dtype=torch.float32).reshape(B, 3)
-    recorder.register_tensor("x", x, is_input=True)
-    recorder.register_tensor("y", tiny_model(x))
-    recorder.finish_iteration()
-    recorder.decide_recording_of_batch("main", ["a"] * B)
-    recorder.finish_batch()
+
+    def forward(recorder: ComgraRecorder) -> None:
+        recorder.register_tensor("x", x, is_input=True)
+        recorder.register_tensor("y", tiny_model(x))
+
+    record_step(recorder, 0, B, forward, decide=("main", ["a"] * B), type_of_execution=None)
     recorder.finalize()
     (mean_row,) = open_trial().selection(training_step=0, node="x", aggregation="mean").to_pylist()
     assert mean_row["mean"] == pytest.approx(float(x.detach().mean()))
 
 
-def test_unwanted_steps_store_nothing_but_their_kpis(make_recorder, open_trial, tiny_model, generator) -> None:
+def test_unwanted_steps_store_nothing_but_their_kpis(make_recorder, record_step, model_forward, open_trial,
+                                                      tiny_model, generator) -> None:
     recorder = make_recorder(policy=DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=10))
     recorder.track_module("model", tiny_model)
     decisions = {0: "typical", 1: "typical", 2: None, 3: "rare", 11: "typical"}
     for step, decision in decisions.items():
-        _dynamic_step(recorder, tiny_model, step, decision, ["c"] * B, generator)
+        _dynamic_step(record_step, model_forward, recorder, tiny_model, step, decision, ["c"] * B, generator)
         assert not recorder.recording_is_active()
     recorder.finalize()
     trial = open_trial()
@@ -95,11 +89,11 @@ def test_unwanted_steps_store_nothing_but_their_kpis(make_recorder, open_trial, 
         (0, "typical"), (1, "typical"), (2, ""), (3, "rare"), (11, "typical")]
 
 
-def test_declared_types_switch_undue_dynamic_steps_off_at_the_start(make_recorder, open_trial, tiny_model,
-                                                                    generator) -> None:
+def test_declared_types_switch_undue_dynamic_steps_off_at_the_start(make_recorder, record_step, model_forward,
+                                                                    open_trial, tiny_model, generator) -> None:
     recorder = make_recorder(policy=DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=10))
     recorder.track_module("model", tiny_model)
-    _dynamic_step(recorder, tiny_model, 0, "only_type", ["c"] * B, generator)
+    _dynamic_step(record_step, model_forward, recorder, tiny_model, 0, "only_type", ["c"] * B, generator)
     recorder.declare_that_all_different_types_of_execution_have_been_encountered()
     recorder.start_batch(1, B, type_of_execution=None)
     assert not recorder.recording_is_active()  # the only known type is not due before step 10

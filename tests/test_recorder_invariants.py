@@ -29,8 +29,8 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("make_optimizer", OPTIMIZERS.values(), ids=OPTIMIZERS.keys())
-def test_frozen_parameters_stay_frozen_and_unchanged(make_optimizer, make_recorder, open_trial,
-                                                     generator) -> None:
+def test_frozen_parameters_stay_frozen_and_unchanged(make_optimizer, make_recorder, record_step, model_forward,
+                                                     open_trial, generator) -> None:
     model = make_tiny_model()
     frozen = model[0]
     for parameter in frozen.parameters():
@@ -41,20 +41,8 @@ def test_frozen_parameters_stay_frozen_and_unchanged(make_optimizer, make_record
     recorder = make_recorder({0, 1, 2, 3})
     recorder.track_module("model", model)
     for step in range(4):
-        recorder.start_batch(step, 4)
-        recorder.start_iteration()
-        x = torch.randn(4, 3, generator=generator)
-        recorder.register_tensor("x", x, is_input=True)
-        y = model(x)
-        recorder.register_tensor("y", y)
-        loss = y.pow(2).mean()
-        recorder.register_tensor("loss", loss, is_loss=True)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        recorder.record_current_gradients("gradients")
-        recorder.finish_iteration()
-        recorder.finish_batch()
+        record_step(recorder, step, 4, model_forward(model, torch.randn(4, 3, generator=generator)),
+                    optimizer=optimizer)
     recorder.finalize()
 
     assert [p.requires_grad for p in frozen.parameters()] == [False, False]

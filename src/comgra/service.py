@@ -15,6 +15,7 @@ what are the valid choices around it, and what had to change (``notices``)?
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -48,7 +49,12 @@ AGGREGATION_LABELS = {
 }
 PLOT_STATISTICS = fmt.STATISTICS + ("svd_max",)
 SERIES_CACHE_SIZE = 64  # answers of statistic_series kept; each is two arrays of one value per step
-STEP_CACHE_SIZE = 8  # whole steps kept (all rows of one step of one rank): a click in such a step reads no file
+_log = logging.getLogger("comgra.service")
+STEP_CACHE_SIZE = 16  # whole steps kept (all rows of one step of one rank): a click in such a step reads no file
+# Recorded steps read along with a step that is not kept (see ``RecordingService.step_rows``): the next
+# and previous step buttons then find their step kept.
+STEPS_READ_AHEAD = 6
+STEPS_READ_BEHIND = 2
 
 
 def aggregation_value(aggregation: str, sample: int) -> str:
@@ -242,6 +248,63 @@ class KeptStep:
         return self.table.take(positions).to_pylist() if positions else []
 
 
+def neighbour_steps(index: StepIndex, training_step: int) -> list[int]:
+    """The recorded steps read along with ``training_step`` when it is not kept (of any type)."""
+    steps = index.steps_of(ANY_TYPE)
+    position = int(np.searchsorted(steps, training_step))
+    return steps[max(0, position - STEPS_READ_BEHIND):position + STEPS_READ_AHEAD + 1].tolist()
+
+
+def _split_by_step(table: pa.Table, steps: list[int]) -> dict[int, pa.Table]:
+    """The rows of each step of ``steps`` (an empty table for a step without rows), each its own copy:
+    a kept step that is dropped then frees its memory, whatever else is kept."""
+    column = table.column("training_step").to_numpy()
+    order = np.argsort(column, kind="stable")
+    ordered = column[order]
+    result = {}
+    for step in steps:
+        first, last = np.searchsorted(ordered, [step, step + 1])
+        result[step] = table.take(pa.array(order[first:last]))
+    return result
+
+
+class _Prefetcher:
+    """One background thread that runs the latest request it was given; older ones that have not started
+    are dropped (the user has moved on). A failure is logged, never raised: a prefetch is an extra."""
+
+    def __init__(self, run: Any):
+        self._run = run
+        self._latest: Any = None
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="comgra-prefetch", daemon=True)
+        self._thread.start()
+
+    def ask(self, request: Any) -> None:
+        with self._wake:
+            self._latest = request
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._latest is None and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                request, self._latest = self._latest, None
+            try:
+                self._run(request)
+            except Exception:  # noqa: BLE001 - the step is read when it is asked for, and fails visibly then
+                _log.debug("comgra: reading steps ahead failed", exc_info=True)
+
+
 class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # profiling and resources; findings (issue 8)
     """Answers from one group folder. Thread-safe; holds caches only, never a user's state."""
 
@@ -250,11 +313,18 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         self._indexes: dict[tuple[str, int | None], tuple[tuple[str, ...], StepIndex]] = {}
         self._series: OrderedDict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._steps: OrderedDict[tuple[Any, ...], KeptStep] = OrderedDict()
+        self._reading: dict[tuple[Any, ...], threading.Event] = {}  # steps being read now (see _read_steps)
+        self._prefetch: _Prefetcher | None = None
+        self._prefetch_asked: tuple[Any, ...] | None = None  # what the prefetcher was last asked about
         self._lock = threading.Lock()
 
     def close(self) -> None:
         """Let go of the store's connections (DuckDB reports those still alive at exit as leaks)."""
         self.close_findings()  # the background scanner takes no new trial (issue 8)
+        with self._lock:
+            prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            prefetch.close()
         self.group.close()
         with self._lock:
             self._indexes.clear()
@@ -354,12 +424,13 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         batch dimension), for the graph's hover cards. One query for the whole step."""
         graph = self.graph_at(trial_id, training_step, iteration, rank)
         table = self.step_rows(trial_id, training_step, rank)  # also what the next clicks in this step read
-        table = table.filter(pc.equal(table["kind"], kind)).select(
+        # Filtered in Arrow first: at 1,000 nodes a step has thousands of rows, and Python rows cost.
+        table = table.filter(pc.and_(pc.equal(table["kind"], kind),
+                                     pc.is_in(table["aggregation"], pa.array(["mean", "none"])))).select(
             ["node", "role", "iteration", "aggregation", "min", "mean", "max"])
         wanted_rows: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
         for row in table.to_pylist():
-            if row["aggregation"] in ("mean", "none"):
-                wanted_rows.setdefault((row["node"], row["role"], row["iteration"]), row)
+            wanted_rows.setdefault((row["node"], row["role"], row["iteration"]), row)
         summaries: dict[str, dict[str, float | None]] = {}
         for node in graph["nodes"]:
             roles = node.get("roles") or []
@@ -375,28 +446,100 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         The hover cards ask for the whole step as soon as a step is shown; the node clicks
         that follow in the same step then read their rows from here instead of querying
         the chunk again (a step's rows never change once the step index lists it).
+        A step that is not kept is read together with its neighbours (``STEPS_READ_AHEAD``
+        and ``STEPS_READ_BEHIND``), which costs about as much as the step alone.
         """
-        key = (trial_id, training_step, rank, self.step_index(trial_id, rank).chunks[-1:])
-        with self._lock:
-            kept = self._steps.get(key)
-            if kept is not None:
-                self._steps.move_to_end(key)
-                return kept.table
-        kept = KeptStep(self.tensor_rows(trial_id, training_step, rank=rank))
-        with self._lock:
-            self._steps[key] = kept
-            while len(self._steps) > STEP_CACHE_SIZE:
-                self._steps.popitem(last=False)
+        index = self.step_index(trial_id, rank)
+        kept = self._kept_step(trial_id, index, training_step, rank)
+        if kept is None:
+            self._read_steps(trial_id, index, rank, [training_step, *neighbour_steps(index, training_step)])
+            kept = self._kept_step(trial_id, index, training_step, rank)
+        if kept is None:  # pushed out by other reads meanwhile (many pages at once): read it alone
+            kept = KeptStep(self.tensor_rows(trial_id, training_step, rank=rank))
         return kept.table
 
     def node_rows(self, trial_id: str, index: StepIndex, training_step: int, *, iteration: int, node: str,
                   rank: int) -> list[dict[str, Any]]:
-        """The rows of one node at one step and iteration: from a kept step if there is one, else one query."""
-        with self._lock:
-            kept = self._steps.get((trial_id, training_step, rank, index.chunks[-1:]))
+        """The rows of one node at one step and iteration: from a kept step if there is one (or one being read
+        now), else one query."""
+        kept = self._kept_step(trial_id, index, training_step, rank, wait=True)
         if kept is None:
             return self.tensor_rows(trial_id, training_step, iteration=iteration, node=node, rank=rank).to_pylist()
         return kept.rows(node, iteration)
+
+    def prefetch_near(self, selection: Selection) -> None:
+        """Read the steps around the shown one in the background, unless they are kept already: the
+        next click on a step button then reads no file. Returns at once; a newer request replaces an
+        older one that has not started."""
+        # Node clicks in one step ask again and again: only a new step (or type, trial, rank) wakes the thread.
+        where = (selection.trial, selection.rank, selection.type_of_execution, selection.training_step)
+        with self._lock:
+            if self._prefetch is None:
+                self._prefetch = _Prefetcher(self._prefetch_steps)
+            prefetch, asked, self._prefetch_asked = self._prefetch, self._prefetch_asked, where
+        if asked != where:
+            prefetch.ask(selection)
+
+    def _prefetch_steps(self, selection: Selection) -> None:
+        """On the prefetcher's thread: the shown step and its neighbours of the shown type (what the step
+        buttons go to), each read with its own neighbours, unless all of them are kept."""
+        index = self.step_index(selection.trial, selection.rank)
+        typed = index.steps_of(selection.type_of_execution)
+        position = int(np.searchsorted(typed, selection.training_step))
+        wanted = [selection.training_step, *typed[max(0, position - 1):position + 3].tolist()]
+        with self._lock:
+            if all((selection.trial, s, selection.rank, index.chunks[-1:]) in self._steps for s in wanted):
+                return
+        steps = [s for step in wanted for s in (step, *neighbour_steps(index, step))]
+        self._read_steps(selection.trial, index, selection.rank, steps)
+
+    def _kept_step(self, trial_id: str, index: StepIndex, training_step: int, rank: int, *,
+                   wait: bool = False) -> KeptStep | None:
+        """The kept rows of a step, or None; with ``wait``, after a read of it that is under way has ended."""
+        key = (trial_id, training_step, rank, index.chunks[-1:])
+        with self._lock:
+            kept, reading = self._steps.get(key), self._reading.get(key)
+            if kept is not None:
+                self._steps.move_to_end(key)
+                return kept
+        if wait and reading is not None:
+            reading.wait()
+            with self._lock:
+                return self._steps.get(key)
+        return None
+
+    def _read_steps(self, trial_id: str, index: StepIndex, rank: int, steps: list[int]) -> None:
+        """Read the rows of ``steps`` that are neither kept nor being read, in one query, and keep them;
+        then wait for the reads of the others that are under way (one read per step, however many ask)."""
+        version = index.chunks[-1:]
+        mine: dict[int, threading.Event] = {}
+        others: list[threading.Event] = []
+        with self._lock:
+            for step in dict.fromkeys(steps):
+                key = (trial_id, step, rank, version)
+                if key in self._steps:
+                    continue
+                if key in self._reading:
+                    others.append(self._reading[key])
+                else:
+                    mine[step] = self._reading[key] = threading.Event()
+        try:
+            if mine:
+                table = self.trial(trial_id).steps_selection(list(mine), rank=rank)
+                by_step = _split_by_step(table, list(mine))
+                with self._lock:
+                    for step, rows in by_step.items():
+                        self._steps[(trial_id, step, rank, version)] = KeptStep(rows)
+                        self._steps.move_to_end((trial_id, step, rank, version))
+                    while len(self._steps) > STEP_CACHE_SIZE:
+                        self._steps.popitem(last=False)
+        finally:
+            with self._lock:
+                for step, event in mine.items():
+                    self._reading.pop((trial_id, step, rank, version), None)
+                    event.set()
+        for event in others:
+            event.wait()
 
     def resolve(self, wanted: Mapping[str, Any]) -> View:
         """Turn what the user asked for into a selection that exists, saying what had to change.

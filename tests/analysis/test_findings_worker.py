@@ -25,22 +25,13 @@ def two_trials(tmp_path_factory):
     return record_dead_and_healthy(tmp_path_factory.mktemp("worker"))
 
 
-@pytest.fixture
-def counted_scans(monkeypatch):
-    """The trials the scanner really scanned (its detectors ran), in order."""
-    scanned: list[str] = []
-    original = scan.detect_all
-    monkeypatch.setattr(scan, "detect_all", lambda data, options: scanned.append(data.trial) or original(data, options))
-    return scanned
-
-
 def _scan_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "comgra-findings"]
 
 
 def test_every_question_is_answered_by_one_scan_per_trial(two_trials, tmp_path, counted_scans) -> None:
     group = tmp_path / "group"
-    shutil.copytree(two_trials, group)
+    shutil.copytree(two_trials, group, ignore=shutil.ignore_patterns("analysis"))  # never scanned
     service = RecordingService(group)
     try:
         for _ in range(5):  # the graph's first views of both trials, again and again, and the tab
@@ -64,11 +55,13 @@ def test_every_question_is_answered_by_one_scan_per_trial(two_trials, tmp_path, 
         service.close()
 
 
-def test_badges_come_once_the_scan_is_done_without_waiting_for_it(two_trials, monkeypatch) -> None:
+def test_badges_come_once_the_scan_is_done_without_waiting_for_it(two_trials, tmp_path, monkeypatch) -> None:
     release = threading.Event()
     original = scan.detect_all
     monkeypatch.setattr(scan, "detect_all", lambda data, options: release.wait(30) and original(data, options))
-    service = RecordingService(two_trials)
+    group = tmp_path / "group"
+    shutil.copytree(two_trials, group, ignore=shutil.ignore_patterns("analysis"))  # never scanned
+    service = RecordingService(group)
     try:
         before = service.findings_version("dead")
         assert service.finding_badges("dead") == {}  # the scan is slow: the graph is drawn without badges

@@ -100,3 +100,44 @@ def test_a_second_scan_reads_only_new_chunks(tmp_path, monkeypatch) -> None:
     shutil.copy(source, source.with_name(fmt.chunk_name(999, 1000, 1000)))
     scanner.scan(group, options=ScanOptions(sensitivity=1.01))
     assert reads[count:] == [fmt.chunk_name(999, 1000, 1000)]
+
+
+def test_the_progress_bar_takes_updates_from_trials_scanned_side_by_side(monkeypatch) -> None:
+    """Trials are scanned side by side: two threads once each started a bar, and a trial's task then
+    lived in the bar that was replaced (KeyError, a failed scan)."""
+    import threading
+    import time
+
+    from rich.progress import Progress
+
+    from comgra.cli import scan as scan_cli
+
+    original_init = Progress.__init__
+    calls = []
+
+    def slow_first_init(self, *args, **kwargs) -> None:  # a slow first start: the window for a second bar
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.3)
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(Progress, "__init__", slow_first_init)
+    monkeypatch.setattr(scan_cli, "PROGRESS_AFTER_SECONDS", 0.0)
+    errors: list[BaseException] = []
+
+    def scan_trial(trial: str, delay: float) -> None:
+        time.sleep(delay)
+        try:
+            for done in range(1, 13):
+                bar.update(trial, done, 12)
+                time.sleep(0.05)
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    with scan_cli._Progress() as bar:
+        threads = [threading.Thread(target=scan_trial, args=(t, 0.05 * i)) for i, t in enumerate("abc")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == [] and len(calls) == 1

@@ -274,6 +274,19 @@ def test_bad_recordings_get_banners_and_the_rest_stays_usable(serve, open_page, 
     app.check_against_store()
 
 
+def test_step_buttons_draw_the_stores_values_first_and_then_move_the_selectors(app, recording):
+    """A step button's values come from the values route; the button's view callback follows the answer
+    (the page sends it then, once per click): slider, step box and link follow each click."""
+    steps = steps_of(recording, BUGGED)
+    app.click_node("subnet_mem__out")
+    for position, button in [(1, "#step-next"), (2, "#step-next"), (3, "#step-next"), (2, "#step-prev")]:
+        app.page.click(button)
+        app.wait_for(training_step=steps[position], node="subnet_mem__out")
+        app.check_against_store()
+        expect(app.page.locator("#step-input")).to_have_value(str(steps[position]))
+        app.page.wait_for_function(f"() => location.search.includes('step={steps[position]}')")
+
+
 def test_two_browser_tabs_do_not_interfere(serve, open_page, recording):
     url = serve(recording)
     first, second = open_page(url, recording), open_page(url, recording)

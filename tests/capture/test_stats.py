@@ -13,12 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from comgra.capture import stats
+from comgra.capture import fused, stats
 from comgra.capture.stats import STATISTICS, batch_aggregates, summarize
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 from comgra.store import GroupReader
 from comgra.store.format import STATISTICS as STORED_STATISTICS
+from numeric_checks import assert_float32_close, reference_statistics  # beside this file
 
 SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -0.0])
 FINITE = st.floats(min_value=-1e4, max_value=1e4, width=32, allow_nan=False, allow_infinity=False)
@@ -26,30 +27,11 @@ VALUES = st.one_of(FINITE, FINITE, FINITE, SPECIAL)  # mostly finite, some NaN a
 VALUE_SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=1, max_side=4)
 
 
-def reference_statistics(flat: np.ndarray) -> np.ndarray:
-    """(B, D) -> (B, 8) in float64, in the order of comgra.capture.stats.STATISTICS."""
-    flat = flat.astype(np.float64)
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.stack([flat.mean(1), np.abs(flat).mean(1), flat.std(1), flat.min(1), flat.max(1),
-                         np.abs(flat).max(1), np.isnan(flat).sum(1), np.isinf(flat).sum(1)], axis=1)
-
-
 def reference_over_batch(per_sample: np.ndarray) -> np.ndarray:
     """(B, ...) -> (3, ...): mean, population std and max |.| over the batch."""
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.stack([per_sample.mean(0), per_sample.std(0), np.abs(per_sample).max(0)])
-
-
-def assert_float32_close(actual: np.ndarray, expected: np.ndarray, scale: float) -> None:
-    """NaN where NumPy has NaN, the same infinities, finite values within float32 rounding of ``scale``."""
-    actual, expected = np.asarray(actual, dtype=np.float64), np.asarray(expected, dtype=np.float64)
-    np.testing.assert_array_equal(np.isnan(actual), np.isnan(expected))
-    np.testing.assert_array_equal(np.isposinf(actual), np.isposinf(expected))
-    np.testing.assert_array_equal(np.isneginf(actual), np.isneginf(expected))
-    finite = np.isfinite(expected)
-    np.testing.assert_allclose(actual[finite], expected[finite], rtol=1e-5, atol=1e-5 * (scale + 1.0))
 
 
 def _scale(*arrays: np.ndarray) -> float:
@@ -99,17 +81,21 @@ def rows_and_chunk(draw: st.DrawFn) -> tuple[np.ndarray, int]:
 @given(rows_and_chunk())
 def test_large_tensor_paths_match_numpy(case: tuple[np.ndarray, int]) -> None:
     """The paths for large tensors, at sizes where every chunk boundary and special value shows: the CPU
-    path merging chunks of ``chunk`` elements, the NumPy path of small tensors, and the
+    path merging chunks of ``chunk`` elements, the one-pass kernel, the NumPy path of small tensors, and the
     float64-accumulating GPU path (run on the CPU)."""
     array, chunk = case
     expected = reference_statistics(array)
-    original = stats.CHUNK, stats.SUMS_ON_HOST_UP_TO
-    stats.CHUNK, stats.SUMS_ON_HOST_UP_TO = chunk, 0  # every size takes the chunked torch and BLAS path
+    fused.ensure_built()  # loaded from the cache after the first example
+    original = stats.CHUNK, stats.SUMS_ON_HOST_UP_TO, stats.FUSED
     try:
+        stats.CHUNK, stats.SUMS_ON_HOST_UP_TO, stats.FUSED = chunk, 0, False  # every size: chunked torch and BLAS
         chunked = stats._large_statistics([torch.from_numpy(array)])[:, 0].numpy()
+        stats.FUSED = True  # the one-pass kernel where it is built (capture/fused.py), else chunked again
+        one_pass = stats._large_statistics([torch.from_numpy(array)])[:, 0].numpy()
     finally:
-        stats.CHUNK, stats.SUMS_ON_HOST_UP_TO = original
+        stats.CHUNK, stats.SUMS_ON_HOST_UP_TO, stats.FUSED = original
     assert_float32_close(chunked, expected, _scale(array))
+    assert_float32_close(one_pass, expected, _scale(array))
     on_host = stats._large_statistics([torch.from_numpy(array)])[:, 0].numpy()  # small: NumPy in float64
     assert_float32_close(on_host, expected, _scale(array))
     on_gpu = stats._large_statistics([torch.from_numpy(array)], accelerator=True)[:, 0].numpy()

@@ -21,13 +21,9 @@ RANKS = {
 }
 
 
-def _record_one(make_recorder, open_trial, tensor: torch.Tensor, **register_kwargs):
+def _record_one(make_recorder, record_step, open_trial, tensor: torch.Tensor, **register_kwargs):
     recorder = make_recorder({0}, max_num_neurons_to_record=1000)
-    recorder.start_batch(0, B)
-    recorder.start_iteration()
-    recorder.register_tensor("t", tensor, **register_kwargs)
-    recorder.finish_iteration()
-    recorder.finish_batch()
+    record_step(recorder, 0, B, lambda recorder: recorder.register_tensor("t", tensor, **register_kwargs))
     recorder.finalize()
     return open_trial().selection(training_step=0, node="t", kind="forward")
 
@@ -37,10 +33,11 @@ def _by_aggregation(rows) -> dict[tuple[str, int], dict]:
 
 
 @pytest.mark.parametrize(("shape", "batch_dim"), RANKS.values(), ids=RANKS.keys())
-def test_any_rank_is_recorded_per_sample(shape, batch_dim, make_recorder, open_trial, generator) -> None:
+def test_any_rank_is_recorded_per_sample(shape, batch_dim, make_recorder, record_step, open_trial,
+                                         generator) -> None:
     tensor = torch.randn(shape, generator=generator)
     with pytest.warns(ComgraWarning, match="no connection"):  # a lone tensor: a helper value
-        rows = _record_one(make_recorder, open_trial, tensor, index_of_batch_dimension=batch_dim)
+        rows = _record_one(make_recorder, record_step, open_trial, tensor, index_of_batch_dimension=batch_dim)
     per_sample = np.moveaxis(tensor.detach().numpy(), batch_dim, 0).reshape(B, -1)
     found = _by_aggregation(rows)
     assert set(found) == {("mean", -1), ("std", -1), ("abs_max", -1), *(("sample", k) for k in range(B))}
@@ -56,33 +53,35 @@ def test_any_rank_is_recorded_per_sample(shape, batch_dim, make_recorder, open_t
 
 
 @pytest.mark.parametrize("shape", [(), (1,), (2, 3), (2, 2, 2, 2)], ids=["0d", "1d", "2d", "4d"])
-def test_tensor_without_batch_dimension_has_one_row(shape, make_recorder, open_trial, generator) -> None:
+def test_tensor_without_batch_dimension_has_one_row(shape, make_recorder, record_step, open_trial,
+                                                    generator) -> None:
     tensor = torch.randn(shape, generator=generator)
     with pytest.warns(ComgraWarning, match="no connection"):
-        rows = _record_one(make_recorder, open_trial, tensor, index_of_batch_dimension=None)
+        rows = _record_one(make_recorder, record_step, open_trial, tensor, index_of_batch_dimension=None)
     (row,) = rows.to_pylist()
     assert (row["aggregation"], row["sample"], row["shape"]) == ("none", -1, list(shape))
     np.testing.assert_allclose(row["neurons"], tensor.detach().numpy().reshape(-1), rtol=1e-6)
     assert row["mean"] == pytest.approx(float(tensor.detach().mean()), rel=1e-5, abs=1e-6)
 
 
-def test_scalar_loss_and_per_sample_loss(make_recorder, open_trial, generator) -> None:
+def test_scalar_loss_and_per_sample_loss(make_recorder, record_step, open_trial, generator) -> None:
     model = torch.nn.Linear(2, 1)
     recorder = make_recorder({0})
     recorder.track_module("m", model)
-    recorder.start_batch(0, B)
-    recorder.start_iteration()
     x = torch.randn(B, 2, generator=generator)
-    recorder.register_tensor("x", x, is_input=True)
-    per_sample = model(x).squeeze(1) ** 2
-    recorder.register_tensor("loss_per_sample", per_sample)
-    loss = per_sample.mean()
-    recorder.register_tensor("loss", loss, is_loss=True)
-    loss.backward()
-    recorder.record_current_gradients("gradients")
-    recorder.finish_iteration()
-    recorder.finish_batch()
+    computed = {}
+
+    def forward(recorder) -> torch.Tensor:
+        recorder.register_tensor("x", x, is_input=True)
+        computed["per_sample"] = model(x).squeeze(1) ** 2
+        recorder.register_tensor("loss_per_sample", computed["per_sample"])
+        loss = computed["per_sample"].mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        return loss
+
+    loss = record_step(recorder, 0, B, forward)
     recorder.finalize()
+    per_sample = computed["per_sample"]
     trial = open_trial()
     (loss_row,) = trial.selection(training_step=0, node="loss", kind="forward").to_pylist()
     assert (loss_row["aggregation"], loss_row["shape"], loss_row["tensor_type"]) == ("none", [], "loss")
@@ -94,11 +93,11 @@ def test_scalar_loss_and_per_sample_loss(make_recorder, open_trial, generator) -
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
-def test_integer_and_bool_tensors_are_recorded_as_values_with_one_warning(dtype, make_recorder, open_trial,
-                                                                          generator) -> None:
+def test_integer_and_bool_tensors_are_recorded_as_values_with_one_warning(dtype, make_recorder, record_step,
+                                                                          open_trial, generator) -> None:
     values = torch.randint(0, 2 if dtype == torch.bool else 5, (B, 4), generator=generator).to(dtype)
     with pytest.warns(ComgraWarning) as caught:
-        rows = _record_one(make_recorder, open_trial, values)
+        rows = _record_one(make_recorder, record_step, open_trial, values)
     advice = [w for w in caught if "add_tensor_connection" in str(w.message)]
     assert len(advice) == 1, [str(w.message) for w in caught]
     assert len(caught) == 1, [str(w.message) for w in caught]
@@ -111,15 +110,15 @@ def test_integer_and_bool_tensors_are_recorded_as_values_with_one_warning(dtype,
     assert found[("mean", -1)]["mean"] == pytest.approx(as_float.mean(), rel=1e-6)
 
 
-def test_float64_and_float16_are_summarised_in_float32(make_recorder, open_trial, generator) -> None:
+def test_float64_and_float16_are_summarised_in_float32(make_recorder, record_step, open_trial, generator) -> None:
     recorder = make_recorder({0})
-    recorder.start_batch(0, B)
-    recorder.start_iteration()
     wide = torch.randn(B, 3, generator=generator, dtype=torch.float64)
-    recorder.register_tensor("wide", wide)
-    recorder.register_tensor("narrow", (wide * 2).half())
-    recorder.finish_iteration()  # narrow is computed from wide: connected, no warning
-    recorder.finish_batch()
+
+    def forward(recorder) -> None:
+        recorder.register_tensor("wide", wide)
+        recorder.register_tensor("narrow", (wide * 2).half())  # computed from wide: connected, no warning
+
+    record_step(recorder, 0, B, forward)
     recorder.finalize()
     rows = open_trial().selection(training_step=0, kind="forward", aggregation="sample", sample=0)
     by_node = {r["node"]: r for r in rows.to_pylist()}
@@ -127,15 +126,12 @@ def test_float64_and_float16_are_summarised_in_float32(make_recorder, open_trial
     np.testing.assert_allclose(by_node["narrow"]["neurons"], wide[0].detach().numpy() * 2, rtol=1e-3)
 
 
-def test_neurons_are_capped_and_statistics_use_every_value(make_recorder, open_trial, generator) -> None:
+def test_neurons_are_capped_and_statistics_use_every_value(make_recorder, record_step, open_trial,
+                                                           generator) -> None:
     recorder = make_recorder({0}, max_num_neurons_to_record=5)
-    recorder.start_batch(0, B)
-    recorder.start_iteration()
     fmap = torch.randn(B, 2, 4, 4, generator=generator)
-    recorder.register_tensor("fmap", fmap)
-    with pytest.warns(ComgraWarning, match="no connection"):
-        recorder.finish_iteration()
-    recorder.finish_batch()
+    with pytest.warns(ComgraWarning, match="no connection"):  # at finish_iteration
+        record_step(recorder, 0, B, lambda recorder: recorder.register_tensor("fmap", fmap))
     recorder.finalize()
     (row,) = open_trial().selection(training_step=0, node="fmap", aggregation="sample", sample=1).to_pylist()
     flat = fmap[1].detach().reshape(-1).numpy()

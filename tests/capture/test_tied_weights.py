@@ -54,21 +54,20 @@ def tiny_gpt() -> tuple[nn.Module, Any]:
     (tiny_gpt, "gpt.wte.weight", "gpt.lm_head.weight"),
     (tiny_gpt2, "gpt.transformer.wte.weight", "gpt.lm_head.weight"),
 ], ids=["nanogpt_style", "transformers_gpt2"])
-def test_tied_parameter_is_one_node_with_both_names(make_recorder, open_trial, graph, generator, store_root,
-                                                    build, first, second) -> None:
+def test_tied_parameter_is_one_node_with_both_names(make_recorder, record_step, open_trial, graph, generator,
+                                                    store_root, build, first, second) -> None:
     model, forward = build()
     recorder = make_recorder({0})
     recorder.track_module("gpt", model)
-    recorder.start_batch(0, BATCH)
-    recorder.start_iteration()
     tokens = torch.randint(0, VOCABULARY, (BATCH, LENGTH), generator=generator)
-    logits = forward(tokens, recorder)
-    loss = nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY), tokens.reshape(-1))
-    recorder.register_tensor("loss", loss, is_loss=True)
-    loss.backward()
-    recorder.record_current_gradients("gradients")
-    recorder.finish_iteration()
-    recorder.finish_batch()
+
+    def forward_and_loss(recorder) -> torch.Tensor:
+        logits = forward(tokens, recorder)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCABULARY), tokens.reshape(-1))
+        recorder.register_tensor("loss", loss, is_loss=True)
+        return loss
+
+    record_step(recorder, 0, BATCH, forward_and_loss)
     recorder.finalize()
     trial = open_trial()
 

@@ -241,3 +241,117 @@ def test_a_closed_service_opens_the_store_again_when_asked(fresh_recording):
     before = service.resolve({}).row
     service.close()
     assert service.resolve({}).row == before
+
+
+# -- steps read together, ahead of the step buttons -------------------------------------------------------
+def _sorted_rows(table: pa.Table) -> list[str]:
+    return sorted(repr(row) for row in table.to_pylist())  # repr: NaN equals NaN
+
+
+def test_steps_read_together_are_the_rows_of_each_step_read_alone(recording):
+    """Three steps in one read (across chunks: 5 steps per chunk) give each step's rows exactly."""
+    trial = GroupReader(recording).trial(BUGGED)
+    steps = sorted(set(trial.steps().column("training_step").to_pylist()))
+    wanted = [steps[3], steps[4], steps[5], steps[11]]
+    together = trial.steps_selection(wanted, rank=0)
+    for step in wanted:
+        alone = trial.selection(training_step=step, rank=0)
+        assert alone.num_rows > 0
+        mine = together.filter(pa.compute.equal(together["training_step"], step))
+        assert _sorted_rows(mine) == _sorted_rows(alone)
+    assert together.num_rows == sum(trial.selection(training_step=s).num_rows for s in wanted)
+
+
+def _wait_until_kept(service, trial, step, rank=0, seconds=60.0):
+    import time
+
+    index = service.step_index(trial, rank)
+    deadline = time.monotonic() + seconds
+    while service._kept_step(trial, index, step, rank) is None:
+        assert time.monotonic() < deadline, f"step {step} was not read ahead"
+        time.sleep(0.02)
+
+
+def test_after_a_step_is_shown_the_next_steps_values_read_no_file(recording, monkeypatch):
+    """The values route reads the steps ahead in the background; the next-step button's answer then comes
+    from kept rows (no query at all) and equals a fresh service's answer and the store's row."""
+    from comgra.server.callbacks import click_values
+
+    fresh, ahead = RecordingService(recording), RecordingService(recording)
+    try:
+        view = ahead.resolve({"type_of_execution": "05_iterations", "iteration": 2, "node_id": "subnet_mem__out",
+                              "aggregation": "sample:1"})
+        selection = view.selection
+        store = {"wanted": {"type_of_execution": "05_iterations", "iteration": 2, "node_id": "subnet_mem__out",
+                            "aggregation": "sample:1"}, "shown": selection.to_dict()}
+        ahead.prefetch_near(selection)
+        typed = ahead.step_index(selection.trial).steps_of("05_iterations").tolist()
+        following = typed[typed.index(selection.training_step) + 1]
+        _wait_until_kept(ahead, selection.trial, following)
+
+        def no_query(*_args, **_kwargs):
+            raise AssertionError("the next step's values queried the store")
+        monkeypatch.setattr(ahead, "tensor_rows", no_query)
+        monkeypatch.setattr(ahead.trial(selection.trial), "steps_selection", no_query)
+        got = click_values(ahead, {"selection": store, "trigger": "step_next"})
+        expected = click_values(fresh, {"selection": store, "trigger": "step_next"})
+        assert json.dumps(got) == json.dumps(expected)
+        next_view = fresh.resolve({**store["wanted"], "training_step": following})
+        assert next_view.selection.training_step == following
+        stored = stored_row(recording, next_view.selection)
+        shown = {s["name"]: s["value"] for s in got["values"]["stats"]}
+        assert float(shown["mean"]) == stored["mean"] and float(shown["max"]) == stored["max"]
+    finally:
+        fresh.close()
+        ahead.close()
+
+
+def test_a_step_asked_by_several_at_once_is_read_once(recording, monkeypatch):
+    """The values route, the view callback and the hover cards ask for a new step at the same moment: one
+    read serves them all, and each gets the store's rows."""
+    import threading
+    import time
+
+    service = RecordingService(recording)
+    try:
+        trial = service.trial(BUGGED)
+        reads: list[list[int]] = []
+        original = trial.steps_selection
+
+        def slow_read(steps, **kwargs):
+            reads.append(list(steps))
+            time.sleep(0.3)  # the others ask while this read is under way
+            return original(steps, **kwargs)
+        monkeypatch.setattr(trial, "steps_selection", slow_read)
+        step = int(service.step_index(BUGGED).steps_of(ANY_TYPE)[6])
+        answers: list[pa.Table] = []
+        threads = [threading.Thread(target=lambda: answers.append(service.step_rows(BUGGED, step, 0)))
+                   for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert len(reads) == 1 and step in reads[0]
+        expected = _sorted_rows(GroupReader(recording).trial(BUGGED).selection(training_step=step, rank=0))
+        assert len(answers) == 3 and all(_sorted_rows(a) == expected for a in answers)
+    finally:
+        service.close()
+
+
+def test_hover_cards_of_a_step_read_ahead_show_the_stores_numbers(recording):
+    service = RecordingService(recording)
+    try:
+        steps = service.step_index(BUGGED).steps_of(ANY_TYPE).tolist()
+        service.step_rows(BUGGED, steps[2], 0)  # reads steps[0] .. steps[8] together
+        reader = GroupReader(recording).trial(BUGGED)
+        for step in steps[3:9]:
+            graph = service.graph_at(BUGGED, step, 0, 0)
+            cards = service.node_summaries(BUGGED, step, 0)
+            assert len(cards) == len(graph["nodes"])
+            for node in graph["nodes"]:
+                (row,) = reader.selection(training_step=step, node=node["node"], role=node["roles"][0],
+                                          kind="forward", iteration=0 if node["absolute_iteration"] is None else -1,
+                                          aggregation="mean" if node["has_batch"] else "none").to_pylist()
+                assert cards[node["id"]] == {name: row[name] for name in ("min", "mean", "max")}
+    finally:
+        service.close()

@@ -38,29 +38,16 @@ def steps_rows(recording: Path, trial: str) -> list[dict]:
 
 
 # -- a type of training step named "any" ------------------------------------------------------------------
-def _record_types(make_recorder, tiny_model, generator, types: dict[int, str]) -> None:
+def test_a_type_of_step_named_any_is_a_type_not_the_all_types_filter(make_recorder, record_step, model_forward,
+                                                                    tiny_model, generator, store_root):
     torch = pytest.importorskip("torch")
+    types = {0: "other", 1: "any", 2: "other", 3: "any"}
     recorder = make_recorder(steps=set(types))
     recorder.track_module("model", tiny_model)
     for step, type_ in types.items():
-        recorder.start_batch(step, 4, type_of_execution=type_)
-        recorder.start_iteration()
         x = torch.randn(4, 3, generator=generator)
-        recorder.register_tensor("x", x, is_input=True)
-        y = tiny_model(x)
-        recorder.register_tensor("y", y)
-        loss = y.pow(2).mean()
-        recorder.register_tensor("loss", loss, is_loss=True)
-        loss.backward()
-        recorder.record_current_gradients("gradients")
-        recorder.finish_iteration()
-        recorder.finish_batch()
+        record_step(recorder, step, 4, model_forward(tiny_model, x), type_of_execution=type_)
     recorder.finalize()
-
-
-def test_a_type_of_step_named_any_is_a_type_not_the_all_types_filter(make_recorder, tiny_model, generator,
-                                                                    store_root):
-    _record_types(make_recorder, tiny_model, generator, {0: "other", 1: "any", 2: "other", 3: "any"})
     service = RecordingService(store_root / "group")
     view = service.resolve({})
     assert view.choices.types == [ANY_TYPE, "any", "other"]  # the filter and the user's type are two choices

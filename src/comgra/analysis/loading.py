@@ -106,7 +106,8 @@ class ChunkCache:
 
 
 def read_chunk(trial: TrialReader, path: Path) -> ChunkData:
-    table = trial.read_tensor_chunk(path, KEYS + STATS + ["svd_max", "num_neurons", "neurons"])
+    # One Arrow chunk per column, not one per row group: the filters below run once, not per row group.
+    table = trial.read_tensor_chunk(path, KEYS + STATS + ["svd_max", "num_neurons", "neurons"]).combine_chunks()
     return ChunkData(table.drop_columns(["neurons"]), _neuron_frames(table))
 
 

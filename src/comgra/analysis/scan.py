@@ -10,34 +10,57 @@ written since; findings are recomputed only when a trial's chunks changed.
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from comgra.analysis import cooccurrence, correlation, graphs, nonfinite, outliers, parameters, trends, units
+from comgra.analysis import saved
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings, trial_signature
-from comgra.analysis.loading import ChunkCache, TrialData
 from comgra.errors import SelectionError, did_you_mean
 from comgra.store.reader import GroupReader
 
-log = logging.getLogger("comgra.analysis")
+if TYPE_CHECKING:
+    from comgra.analysis.loading import ChunkCache, TrialData
+
 MAX_PARALLEL_TRIALS = 4
-Detector = Callable[[TrialData, graphs.GraphFacts, ScanOptions], list[Finding]]
-DETECTORS: dict[str, Detector] = {
-    "non_finite": lambda data, facts, options: nonfinite.detect(data, facts),
-    "gradients": trends.gradients,
-    "growth": trends.growth,
-    "collapse": trends.collapse,
-    "dead_units": units.dead,
-    "saturated_units": units.saturated,
-    "one_sided": units.one_sided,
-    "parameters": parameters.detect,
-    "outliers": outliers.detect,
-    "correlation": correlation.detect,
-}
+
+
+def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], list[str]]:
+    """Every detector over one trial (``comgra.analysis.detectors``, imported on first use)."""
+    from comgra.analysis.detectors import detect_all as run_detectors
+
+    return run_detectors(data, options)
+
+
+_preloading: list[threading.Thread] = []
+_preload_lock = threading.Lock()
+
+
+def _import_detectors_beside() -> None:
+    """Import the detectors' libraries (scipy, scikit-learn: a second or two) in a thread of their own
+    while the chunks are read: that time overlaps the reading instead of adding to it."""
+    def work() -> None:
+        try:
+            import comgra.analysis.detectors  # noqa: F401
+            import sklearn.ensemble  # noqa: F401 - the outlier detector's IsolationForest
+        except Exception:  # noqa: BLE001 - detect_all imports them again and reports what fails
+            return
+
+    with _preload_lock:
+        if not _preloading:
+            _preloading.append(threading.Thread(target=work, name="comgra-scan-import"))
+            _preloading[0].start()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DETECTORS":
+        from comgra.analysis.detectors import DETECTORS
+
+        return DETECTORS
+    raise AttributeError(f"module 'comgra.analysis.scan' has no attribute {name!r}")
 
 
 @dataclass
@@ -48,13 +71,29 @@ class ScanResult:
 
 
 class Scanner:
-    """Scans trials; keeps per chunk what it read and per trial what it found. Thread-safe."""
+    """Scans trials; keeps per chunk what it read and per trial what it found. Thread-safe.
 
-    def __init__(self) -> None:
-        self.cache = ChunkCache()
+    With ``persist=True`` (``comgra scan`` and the app) it also reads and writes the findings saved in
+    the recording (``comgra.analysis.saved``): a trial whose chunks and analysis code did not change
+    since it was last scanned is not scanned again, in this process or any other.
+    """
+
+    def __init__(self, *, persist: bool = False) -> None:
+        self.persist = persist
+        self._cache: ChunkCache | None = None
         self._found: dict[tuple[str, str, ScanOptions], tuple[tuple[str, ...], list[Finding], list[str]]] = {}
         self._lock = threading.Lock()
         self._trial_locks: dict[tuple[str, str], threading.Lock] = {}
+
+    @property
+    def cache(self) -> ChunkCache:
+        """What was read per chunk (created on first use: loading it imports pandas)."""
+        with self._lock:
+            if self._cache is None:
+                from comgra.analysis.loading import ChunkCache
+
+                self._cache = ChunkCache()
+            return self._cache
 
     def scan(self, path: str | Path | GroupReader, *, trials: list[str] | None = None,
              options: ScanOptions | None = None, progress: Callable[[str, int, int], None] | None = None) -> ScanResult:
@@ -97,6 +136,12 @@ class Scanner:
             cached = self._found.get(key)
         if cached is not None and cached[0] == chunks:
             return cached[1], cached[2]
+        kept = saved.load(trial.directory, chunks, options) if self.persist else None
+        if kept is not None:
+            with self._lock:
+                self._found[key] = (chunks, *kept)
+            return kept
+        _import_detectors_beside()
         total, done = len(chunks), [0]
 
         def advance(count: int) -> None:
@@ -106,27 +151,10 @@ class Scanner:
 
         data = self.cache.load(trial, advance)
         found, problems = detect_all(data, options)
+        found = saved.normalized(found)  # the same objects a later process reads back from the saved file
+        if self.persist:
+            saved.save(trial.directory, chunks, options, found, problems)
         with self._lock:
             self._found[key] = (chunks, found, problems)
         return found, problems
 
-
-def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], list[str]]:
-    """Every detector over one trial; a detector that fails is reported and the others still run."""
-    facts = graphs.facts(data.graphs.values())
-    if options.target is not None:
-        correlation.pick_target(data, facts, options.target)  # an unknown --target is the user's error
-    findings: list[Finding] = []
-    problems = [f"skipped {p}" for p in data.problems]
-    if not len(data.stats):
-        return findings, problems
-    for name, detector in DETECTORS.items():
-        try:
-            findings.extend(detector(data, facts, options))
-        except SelectionError:
-            raise
-        except Exception as error:  # noqa: BLE001 - one detector's fault must not hide the others' findings
-            log.debug("comgra: detector %s failed", name, exc_info=error)
-            problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
-    findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    return rank_findings(findings), problems

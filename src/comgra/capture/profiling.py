@@ -9,9 +9,14 @@ statistics of each module's output and the norm of its parameters' gradients are
 asked for, its forward FLOPs (``torch.utils.flop_counter.FlopCounterMode``). Rows go to the
 ``layers`` table; the last ``history`` executions of each layer stay in memory (``history()``).
 
-Cost: a hook does only what must happen at that moment (read the clock, note the output's size,
-put a marker on the output's autograd node) into a plain list; pairing the marks, the backward
-ends, wall-clock times and rows are worked out once per step, and the Arrow table once per flush.
+Cost: a module's forward is measured by a wrapper set on its class while the profiler is active
+(``forward_wrappers``: no forward hooks, so ``nn.Module.__call__`` keeps its fast path, and nothing on
+the instances, so deepcopy, pickle and torch.save see plain modules); forward hooks remain only where
+a wrapper cannot be used. Each call does only what must happen at that moment (read the clock, note
+the output's size, put a marker on the output's autograd node) into a plain list; pairing the marks,
+the backward ends, wall-clock times and rows are worked out once per step, and the Arrow table once
+per flush. Calls made while a graph is traced (torch.compile, torch.jit.trace, torch.fx) are not
+measured: they are not executions.
 
 Clocks: ``time.perf_counter`` on CPU. On a GPU a mark is a CUDA event recorded in the hook; a step's
 events are read once the last of them has completed (``Event.query``, which never blocks), so the
@@ -37,11 +42,16 @@ import pyarrow as pa
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from comgra.capture import forward_wrappers
 from comgra.errors import ConfigError
 from comgra.store import format as fmt
 
 DEFAULT_HISTORY = 100
 _profiler_enabled = torch._C._autograd._profiler_enabled  # True while a torch.profiler (or autograd profiler) runs
+_tracing_state = torch._C._get_tracing_state  # not None inside torch.jit.trace
+_is_compiling = torch.compiler.is_compiling  # True while TorchDynamo traces (torch.compile)
+# True inside torch.fx.symbolic_trace (older torch: is_fx_tracing, which newer torch makes log a warning)
+_is_fx_tracing = getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", None) or torch.fx._symbolic_trace.is_fx_tracing
 _FIELDS = tuple(fmt.LAYERS_SCHEMA.names)
 
 # One execution of one module is a list (the cheapest mutable record to make in a hook), indexed by:
@@ -125,6 +135,7 @@ class Profiler:
         self._by_module: dict[int, _Layer] = {}
         self._parameter_index: dict[int, int] = {}
         self._handles: list[Any] = []
+        self._attached: list[torch.nn.Module] = []  # modules measured by a class-level forward wrapper
         self._forced_cuda = cuda
         self._cuda = bool(cuda)
         self._clock: Callable[[], Any] = _cuda_event if self._cuda else time.perf_counter
@@ -157,9 +168,12 @@ class Profiler:
             layer = _Layer(f"{root_name}.{dotted}" if dotted else root_name, submodule, self.options.history, indices)
             self._layers.append(layer)
             self._by_module[id(submodule)] = layer
-            before, after = self._hooks(layer)
-            self._handles.append(submodule.register_forward_pre_hook(before))
-            self._handles.append(submodule.register_forward_hook(after))
+            if forward_wrappers.attach(submodule, self._forward_handler(layer)):
+                self._attached.append(submodule)
+            else:  # TorchScript, an instance's own forward attribute, ...: hooks (nn.Module's slower call path)
+                before, after = self._hooks(layer)
+                self._handles.append(submodule.register_forward_pre_hook(before))
+                self._handles.append(submodule.register_forward_hook(after))
             if self._forced_cuda is None and any(p.is_cuda for p in submodule.parameters(recurse=False)):
                 self._cuda, self._clock = True, _cuda_event
 
@@ -175,6 +189,9 @@ class Profiler:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for module in self._attached:
+            forward_wrappers.detach(module)
+        self._attached = []
         self._records = self._parameter_marks = None
         self._end_flops()
         self._layers, self._by_module, self._parameter_index = [], {}, {}
@@ -256,47 +273,91 @@ class Profiler:
             mode, self._flops = self._flops, None
             mode.__exit__(None, None, None)
 
-    # -- hooks: only what must happen at that moment -------------------------------------------
+    # -- per call: only what must happen at that moment -----------------------------------------------
+    def _forward_handler(self, layer: _Layer) -> forward_wrappers.Handler:
+        """What the class-level wrapper calls for this layer's module: the forward, measured."""
+        profiler = self
+
+        def measured_forward(module: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                             kwargs: dict[str, Any]) -> Any:
+            if _traced() or profiler._records is None:  # tracing first: torch.compile must not guard on _records
+                return forward(module, *args, **kwargs)
+            record = profiler._begin(layer, args)
+            if record is None:
+                return forward(module, *args, **kwargs)
+            try:
+                output = forward(module, *args, **kwargs)
+            except BaseException:
+                profiler._abandon(record)
+                raise
+            profiler._end(record, output)
+            return output
+
+        return measured_forward
+
     def _hooks(self, layer: _Layer) -> tuple[Callable[..., None], Callable[..., None]]:
+        """The fallback where no class-level wrapper can be used: forward hooks (recursion-safe by a stack)."""
         profiler = self
 
         def before_forward(module: torch.nn.Module, inputs: Any) -> None:
-            records = profiler._records
-            if records is None:
+            if profiler._records is None:
                 return
-            try:
-                record: list[Any] = [layer, None, None, 0, None, None, None]
-                records.append(record)
+            record = profiler._begin(layer, inputs)
+            if record is not None:
                 layer.open.append(record)
-                if profiler._extras or _profiler_enabled():
-                    profiler._begin_extras(layer, record)
-                if layer.needs_input_marks:
-                    _mark_inputs(record, inputs, profiler._clock)
-                record[_FORWARD_START] = profiler._clock()
-            except Exception as error:  # noqa: BLE001 - a fault of ours never breaks the user's forward
-                profiler._fail(error)
 
         def after_forward(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-            if not layer.open or profiler._records is None:
-                return
-            try:
-                end = profiler._clock()
-                record = layer.open.pop()
-                record[_FORWARD_END] = end
-                if isinstance(output, torch.Tensor):
-                    record[_BYTES], node, outputs = output.nbytes, output.grad_fn, None
-                else:
-                    outputs = list(_tensors(output))
-                    record[_BYTES] = sum(t.nbytes for t in outputs)
-                    node = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
-                if node is not None:
-                    profiler._mark_backward_start(node, record)
-                if record[_EXTRA] is not None:
-                    profiler._end_extras(record, [output] if outputs is None else outputs)
-            except Exception as error:  # noqa: BLE001
-                profiler._fail(error)
+            if layer.open and profiler._records is not None:
+                profiler._end(layer.open.pop(), output)
 
         return before_forward, after_forward
+
+    def _begin(self, layer: _Layer, inputs: Any) -> list[Any] | None:
+        """A module's forward starts: a new record with its start time (None: not measured)."""
+        records = self._records
+        if records is None:
+            return None
+        try:
+            record: list[Any] = [layer, None, None, 0, None, None, None]
+            records.append(record)
+            if self._extras or _profiler_enabled():
+                self._begin_extras(layer, record)
+            if layer.needs_input_marks:
+                _mark_inputs(record, inputs, self._clock)
+            record[_FORWARD_START] = self._clock()
+            return record
+        except Exception as error:  # noqa: BLE001 - a fault of ours never breaks the user's forward
+            self._fail(error)
+            return None
+
+    def _end(self, record: list[Any], output: Any) -> None:
+        """The forward returned: its end time, the output's bytes, a marker for the start of its backward."""
+        try:
+            record[_FORWARD_END] = self._clock()
+            if self._records is None:
+                return  # the step ended (or profiling failed) while this forward ran
+            if isinstance(output, torch.Tensor):
+                record[_BYTES], node, outputs = output.nbytes, output.grad_fn, None
+            else:
+                outputs = list(_tensors(output))
+                record[_BYTES] = sum(t.nbytes for t in outputs)
+                node = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
+            if node is not None:
+                self._mark_backward_start(node, record)
+            if record[_EXTRA] is not None:
+                self._end_extras(record, [output] if outputs is None else outputs)
+        except Exception as error:  # noqa: BLE001
+            self._fail(error)
+
+    def _abandon(self, record: list[Any]) -> None:
+        """The user's forward raised: close a torch.profiler range this record opened; the error goes on."""
+        extra = record[_EXTRA]
+        if extra is not None and extra.scope is not None:
+            scope, extra.scope = extra.scope, None
+            try:
+                scope.__exit__(None, None, None)
+            except Exception as error:  # noqa: BLE001
+                self._fail(error)
 
     def _mark_backward_start(self, node: Any, record: list[Any]) -> None:
         """One output suffices: the gradient reaches a module's outputs together. A prehook on the node that
@@ -366,47 +427,57 @@ class Profiler:
             self._rows.extend(rows)
 
     def _rows_of(self, capture: _StepCapture) -> list[tuple[Any, ...]]:
-        seconds = self._seconds_of(capture)
-        done: dict[int, Any] = dict(capture.parameter_marks)  # the last mark of each parameter
-        done_at = {index: seconds(mark) for index, mark in done.items()}
+        """One row per record, in the LAYERS_SCHEMA order; the hot loop of a profiled step's end (no call per mark
+        on CPU, where a mark is a perf_counter reading and a fixed offset puts it on the wall clock)."""
+        offset, seconds = self._seconds_of(capture)
+        done_at = {index: seconds(mark) for index, mark in dict(capture.parameter_marks).items()}  # last mark of each
         norms = {i: v for indices, values in capture.grad_norms for i, v in zip(indices, values.tolist())}
         statistics = {id(r): v for group, values in capture.statistics for r, v in zip(group, values.tolist())}
-        calls: dict[int, int] = {}
-        per_layer: dict[int, tuple[float | None, float | None]] = {}  # its backward end and gradient norm
-        clock = "cuda_event" if self._cuda else "perf_counter"
+        calls: dict[_Layer, int] = {}
+        per_layer: dict[_Layer, tuple[float | None, float | None]] = {}  # its backward end and gradient norm
+        clock, step, no_statistics = ("cuda_event" if self._cuda else "perf_counter"), capture.step, (None,) * 4
         rows = []
         for record in capture.records:
-            layer = record[_LAYER]
-            call = calls[id(layer)] = calls.get(id(layer), -1) + 1
-            if id(layer) not in per_layer:
-                per_layer[id(layer)] = _layer_end_and_norm(layer, done_at, norms)
-            parameters_end, grad_norm = per_layer[id(layer)]
-            forward_start, forward_end = seconds(record[_FORWARD_START]), seconds(record[_FORWARD_END])
-            backward_start = seconds(record[_BACKWARD_START])
-            backward_end = seconds(record[_BACKWARD_END]) if layer.needs_input_marks else parameters_end
+            layer, forward_start, forward_end, output_bytes, backward_start, backward_end, extra = record
+            call = calls[layer] = calls.get(layer, -1) + 1
+            ends = per_layer.get(layer)
+            if ends is None:
+                ends = per_layer[layer] = _layer_end_and_norm(layer, done_at, norms)
+            if offset is None:
+                forward_start, forward_end = seconds(forward_start), seconds(forward_end)
+                backward_start, backward_end = seconds(backward_start), seconds(backward_end)
+            else:
+                forward_start = None if forward_start is None else forward_start + offset
+                forward_end = None if forward_end is None else forward_end + offset
+                backward_start = None if backward_start is None else backward_start + offset
+                backward_end = None if backward_end is None else backward_end + offset
+            if not layer.needs_input_marks:
+                backward_end = ends[0]
             backward_time = None
             if backward_start is not None and backward_end is not None and backward_end >= backward_start:
                 backward_time = backward_end - backward_start
-            extra = record[_EXTRA] or _NO_EXTRA
-            mean, std, abs_max, nans = statistics.get(id(record), (None, None, None, None))
-            row = (capture.step, layer.name, call, clock, forward_start,
+            else:
+                backward_start = None
+            extra = extra or _NO_EXTRA
+            mean, std, abs_max, nans = statistics.get(id(record), no_statistics) if statistics else no_statistics
+            row = (step, layer.name, call, clock, forward_start,
                    None if forward_start is None or forward_end is None else forward_end - forward_start,
-                   backward_start if backward_time is not None else None, backward_time, record[_BYTES],
+                   backward_start, backward_time, output_bytes,
                    extra.cuda_allocated_delta, extra.cuda_peak, extra.forward_flops, mean, std, abs_max,
-                   None if nans is None else int(nans), grad_norm)
+                   None if nans is None else int(nans), ends[1])
             layer.history.append(row)
             rows.append(row)
         return rows
 
-    def _seconds_of(self, capture: _StepCapture) -> Callable[[Any], float | None]:
-        """Marks as seconds on the wall clock (time.time scale)."""
+    def _seconds_of(self, capture: _StepCapture) -> tuple[float | None, Callable[[Any], float | None]]:
+        """Marks as seconds on the wall clock (time.time scale): on CPU a fixed offset (also as a function),
+        on CUDA (offset None) a function of the event."""
         if not self._cuda:
             offset = self._epoch[0] - self._epoch[1]
-            return lambda mark: None if mark is None else mark + offset
+            return offset, lambda mark: None if mark is None else mark + offset
         # A CUDA event: its offset from the step's first event, placed at the host time of that event.
         base = self._epoch[0] + (capture.host_start - self._epoch[1])
-        return lambda mark: None if mark is None else base + capture.start.elapsed_time(mark) / 1000.0
-
+        return None, lambda mark: None if mark is None else base + capture.start.elapsed_time(mark) / 1000.0
 
 _NO_EXTRA = _Extra()
 
@@ -418,6 +489,11 @@ def _layer_end_and_norm(layer: _Layer, done_at: dict[int, float | None],
     ends = [end for end in (done_at.get(i) for i in layer.parameter_indices) if end is not None]
     squares = [norms[i] ** 2 for i in layer.parameter_indices if i in norms]
     return (max(ends) if ends else None), (float(sum(squares) ** 0.5) if squares else None)
+
+
+def _traced() -> bool:
+    """A module called while a graph is being traced rather than run: there is nothing to time."""
+    return _is_compiling() or _tracing_state() is not None or _is_fx_tracing()
 
 
 def _backward_reached(records: list[list[Any]], clock: Callable[[], Any], _gradients: Any) -> None:

@@ -25,7 +25,7 @@ from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import RankInfo
 from comgra.capture.registry import RECORDING_TYPES, Registration
 from comgra.capture.step import StepOptions, StepRecording
-from comgra.capture.summaries import SampleChoice
+from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError
 from comgra.objects import DecisionMakerForRecordings
 from comgra.store import format as fmt
@@ -74,6 +74,7 @@ class Session:
             directory.mkdir(parents=True, exist_ok=True)
             fmt.write_json_atomic(directory / metadata_name, metadata)
             writer = ChunkWriter(directory, flush_seconds=options.flush_seconds, rank=ranks.rank)
+            prepare()  # the first recorded step's one-time costs, before the training loop
         except OSError as error:
             session = cls(options, directory, None, metadata, broken=True)
             _warn(f"comgra cannot write to {str(directory)!r} ({error}); recording is off, training goes on. "

@@ -18,6 +18,8 @@ import torch
 from scipy.linalg import blas, eigh_tridiagonal
 from threadpoolctl import ThreadpoolController
 
+from comgra.capture.fused import row_sums as _fused_row_sums
+
 # Order of the statistics in every result; matches comgra.store.format.STATISTICS.
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")
 BATCH_AGGREGATIONS = ("mean", "std", "abs_max")
@@ -143,22 +145,31 @@ def _assemble_on_host(*statistics: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(stacked.astype(np.float32).transpose(1, 0, 2))
 
 
+# The one-pass kernel of capture/fused.py for tensors above SUMS_ON_HOST_UP_TO (tests switch it off to
+# reach the chunked path).
+FUSED = True
+
 # A tensor with at most this many values gets its sums from NumPy in float64 directly: five NumPy ops
 # on a small array cost a few microseconds, five torch ops 30-50 (dispatch).
 SUMS_ON_HOST_UP_TO = 8_192
 
 
 def _cpu_sums(values: torch.Tensor) -> np.ndarray:
-    """(5, B) in float64 for one (B, D) tensor: one pass over memory, chunk by chunk (each chunk stays
-    in the cache), never a temporary larger than a chunk. Measured on ResNet-18's parameters, one
-    core: 25% faster than centring every chunk on its mean, 10x faster than ``torch.var_mean``
-    (Welford, not vectorised), than float64 accumulation and than ``linalg.vector_norm(x, 1)``."""
+    """(5, B) in float64 for one (B, D) tensor: one pass over memory, in the fused kernel
+    (capture/fused.py) where it is built, else chunk by chunk (each chunk stays in the cache, read
+    four times), never a temporary larger than a chunk. Measured on ResNet-18's parameters, one core:
+    the kernel 3.5 ms, the chunks 13-16 ms; the chunks are 25% faster than centring every chunk on its
+    mean, 10x faster than ``torch.var_mean`` (Welford, not vectorised), than float64 accumulation and
+    than ``linalg.vector_norm(x, 1)``."""
     rows, width = values.shape
     if values.numel() <= SUMS_ON_HOST_UP_TO:
         wide = values.detach().numpy().astype(np.float64)
         with np.errstate(all="ignore"):  # inf - inf in a sum: NaN, as in torch
             return np.stack([wide.sum(1), np.einsum("ij,ij->i", wide, wide), np.abs(wide).sum(1),
                              wide.min(1), wide.max(1)])
+    fused = _fused_row_sums(values) if FUSED else None
+    if fused is not None and np.isfinite(fused[2]).all():  # NaN or inf: the eager path, NaN-propagating min/max
+        return fused
     step = max(1, CHUNK // rows)
     chunks = np.stack([_chunk_sums(values[:, start:start + step]) for start in range(0, width, step)])
     with np.errstate(all="ignore"):

@@ -110,6 +110,13 @@ class StepRecording:
         else:
             self._pending_forward.append((registration, tensor.detach().clone()))
 
+    def add_gradient(self, tensor_name: str, grad: torch.Tensor) -> None:
+        """Give the latest tensor registered as ``tensor_name`` a gradient that arrived outside its hook.
+
+        A replayed step (a breakpoint decided to record after the backward pass ran) kept the gradient
+        itself; it is counted exactly as the hook would have counted it."""
+        self._gradient_hook(self.latest_by_name[tensor_name])(grad)
+
     def _gradient_hook(self, key: tuple[int, str]) -> Any:
         def hook(grad: torch.Tensor) -> None:
             if self._parameter_job is not None:  # the first hook of the backward pass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +49,7 @@ def run(arguments: list[str], usage_error: Callable[[str], Exception]) -> int:
     options = ScanOptions(sensitivity=_chosen_sensitivity(args, usage_error), target=args.target)
     try:
         with _Progress() as progress:
-            result = Scanner().scan(group, trials=args.trial, options=options, progress=progress.update)
+            result = Scanner(persist=True).scan(group, trials=args.trial, options=options, progress=progress.update)
     except ComgraError as error:
         raise usage_error(str(error).splitlines()[0]) from None
     if args.json:
@@ -84,12 +85,14 @@ def _sensitivity(text: str) -> float:
 
 
 class _Progress:
-    """A Rich progress bar on stderr, shown only once a scan has taken more than a second."""
+    """A Rich progress bar on stderr, shown only once a scan has taken more than a second. Thread-safe:
+    trials are scanned side by side, and two of them could otherwise each start a bar."""
 
     def __init__(self) -> None:
         self._start = time.perf_counter()
         self._bar: Any = None
         self._tasks: dict[str, Any] = {}
+        self._lock = threading.Lock()
 
     def __enter__(self) -> _Progress:
         return self
@@ -99,6 +102,10 @@ class _Progress:
             self._bar.stop()
 
     def update(self, trial: str, done: int, total: int) -> None:
+        with self._lock:
+            self._update(trial, done, total)
+
+    def _update(self, trial: str, done: int, total: int) -> None:
         if self._bar is None:
             if time.perf_counter() - self._start < PROGRESS_AFTER_SECONDS:
                 return

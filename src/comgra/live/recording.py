@@ -193,8 +193,7 @@ def _replay(session: Any, call: tuple[Any, ...]) -> None:
         session.register(call[1], call[2], **call[3])
         grad = call[4].get("grad") if len(call) > 4 else None
         if grad is not None:  # the backward pass ran before this replay: give the step the gradient we kept
-            step = session.step
-            step._gradient_hook(step.latest_by_name[call[1]])(grad)
+            session.step.add_gradient(call[1], grad)
     elif kind == "finish_iteration":
         session.finish_iteration()
     elif kind == "gradients":

@@ -122,6 +122,7 @@ def _register_view(app: Dash, service: RecordingService) -> None:
                                badges=graph_badges(service, view.trial) if new_trial else no_update)
         if not new_trial:
             outputs["current_trial"] = no_update
+        prefetch_near(service, view)
         return skip_unchanged(outputs, {**shown_options, **inputs})
 
 
@@ -164,7 +165,19 @@ def click_values(service: RecordingService, body: Any) -> dict[str, Any]:
         return {"node_id": clicked, "values": None}
     if view.selection is None:
         return {"node_id": clicked, "values": None}
+    prefetch_near(service, view)
     return {"node_id": clicked or view.selection.node_id, "values": values_data(view.selection, view.row)}
+
+
+def prefetch_near(service: RecordingService, view: View) -> None:
+    """Have the steps around the shown one read in the background (``service.prefetch_near``), so that
+    the next click on a step button finds its rows kept. Never fails the answer it follows."""
+    if view.selection is None:
+        return
+    try:
+        service.prefetch_near(view.selection)
+    except Exception:  # noqa: BLE001 - an extra: the next step is then read when asked for
+        log.debug("comgra: the steps around the shown one could not be read ahead", exc_info=True)
 
 
 def linked_wanted(trigger: str | None, query: Any) -> dict[str, Any] | None:

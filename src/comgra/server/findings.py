@@ -2,7 +2,7 @@
 
 A callback reads the filters, asks the service what its background scanner has found so far
 (``findings_progress``: it waits at most ``OPEN_WAIT_SECONDS``, so the tab opens in under a second
-on any recording), and builds the list with the pure functions below. While trials are still being
+on any recording, complete where the findings were saved by an earlier scan), and builds the list with the pure functions below. While trials are still being
 scanned, an interval asks again each second and redraws when ``findings_version`` changed. The
 same interval-driven callback sends the graph its badges once the shown trial's scan is done. A
 finding's link opens the Tensors view on the selection it names (``service.view_link``); its

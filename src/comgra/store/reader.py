@@ -180,8 +180,20 @@ class TrialReader:
         unknown = set(filters) - set(_SELECTION_FILTERS)
         if unknown:
             raise SelectionError(f"Unknown filter(s) {sorted(unknown)}; valid filters: {list(_SELECTION_FILTERS)}")
+        # One value each (no lists here); None means "any", as in _query.
+        _check_filter_values({k: v for k, v in {"training_step": training_step, **filters}.items() if v is not None})
         files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)]
         return self._query(files, columns, {"training_step": training_step, **filters})
+
+    def steps_selection(self, training_steps: list[int], *, rank: int | None = None) -> pa.Table:
+        """Every row of several training steps in one read.
+
+        A tensors chunk is sorted by series, so one step's rows lie in all of its row groups: reading
+        the neighbouring steps of the same chunks along with one costs about what that step alone does.
+        """
+        steps = sorted({int(s) for s in training_steps})
+        files = [p for p in self._files("tensors", rank) if any(_covers(p.name, s) for s in steps)]
+        return self._query(files, None, {"training_step": steps, "rank": rank})
 
     def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
                aggregation: str = "mean", sample: int = -1, statistic: str = "mean",
@@ -212,14 +224,17 @@ class TrialReader:
         if not files:
             return _TENSORS.empty_table().select(columns or _TENSORS.names)
         active = {k: v for k, v in filters.items() if v is not None}
-        _check_filter_values(active)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
-        where = " AND ".join(f'"{k}" = ?' for k in active) or "TRUE"
+        _check_filter_values(active, sets=True)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
+        # A list is a set of values (steps read together); the parameters are its items, one each.
+        where = " AND ".join(f'"{k}" IN ({", ".join("?" * len(v))})' if isinstance(v, list) else f'"{k}" = ?'
+                             for k, v in active.items()) or "TRUE"
+        values = [item for v in active.values() for item in (v if isinstance(v, list) else [v])]
         select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
         sql = f"SELECT {select} FROM {self._tensors_source()} WHERE {where}"
 
         def run(paths: list[Path]) -> pa.Table:
             patterns = [validation.glob_escaped(p) for p in paths]  # a trial named "run*" is no pattern
-            return self._cursor().sql(sql, params=[patterns, *active.values()]).to_arrow_table()
+            return self._cursor().sql(sql, params=[patterns, *values]).to_arrow_table()
 
         try:
             return run(files)
@@ -346,8 +361,13 @@ def _complete(table_name: str, table: pa.Table) -> pa.Table:
     return table
 
 
-def _check_filter_values(filters: dict[str, Any]) -> None:
+def _check_filter_values(filters: dict[str, Any], *, sets: bool = False) -> None:
+    """Every value a string or a 64-bit integer; with ``sets``, also a list of such (``steps_selection``)."""
     for key, value in filters.items():
+        if sets and isinstance(value, list) and value:
+            for item in value:
+                _check_filter_values({key: item})
+            continue
         if isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
                                       and -2**63 <= int(value) < 2**63):  # numpy ints too, but True is no step
             continue

@@ -224,8 +224,7 @@ class ChunkWriter:
             parts, levels[level] = levels[level], []
             if sum(pq.read_metadata(p).num_rows for p in parts) > self.max_merged_rows:
                 continue  # big enough: these chunks stay as they are
-            # On this thread only (no Arrow thread pool): the memory is then this thread's to hand back.
-            table = pa.concat_tables([pq.read_table(p, use_threads=False) for p in parts]).cast(fmt.SCHEMAS[name])
+            table = pa.concat_tables([_read_part(p) for p in parts]).cast(fmt.SCHEMAS[name])
             first = min(fmt.step_range_of(p.name)[0] for p in parts)
             last = max(fmt.step_range_of(p.name)[1] for p in parts)
             self._check_trial_folder()
@@ -241,14 +240,26 @@ class ChunkWriter:
         return level > 0
 
 
+def _read_part(path: Path) -> pa.Table:
+    """A chunk read on this (the writer's) thread alone, so that the memory is this thread's to hand back.
+
+    ``pq.read_table`` fetches the column chunks on Arrow's I/O thread pool (``pre_buffer``), even with
+    ``use_threads=False``: the pages its buffers came from then stay cached in those idle threads' heaps,
+    where releasing on this thread never reaches them, and RSS kept each merge's high-water mark.
+    """
+    with pq.ParquetFile(path, pre_buffer=False) as part:
+        return part.read(use_threads=False)
+
+
 def _release_unused_memory(*, trim: bool) -> None:
     """Hand the memory a chunk write or a merge used back to the system, on this (the writer's) thread.
 
     The allocators keep freed pages for reuse, so each merge, which holds its parts and the merged
     table at once, left the process's RSS at the high-water mark of the largest merge so far, and a
     100,000-step run grew by about 10% in steps at its merges. Arrow's own allocator (mimalloc or
-    jemalloc) is asked after every write (about a microsecond); glibc's malloc, which compression and
-    the Parquet code use too, is trimmed after a merge only (a few per run).
+    jemalloc) is asked after every write (about a microsecond): it reaches the pages of this thread's
+    heap, which is why a merge reads its parts on this thread (``_read_part``). glibc's malloc, which
+    compression and the Parquet code use too, is trimmed after a merge only (a few per run).
     """
     pa.default_memory_pool().release_unused()
     if trim and _MALLOC_TRIM is not None:

@@ -20,7 +20,7 @@
   var state = {
     key: null, doc: null, badges: {}, summaries: {}, selected: null, role: null, collapsed: {},
     layout: null, byId: {}, incoming: {}, outgoing: {}, highlighted: [], zoom: 1, rendered: "",
-    selection: null, clicks: 0, asks: 0, drawnAfter: 0
+    selection: null, clicks: 0, asks: 0, drawnAfter: 0, stepClicks: {}
   };
   var VALUES_ROUTE = "_comgra/values";  // server/callbacks.py: VALUES_ROUTE
 
@@ -331,10 +331,14 @@
       .then(function () { if (click === state.clicks) then(); });  // a later click asks for itself
   }
 
-  // The values of the previous / next step, asked as a node click's are; the button's own Dash
-  // callback (selectors, plots, URL) runs as it always does, and its answer wins when it comes first.
-  function askStep(trigger) {
-    if (state.selection) askEarly({ selection: state.selection, trigger: trigger });
+  // The values of the previous / next step, asked as a node click's are, and drawn first: the button's
+  // Dash callback (selectors, plots, URL) follows the answer (one n_clicks per click), so that its
+  // request and its larger answer never compete with the values for the server or for this page.
+  function askStep(id) {
+    var dc = window.dash_clientside;
+    var clicks = state.stepClicks[id] = (state.stepClicks[id] || 0) + 1;
+    askEarly({ selection: state.selection, trigger: STEP_BUTTONS[id] })
+      .then(function () { dc.set_props(id, { n_clicks: clicks }); });
   }
 
   function askEarly(body) {
@@ -376,7 +380,10 @@
   var STEP_BUTTONS = { "step-prev": "step_prev", "step-next": "step_next" };  // server/layout.py: ID.STEP_*
   document.addEventListener("click", function (event) {
     var button = event.target.closest && event.target.closest("#step-prev, #step-next");
-    if (button && !button.disabled) askStep(STEP_BUTTONS[button.id]);
+    var dc = window.dash_clientside;
+    if (!button || button.disabled || !state.selection || !(dc && dc.set_props)) return;  // Dash handles it
+    event.stopPropagation();  // Dash's own handler would send the button's callback at once: askStep sends it
+    askStep(button.id);
   }, true);
 
   document.addEventListener("click", function (event) {

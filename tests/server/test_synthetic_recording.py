@@ -1,0 +1,35 @@
+"""The app benchmark's recordings (benchmarks/synthetic_recording.py) are what one writer process leaves,
+however they are written."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from comgra.store import GroupReader
+
+
+def _chunks(group: Path) -> dict[str, Path]:
+    return {str(p.relative_to(group)): p for p in sorted(group.rglob("*.parquet"))}
+
+
+def test_trials_written_in_two_processes_are_the_files_one_process_writes(tmp_path, synthetic):
+    """Same chunk names (so the same flushes and merges) and the same rows in each chunk."""
+    options = dict(scale=0.15, nodes=40, steps_per_chunk=2, distinct_steps=3)
+    one = synthetic.write_recording(tmp_path / "one", synthetic.Options(**options))
+    two = synthetic.write_recording(tmp_path / "two", synthetic.Options(**options, jobs=2))
+    chunks_one, chunks_two = _chunks(one), _chunks(two)
+    assert chunks_one.keys() == chunks_two.keys()
+    assert any("-l1" in name for name in chunks_one)  # 36 steps in chunks of 2: the writer merged 16 of them
+    for name, path in chunks_one.items():
+        if "/tensors/" in name:
+            assert pq.read_table(path).equals(pq.read_table(chunks_two[name])), name
+
+
+def test_a_repeated_step_holds_the_values_of_the_step_it_repeats(tmp_path, synthetic):
+    group = synthetic.write_recording(tmp_path, synthetic.Options(scale=0.05, nodes=40, trials=1, distinct_steps=2))
+    trial = GroupReader(group).trial(GroupReader(group).trials()[0])
+    steps = sorted(set(trial.steps().column("training_step").to_pylist()))
+    columns = ["node", "role", "kind", "iteration", "aggregation", "sample", "mean", "max", "neurons"]
+    rows = [sorted(map(repr, trial.selection(training_step=s).select(columns).to_pylist())) for s in steps[:5]]
+    assert rows[2] == rows[0] and rows[3] == rows[1] and rows[4] == rows[0] and rows[0] != rows[1]
