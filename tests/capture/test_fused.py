@@ -3,7 +3,6 @@ kernel is not there: no compiler, a failed build, a kernel that fails its self-t
 from __future__ import annotations
 
 import threading
-import warnings
 
 import numpy as np
 import pytest
