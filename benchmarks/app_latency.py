@@ -14,8 +14,9 @@ it writes a synthetic recording (cached under --out), starts
   until the values element changed (with a pause between clicks, as a user makes);
   a node click's values come from the values route (``/_comgra/values``), timed
   on the server as "node click: values route", the rest from the view callback;
-* timing starts after the findings scan of every trial has finished (the first
-  page starts one in the server; it reads every chunk once).
+* the server runs with ``--no-findings-scan``: no findings scan runs beside the clicks (a scan reads
+  every chunk once, and costs minutes on the largest recordings). ``--findings-scan`` lets the server
+  scan as it does by default, and times the clicks once every trial's scan has finished.
 * server RSS after visiting 0, 100, 300 ... training steps (no cache grows
   with the steps visited).
 
@@ -304,7 +305,8 @@ def browser_latencies(url: str, repeats: int) -> dict[str, list[float]]:
         page.wait_for_selector("#series-plot .js-plotly-plot")
         nodes = page.locator("#dependency-graph [data-node]").evaluate_all("els => els.map(e => e.dataset.node)")
         random.Random(0).shuffle(nodes)  # near and far nodes, in boxes and not
-        nodes = [n for n in nodes if n != "input"] + ["input"]  # every click changes the selection
+        # every click changes the selection; "input" last, where the graph has one
+        nodes = [n for n in nodes if n != "input"] + (["input"] if "input" in nodes else [])
         for i in range(repeats):
             results["node click"].append(_click_until_values_change(
                 page, f'#dependency-graph [data-node="{nodes[i % len(nodes)]}"]'))
@@ -339,11 +341,14 @@ def recording_for(scale: float, out: Path, nodes: int = 15) -> Path:
     return group
 
 
-def start_server(group: Path, source: Path | None = None) -> tuple[subprocess.Popen, str, float]:
-    """``comgra --path group`` in a subprocess; with ``source``, comgra imported from that src folder."""
+def start_server(group: Path, source: Path | None = None,
+                 findings_scan: bool = False) -> tuple[subprocess.Popen, str, float]:
+    """``comgra --path group`` in a subprocess; with ``source``, comgra imported from that src folder.
+    Without ``findings_scan``, the server scans nothing in the background (``--no-findings-scan``)."""
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(source)} if source else None
-    process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(group), "--port", "0"],
+    options = [] if findings_scan else ["--no-findings-scan"]
+    process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(group), "--port", "0", *options],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in process.stdout:
         match = re.search(r"(http://\S+)", line)
@@ -370,7 +375,9 @@ def measure(scale: float, args: argparse.Namespace, nodes: int = 15, source: Pat
             label: str = "") -> tuple[list[str], dict[str, str]]:
     """The full table's rows of one recording, and the summary's figures ("p50 / p95") by column."""
     group = recording_for(scale, args.out, nodes)
-    process, url, startup = start_server(group, source)
+    # A baseline comgra from before --no-findings-scan scans in the background: it is waited for below.
+    scan_runs = args.findings_scan or not _knows_no_scan_option(source)
+    process, url, startup = start_server(group, source, findings_scan=scan_runs)
     try:
         client = DashClient(*urllib_transport(url.rstrip("/")))
         client.trigger(VIEW_OUTPUT)
@@ -378,9 +385,10 @@ def measure(scale: float, args: argparse.Namespace, nodes: int = 15, source: Pat
         head = f"| {size} | {scale:g}{label} |"
         summary = {"nodes": f"{size:,}", "scale": f"{scale:g}x{label}"}
         rows = [f"{head} start until the page is served | {startup * 1000:.0f} | |"]
-        # The page starts a findings scan of the shown trial in the server; clicks are timed once it is done.
-        scan = timed(lambda: urllib.request.urlopen(url.rstrip("/") + "/api/v1/findings", timeout=3600).read())
-        rows.append(f"{head} findings scan of every trial, waited for before timing (s, not ms) | {scan / 1000:.1f} | |")
+        if scan_runs:  # the page starts a findings scan in the server; clicks are timed once it is done
+            scan = timed(lambda: urllib.request.urlopen(url.rstrip("/") + "/api/v1/findings", timeout=3600).read())
+            rows.append(f"{head} findings scan of every trial, waited for before timing (s, not ms) | "
+                        f"{scan / 1000:.1f} | |")
         for name, samples in server_latencies(client, args.repeats, random.Random(0)).items():
             p50, p95 = percentiles(samples)
             rows.append(f"{head} server: {name} | {p50:.1f} | {p95:.1f} |")
@@ -397,6 +405,14 @@ def measure(scale: float, args: argparse.Namespace, nodes: int = 15, source: Pat
         process.terminate()
         process.wait(10)
     return rows, summary
+
+
+def _knows_no_scan_option(source: Path | None) -> bool:
+    """Whether the comgra in ``source`` (None: this tree's) has ``comgra --no-findings-scan``."""
+    if source is None:
+        return True
+    cli = source / "comgra" / "cli" / "app.py"
+    return cli.exists() and "--no-findings-scan" in cli.read_text()
 
 
 def summary_table(summaries: list[dict[str, str]]) -> list[str]:
@@ -418,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="graph size, repeatable; 15 (default): the tutorial's network, more: a transformer")
     parser.add_argument("--no-browser", action="store_true")
     parser.add_argument("--no-rss", action="store_true", help="skip the memory walk over the steps")
+    parser.add_argument("--findings-scan", action="store_true",
+                        help="let the server scan for findings (its default) and time the clicks after the scans")
     parser.add_argument("--baseline-src", type=Path,
                         help="a src folder of another comgra (e.g. `git archive HEAD src`): each recording is "
                              "measured with its server too, right before this tree's, marked 'baseline'")

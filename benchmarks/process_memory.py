@@ -6,6 +6,9 @@ A support module of the benchmarks and of tests/store/test_writer_memory.py, not
 """
 from __future__ import annotations
 
+import ctypes
+from typing import Any
+
 import psutil
 
 
@@ -18,3 +21,32 @@ def anonymous_resident_mib() -> float:
     """RSS less the mapped files, in MiB (Linux's RssAnon; psutil has no ``shared`` figure elsewhere)."""
     info = psutil.Process().memory_info()
     return (info.rss - info.shared) / 2**20
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo2() -> Any:
+    """glibc's ``mallinfo2`` (2.33 and later; it sums every thread's arena), or None elsewhere."""
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return None
+    function.restype = _MallInfo2
+    return function
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def native_heap_mib() -> dict[str, float]:
+    """glibc's heap: bytes in use (small blocks and mmapped ones) and bytes free but kept; {} off glibc.
+
+    Free-but-kept growing while in-use stays put is fragmentation; both growing is a native leak."""
+    if _MALLINFO2 is None:
+        return {}
+    info = _MALLINFO2()
+    return {"malloc_used": (info.uordblks + info.hblkhd) / 2**20, "malloc_free": info.fordblks / 2**20}

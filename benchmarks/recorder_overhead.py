@@ -15,6 +15,8 @@ Figures (--parts, any of overhead,recorded,sparse):
   * overhead: time with the recorder present but comgra_is_active=False, and recording on the
     tutorial's schedule (FrequencyPerType(min_training_steps_difference=1000)), over no comgra.
 
+Where a recorded step's time goes, part by part on each thread's CPU clock: benchmarks/recorder_parts.py.
+
 Workloads: the tutorial's recurrent net, a small transformer, a ResNet-18 (11.2M parameters in 62
 tensors, ReLU(inplace=True) and ``out += identity`` after registered BatchNorm outputs) and a
 nanoGPT-shaped model (tied lm_head/wte). The conv maps and (B, T, C) activations are registered with

@@ -28,6 +28,15 @@ recording made by a real run pays the same way, so this script does not avoid th
 (2 cores shared with other jobs, load 7-14), ``--jobs 2 --distinct-steps 8 --scale 50``: 40 nodes in
 5.5 min (78 MiB), 200 nodes in about 27 min.
 
+At 1,000 nodes (cProfile, one trial at ``--scale 1 --distinct-steps 8``, 80 s, load 8): building the 8
+distinct steps took 33 s (4 s a step: numpy statistics over a thousand small arrays, paid once per trial),
+and the writer 40 s for 10 chunks, 4 s each: the sort of a 25-step chunk (213,500 rows) 1.5 s and its zstd
+Parquet encoding (9.9 MB) 3.3 s. Such a chunk is above the writer's merge limit (``max_merged_rows``), so
+nothing is merged and the chunks are the same 25-step chunks at every scale, only more of them: 50x is
+480 chunks a trial, about 35 min of one core per trial here, and 9.5 GB. A presorted chunk saves under
+a second of its 4 (Arrow's sort of sorted rows still costs 0.4-0.8 s), so the app benchmark's 1,000-node
+recording at 50x steps is left out; ``--scale 10`` (96 chunks a trial, 1.8 GB) takes 15 min.
+
     python benchmarks/synthetic_recording.py /tmp/comgra-synthetic --scale 1
     python benchmarks/synthetic_recording.py /tmp/comgra-transformer --nodes 200
     python benchmarks/synthetic_recording.py /tmp/comgra-long --nodes 40 --scale 50 --distinct-steps 8 --jobs 2 --progress

@@ -47,6 +47,7 @@ RECORDER_METHODS = {
     "finish_iteration": [],
     "finish_batch": [],
     "finalize": [],
+    "flush": ["timeout"],  # ours: make a run in progress readable up to now (issue 6)
     "record_kpi_in_graph": ["kpi_group", "kpi_name", "val", "timepoint", "record_even_if_recording_is_inactive"],
 }
 

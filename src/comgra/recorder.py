@@ -336,6 +336,23 @@ class ComgraRecorder:
         if self._breakpoints is not None:
             self._breakpoints.close()
 
+    def flush(self, timeout: float | None = 60.0) -> None:
+        """Write the steps recorded so far and the KPI points and notes given so far, and wait (at most
+        ``timeout`` seconds) until a reader can see them. Ours; the original wrote at ``finalize`` only.
+
+        The writer writes on its own every ``flush_seconds``, an interval that grows with the run's age
+        (to 30 s, so that a long run leaves few files). Call this where a reader must see the run up to
+        now: before opening the app or ``comgra scan`` on a run in progress, or beside a checkpoint. Each
+        call writes one small chunk per table (merged later); there is no need to call it on every step.
+
+            >>> comgra.my_recorder.flush()  # doctest: +SKIP
+        """
+        if self.session is None:
+            return
+        if not self._dynamic:  # a step whose type is not decided yet keeps its KPI points until it is
+            self.session.flush_kpis(self._kpis, force=True)
+        self.session.flush(timeout)
+
     # -- KPIs -----------------------------------------------------------------------------------
     def record_kpi_in_graph(self, kpi_group: str, kpi_name: str, val: Any, timepoint: int | None = None,
                             record_even_if_recording_is_inactive: bool = False) -> None:

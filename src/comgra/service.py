@@ -16,9 +16,12 @@ what are the valid choices around it, and what had to change (``notices``)?
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from urllib.parse import parse_qs, urlencode
 from pathlib import Path
@@ -55,6 +58,10 @@ STEP_CACHE_SIZE = 16  # whole steps kept (all rows of one step of one rank): a c
 # and previous step buttons then find their step kept.
 STEPS_READ_AHEAD = 6
 STEPS_READ_BEHIND = 2
+# The read-ahead window (the steps of the shown type within STEPS_READ_BEHIND / STEPS_READ_AHEAD of the
+# shown one) is read again once fewer than this many of the next steps are kept: one background read per
+# few clicks on the step buttons, each well before the user reaches its steps.
+STEPS_KEPT_AHEAD = 2
 
 
 def aggregation_value(aggregation: str, sample: int) -> str:
@@ -255,6 +262,23 @@ def neighbour_steps(index: StepIndex, training_step: int) -> list[int]:
     return steps[max(0, position - STEPS_READ_BEHIND):position + STEPS_READ_AHEAD + 1].tolist()
 
 
+def prefetch_window(index: StepIndex, type_of_execution: str, training_step: int) -> tuple[list[int], list[int]]:
+    """(the steps that must be kept around ``training_step``, the steps read when one of them is not).
+
+    Both are steps of ``type_of_execution`` (the step buttons move within it), and the shown step: the
+    next ``STEPS_KEPT_AHEAD`` and the previous ``STEPS_READ_BEHIND`` must be kept; when one is not, the
+    previous ``STEPS_READ_BEHIND`` and the next ``STEPS_READ_AHEAD`` are read together (a 50x chunk holds a
+    step's rows in all of its row groups, so several steps cost about what one does).
+    """
+    typed = index.steps_of(type_of_execution)
+    position = int(np.searchsorted(typed, training_step))
+    shown = 1 if position < len(typed) and typed[position] == training_step else 0  # else: between two
+    first = max(0, position - STEPS_READ_BEHIND)
+    near = typed[first:position + shown + STEPS_KEPT_AHEAD].tolist()
+    window = typed[first:position + shown + STEPS_READ_AHEAD].tolist()
+    return ([training_step, *near], [training_step, *window])
+
+
 def _split_by_step(table: pa.Table, steps: list[int]) -> dict[int, pa.Table]:
     """The rows of each step of ``steps`` (an empty table for a step without rows), each its own copy:
     a kept step that is dropped then frees its memory, whatever else is kept."""
@@ -305,6 +329,66 @@ class _Prefetcher:
                 _log.debug("comgra: reading steps ahead failed", exc_info=True)
 
 
+# -- reads that a click never waits for (issue 7) ------------------------------------------------------
+LOW_PRIORITY_NICE = 5  # added to the niceness of the thread that reads whole trials (Linux only)
+
+
+class ReadSuperseded(Exception):
+    """A whole-trial read that had not started when a newer one was asked for: the user has moved on
+    (the app keeps what it shows; see ``_LowPriorityReads``)."""
+
+
+class _LowPriorityReads:
+    """One thread, at a lower CPU priority, for the reads that scan every chunk of a trial (the series
+    plot of a newly selected tensor: seconds at 50x).
+
+    Such a read ran beside the next click's values, on the same two cores, and made that click wait
+    up to a second; at a lower priority the click's few milliseconds of work go first. Only reads that
+    no click waits for come here (a click that waited on a low-priority read would wait longer).
+    A read still waiting for the thread when a newer one is asked for is dropped (``ReadSuperseded``):
+    clicking through nodes faster than their series are read queued one read per click, each holding one
+    of the browser's six connections to the app, until the values of a click waited for a free one.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="comgra-whole-trial-read",
+                                        initializer=_lower_this_threads_priority)
+        self._worker_ids: set[int] = set()
+        self._waiting: list[Future[pa.Table]] = []
+        self._lock = threading.Lock()
+
+    def run(self, read: Callable[[], pa.Table]) -> pa.Table:
+        if threading.get_ident() in self._worker_ids:  # asked from the worker itself: no deadlock
+            return read()
+        with self._lock:
+            for older in self._waiting:
+                older.cancel()  # only one that has not started: a running read ends as usual
+            future = self._pool.submit(self._tracked, read)
+            self._waiting = [future]
+        try:
+            return future.result()
+        except CancelledError:
+            raise ReadSuperseded("a newer read was asked for before this one started") from None
+
+    def _tracked(self, read: Callable[[], pa.Table]) -> pa.Table:
+        self._worker_ids.add(threading.get_ident())
+        return read()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _lower_this_threads_priority() -> None:
+    """Make the calling thread yield the CPU to the app's other threads (Linux: threads have their own
+    niceness). Elsewhere a thread's priority cannot be lowered alone, and nothing changes."""
+    if sys.platform.startswith("linux"):
+        try:
+            thread = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + LOW_PRIORITY_NICE))
+        except OSError:  # a sandbox that forbids it: the read runs at the usual priority
+            _log.debug("comgra: could not lower the priority of the whole-trial reads", exc_info=True)
+
+
 class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # profiling and resources; findings (issue 8)
     """Answers from one group folder. Thread-safe; holds caches only, never a user's state."""
 
@@ -316,6 +400,7 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         self._reading: dict[tuple[Any, ...], threading.Event] = {}  # steps being read now (see _read_steps)
         self._prefetch: _Prefetcher | None = None
         self._prefetch_asked: tuple[Any, ...] | None = None  # what the prefetcher was last asked about
+        self._whole_trial_reads: _LowPriorityReads | None = None  # see statistic_series
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -323,8 +408,11 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
         self.close_findings()  # the background scanner takes no new trial (issue 8)
         with self._lock:
             prefetch, self._prefetch = self._prefetch, None
+            whole_trial_reads, self._whole_trial_reads = self._whole_trial_reads, None
         if prefetch is not None:
             prefetch.close()
+        if whole_trial_reads is not None:
+            whole_trial_reads.close()
         self.group.close()
         with self._lock:
             self._indexes.clear()
@@ -402,9 +490,10 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
             if key in self._series:
                 self._series.move_to_end(key)
                 return self._series[key]
-        table = self.trial(trial_id).series(node=selection.node, role=selection.role, kind=selection.kind,
-                                            iteration=selection.data_iteration, aggregation=aggregation,
-                                            sample=sample, statistic=statistic, rank=rank)
+        trial = self.trial(trial_id)
+        table = self._low_priority(lambda: trial.series(
+            node=selection.node, role=selection.role, kind=selection.kind, iteration=selection.data_iteration,
+            aggregation=aggregation, sample=sample, statistic=statistic, rank=rank))
         answer = (table.column("training_step").to_numpy(),
                   table.column("value").to_numpy(zero_copy_only=False).astype(np.float64))
         with self._lock:
@@ -412,6 +501,14 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
             while len(self._series) > SERIES_CACHE_SIZE:
                 self._series.popitem(last=False)
         return answer
+
+    def _low_priority(self, read: Callable[[], pa.Table]) -> pa.Table:
+        """``read()`` on the service's low-priority thread (see ``_LowPriorityReads``)."""
+        with self._lock:
+            if self._whole_trial_reads is None:
+                self._whole_trial_reads = _LowPriorityReads()
+            reads = self._whole_trial_reads
+        return reads.run(read)
 
     def tensor_rows(self, trial_id: str, training_step: int, **filters: Any) -> pa.Table:
         """Rows of one step of one trial, filtered like TrialReader.selection."""
@@ -481,17 +578,14 @@ class RecordingService(LiveQuestions, FindingQuestions, PanelQuestions):  # prof
             prefetch.ask(selection)
 
     def _prefetch_steps(self, selection: Selection) -> None:
-        """On the prefetcher's thread: the shown step and its neighbours of the shown type (what the step
-        buttons go to), each read with its own neighbours, unless all of them are kept."""
+        """On the prefetcher's thread: the steps of the shown type around the shown one (where the step
+        buttons go), in one read, once fewer than ``STEPS_KEPT_AHEAD`` of the next ones are kept."""
         index = self.step_index(selection.trial, selection.rank)
-        typed = index.steps_of(selection.type_of_execution)
-        position = int(np.searchsorted(typed, selection.training_step))
-        wanted = [selection.training_step, *typed[max(0, position - 1):position + 3].tolist()]
+        near, window = prefetch_window(index, selection.type_of_execution, selection.training_step)
         with self._lock:
-            if all((selection.trial, s, selection.rank, index.chunks[-1:]) in self._steps for s in wanted):
+            if all((selection.trial, s, selection.rank, index.chunks[-1:]) in self._steps for s in near):
                 return
-        steps = [s for step in wanted for s in (step, *neighbour_steps(index, step))]
-        self._read_steps(selection.trial, index, selection.rank, steps)
+        self._read_steps(selection.trial, index, selection.rank, window)
 
     def _kept_step(self, trial_id: str, index: StepIndex, training_step: int, rank: int, *,
                    wait: bool = False) -> KeptStep | None:

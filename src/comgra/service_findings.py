@@ -69,9 +69,11 @@ class FindingsWorker:
     when it is empty. ``version`` counts the scans finished, so that a view knows when to redraw.
     """
 
-    def __init__(self, group: GroupReader, options: ScanOptions) -> None:
+    def __init__(self, group: GroupReader, options: ScanOptions, *, background: bool = True) -> None:
         self.group = group
         self.options = options
+        # False (``comgra --no-findings-scan``): nothing is scanned here; findings saved by ``comgra scan`` are shown.
+        self.background = background
         self._scanner: Scanner | None = None
         self._scanner_lock = threading.Lock()  # not ``_changed``: importing the scanner takes seconds
         self._done: dict[str, tuple[tuple[str, ...], list[Finding], list[str]]] = {}  # trial -> signature, ...
@@ -101,6 +103,8 @@ class FindingsWorker:
         A trial whose findings at its current data are saved in the recording is taken from there at
         once (milliseconds, without loading the detectors) instead of being queued."""
         stale = [t for t in trials if not self._is_current(t) and not self._take_saved(t)]
+        if not self.background:
+            return []  # nothing will be scanned, so nothing is pending
         with self._changed:
             if self._closed:
                 return stale
@@ -216,6 +220,11 @@ class FindingsWorker:
             found, problems = [], [f"trial {trial_id!r}: {type(error).__name__}: {error}"]
         with self._changed:
             self._finish(trial_id, signature, found, problems)
+            idle = not self._queue and len(self._running) == 0
+        if idle:
+            # The findings are saved and kept above: the chunks the scan read are not needed until a live
+            # run writes more (then read again), and they are most of what a scan leaves in memory.
+            self.scanner.release()
 
 
 class FindingQuestions:
@@ -224,14 +233,15 @@ class FindingQuestions:
     group: GroupReader
     _worker_lock = threading.Lock()
 
-    def configure_findings(self, *, sensitivity: float | None = None) -> None:
-        """The default sensitivity of the findings (``[anomalies] sensitivity`` of comgra.toml)."""
+    def configure_findings(self, *, sensitivity: float | None = None, background: bool = True) -> None:
+        """The default sensitivity of the findings (``[anomalies] sensitivity`` of comgra.toml); with
+        ``background=False`` nothing is scanned in this process and only saved findings are shown."""
         options = scan_options(sensitivity, source="[anomalies] sensitivity")
         with self._worker_lock:
             old = self.__dict__.get("_findings_scanner")
             if old is not None:
                 old.close()
-            self.__dict__["_findings_scanner"] = FindingsWorker(self.group, options)
+            self.__dict__["_findings_scanner"] = FindingsWorker(self.group, options, background=background)
 
     @property
     def findings_options(self) -> ScanOptions:

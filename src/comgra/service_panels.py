@@ -38,6 +38,8 @@ class PanelQuestions:
         def trial(self, trial_id: str) -> TrialReader: ...
         def step_index(self, trial_id: str, rank: int | None = None) -> StepIndex: ...
         def tensor_rows(self, trial_id: str, training_step: int, **filters: Any) -> pa.Table: ...
+        def node_rows(self, trial_id: str, index: StepIndex, training_step: int, *, iteration: int, node: str,
+                      rank: int) -> list[dict[str, Any]]: ...
         def resolve(self, wanted: Any) -> View: ...
 
     def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> dict[str, Any]:
@@ -67,23 +69,23 @@ class PanelQuestions:
 
     def neuron_values(self, selection: Selection) -> NeuronValues:
         """The stored values of the selected tensor (the first ones of the flattened value dimensions)."""
-        aggregation, sample = _service().parse_aggregation(selection.aggregation)
-        table = self.tensor_rows(selection.trial, selection.training_step, columns=["neurons", "shape", "num_neurons"],
-                                 kind=selection.kind, iteration=selection.data_iteration, node=selection.node,
-                                 role=selection.role, aggregation=aggregation, sample=sample, rank=selection.rank)
-        if table.num_rows == 0:
+        row = self.selection_row(selection)
+        if row is None:
             return NeuronValues([], [], 0)
-        row = table.slice(0, 1).to_pylist()[0]
         values = row["neurons"] or []
         return NeuronValues(values, list(row["shape"] or []), int(row["num_neurons"] or len(values)))
 
     def selection_row(self, selection: Selection) -> dict[str, Any] | None:
-        """The stored row of a selection (statistics and neurons); None when it has no values."""
+        """The stored row of a selection (statistics and neurons); None when it has no values.
+
+        From the step's kept rows where the app keeps them (the shown step and its neighbours): a query
+        of one row in a 50x chunk costs hundreds of milliseconds, and ran beside the user's next click."""
         aggregation, sample = _service().parse_aggregation(selection.aggregation)
-        table = self.tensor_rows(selection.trial, selection.training_step, kind=selection.kind,
-                                 iteration=selection.data_iteration, node=selection.node, role=selection.role,
-                                 aggregation=aggregation, sample=sample, rank=selection.rank)
-        return table.slice(0, 1).to_pylist()[0] if table.num_rows else None
+        index = self.step_index(selection.trial, selection.rank)
+        rows = self.node_rows(selection.trial, index, selection.training_step, iteration=selection.data_iteration,
+                              node=selection.node, rank=selection.rank)
+        wanted = {"kind": selection.kind, "role": selection.role, "aggregation": aggregation, "sample": sample}
+        return next((row for row in rows if all(row[key] == value for key, value in wanted.items())), None)
 
     def compare(self, pinned: Selection, current: Selection) -> Comparison:
         """The statistics of two selections (another trial, step or node) and their difference, current - pinned."""

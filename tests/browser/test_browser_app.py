@@ -53,6 +53,22 @@ def test_clicking_nodes_selects_them_and_draws_only_their_links(app):
     expect(app.page.locator('[data-node="subnet_pre__out"]')).to_have_class(has_class("dependent"))
 
 
+def test_a_click_in_the_tensors_tab_asks_nothing_for_the_hidden_tabs(app):
+    """The Samples and Compare tabs are hidden: a node click sends their callbacks no request (each held one
+    of the browser's six connections to the app while the click's values were asked for); opened, the
+    Samples tab still follows the selection."""
+    outputs: list[str] = []
+    app.page.on("request", lambda r: outputs.append((r.post_data_json or {}).get("output", ""))
+                if r.url.endswith("_dash-update-component") or "_dash-update-component?" in r.url else None)
+    for node_id in ["subnet_mem__out", "output"]:
+        app.click_node(node_id)
+    app.page.wait_for_timeout(500)
+    assert any("series-plot" in o for o in outputs), outputs  # the requests are seen
+    assert not [o for o in outputs if "samples-" in o or "compare-" in o], outputs
+    app.page.get_by_role("tab", name="Samples").click()
+    expect(app.page.locator("#samples-caption")).to_contain_text("recorded samples")
+
+
 def test_every_selector_changes_the_values_to_the_stores(app, recording):
     app.click_node("subnet_mem__out")
     app.page.get_by_role("option", name="gradients").click()

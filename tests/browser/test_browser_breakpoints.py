@@ -63,7 +63,15 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
 
         # With the 1-s poll stopped, an action still shows its result: the callback that performs it
         # renders the panel, and a continued run reads as running as soon as the command is answered.
+        in_flight: set[Any] = set()
+        page.on("request", lambda request: in_flight.add(request))
+        page.on("requestfinished", lambda request: in_flight.discard(request))
+        page.on("requestfailed", lambda request: in_flight.discard(request))
         page.evaluate("window.dash_clientside.set_props('bp-poll', {disabled: true})")
+        page.wait_for_timeout(200)  # a tick due right now is sent, and seen, before the poll stops
+        # A poll sent just before the stop would otherwise list what comes next.
+        # (page.wait_for_timeout, not time.sleep: Playwright delivers its events only inside its own calls.)
+        _wait_for(lambda: page.wait_for_timeout(50) or not in_flight, "the last poll to be answered")
         control.add_breakpoint(trial_dir, "hidden", "has_nan")  # made elsewhere: not shown without the poll
         page.wait_for_timeout(2500)
         expect(page.locator('.bp-list tr[data-id="bp2"]')).to_have_count(0)

@@ -26,11 +26,6 @@ def kernel() -> None:
         pytest.skip("no C compiler here: the kernel cannot be built (the eager path is tested below)")
 
 
-def reference_sums(array: np.ndarray) -> np.ndarray:
-    wide = array.astype(np.float64)
-    return np.stack([wide.sum(1), (wide * wide).sum(1), np.abs(wide).sum(1), wide.min(1), wide.max(1)])
-
-
 @st.composite
 def strided_rows(draw: st.DrawFn) -> tuple[np.ndarray, int]:
     """(B, D) values around the kernel's lane (16) and block (1024) sizes, and extra columns that make
@@ -45,18 +40,72 @@ def strided_rows(draw: st.DrawFn) -> tuple[np.ndarray, int]:
 
 
 @settings(max_examples=100, deadline=None)
-@given(strided_rows())
-def test_kernel_sums_match_numpy(kernel: None, case: tuple[np.ndarray, int]) -> None:
-    values, extra = case
-    wider = np.concatenate([values, np.full((values.shape[0], extra), 7.0, np.float32)], axis=1)
-    tensor = torch.from_numpy(wider)[:, :values.shape[1]]
-    result = fused.row_sums(tensor)
-    assert result is not None and result.shape == (5, values.shape[0])
-    expected = reference_sums(values)
-    np.testing.assert_array_equal(result[3:], expected[3:])  # min and max are exact
-    scale = np.abs(values.astype(np.float64)).sum(1)
-    np.testing.assert_allclose(result[0], expected[0], rtol=0, atol=1e-6 * (scale.max() + 1))
-    np.testing.assert_allclose(result[1:3], expected[1:3], rtol=5e-6)
+@given(strided_rows(), strided_rows())
+def test_kernel_sums_match_numpy(kernel: None, case: tuple[np.ndarray, int], other: tuple[np.ndarray, int]) -> None:
+    """Two tensors in one call (as a step's parameters are), each against NumPy."""
+    rows = case[0].shape[0]
+    tensors, arrays = [], []
+    for values, extra in (case, (other[0][:1].repeat(rows, 0), other[1])):
+        wider = np.concatenate([values, np.full((rows, extra), 7.0, np.float32)], axis=1)
+        tensors.append(torch.from_numpy(wider)[:, :values.shape[1]])
+        arrays.append(values)
+    result = fused.many_row_sums(tensors)
+    assert result is not None and result[1] == [] and result[0].shape == (2, 6, rows)
+    for sums, values in zip(result[0], arrays):
+        _assert_sums_match(sums, values)
+    np.testing.assert_array_equal(fused.row_sums(tensors[0]), result[0][0])  # one tensor alone: the same
+
+
+def _assert_sums_match(sums: np.ndarray, values: np.ndarray) -> None:
+    wide = values.astype(np.float64)
+    shift = sums[5]
+    np.testing.assert_array_equal(shift, wide[:, :16].mean(1).astype(np.float32))  # the mean of the first 16
+    np.testing.assert_array_equal(sums[3:5], np.stack([wide.min(1), wide.max(1)]))  # min and max are exact
+    deviation = wide - shift[:, None]
+    scale = np.abs(deviation).sum(1)
+    np.testing.assert_allclose(sums[0], deviation.sum(1), rtol=0, atol=1e-6 * (scale.max() + 1))
+    np.testing.assert_allclose(sums[1], (deviation * deviation).sum(1), rtol=5e-6)
+    np.testing.assert_allclose(sums[2], np.abs(wide).sum(1), rtol=5e-6)
+    np.testing.assert_allclose(fused.unshifted(sums, values.shape[1]), fused.reference_sums(values), rtol=5e-6,
+                               atol=1e-6 * (np.abs(wide).sum(1).max() + 1))
+
+
+def test_kernel_skips_what_it_cannot_read_and_reads_the_rest(kernel: None) -> None:
+    good = torch.randn(2, 100)
+    result = fused.many_row_sums([good.double(), good, good.mT.contiguous().mT, torch.empty(2, 0), good[:1]])
+    assert result is not None
+    sums, skipped = result
+    assert skipped == [0, 2, 3, 4]
+    assert np.isnan(sums[skipped]).all()
+    _assert_sums_match(sums[1], good.numpy())
+
+
+def test_a_call_shared_with_the_helper_thread_gives_the_same_sums(kernel: None) -> None:
+    """Above SHARE_FROM values, a helper thread sums part of the tensors: each tensor's sums stay
+    those of a call alone, bit for bit, and in their places."""
+    generator = torch.Generator().manual_seed(5)
+    tensors = [torch.randn(1, size, generator=generator) for size in (700_000, 3, 600_000, 40_000, 900_000)]
+    assert sum(t.numel() for t in tensors) >= fused.SHARE_FROM
+    shared, alone = fused.many_row_sums(tensors, share=True), fused.many_row_sums(tensors)
+    assert shared is not None and alone is not None
+    assert fused._HELPER["executor"] is not None  # the helper was used
+    np.testing.assert_array_equal(shared[0], alone[0])
+    for sums, tensor in zip(shared[0], tensors):
+        np.testing.assert_array_equal(sums, fused.row_sums(tensor))
+
+
+def test_the_variance_of_values_far_from_zero_needs_no_second_pass(kernel: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """BatchNorm weights near 1 with a small spread: the shifted sums give the std in one pass."""
+    array = (1.0 + 1e-3 * np.random.default_rng(4).standard_normal((2, 50_000))).astype(np.float32)
+
+    def second_pass(*args: object) -> None:
+        raise AssertionError("a second pass over the values")
+    monkeypatch.setattr(stats, "_square_deviations_on_cpu", second_pass)
+    per_sample = summarize([torch.from_numpy(array)], batch_size=2, max_neurons=[0]).per_sample[:, 0].numpy()
+    expected = reference_statistics(array)
+    np.testing.assert_allclose(per_sample[:, 2], expected[:, 2], rtol=1e-5)
+    assert_float32_close(per_sample, expected, 1.0)
 
 
 def test_kernel_declines_what_it_cannot_read(kernel: None) -> None:
@@ -93,9 +142,23 @@ def test_statistics_with_and_without_the_kernel_agree(kernel: None, offset: floa
                                atol=1e-6 * (abs(offset) + spread))
 
 
+def test_a_shift_that_overflows_takes_the_eager_path(kernel: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel sums x - k, with k the mean of the first 16 values: near float32's limit x - k can
+    overflow where |x| sums to a finite number, and such a row must not keep the kernel's sign-flipped
+    mean (here -inf, where the true mean is positive and the eager path says +inf)."""
+    array = np.zeros((1, 20_000), dtype=np.float32)
+    array[0, :16], array[0, 15_000] = 2e38, -2e38
+    tensors = [torch.from_numpy(array)]
+    with_kernel = summarize(tensors, batch_size=1, max_neurons=[0]).per_sample.numpy()
+    monkeypatch.setattr(stats, "FUSED", False)
+    eager = summarize(tensors, batch_size=1, max_neurons=[0]).per_sample.numpy()
+    np.testing.assert_array_equal(with_kernel, eager)
+
+
 def _fresh_state(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setattr(fused, "_STATE", {"function": None, "building": False, "failed": False, "pid": 0})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("COMGRA_FUSED_KERNEL", raising=False)  # these tests say for themselves whether it is on
 
 
 def _wait_for_build() -> None:

@@ -81,7 +81,8 @@ def test_each_call_is_one_row_once_whatever_the_class_hierarchy(profiler: Profil
     assert sorted(rows) == sorted([("net", 0), ("net.base", 0), ("net.base.lin", 0), ("net.doubling", 0),
                                    ("net.doubling.lin", 0), ("net.inheriting", 0), ("net.inheriting.lin", 0),
                                    ("net.head", 0)])
-    assert profiler._handles and all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    assert not profiler._handles and not any(p._post_accumulate_grad_hooks for p in net.parameters())
 
 
 def test_an_untracked_instance_of_a_tracked_class_is_not_counted(profiler: Profiler) -> None:

@@ -123,3 +123,30 @@ def test_the_values_route_takes_any_body(recording, body):
     http = create_app(recording, poll_seconds=60).server.test_client()
     response = http.post("/_comgra/values", json=body)
     assert response.status_code == 200 and set(response.get_json()) == {"node_id", "values"}
+
+
+@pytest.mark.parametrize("findings_scan", [True, False])
+def test_without_the_findings_scan_the_page_starts_no_scan(fresh_recording, app_latency, monkeypatch, findings_scan):
+    """``comgra --no-findings-scan``: the page's view, its badges and the REST API's findings answer at
+    once and scan nothing (by default the same requests scan the trials). A fresh recording: one that
+    an earlier test scanned holds saved findings, which are shown without a scan."""
+    recording = fresh_recording
+    import time
+
+    from comgra.service_findings import FindingsWorker
+
+    scanned: list[str] = []
+    monkeypatch.setattr(FindingsWorker, "_scan", lambda self, trial: scanned.append(trial))
+    app = create_app(recording, poll_seconds=60, warm_up=False, findings_scan=findings_scan)
+    http = app.server.test_client()
+    client = app_latency.DashClient(lambda path: http.get(path).get_json(),
+                                    lambda path, payload: http.post(path, json=payload).get_json())
+    client.trigger("selection.data")
+    client.trigger("findings-badge-version.data", {"current-trial.data": client.props[("current-trial", "data")]})
+    if not findings_scan:
+        response = http.get("/api/v1/findings")
+        assert response.status_code == 200 and all(t["findings"] == [] for t in response.get_json()["findings"])
+    deadline = time.monotonic() + 10
+    while findings_scan and not scanned and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bool(scanned) == findings_scan

@@ -62,12 +62,15 @@ def test_use_path_for_test_run_serves_that_folder(recording, monkeypatch):
     assert cli.main(["--use-path-for-test-run", "--port", "9999"]) == 0
     bundled = cli.bundled_visualization()
     assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": bundled,
-                      "allow_hosts": [], "poll_seconds": 2.0, "findings_sensitivity": 1.0}  # [app] refresh_interval_s of comgra.toml
+                      "allow_hosts": [], "poll_seconds": 2.0, "findings_sensitivity": 1.0,  # [app] refresh_interval_s of comgra.toml
+                      "findings_scan": True}
     assert bundled.name == "custom_visualization.py" and "def create_visualization" in bundled.read_text()
     assert cli.main(["--use-path-for-test-run", "--visualization-file", __file__]) == 0  # the user's file wins
     assert served["visualization_file"] == Path(__file__)
     assert cli.main(["--use-path-for-test-run", "--allow-host", "lab.example", "--allow-host", "proxy"]) == 0
     assert served["allow_hosts"] == ["lab.example", "proxy"]
+    assert cli.main(["--use-path-for-test-run", "--no-findings-scan"]) == 0
+    assert served["findings_scan"] is False
 
 
 def test_a_busy_port_is_reported(recording, capsys):

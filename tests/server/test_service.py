@@ -355,3 +355,172 @@ def test_hover_cards_of_a_step_read_ahead_show_the_stores_numbers(recording):
                 assert cards[node["id"]] == {name: row[name] for name in ("min", "mean", "max")}
     finally:
         service.close()
+
+
+def _prefetch_and_wait(service, selection) -> None:
+    """Ask for the read-ahead of ``selection`` and wait until the prefetcher has nothing left to do."""
+    import time
+
+    service.prefetch_near(selection)
+    deadline = time.monotonic() + 60
+    prefetch = service._prefetch
+    while True:
+        with prefetch._wake:
+            idle = prefetch._latest is None and not service._reading
+        if idle:
+            return
+        assert time.monotonic() < deadline, "the read-ahead did not end"
+        time.sleep(0.02)
+
+
+def test_the_read_ahead_keeps_the_steps_of_the_shown_type_around_it_among_many_types(tmp_path, synthetic):
+    """Five types of step, 48 steps: after the read-ahead of a step, that step, the previous
+    STEPS_READ_BEHIND and the next STEPS_KEPT_AHEAD steps of its type are all kept (none pushed out by
+    the read itself), and no step of another type was read."""
+    from comgra.service import STEPS_KEPT_AHEAD, STEPS_READ_BEHIND, prefetch_window
+
+    group = synthetic.write_recording(tmp_path, synthetic.Options(scale=0.2, trials=1, steps_per_chunk=4))
+    service = RecordingService(group)
+    try:
+        trial = service.trials()[0]
+        index = service.step_index(trial)
+        for type_ in ("01_iterations", "05_iterations"):
+            typed = index.steps_of(type_).tolist()
+            assert len(typed) > STEPS_READ_BEHIND + STEPS_KEPT_AHEAD + 2, type_
+            step = typed[STEPS_READ_BEHIND + 1]
+            selection = service.resolve({"trial": trial, "type_of_execution": type_, "training_step": step}).selection
+            assert selection.training_step == step
+            _prefetch_and_wait(service, selection)
+            position = typed.index(step)
+            expected = typed[position - STEPS_READ_BEHIND:position + 1 + STEPS_KEPT_AHEAD]
+            assert prefetch_window(index, type_, step)[0][1:] == expected
+            kept = {key[1] for key in service._steps if key[0] == trial}
+            assert set(expected) <= kept, (type_, sorted(set(expected) - kept))
+            assert kept <= set(typed), "steps of other types were read ahead"
+            service._steps.clear()
+    finally:
+        service.close()
+
+
+def test_walking_with_the_next_step_button_reads_ahead_once_every_few_steps(tmp_path, synthetic, monkeypatch):
+    """Clicking through 20 steps one by one: each next step is kept when it is asked for, and the
+    background reads are few (one per STEPS_READ_AHEAD - STEPS_KEPT_AHEAD steps or so), each of
+    several steps."""
+    from comgra.service import STEPS_KEPT_AHEAD, STEPS_READ_AHEAD
+
+    group = synthetic.write_recording(tmp_path, synthetic.Options(scale=0.15, nodes=40, trials=1, steps_per_chunk=4,
+                                                                  distinct_steps=3))
+    service = RecordingService(group)
+    try:
+        trial = service.trials()[0]
+        reader = service.trial(trial)
+        reads: list[list[int]] = []
+        original = reader.steps_selection
+        monkeypatch.setattr(reader, "steps_selection", lambda steps, **kw: reads.append(list(steps)) or original(steps, **kw))
+        steps = service.step_index(trial).steps_of(ANY_TYPE).tolist()[:21]
+        index = service.step_index(trial)
+        for step, following in zip(steps, steps[1:]):
+            selection = service.resolve({"trial": trial, "training_step": step}).selection
+            _prefetch_and_wait(service, selection)
+            assert service._kept_step(trial, index, following, 0) is not None, f"step {following} was not read ahead"
+        assert 1 < len(reads) <= 2 + len(steps) // (STEPS_READ_AHEAD - STEPS_KEPT_AHEAD), reads
+        assert all(len(read) > 1 for read in reads[1:]), reads
+    finally:
+        service.close()
+
+
+def test_the_series_of_a_new_tensor_is_read_at_a_lower_priority(recording, monkeypatch):
+    """The read of every chunk runs on the low-priority thread (niceness raised on Linux), not on the
+    request's thread, and answers the store's series."""
+    import os
+    import sys
+    import threading
+
+    from comgra.service import LOW_PRIORITY_NICE
+
+    service = RecordingService(recording)
+    try:
+        selection = service.resolve({"node_id": "subnet_mem__out"}).selection
+        trial = service.trial(selection.trial)
+        seen: list[tuple[str, int]] = []
+        original = trial.series
+
+        def watched(**kwargs):
+            seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+            return original(**kwargs)
+        monkeypatch.setattr(trial, "series", watched)
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        steps, values = service.statistic_series(selection.trial, selection, "max")
+        (name, niceness), = seen
+        assert name.startswith("comgra-whole-trial-read") and name != threading.current_thread().name
+        if sys.platform.startswith("linux"):
+            assert niceness == min(19, mine + LOW_PRIORITY_NICE)
+        expected = GroupReader(recording).trial(selection.trial).series(
+            node=selection.node, role=selection.role, kind=selection.kind, iteration=selection.data_iteration,
+            aggregation="mean", statistic="max")
+        assert steps.tolist() == expected.column("training_step").to_pylist()
+        assert values.tolist() == pytest.approx(expected.column("value").to_pylist())
+    finally:
+        service.close()
+
+
+def test_the_neuron_values_of_a_kept_step_read_no_file(recording, monkeypatch):
+    """The histogram's values come from the step's kept rows (a one-row query in a 50x chunk costs
+    hundreds of milliseconds beside the next click) and equal the store's row."""
+    service = RecordingService(recording)
+    try:
+        selection = service.resolve({"node_id": "subnet_mem__out", "aggregation": "sample:2"}).selection
+        service.step_rows(selection.trial, selection.training_step, selection.rank)  # as the hover cards do
+
+        def no_query(*_args, **_kwargs):
+            raise AssertionError("the neuron values queried the store")
+        monkeypatch.setattr(service, "tensor_rows", no_query)
+        stored = service.neuron_values(selection)
+        row = stored_row(recording, selection)
+        assert stored.values == pytest.approx(row["neurons"]) and len(stored.values) > 1
+        assert stored.shape == row["shape"] and stored.total == row["num_neurons"]
+    finally:
+        service.close()
+
+
+def test_a_whole_trial_read_that_has_not_started_gives_way_to_a_newer_one():
+    """Three series reads asked while the first runs: the running one ends with its answer, the one
+    queued behind it is dropped (ReadSuperseded) when a third is asked, and the third runs."""
+    import threading
+
+    from comgra.service import ReadSuperseded, _LowPriorityReads
+
+    reads = _LowPriorityReads()
+    release = threading.Event()
+    answers: dict[str, object] = {}
+
+    def ask(name, read):
+        try:
+            answers[name] = reads.run(read)
+        except ReadSuperseded as error:
+            answers[name] = error
+
+    def slow():
+        release.wait(10)
+        return "first"
+    try:
+        first = threading.Thread(target=ask, args=("first", slow))
+        first.start()
+        while not reads._worker_ids:  # the first read has started
+            threading.Event().wait(0.01)
+        second = threading.Thread(target=ask, args=("second", lambda: "second"))
+        second.start()
+        while not reads._waiting or reads._waiting[0].running():
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.05)
+        third = threading.Thread(target=ask, args=("third", lambda: "third"))
+        third.start()
+        second.join(10)
+        assert isinstance(answers.get("second"), ReadSuperseded)
+        release.set()
+        first.join(10)
+        third.join(10)
+        assert answers["first"] == "first" and answers["third"] == "third"
+    finally:
+        release.set()
+        reads.close()

@@ -2,6 +2,10 @@
 over the documented globs is measured (it may fail when a chunk vanishes between listing and
 reading, or count a merged chunk and its parts twice for a moment), but never reads a temporary file.
 
+The readers go on until enough rounds of queries overlapped a compaction (a merged chunk appeared
+or went while the round ran), not for a fixed time: on a loaded machine a round takes longer, and
+what the test proves is that reading during compaction is exact, however many rounds fit in a second.
+
     python tests/store/test_concurrent_readers.py [SECONDS] [MERGE_EVERY]   # prints the plain-reader figures
 """
 from __future__ import annotations
@@ -27,7 +31,7 @@ WRITER = textwrap.dedent('''
     from comgra.store import format as fmt
     from comgra.store.writer import ChunkWriter
 
-    trial, seconds, merge_every = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    trial, seconds, merge_every, stop = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     fmt.write_json_atomic(trial / fmt.TRIAL_META, {"format_version": fmt.FORMAT_VERSION, "trial_id": trial.name})
     writer = ChunkWriter(trial, flush_seconds=0.005, max_flush_seconds=0.005, merge_every=merge_every)
     base = {name: None for name in fmt.TENSORS_SCHEMA.names}
@@ -35,7 +39,7 @@ WRITER = textwrap.dedent('''
                 num_neurons=1)
     end, step = time.monotonic() + seconds, 0
     print("STARTED", flush=True)
-    while time.monotonic() < end:
+    while time.monotonic() < end and not stop.exists():
         rows = [dict(base, training_step=step, node=f"n{i}", role=f"n{i}", tensor_name=f"n{i}", mean=float(step))
                 for i in range(%d)]
         writer.put_table("tensors", pa.Table.from_pylist(rows, schema=fmt.TENSORS_SCHEMA))
@@ -91,43 +95,66 @@ def _comgra_queries(reader: TrialReader) -> int:
     return len(steps)
 
 
-def run_concurrently(directory: Path, seconds: float, merge_every: int) -> tuple[PlainFigures, int, int]:
-    script = directory / "writer.py"
+def merged_chunks(trial_dir: Path) -> frozenset[str]:
+    """The merged (level > 0) tensor chunks there now: a change between two listings is a compaction."""
+    return frozenset(name for name in fmt.chunk_names(trial_dir / "tensors")
+                     if (chunk := fmt.parse_chunk_name(name)) is not None and chunk.level > 0)
+
+
+@dataclass
+class Concurrency:
+    plain: PlainFigures
+    rounds: int  # rounds of comgra queries, each exact
+    during_compaction: int  # of those, the rounds that a compaction overlapped
+    written: int  # steps the writer wrote
+
+
+def run_concurrently(directory: Path, *, seconds: float, merge_every: int,
+                     enough: int | None = None) -> Concurrency:
+    """Readers against a writer process. With ``enough``, they stop once that many rounds overlapped a compaction
+    (``seconds`` is then only the limit); without it, after ``seconds``."""
+    script, stop = directory / "writer.py", directory / "stop"
     script.write_text(WRITER)
     trial_dir = directory / "group" / "trials" / "trial"
     trial_dir.mkdir(parents=True)
-    process = subprocess.Popen([sys.executable, str(script), str(trial_dir), str(seconds), str(merge_every)],
+    process = subprocess.Popen([sys.executable, str(script), str(trial_dir), str(seconds), str(merge_every), str(stop)],
                                stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "STARTED"
-    figures, rounds = PlainFigures(), 0
+    figures, rounds, during = PlainFigures(), 0, 0
     reader = TrialReader(trial_dir)
     try:
         with duckdb.connect() as connection:
-            while process.poll() is None:
+            while process.poll() is None and (enough is None or during < enough):
                 if any((trial_dir / "tensors").glob("*.parquet")):
+                    before = merged_chunks(trial_dir)
                     for _ in range(10):  # plain queries are cheap: measure many
                         _plain_query(connection, trial_dir, figures)
                     _comgra_queries(reader)
                     rounds += 1
-        written = int(process.stdout.read().split()[-1])
+                    during += merged_chunks(trial_dir) != before
+            stop.touch()
+            written = int(process.stdout.read().split()[-1])
     finally:
         process.kill()
         process.wait()
         process.stdout.close()
     assert process.returncode == 0
-    return figures, rounds, written
+    return Concurrency(figures, rounds, during, written)
 
 
 @pytest.mark.slow
 def test_readers_while_a_run_writes_and_compacts(tmp_path: Path) -> None:
-    figures, rounds, written = run_concurrently(tmp_path, seconds=4.0, merge_every=2)
-    print(figures.describe(), f"; {rounds} rounds of comgra queries, all exact", sorted(figures.errors))
-    assert rounds >= 5 and figures.queries >= 50
+    run = run_concurrently(tmp_path, seconds=120.0, merge_every=2, enough=5)
+    figures = run.plain
+    print(figures.describe(), f"; {run.rounds} rounds of comgra queries, all exact, {run.during_compaction} of them "
+          "during a compaction", sorted(figures.errors))
+    assert run.during_compaction >= 5, f"only {run.during_compaction} rounds overlapped a compaction in 120 s"
+    assert figures.queries >= 50
     assert not any(".tmp" in error or "magic bytes" in error or "too small" in error for error in figures.errors), \
         "a plain reader met a temporary file"
     final = TrialReader(tmp_path / "group" / "trials" / "trial")  # after the run: exact for every reader
-    assert _comgra_queries(final) == written
+    assert _comgra_queries(final) == run.written
     with duckdb.connect() as connection:
         after = PlainFigures()
         _plain_query(connection, tmp_path / "group" / "trials" / "trial", after)
@@ -138,8 +165,9 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory() as scratch:
-        result, comgra_rounds, steps_written = run_concurrently(
-            Path(scratch), float(sys.argv[1]) if len(sys.argv) > 1 else 10.0, int(sys.argv[2]) if len(sys.argv) > 2 else 16)
-        print(result.describe(), f"({comgra_rounds} rounds of comgra queries exact, {steps_written} steps written)")
-        for message in sorted(result.errors)[:5]:
+        measured = run_concurrently(Path(scratch), seconds=float(sys.argv[1]) if len(sys.argv) > 1 else 10.0,
+                                    merge_every=int(sys.argv[2]) if len(sys.argv) > 2 else 16)
+        print(measured.plain.describe(), f"({measured.rounds} rounds of comgra queries exact, {measured.during_compaction}"
+              f" during a compaction, {measured.written} steps written)")
+        for message in sorted(measured.plain.errors)[:5]:
             print("  ", message)

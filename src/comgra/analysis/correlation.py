@@ -8,6 +8,7 @@ features tried. The result is a ranked list of plain sentences with the numbers 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +69,8 @@ def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
     if len(observations) < MIN_SAMPLES:
         return []
     excluded = {target} | facts.feeds.get(target, set())
-    features = list(_features(data, samples, observations, excluded, facts))
+    # One tensor's block at a time: the features of every tensor are never held together.
+    features = _features(data, samples, observations, excluded, facts)
     hints = _significant(observations, features, options)
     findings = []
     for feature, rho, p_value, q_value, n in hints[: options.correlation_max_hints]:
@@ -126,7 +128,7 @@ def _unit_features(units: NeuronRows, index: np.ndarray | None, node: str, role:
     return FeatureBlock(features, np.column_stack(columns))
 
 
-def _significant(observations: pd.DataFrame, blocks: list[FeatureBlock], options: ScanOptions):
+def _significant(observations: pd.DataFrame, blocks: Iterable[FeatureBlock], options: ScanOptions):
     """Spearman's rho and p of every feature against the target, all features of a tensor at once."""
     target = observations["target"].to_numpy(np.float64)
     tested = []
@@ -183,7 +185,8 @@ def _hint(data: TrialData, facts: GraphFacts, target: str, feature: Feature, rho
     return Finding(
         detector="correlation", severity="info", score=abs(rho), trial=data.trial, node=feature.node,
         role=feature.role, kind=fmt.FORWARD, training_step=step, steps=[], iteration=iteration,
-        message=sentence + f"; q = {q_value:.1g} after correcting for the features tried.",
+        message=sentence + f"; q = {q_value:.1g} after correcting for the features tried" + (
+            f"; {data.subsample}." if data.subsample else "."),
         evidence={"target": target, "feature": feature.label, "spearman": rho, "samples": n, "p_value": p_value,
                   "q_value": q_value, "sentence": sentence},
         aggregation=f"sample:{int(worst['sample'])}", statistic="mean", column=facts.column.get(feature.node, 0))

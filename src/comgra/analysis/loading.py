@@ -8,6 +8,7 @@ with the width of the network.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,14 @@ from comgra.store.reader import TrialReader
 
 KEYS = ["training_step", "kind", "iteration", "node", "role", "tensor_type", "aggregation", "sample", "rank"]
 STATS = list(fmt.STATISTICS)
+COLUMNS = KEYS + STATS + ["svd_max", "num_neurons", "neurons"]
+# A trial of up to this many statistics rows is scanned in memory, whole; a bigger one is streamed node
+# group by node group (``comgra.analysis.streaming``), each group holding about this many rows at most.
+IN_MEMORY_ROWS = 600_000
+# What a scanner keeps of the chunks it read, for the next scan of a live run (least recently used goes).
+CACHED_ROWS = 1_200_000
+# Called with the number of statistics rows of every table a detector gets (a test's counting hook).
+observe_rows: Callable[[int], None] | None = None
 # Rows whose neurons a detector needs, and how many of their values it needs (None: all recorded).
 SAMPLE_NEURONS = 16  # per-sample values: saturation and correlation hints
 SPREAD_NEURONS = 16  # batch std per neuron: collapse
@@ -72,14 +81,29 @@ class TrialData:
     steps: pd.DataFrame  # training_step, type_of_execution, iteration, graph
     graphs: dict[str, dict[str, Any]]  # hash -> graph document
     problems: list[str] = field(default_factory=list)
+    # Where a node's values can be opened, for a table that holds only some of its rows (a streamed scan).
+    locator: Any = None
+    # A sentence for the findings of a detector that saw a subsample (a streamed scan's correlation hints).
+    subsample: str = ""
 
 
 class ChunkCache:
     """Per trial and chunk name, what was taken from that chunk. Thread-safe."""
 
-    def __init__(self) -> None:
-        self._chunks: dict[tuple[str, str], ChunkData] = {}
+    def __init__(self, max_rows: int | None = None) -> None:
+        self._chunks: OrderedDict[tuple[str, str], ChunkData] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
+        self.max_rows = CACHED_ROWS if max_rows is None else max_rows
+
+    @property
+    def rows(self) -> int:
+        with self._lock:
+            return sum(c.stats.num_rows for c in self._chunks.values())
+
+    def clear(self) -> None:
+        """Let go of everything read (the app does once the findings are saved)."""
+        with self._lock:
+            self._chunks.clear()
 
     def load(self, trial: TrialReader, progress: Callable[[int], None] | None = None) -> TrialData:
         paths = trial.tensor_chunks()
@@ -88,6 +112,8 @@ class ChunkCache:
             key = (str(trial.directory), path.name)
             with self._lock:
                 cached = self._chunks.get(key)
+                if cached is not None:
+                    self._chunks.move_to_end(key)
             if cached is None:
                 cached = read_chunk(trial, path)
                 with self._lock:
@@ -96,7 +122,17 @@ class ChunkCache:
             if progress is not None:
                 progress(1)
         self._forget_others(str(trial.directory), {p.name for p in paths})
-        return _assemble(trial, parts)
+        data = _assemble(trial, parts)
+        self._trim()
+        return data
+
+    def _trim(self) -> None:
+        """Keep at most ``max_rows`` rows: a live run's next scan rereads the oldest chunks, if any went."""
+        with self._lock:
+            total = sum(c.stats.num_rows for c in self._chunks.values())
+            while self._chunks and total > self.max_rows:
+                _, dropped = self._chunks.popitem(last=False)
+                total -= dropped.stats.num_rows
 
     def _forget_others(self, directory: str, names: set[str]) -> None:
         """Chunks merged into a bigger one are gone from the listing: let go of their copies."""
@@ -106,9 +142,27 @@ class ChunkCache:
 
 
 def read_chunk(trial: TrialReader, path: Path) -> ChunkData:
+    return chunk_data(trial.read_tensor_chunk(path, COLUMNS))
+
+
+def chunk_data(table: pa.Table) -> ChunkData:
     # One Arrow chunk per column, not one per row group: the filters below run once, not per row group.
-    table = trial.read_tensor_chunk(path, KEYS + STATS + ["svd_max", "num_neurons", "neurons"]).combine_chunks()
+    table = table.combine_chunks()
     return ChunkData(table.drop_columns(["neurons"]), _neuron_frames(table))
+
+
+def recorded_rows(trial: TrialReader) -> int:
+    """The rows of the trial's tensors chunks, from their Parquet footers (no data read): it decides
+    whether a trial is scanned in memory or streamed."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for path in trial.tensor_chunks():
+        try:
+            total += pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # noqa: BLE001 - a damaged chunk: the scan lists it when it reads it
+            continue
+    return total
 
 
 def _frame(table: pa.Table) -> pd.DataFrame:
@@ -148,6 +202,30 @@ def _plain_list(values: pa.Array) -> pa.ListArray:
 
 
 def _assemble(trial: TrialReader, parts: list[ChunkData]) -> TrialData:
+    return assemble(trial_context(trial), parts)
+
+
+@dataclass
+class TrialContext:
+    """What a scan of one trial reads besides its tensors: the step index, the graphs, damaged files."""
+
+    trial: str
+    steps: pd.DataFrame
+    graphs: dict[str, dict[str, Any]]
+    known: set[int]
+    problems: list[str]
+
+
+def assemble(context: TrialContext, parts: list[ChunkData]) -> TrialData:
+    stats = _concat([p.stats for p in parts], context.known)
+    names = ("abs_max", "sample", "std", "parameter")
+    neurons = {name: _concat_neurons([p.neurons[name] for p in parts], context.known) for name in names}
+    if observe_rows is not None:
+        observe_rows(len(stats))
+    return TrialData(context.trial, stats, neurons, context.steps, context.graphs, list(context.problems))
+
+
+def trial_context(trial: TrialReader) -> TrialContext:
     steps = trial.steps()
     steps_frame = pd.DataFrame({
         "training_step": steps["training_step"].to_numpy(),
@@ -162,11 +240,8 @@ def _assemble(trial: TrialReader, parts: list[ChunkData]) -> TrialData:
         except Exception:  # noqa: BLE001 - a damaged graph document: scan the rest; the reader reports it
             continue
     known = set(steps_frame["training_step"].tolist())
-    stats = _concat([p.stats for p in parts], known)
-    names = ("abs_max", "sample", "std", "parameter")
-    neurons = {name: _concat_neurons([p.neurons[name] for p in parts], known) for name in names}
     problems = [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in trial.problem_reasons().items()]
-    return TrialData(trial.trial_id, stats, neurons, steps_frame, graphs, problems)
+    return TrialContext(trial.trial_id, steps_frame, graphs, known, problems)
 
 
 def _concat(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:
@@ -190,3 +265,20 @@ def _concat_neurons(parts: list[_ArrowNeurons], known: set[int]) -> NeuronRows:
     if pc.all(keep).as_py() is False:
         keys, values = keys.filter(keep), values.filter(keep)
     return NeuronRows(_frame(keys), values)
+
+
+def return_freed_memory() -> None:
+    """Hand the memory a scan freed back to the system: Arrow's pool and glibc's heap keep freed pages for
+    reuse, so without this the process stays as big as its largest scan."""
+    import gc
+
+    gc.collect()
+    try:
+        import pyarrow
+
+        pyarrow.default_memory_pool().release_unused()
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError, ImportError):  # not glibc, or an older pyarrow: the memory is only reused
+        return

@@ -34,6 +34,32 @@ MAX_LISTED_STEPS = 20
 
 
 def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    return confirmed(data, facts, options, located(data, strongest_of(candidates(data, facts, options))))
+
+
+def confirmed(data: TrialData, facts: GraphFacts, options: ScanOptions, found: list[_Candidate]) -> list[Finding]:
+    """The strongest candidates of a trial, each confirmed (or not) by one IsolationForest."""
+    # The forest costs the most: it confirms only the strongest candidates of a trial.
+    strongest = strongest_of(found)
+    agreements = _forest_agreement(strongest)
+    return [_finding(data, facts, options, c, agree) for c, agree in zip(strongest, agreements)]
+
+
+def strongest_of(found: list[_Candidate]) -> list[_Candidate]:
+    """At most ``MAX_FINDINGS`` candidates, the strongest: all a streamed scan keeps between node groups."""
+    return sorted(found, key=lambda c: -c.largest)[:MAX_FINDINGS]
+
+
+def located(data: TrialData, found: list[_Candidate]) -> list[_Candidate]:
+    """The candidates with where their worst step is opened, read from ``data`` (which holds their nodes)."""
+    for candidate in found:
+        candidate.iteration = _iteration_of(data, candidate.node, candidate.kind, candidate.worst_step)
+        candidate.unbatched = _unbatched(data, candidate.node, candidate.role)
+    return found
+
+
+def candidates(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[_Candidate]:
+    """Every series with outlying steps, with where to open it (the table may hold only some nodes)."""
     stats = data.stats
     rows = stats[stats["aggregation"].isin(["mean", "none"])]
     if not len(rows):
@@ -41,19 +67,15 @@ def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
     per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True)[FEATURES].median()
     # Steps of different types (sequence lengths, ...) differ by design: each is compared with its own type.
     types = data.steps.drop_duplicates("training_step").set_index("training_step")["type_of_execution"]
-    candidates = []
+    found = []
     for (kind, node, role), series in per_step.groupby(level=[0, 1, 2], sort=False):
         if len(series) < MIN_STEPS or facts.role.get(node) in ("input", "target"):
             continue
         step_types = types.reindex(series.index.get_level_values("training_step")).to_numpy()
         candidate = _candidate(options, kind, node, role, series, step_types)
         if candidate is not None:
-            candidates.append(candidate)
-    # The forest costs the most: it confirms only the strongest candidates of a trial.
-    candidates.sort(key=lambda c: -c.largest)
-    strongest = candidates[:MAX_FINDINGS]
-    agreements = _forest_agreement(strongest)
-    return [_finding(data, facts, options, c, agree) for c, agree in zip(strongest, agreements)]
+            found.append(candidate)
+    return found
 
 
 @dataclass
@@ -65,10 +87,16 @@ class _Candidate:
     residuals: np.ndarray  # (steps, features)
     flagged: np.ndarray  # bool per step
     zscores: np.ndarray
+    iteration: int = 0  # where the worst step of the node is opened
+    unbatched: bool = False
 
     @property
     def largest(self) -> float:
         return float(np.abs(self.zscores[self.flagged]).max())
+
+    @property
+    def worst_step(self) -> int:
+        return int(self.steps[self.flagged][np.argmax(np.abs(self.zscores[self.flagged]).max(axis=1))])
 
 
 def _candidate(options: ScanOptions, kind: str, node: str, role: str, series: pd.DataFrame,
@@ -118,18 +146,18 @@ def _finding(data: TrialData, facts: GraphFacts, options: ScanOptions, candidate
     statistic = FEATURES[int(np.argmax(np.abs(zscores[flagged]).max(axis=0)))]
     outlier_steps = candidate.steps[flagged]
     largest = candidate.largest
-    step = int(outlier_steps[np.argmax(np.abs(zscores[flagged]).max(axis=1))])
+    step = candidate.worst_step
     kind, node, role = candidate.kind, candidate.node, candidate.role
     return Finding(
         detector="outlier", severity="info", score=min(1.0, 0.5 * float(agree.mean()) + largest / (10 * options.outlier_z)),
         trial=data.trial, node=node, role=role, kind=kind, training_step=step,
-        steps=[int(s) for s in outlier_steps[:MAX_LISTED_STEPS]], iteration=_iteration_of(data, node, kind, step),
+        steps=[int(s) for s in outlier_steps[:MAX_LISTED_STEPS]], iteration=candidate.iteration,
         message=f"{node} ({role}, {kind}) has outlying steps: {len(outlier_steps)} of {len(candidate.steps)} recorded "
                 f"steps leave the course of {statistic} (robust z-score up to {largest:.0f}; the IsolationForest "
                 f"agrees on {int(agree.sum())} of them). The worst is step {step}.",
         evidence={"statistic": statistic, "robust_z": largest, "outlier_steps": len(outlier_steps),
                   "steps": len(candidate.steps), "isolation_forest_agrees": int(agree.sum())},
-        aggregation="none" if _unbatched(data, node, role) else "mean", statistic=statistic,
+        aggregation="none" if candidate.unbatched else "mean", statistic=statistic,
         column=facts.column.get(node, 0))
 
 

@@ -5,9 +5,13 @@ no torch, no figures. Module names are dotted (``net.b1.attn``): the parent of a
 name without the last part, which is how the flame graph nests.
 
 Nothing is counted twice: a module's measured time already contains its submodules' time, so a
-bar's width is the module's own measured (inclusive) time, and its *self* time is that minus its
-children's. A child measured a little longer than its parent (clock noise) widens the parent to
-the sum of its children, so that the parent still contains them.
+bar's width is the module's own measured (inclusive) time, summed over its calls, and its *self*
+time is that minus its children's. Forward calls nest, so their times add up; a backward time is
+already the module call's share of the backward pass, cut so that no moment belongs to two calls
+(``comgra.capture.backward_slices``), so a module called several times in a step (a shared block,
+an RNN cell) is not counted once per call on top of the others. A child measured a little longer
+than its parent (clock noise, or a child called from outside its parent's forward) widens the
+parent to the sum of its children, so that the parent still contains them.
 
     >>> rows = [{"module": "net", "forward_time": 3.0, "training_step": 0, "call": 0},
     ...         {"module": "net.a", "forward_time": 1.0, "training_step": 0, "call": 0}]
@@ -112,9 +116,10 @@ def flame_graph(rows: Iterable[Mapping[str, Any]], phase: str = "forward") -> li
 def chrome_trace(rows: Iterable[Mapping[str, Any]], *, trial: str = "") -> dict[str, Any]:
     """The executions as a Chrome trace (the JSON object format), for Perfetto and chrome://tracing.
 
-    Forward calls nest strictly, so they are complete ("X") events on one track per rank;
-    backward spans of siblings can overlap (see capture/profiling), so they are async events
-    on a track of their own, which the viewers draw without requiring nesting.
+    Forward calls nest strictly, so they are complete ("X") events on one track per rank. A call's
+    backward time is its share of the backward pass, drawn from the moment the gradient reached it;
+    the shares of calls that interleave in the autograd engine need not nest, so they are async
+    events on a track of their own, which the viewers draw without requiring nesting.
     """
     events: list[dict[str, Any]] = []
     ranks: set[int] = set()

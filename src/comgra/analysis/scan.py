@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from comgra.analysis import saved
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings, trial_signature
 from comgra.errors import SelectionError, did_you_mean
-from comgra.store.reader import GroupReader
+from comgra.store.reader import GroupReader, TrialReader
 
 if TYPE_CHECKING:
     from comgra.analysis.loading import ChunkCache, TrialData
@@ -149,12 +149,34 @@ class Scanner:
             if progress is not None:
                 progress(trial_id, done[0], total)
 
-        data = self.cache.load(trial, advance)
-        found, problems = detect_all(data, options)
+        found, problems = self._detect(trial, options, advance, lambda done, total: progress(trial_id, done, total)
+                                       if progress is not None else None)
         found = saved.normalized(found)  # the same objects a later process reads back from the saved file
         if self.persist:
             saved.save(trial.directory, chunks, options, found, problems)
         with self._lock:
             self._found[key] = (chunks, found, problems)
         return found, problems
+
+    def _detect(self, trial: TrialReader, options: ScanOptions, advance: Callable[[int], None],
+                streamed_progress: Callable[[int, int], object]) -> tuple[list[Finding], list[str]]:
+        """A trial that fits in memory is loaded whole (and its chunks kept for the next scan of a live run);
+        a bigger one is streamed node group by node group (``comgra.analysis.streaming``)."""
+        from comgra.analysis import loading
+
+        if loading.recorded_rows(trial) <= loading.IN_MEMORY_ROWS:
+            return detect_all(self.cache.load(trial, advance), options)
+        from comgra.analysis import streaming
+
+        return streaming.scan_trial(trial, options, streamed_progress)
+
+    def release(self) -> None:
+        """Let go of the chunks kept for the next scan (the app does once the findings are saved)."""
+        with self._lock:
+            if self._cache is not None:
+                self._cache.clear()
+        from comgra.analysis.loading import return_freed_memory
+
+        return_freed_memory()
+
 

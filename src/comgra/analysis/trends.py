@@ -21,16 +21,28 @@ STANDS_OUT = 10.0  # growth is reported only for a tensor that ends this many ti
 
 def gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
     """Nodes whose gradient is orders of magnitude below or above the largest one of their step."""
+    per_node = gradient_levels(data, facts)
+    return [] if per_node is None else gradients_from_levels(data, facts, options, per_node)
+
+
+def gradient_levels(data: TrialData, facts: GraphFacts) -> pd.DataFrame | None:
+    """Per kind, step, node and role: the log10 of the node's largest mean absolute gradient (one float per
+    node and step: what a streamed scan keeps of the gradients of each node group)."""
     stats = data.stats
     rows = stats[(stats["kind"] != fmt.FORWARD) & stats["aggregation"].isin(["abs_max", "none"])]
     loss_nodes = [n for n in rows["node"].unique() if facts.is_loss_like(n)]  # asked once per node, not per row
     rows = rows[~(rows["node"].isin(loss_nodes) | (rows["tensor_type"] == "loss"))]
     rows = rows[np.isfinite(rows["abs_mean"]) & (rows["abs_mean"] > 0)]
     if not len(rows):
-        return []
+        return None
     rows = rows.assign(log=np.log10(rows["abs_mean"].astype(np.float64)),
                        learned=rows["tensor_type"] != "parameter")
-    per_node = rows.groupby(["kind", "training_step", "node", "role", "learned"], sort=False)["log"].max().reset_index()
+    return rows.groupby(["kind", "training_step", "node", "role", "learned"], sort=False,
+                        observed=True)["log"].max().reset_index()
+
+
+def gradients_from_levels(data: TrialData, facts: GraphFacts, options: ScanOptions,
+                          per_node: pd.DataFrame) -> list[Finding]:
     reference = per_node[per_node["learned"]].groupby(["kind", "training_step"])["log"].max()
     fallback = per_node.groupby(["kind", "training_step"])["log"].max()
     reference = reference.reindex(fallback.index).fillna(fallback).rename("reference")
@@ -68,29 +80,43 @@ def gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[
 
 def growth(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
     """A tensor, parameter or gradient whose largest value grows by orders of magnitude over training."""
+    candidates, ends = growth_candidates(data, facts, options)
+    return growth_beyond_typical(candidates, ends)
+
+
+def growth_beyond_typical(candidates: list[tuple[str, float, Finding]], ends: pd.DataFrame) -> list[Finding]:
+    """The candidates that end well above what the tensors of their kind typically reach by the end:
+    growth from tiny to typical (a gradient that starts near zero, an output layer initialised at zero)
+    is learning, not growth without bound."""
+    typical = ends.groupby("kind", observed=True)["abs_max"].median() if len(ends) else pd.Series(dtype=float)
+    return [f for kind, late, f in candidates if late >= STANDS_OUT * float(typical.get(kind, 0.0))]
+
+
+def growth_candidates(data: TrialData, facts: GraphFacts,
+                      options: ScanOptions) -> tuple[list[tuple[str, float, Finding]], pd.DataFrame]:
+    """Series that grow by orders of magnitude (kind, last quarter, finding), and every series' value at its
+    last step (kind, abs_max): a streamed scan gathers both over its node groups before it judges."""
     stats = data.stats
     rows = stats[stats["aggregation"].isin(["mean", "none"]) & np.isfinite(stats["abs_max"])]
     rows = rows[~rows["tensor_type"].isin(NOT_LEARNED)]
-    per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True)["abs_max"].median().reset_index()
-    findings = []
+    per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True,
+                            observed=True)["abs_max"].median().reset_index()
+    candidates = []
     limit = options.orders(options.growth_orders)
-    # What the tensors of a kind typically reach by the end: growth from tiny to typical (a gradient that
-    # starts near zero, an output layer initialised at zero) is learning, not growth without bound.
-    last_steps = per_step.groupby(["kind", "node", "role"])["training_step"].transform("max")
-    typical = per_step[per_step["training_step"] == last_steps].groupby("kind")["abs_max"].median()
-    for (kind, node, role), series in per_step.groupby(["kind", "node", "role"], sort=False):
+    last_steps = per_step.groupby(["kind", "node", "role"], observed=True)["training_step"].transform("max")
+    ends = per_step.loc[per_step["training_step"] == last_steps, ["kind", "abs_max"]]
+    ends = ends.assign(kind=ends["kind"].astype(str))
+    for (kind, node, role), series in per_step.groupby(["kind", "node", "role"], sort=False, observed=True):
         values = series["abs_max"].to_numpy(np.float64)
         early, late = _quarters(values, options)
         if early is None or late is None or early <= 0 or not np.isfinite(late) or late <= 0:
-            continue
-        if late < STANDS_OUT * float(typical.get(kind, 0.0)):
             continue
         orders = float(np.log10(late / early))
         trend = _monotone(series["training_step"].to_numpy(), values)
         if orders < limit or trend < 0.8:
             continue
         gradient = kind != fmt.FORWARD
-        findings.append(Finding(
+        candidates.append((str(kind), late, Finding(
             detector="exploding_gradient" if gradient else "growth", severity="warning",
             score=min(1.0, orders / (2 * limit)) * trend, trial=data.trial, node=node, role=role, kind=kind,
             training_step=int(series["training_step"].iloc[-1]), steps=series["training_step"].tolist(),
@@ -101,8 +127,8 @@ def growth(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
             evidence={"first_quarter": early, "last_quarter": late, "orders_of_magnitude": orders,
                       "spearman_with_step": trend, "steps": len(values)},
             aggregation="none" if role in _unbatched(data, node) else "mean", statistic="abs_max",
-            column=facts.column.get(node, 0)))
-    return findings
+            column=facts.column.get(node, 0))))
+    return candidates, ends
 
 
 # The least spread over the batch, in the first quarter of training, that can collapse: below it the
@@ -159,12 +185,16 @@ def _monotone(steps: np.ndarray, values: np.ndarray) -> float:
 
 
 def _unbatched(data: TrialData, node: str) -> set[str]:
+    if data.locator is not None:
+        return data.locator.unbatched(node)
     rows = data.stats[(data.stats["node"] == node) & (data.stats["aggregation"] == "none")]
     return set(rows["role"].unique())
 
 
 def _iteration_of(data: TrialData, node: str, kind: str, step: int) -> int:
     """An iteration of ``step`` in which the node's values can be opened."""
+    if data.locator is not None:
+        return data.locator.iteration_of(data, node, step)
     rows = data.stats[(data.stats["node"] == node) & (data.stats["training_step"] == step)]
     iterations = rows["iteration"].astype(int)
     if len(iterations) and iterations.max() >= 0:

@@ -13,9 +13,10 @@ Cost: a module's forward is measured by a wrapper set on its class while the pro
 (``forward_wrappers``: no forward hooks, so ``nn.Module.__call__`` keeps its fast path, and nothing on
 the instances, so deepcopy, pickle and torch.save see plain modules); forward hooks remain only where
 a wrapper cannot be used. Each call does only what must happen at that moment (read the clock, note
-the output's size, put a marker on the output's autograd node) into a plain list; pairing the marks,
-the backward ends, wall-clock times and rows are worked out once per step, and the Arrow table once
-per flush. Calls made while a graph is traced (torch.compile, torch.jit.trace, torch.fx) are not
+the output's size, put a marker on the output's autograd node) into a plain list; the backward
+attribution, wall-clock times and rows are worked out once per step, and the Arrow table once per
+flush. Parameters carry gradient hooks only on the steps the recorder records (for the gradient
+norms). Calls made while a graph is traced (torch.compile, torch.jit.trace, torch.fx) are not
 measured: they are not executions.
 
 Clocks: ``time.perf_counter`` on CPU. On a GPU a mark is a CUDA event recorded in the hook; a step's
@@ -23,11 +24,15 @@ events are read once the last of them has completed (``Event.query``, which neve
 profiler makes no host synchronisation, neither per module nor per step; statistics come to the
 host by non-blocking copies. Only ``take(force=True)`` at the end of a run waits for the last step.
 
-Backward time is the span from the moment the gradient reaches a module's outputs to the last
-gradient of its parameters or inputs. It needs no ``register_full_backward_hook`` (which breaks
+Backward time: a prehook on the autograd node that made a module call's output notes when the
+gradient reaches it, and the autograd engine's final callback notes when the backward pass ends; a
+call without parameters also notes when its inputs' gradient is complete. ``backward_slices`` cuts
+the pass at these moments and gives each slice to one call, so that a call's backward time is its
+own slices and those of the calls nested in it: a parent contains its children, and a module called
+several times in a step (its parameters' gradients accumulated once for all its calls) is not
+counted once per call on top of the others. No ``register_full_backward_hook`` (which breaks
 training code that modifies a module's output in place, e.g. ``x += ...``, and puts two extra
-autograd nodes around every module); an input shared with other modules is complete only when all
-of them are done, which can lengthen that span.
+autograd nodes around every module).
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ import pyarrow as pa
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from comgra.capture import forward_wrappers
+from comgra.capture import backward_slices, forward_wrappers
 from comgra.errors import ConfigError
 from comgra.store import format as fmt
 
@@ -53,9 +58,12 @@ _is_compiling = torch.compiler.is_compiling  # True while TorchDynamo traces (to
 # True inside torch.fx.symbolic_trace (older torch: is_fx_tracing, which newer torch makes log a warning)
 _is_fx_tracing = getattr(torch.fx._symbolic_trace, "is_fx_symbolic_tracing", None) or torch.fx._symbolic_trace.is_fx_tracing
 _FIELDS = tuple(fmt.LAYERS_SCHEMA.names)
+# Runs a callable once the current backward pass has finished (what DistributedDataParallel uses for its final callback).
+_queue_engine_callback = torch.autograd.Variable._execution_engine.queue_callback
 
 # One execution of one module is a list (the cheapest mutable record to make in a hook), indexed by:
-_LAYER, _FORWARD_START, _FORWARD_END, _BYTES, _BACKWARD_START, _BACKWARD_END, _EXTRA = range(7)
+# _SUBTREE_END: the number of records when its forward returned (its nested calls are the records before that).
+_LAYER, _FORWARD_START, _FORWARD_END, _BYTES, _BACKWARD_START, _BACKWARD_END, _EXTRA, _SUBTREE_END = range(8)
 
 
 @dataclass(frozen=True)
@@ -102,8 +110,8 @@ class _Layer:
         self.name = name
         self.module = module
         self.parameter_indices = parameter_indices  # of every trainable parameter in its subtree
-        # The end of a module's backward is its parameters' last gradient; only a module without any
-        # needs the gradients of its inputs for it (markers on every input cost more).
+        # A call of a module without parameters ends its backward slice when its inputs' gradient is complete
+        # (markers on every input cost more, so a module with parameters has none: see backward_slices).
         self.needs_input_marks = not parameter_indices
         self.open: list[list[Any]] = []  # forward calls in progress (recursion-safe)
         self.history: deque[tuple[Any, ...]] = deque(maxlen=history)
@@ -113,11 +121,10 @@ class _StepCapture:
     """The raw marks of one profiled step, until they can be read (at once on CPU; on CUDA once its
     last event has completed)."""
 
-    __slots__ = ("step", "records", "parameter_marks", "start", "host_start", "statistics", "grad_norms", "ready")
+    __slots__ = ("step", "records", "finishes", "start", "host_start", "statistics", "grad_norms", "ready")
 
-    def __init__(self, step: int, records: list[list[Any]], parameter_marks: list[tuple[int, Any]],
-                 start: Any, host_start: float):
-        self.step, self.records, self.parameter_marks = step, records, parameter_marks
+    def __init__(self, step: int, records: list[list[Any]], finishes: list[Any], start: Any, host_start: float):
+        self.step, self.records, self.finishes = step, records, finishes  # finishes: the ends of backward passes
         self.start, self.host_start = start, host_start
         self.statistics: list[tuple[list[list[Any]], torch.Tensor]] = []  # (records, host values) per device
         self.grad_norms: list[tuple[list[int], torch.Tensor]] = []  # (parameter indices, host norms) per device
@@ -134,7 +141,9 @@ class Profiler:
         self._layers: list[_Layer] = []
         self._by_module: dict[int, _Layer] = {}
         self._parameter_index: dict[int, int] = {}
+        self._parameters: list[torch.Tensor] = []  # by index
         self._handles: list[Any] = []
+        self._norm_handles: list[Any] = []  # gradient hooks, on recorded steps only
         self._attached: list[torch.nn.Module] = []  # modules measured by a class-level forward wrapper
         self._forced_cuda = cuda
         self._cuda = bool(cuda)
@@ -144,7 +153,8 @@ class Profiler:
         self._detail = False
         self._extras = False  # detail, FLOPs or CUDA memory: the hooks take the slower path
         self._records: list[list[Any]] | None = None  # None: this step is not profiled, the hooks return at once
-        self._parameter_marks: list[tuple[int, Any]] | None = None
+        self._finishes: list[Any] | None = None  # the end of each backward pass of the step
+        self._finish_queued = False
         self._grad_norms: dict[int, torch.Tensor] = {}
         self._flops: FlopCounterMode | None = None
         self._flops_counted = False
@@ -178,23 +188,23 @@ class Profiler:
                 self._cuda, self._clock = True, _cuda_event
 
     def _watch_parameter(self, parameter: torch.Tensor) -> int:
-        """The parameter's index; the first time, a hook that notes when its gradient is complete."""
         index = self._parameter_index.get(id(parameter))
         if index is None:
-            index = self._parameter_index[id(parameter)] = len(self._parameter_index)
-            self._handles.append(parameter.register_post_accumulate_grad_hook(partial(self._parameter_done, index)))
+            index = self._parameter_index[id(parameter)] = len(self._parameters)
+            self._parameters.append(parameter)
         return index
 
     def close(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._remove_norm_hooks()
         for module in self._attached:
             forward_wrappers.detach(module)
         self._attached = []
-        self._records = self._parameter_marks = None
+        self._records = self._finishes = None
         self._end_flops()
-        self._layers, self._by_module, self._parameter_index = [], {}, {}
+        self._layers, self._by_module, self._parameter_index, self._parameters = [], {}, {}, []
 
     @property
     def layer_names(self) -> list[str]:
@@ -214,7 +224,8 @@ class Profiler:
         Every ``options.every``-th step is profiled, and every step the recorder records; on the others
         the hooks return at once."""
         self._steps_seen += 1
-        self._records = self._parameter_marks = None
+        self._records = self._finishes = None
+        self._remove_norm_hooks()
         if self.error is not None or (not detail and (self._steps_seen - 1) % self.options.every):
             return
         self._step, self._detail = training_step, detail
@@ -227,13 +238,22 @@ class Profiler:
         self._extras = detail or self._cuda or self._flops is not None
         self._step_host = time.perf_counter()
         self._step_start = self._clock()
-        self._records, self._parameter_marks = [], []
+        self._records, self._finishes, self._finish_queued = [], [], False
         self._last_node, self._last_node_records = None, []
+        if detail:  # each gradient's norm when it is complete: before an optimizer may zero it
+            self._norm_handles = [parameter.register_post_accumulate_grad_hook(partial(self._parameter_done, index))
+                                  for index, parameter in enumerate(self._parameters)]
+
+    def _remove_norm_hooks(self) -> None:
+        for handle in self._norm_handles:
+            handle.remove()
+        self._norm_handles = []
 
     def finish_step(self) -> None:
         """Close the step: its marks wait until they can be read, its rows then wait for ``take``."""
-        records, marks = self._records, self._parameter_marks
-        self._records = self._parameter_marks = None
+        records, finishes = self._records, self._finishes
+        self._records = self._finishes = None
+        self._remove_norm_hooks()
         self._last_node, self._last_node_records = None, []  # nothing keeps the step's graph alive
         self._end_flops()
         for layer in self._layers:
@@ -243,7 +263,7 @@ class Profiler:
             raise self.error  # the recorder reports it once and switches profiling off
         if records is None or self._step is None:
             return
-        capture = _StepCapture(self._step, records, marks or [], self._step_start, self._step_host)
+        capture = _StepCapture(self._step, records, finishes or [], self._step_start, self._step_host)
         if self._detail:
             capture.statistics = _to_host([(r, r[_EXTRA].statistics) for r in records
                                            if r[_EXTRA] is not None and r[_EXTRA].statistics is not None])
@@ -275,25 +295,56 @@ class Profiler:
 
     # -- per call: only what must happen at that moment -----------------------------------------------
     def _forward_handler(self, layer: _Layer) -> forward_wrappers.Handler:
-        """What the class-level wrapper calls for this layer's module: the forward, measured."""
-        profiler = self
+        """What the class-level wrapper calls for this layer's module: the forward, measured. The usual call of a
+        plain profiled step takes a lean path written out here (a record, two clock reads, a backward marker),
+        since its every step costs time on each module call; the others go through ``_begin`` and ``_end``."""
+        profiler, full = self, layer.needs_input_marks
 
         def measured_forward(module: torch.nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
                              kwargs: dict[str, Any]) -> Any:
-            if _traced() or profiler._records is None:  # tracing first: torch.compile must not guard on _records
+            if _is_compiling() or _tracing_state() is not None or _is_fx_tracing():  # _traced(), written out
+                return forward(module, *args, **kwargs)  # and first: torch.compile must not guard on _records
+            records = profiler._records
+            if records is None:
                 return forward(module, *args, **kwargs)
-            record = profiler._begin(layer, args)
-            if record is None:
-                return forward(module, *args, **kwargs)
+            if full or profiler._extras or _profiler_enabled():
+                return profiler._measured_in_full(layer, module, forward, args, kwargs)
+            clock = profiler._clock
+            record = [layer, clock(), None, 0, None, None, None, None]
+            records.append(record)
             try:
                 output = forward(module, *args, **kwargs)
-            except BaseException:
-                profiler._abandon(record)
-                raise
-            profiler._end(record, output)
+            finally:
+                record[_FORWARD_END], record[_SUBTREE_END] = clock(), len(records)
+            if profiler._records is not records:
+                return output  # the step ended (or profiling failed) while this forward ran
+            try:
+                if type(output) is torch.Tensor:
+                    record[_BYTES], node = output.nbytes, output.grad_fn
+                    if node is profiler._last_node and node is not None:
+                        profiler._last_node_records.append(record)
+                    elif node is not None:
+                        profiler._mark_backward_start(node, record)
+                else:
+                    profiler._note_outputs(record, output)
+            except Exception as error:  # noqa: BLE001 - a fault of ours never breaks the user's forward
+                profiler._fail(error)
             return output
 
         return measured_forward
+
+    def _measured_in_full(self, layer: _Layer, module: torch.nn.Module, forward: Callable[..., Any],
+                          args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        record = self._begin(layer, args)
+        if record is None:
+            return forward(module, *args, **kwargs)
+        try:
+            output = forward(module, *args, **kwargs)
+        except BaseException:
+            self._abandon(record)
+            raise
+        self._end(record, output)
+        return output
 
     def _hooks(self, layer: _Layer) -> tuple[Callable[..., None], Callable[..., None]]:
         """The fallback where no class-level wrapper can be used: forward hooks (recursion-safe by a stack)."""
@@ -318,7 +369,7 @@ class Profiler:
         if records is None:
             return None
         try:
-            record: list[Any] = [layer, None, None, 0, None, None, None]
+            record: list[Any] = [layer, None, None, 0, None, None, None, None]
             records.append(record)
             if self._extras or _profiler_enabled():
                 self._begin_extras(layer, record)
@@ -334,23 +385,29 @@ class Profiler:
         """The forward returned: its end time, the output's bytes, a marker for the start of its backward."""
         try:
             record[_FORWARD_END] = self._clock()
-            if self._records is None:
+            records = self._records
+            if records is None:
                 return  # the step ended (or profiling failed) while this forward ran
-            if isinstance(output, torch.Tensor):
-                record[_BYTES], node, outputs = output.nbytes, output.grad_fn, None
-            else:
-                outputs = list(_tensors(output))
-                record[_BYTES] = sum(t.nbytes for t in outputs)
-                node = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
-            if node is not None:
-                self._mark_backward_start(node, record)
+            record[_SUBTREE_END] = len(records)
+            outputs = self._note_outputs(record, output)
             if record[_EXTRA] is not None:
-                self._end_extras(record, [output] if outputs is None else outputs)
+                self._end_extras(record, outputs)
         except Exception as error:  # noqa: BLE001
             self._fail(error)
 
+    def _note_outputs(self, record: list[Any], output: Any) -> list[torch.Tensor]:
+        """The bytes of a module's output tensors, and a marker on the autograd node of the first that has one."""
+        outputs = [output] if isinstance(output, torch.Tensor) else list(_tensors(output))
+        record[_BYTES] = sum(t.nbytes for t in outputs)
+        node = next((t.grad_fn for t in outputs if t.grad_fn is not None), None)
+        if node is not None:
+            self._mark_backward_start(node, record)
+        return outputs
+
     def _abandon(self, record: list[Any]) -> None:
         """The user's forward raised: close a torch.profiler range this record opened; the error goes on."""
+        if self._records is not None:
+            record[_SUBTREE_END] = len(self._records)
         extra = record[_EXTRA]
         if extra is not None and extra.scope is not None:
             scope, extra.scope = extra.scope, None
@@ -367,17 +424,34 @@ class Profiler:
         if node is self._last_node:
             self._last_node_records.append(record)
             return
-        records = [record]
-        node.register_prehook(partial(_backward_reached, records, self._clock))
+        records: list[list[Any]] = [record]
+        node.register_prehook(partial(self._backward_reached, records))
         self._last_node, self._last_node_records = node, records
 
+    def _backward_reached(self, records: list[list[Any]], _gradients: Any) -> None:
+        """A grad_fn prehook on modules' output: notes when its gradient arrives (returns None: never changes it);
+        the first of a backward pass asks the engine to note when that pass ends."""
+        moment = self._clock()
+        for record in records:
+            if record[_BACKWARD_START] is None:
+                record[_BACKWARD_START] = moment
+        if not self._finish_queued and self._finishes is not None:
+            self._finish_queued = True
+            try:
+                _queue_engine_callback(self._backward_finished)
+            except Exception as error:  # noqa: BLE001 - a fault of ours never breaks the user's backward
+                self._fail(error)
+
+    def _backward_finished(self) -> None:
+        self._finish_queued = False
+        if self._finishes is not None:
+            self._finishes.append(self._clock())
+
     def _parameter_done(self, index: int, parameter: torch.Tensor) -> None:
-        marks = self._parameter_marks
-        if marks is None:
+        if self._records is None:
             return
         try:
-            marks.append((index, self._clock()))
-            if self._detail and parameter.grad is not None:
+            if parameter.grad is not None:
                 # Now, not at finish_batch: by then an optimizer may have zeroed the gradient. A tensor, no sync.
                 self._grad_norms[index] = torch.linalg.vector_norm(parameter.grad.detach().float())
         except Exception as error:  # noqa: BLE001
@@ -410,7 +484,7 @@ class Profiler:
 
     def _fail(self, error: BaseException) -> None:
         self.error = error
-        self._records = self._parameter_marks = None
+        self._records = self._finishes = None
 
     # -- turning marks into rows, once per step ----------------------------------------------------
     def _convert_ready(self, *, force: bool) -> None:
@@ -430,41 +504,41 @@ class Profiler:
         """One row per record, in the LAYERS_SCHEMA order; the hot loop of a profiled step's end (no call per mark
         on CPU, where a mark is a perf_counter reading and a fixed offset puts it on the wall clock)."""
         offset, seconds = self._seconds_of(capture)
-        done_at = {index: seconds(mark) for index, mark in dict(capture.parameter_marks).items()}  # last mark of each
         norms = {i: v for indices, values in capture.grad_norms for i, v in zip(indices, values.tolist())}
         statistics = {id(r): v for group, values in capture.statistics for r, v in zip(group, values.tolist())}
+        grad_norms: dict[_Layer, float | None] = {}
+        forward, backward_starts, backward_ends = [], [], []
+        for record in capture.records:
+            layer = record[_LAYER]
+            if layer not in grad_norms:
+                grad_norms[layer] = _grad_norm(layer, norms)
+            if offset is None:
+                forward.append((seconds(record[_FORWARD_START]), seconds(record[_FORWARD_END])))
+                backward_starts.append(seconds(record[_BACKWARD_START]))
+                input_end = seconds(record[_BACKWARD_END])
+            else:
+                start, end = record[_FORWARD_START], record[_FORWARD_END]
+                forward.append((None if start is None else start + offset, None if end is None else end + offset))
+                start, input_end = record[_BACKWARD_START], record[_BACKWARD_END]
+                backward_starts.append(None if start is None else start + offset)
+                input_end = None if input_end is None else input_end + offset
+            backward_ends.append(input_end)
+        finishes = [moment for moment in map(seconds, capture.finishes) if moment is not None]
+        backward_times, backward_firsts = backward_slices.attribute(
+            backward_starts, backward_ends, [record[_SUBTREE_END] for record in capture.records], finishes)
         calls: dict[_Layer, int] = {}
-        per_layer: dict[_Layer, tuple[float | None, float | None]] = {}  # its backward end and gradient norm
         clock, step, no_statistics = ("cuda_event" if self._cuda else "perf_counter"), capture.step, (None,) * 4
         rows = []
-        for record in capture.records:
-            layer, forward_start, forward_end, output_bytes, backward_start, backward_end, extra = record
+        for record, (forward_start, forward_end), backward_start, backward_time in zip(
+                capture.records, forward, backward_firsts, backward_times):
+            layer, extra = record[_LAYER], record[_EXTRA] or _NO_EXTRA
             call = calls[layer] = calls.get(layer, -1) + 1
-            ends = per_layer.get(layer)
-            if ends is None:
-                ends = per_layer[layer] = _layer_end_and_norm(layer, done_at, norms)
-            if offset is None:
-                forward_start, forward_end = seconds(forward_start), seconds(forward_end)
-                backward_start, backward_end = seconds(backward_start), seconds(backward_end)
-            else:
-                forward_start = None if forward_start is None else forward_start + offset
-                forward_end = None if forward_end is None else forward_end + offset
-                backward_start = None if backward_start is None else backward_start + offset
-                backward_end = None if backward_end is None else backward_end + offset
-            if not layer.needs_input_marks:
-                backward_end = ends[0]
-            backward_time = None
-            if backward_start is not None and backward_end is not None and backward_end >= backward_start:
-                backward_time = backward_end - backward_start
-            else:
-                backward_start = None
-            extra = extra or _NO_EXTRA
             mean, std, abs_max, nans = statistics.get(id(record), no_statistics) if statistics else no_statistics
             row = (step, layer.name, call, clock, forward_start,
                    None if forward_start is None or forward_end is None else forward_end - forward_start,
-                   backward_start, backward_time, output_bytes,
+                   None if backward_time is None else backward_start, backward_time, record[_BYTES],
                    extra.cuda_allocated_delta, extra.cuda_peak, extra.forward_flops, mean, std, abs_max,
-                   None if nans is None else int(nans), ends[1])
+                   None if nans is None else int(nans), grad_norms[layer])
             layer.history.append(row)
             rows.append(row)
         return rows
@@ -482,26 +556,16 @@ class Profiler:
 _NO_EXTRA = _Extra()
 
 
-def _layer_end_and_norm(layer: _Layer, done_at: dict[int, float | None],
-                        norms: dict[int, float]) -> tuple[float | None, float | None]:
-    """The last gradient of the layer's parameters in this step, and the L2 norm of their gradients (the
-    root of the sum of the squared norms taken when each gradient was complete)."""
-    ends = [end for end in (done_at.get(i) for i in layer.parameter_indices) if end is not None]
+def _grad_norm(layer: _Layer, norms: dict[int, float]) -> float | None:
+    """The L2 norm of the layer's parameters' gradients: the root of the sum of the squared norms taken when
+    each gradient was complete."""
     squares = [norms[i] ** 2 for i in layer.parameter_indices if i in norms]
-    return (max(ends) if ends else None), (float(sum(squares) ** 0.5) if squares else None)
+    return float(sum(squares) ** 0.5) if squares else None
 
 
 def _traced() -> bool:
     """A module called while a graph is being traced rather than run: there is nothing to time."""
     return _is_compiling() or _tracing_state() is not None or _is_fx_tracing()
-
-
-def _backward_reached(records: list[list[Any]], clock: Callable[[], Any], _gradients: Any) -> None:
-    """A grad_fn prehook on modules' output: notes when its gradient arrives (returns None: never changes it)."""
-    moment = clock()
-    for record in records:
-        if record[_BACKWARD_START] is None:
-            record[_BACKWARD_START] = moment
 
 
 def _input_gradient_done(record: list[Any], clock: Callable[[], Any], _gradients: Any) -> None:

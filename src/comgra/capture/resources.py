@@ -136,11 +136,17 @@ class ResourceSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._rows: list[dict[str, Any]] = []
-        self._recent: deque[list[dict[str, Any]]] = deque(maxlen=max(int(keep), 0))
+        # Per moment its values, and its (source, metric) names shared with every moment that had the same:
+        # kept as five dicts a moment, 3,600 moments held about 4 MiB, and memory grew through a run's first
+        # hour; this way about 1.2 MiB.
+        self._recent: deque[tuple[float, int, tuple[tuple[str, str], ...], tuple[float, ...]]] = \
+            deque(maxlen=max(int(keep), 0))
+        self._names: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 
     def recent(self) -> list[dict[str, Any]]:
         """The rows of the last ``keep`` samples, oldest first (the in-memory view of a run in progress)."""
-        return [row for sample in list(self._recent) for row in sample]
+        return [{"wall_time": now, "training_step": step, "source": source, "metric": metric, "value": value}
+                for now, step, names, values in list(self._recent) for (source, metric), value in zip(names, values)]
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="comgra-resources", daemon=True)
@@ -180,7 +186,8 @@ class ResourceSampler:
         rows = [{"wall_time": now, "training_step": step, "source": source, "metric": metric,
                  "value": value} for source, metric, value in samples]
         self._rows += rows
-        self._recent.append(rows)
+        names = tuple((source, metric) for source, metric, _ in samples)
+        self._recent.append((now, step, self._names.setdefault(names, names), tuple(value for *_, value in samples)))
 
     def _hand_on(self) -> None:
         if self._rows:

@@ -186,6 +186,12 @@ class Session:
             step.close()
             self.step = None
 
+    def flush(self, timeout: float | None) -> None:
+        """Wait until everything handed to the writer so far is on disk (or ``timeout`` seconds passed)."""
+        if self.writer is not None and not self.broken and not self.closed:
+            self.writer.flush(timeout)
+            self._check_writer()
+
     def close(self, types_of_execution: list[str]) -> None:
         if self.closed or self.writer is None:
             return

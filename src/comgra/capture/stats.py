@@ -18,6 +18,8 @@ import torch
 from scipy.linalg import blas, eigh_tridiagonal
 from threadpoolctl import ThreadpoolController
 
+from comgra.capture.fused import ready as _fused_ready
+from comgra.capture.fused import many_row_sums as _fused_many_row_sums
 from comgra.capture.fused import row_sums as _fused_row_sums
 
 # Order of the statistics in every result; matches comgra.store.format.STATISTICS.
@@ -67,8 +69,11 @@ def _statistics_of_all(flats: list[torch.Tensor]) -> torch.Tensor:
     """(B, S, 8) for S flat (B, D_i) tensors: empty ones NaN, small ones in one segment pass, large
     ones one by one (their results finished together)."""
     groups: dict[str, list[int]] = {"empty": [], "small": [], "large": []}
+    # With the one-pass kernel on the CPU, small tensors join the large ones: one call of the kernel
+    # reads them all (ResNet-18's 62 parameters: one call instead of a segment pass and 21 calls).
+    small_below = 0 if FUSED and flats[0].device.type == "cpu" and _fused_ready() else SEGMENT_BELOW
     for i, f in enumerate(flats):
-        groups["empty" if f.shape[1] == 0 else "small" if f.numel() < SEGMENT_BELOW else "large"].append(i)
+        groups["empty" if f.shape[1] == 0 else "small" if f.numel() < small_below else "large"].append(i)
     if len(groups["small"]) == 1:  # nothing to share a segment pass with
         groups["large"] += groups.pop("small")
     parts, order = [], []
@@ -121,14 +126,15 @@ def _cpu_large_statistics(flats: list[torch.Tensor]) -> np.ndarray:
     * NaN and inf are counted only in a tensor whose |.| does not sum to a finite number;
     * where |mean| is large against the std (BatchNorm weights near 1), E[x^2] - E[x]^2 would lose
       digits to cancellation: a second pass sums the squared deviations from the mean."""
-    sums = np.stack([_cpu_sums(f) for f in flats])  # (S, 5, B) float64
+    sums = _all_cpu_sums(flats)  # (S, 6, B) float64, shifted (see fused.SUMS)
     widths = np.array([f.shape[1] for f in flats], dtype=np.float64)[:, None]
     counts = np.zeros((len(flats), 2, sums.shape[2]))
     with np.errstate(all="ignore"):
-        mean, abs_mean = sums[:, 0] / widths, sums[:, 2] / widths
-        variance = sums[:, 1] / widths - mean * mean
+        shifted_mean = sums[:, 0] / widths
+        mean, abs_mean = sums[:, 5] + shifted_mean, sums[:, 2] / widths
+        variance = sums[:, 1] / widths - shifted_mean * shifted_mean
         finite = np.isfinite(sums[:, 2]).all(1)
-        conditioned = (np.isfinite(variance) & (variance * 3 >= mean * mean)).all(1)
+        conditioned = (np.isfinite(variance) & (variance * 3 >= shifted_mean * shifted_mean)).all(1)
         for i in np.flatnonzero(~finite):
             counts[i] = torch.stack(_nan_and_inf_counts(flats[i])).numpy()
         for i in np.flatnonzero(~conditioned):  # also where a row holds NaN or inf: the pass gives NumPy's NaN
@@ -154,10 +160,28 @@ FUSED = True
 SUMS_ON_HOST_UP_TO = 8_192
 
 
-def _cpu_sums(values: torch.Tensor) -> np.ndarray:
-    """(5, B) in float64 for one (B, D) tensor: one pass over memory, in the fused kernel
-    (capture/fused.py) where it is built, else chunk by chunk (each chunk stays in the cache, read
-    four times), never a temporary larger than a chunk. Measured on ResNet-18's parameters, one core:
+def _all_cpu_sums(flats: list[torch.Tensor]) -> np.ndarray:
+    """(S, 6, B) float64 in the order of fused.SUMS: one call of the one-pass kernel for all the tensors
+    (capture/fused.py); the eager path for each tensor it cannot read, where it is not built, and for
+    rows with NaN or inf (their sum of |.| is not finite), whose min and max the kernel's comparisons
+    would get wrong."""
+    # Shared with a helper thread where the caller waits (the training thread, at record_current_gradients
+    # and finish_batch), never on comgra's own worker, which runs beside the training on purpose.
+    share = not threading.current_thread().name.startswith("comgra-")
+    fused = _fused_many_row_sums(flats, share=share) if FUSED else None
+    if fused is None:
+        return np.stack([_cpu_sums(f) for f in flats])
+    sums, skipped = fused
+    # Not only |.|: the shifted sums of finite values near float32's limit can overflow where |.| does not.
+    for i in set(skipped) | set(np.flatnonzero(~np.isfinite(sums[:, :3]).all((1, 2))).tolist()):
+        sums[i] = _cpu_sums(flats[i], fused=False)
+    return sums
+
+
+def _cpu_sums(values: torch.Tensor, fused: bool = True) -> np.ndarray:
+    """(6, B) in float64 for one (B, D) tensor, in the order of fused.SUMS: in the one-pass kernel where
+    it is built, else chunk by chunk (each chunk stays in the cache, read four times), never a
+    temporary larger than a chunk, with a shift of 0. Measured on ResNet-18's parameters, one core:
     the kernel 3.5 ms, the chunks 13-16 ms; the chunks are 25% faster than centring every chunk on its
     mean, 10x faster than ``torch.var_mean`` (Welford, not vectorised), than float64 accumulation and
     than ``linalg.vector_norm(x, 1)``."""
@@ -166,14 +190,15 @@ def _cpu_sums(values: torch.Tensor) -> np.ndarray:
         wide = values.detach().numpy().astype(np.float64)
         with np.errstate(all="ignore"):  # inf - inf in a sum: NaN, as in torch
             return np.stack([wide.sum(1), np.einsum("ij,ij->i", wide, wide), np.abs(wide).sum(1),
-                             wide.min(1), wide.max(1)])
-    fused = _fused_row_sums(values) if FUSED else None
-    if fused is not None and np.isfinite(fused[2]).all():  # NaN or inf: the eager path, NaN-propagating min/max
-        return fused
+                             wide.min(1), wide.max(1), np.zeros(rows)])
+    sums = _fused_row_sums(values) if FUSED and fused else None
+    if sums is not None and np.isfinite(sums[:3]).all():  # NaN, inf or an overflow: the eager path
+        return sums
     step = max(1, CHUNK // rows)
     chunks = np.stack([_chunk_sums(values[:, start:start + step]) for start in range(0, width, step)])
     with np.errstate(all="ignore"):
-        return np.concatenate([chunks[:, :3].sum(0), chunks[:, 3:4].min(0), chunks[:, 4:].max(0)])  # NaN stays NaN
+        return np.concatenate([chunks[:, :3].sum(0), chunks[:, 3:4].min(0), chunks[:, 4:].max(0),
+                               np.zeros((1, rows))])  # NaN stays NaN
 
 
 def _chunk_sums(chunk: torch.Tensor) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    comgra --path ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F]
+    comgra --path ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F] [--no-findings-scan]
     comgra --use-path-for-test-run          # what comgra-test-run recorded
     comgra demo [--steps 1500] [--path P]   # record a short tutorial run (needs torch), then serve it
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a Python file with create_visualization(selection, data) for the Visualization tab")
     parser.add_argument("--config", type=Path,
                         help="a comgra.toml file (default: comgra.toml in the working directory, if there is one)")
+    parser.add_argument("--no-findings-scan", action="store_true",
+                        help="scan nothing in the background: the Findings tab and the graph's badges show only "
+                             "what 'comgra scan --path ...' saved in the recording")
     return parser
 
 
@@ -122,7 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     return _run_server(group, host=args.host, port=args.port, visualization_file=visualization,
                        allow_hosts=args.allow_host, poll_seconds=settings.app.refresh_interval_s,
-                       findings_sensitivity=settings.anomalies.sensitivity)
+                       findings_sensitivity=settings.anomalies.sensitivity, findings_scan=not args.no_findings_scan)
 
 
 def _repair(arguments: list[str]) -> int:
@@ -192,13 +195,13 @@ def check_recording(path: Path) -> Path:
 
 def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,
                 allow_hosts: list[str] | None = None, poll_seconds: float = 2.0,
-                findings_sensitivity: float | None = None) -> int:
+                findings_sensitivity: float | None = None, findings_scan: bool = True) -> int:
     from comgra.errors import ConfigError, StoreError
     from comgra.server.app import create_app, make_http_server, url_of
 
     try:
         app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds),
-                         findings_sensitivity=findings_sensitivity)
+                         findings_sensitivity=findings_sensitivity, findings_scan=findings_scan)
         server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts or ())
     except (StoreError, ConfigError) as error:
         raise UsageError(str(error)) from None

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dash import ClientsideFunction, Dash, Input, Output, Patch, State, ctx, dcc, html, no_update
+from dash.exceptions import PreventUpdate
 from flask import Response, request
 
 from comgra.errors import ComgraError
@@ -39,8 +40,8 @@ from comgra.server.layout import ID, TABS
 from comgra.server.values_view import values_data
 from comgra.server.visualization import VisualizationData, VisualizationFile
 from comgra.service import (
-    ANY_TYPE, NOTICE_TOPICS, PLOT_STATISTICS, RecordingService, Selection, View, aggregation_label, clean_wanted,
-    parse_aggregation, series, view_link, visualization_selection, wanted_from_query,
+    ANY_TYPE, NOTICE_TOPICS, PLOT_STATISTICS, ReadSuperseded, RecordingService, Selection, View, aggregation_label,
+    clean_wanted, parse_aggregation, series, view_link, visualization_selection, wanted_from_query,
 )
 
 log = logging.getLogger("comgra.server")
@@ -489,9 +490,15 @@ def _register_series(app: Dash, service: RecordingService) -> None:
             return _graph(figures.empty_figure("Nothing selected."))
         statistic = statistic if statistic in PLOT_STATISTICS else "mean"
         title = series_title(selection, statistic)
+        try:
+            lines = series(service, selection, statistic or "mean", all_ranks=rank == ALL_RANKS)
+        except ReadSuperseded:  # the user clicked on meanwhile: the newer click's plot comes instead
+            raise PreventUpdate from None
+        except Exception as error:  # noqa: BLE001 - shown in the plot's place, as _guarded does
+            return _graph(_guarded(_raiser(error), figures.empty_figure))
         return _graph(_guarded(lambda: figures.series_figure(
-            series(service, selection, statistic or "mean", all_ranks=rank == ALL_RANKS), title=title, current_trial=selection.trial,
-            current_step=selection.training_step), figures.empty_figure))
+            lines, title=title, current_trial=selection.trial, current_step=selection.training_step),
+            figures.empty_figure))
 
     # A callback of its own, so that the values are shown before the plots are drawn.
     @app.callback(Output(ID.HISTOGRAM, "children"), Input(ID.SHOWN, "data"))
@@ -598,6 +605,13 @@ def _register_visualization(app: Dash, service: RecordingService, visualization:
             return panels.notices(["Select a tensor in the Tensors tab first."])
         return visualization.render(visualization_selection(selection),
                                     VisualizationData(service, selection.trial, selection.training_step))
+
+
+def _raiser(error: Exception) -> Callable[[], Any]:
+    """A builder that raises ``error`` (for ``_guarded``, which words it for the page)."""
+    def build() -> Any:
+        raise error
+    return build
 
 
 def _guarded(build: Callable[[], Any], on_error: Callable[[str], Any]) -> Any:

@@ -14,6 +14,7 @@ from dash import Dash, Input, Output, State, ctx, dcc, html, no_update
 from comgra.errors import ComgraError
 from comgra.server.dom import attributes
 from comgra.server.panels import COUNT_STATISTICS, number, statistic_help
+from comgra.server.samples import copy_while_open
 from comgra.service import PLOT_STATISTICS, Comparison, RecordingService, Selection, aggregation_label
 
 
@@ -25,6 +26,7 @@ class ID:
     STEP = "compare-step"  # ... and/or at another step
     NOTICE = "compare-notice"
     BODY = "compare-body"
+    SHOWN = "compare-shown"  # dcc.Store: the Tensors tab's selection, copied in the page while this tab is open
 
 
 SUMMARY = (("trial", "Trial"), ("training_step", "Training step"), ("step_type", "Type of step"),
@@ -35,6 +37,7 @@ SUMMARY = (("trial", "Trial"), ("training_step", "Training step"), ("step_type",
 def panel() -> html.Div:
     return html.Div(className="compare-panel", children=[
         dcc.Store(id=ID.PINNED, storage_type="memory"),
+        dcc.Store(id=ID.SHOWN, storage_type="memory"),
         html.Div(className="d-flex flex-wrap align-items-end gap-3 mb-2", children=[
             html.Button("Pin the shown selection", id=ID.PIN, className="btn btn-outline-primary btn-sm",
                         title="Keep the tensor shown in the Tensors tab; then choose another trial or step there"),
@@ -77,8 +80,11 @@ def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: st
         pinned = view.selection.to_dict() if view.selection else no_update
         return pinned, " ".join([*view.notices, *view.banners])
 
+    app.clientside_callback(copy_while_open("compare"), Output(ID.SHOWN, "data"), Input(tabs, "active_tab"),
+                            Input(shown_store, "data"))
+
     @app.callback(Output(ID.BODY, "children"), Input(tabs, "active_tab"), Input(ID.PINNED, "data"),
-                  Input(shown_store, "data"))
+                  Input(ID.SHOWN, "data"))
     def update(active: str, pinned: Any, shown: Any) -> Any:
         if active != "compare":
             return no_update

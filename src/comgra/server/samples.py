@@ -8,6 +8,7 @@ question is :meth:`comgra.service.RecordingService.samples_table`.
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -29,12 +30,14 @@ class ID:
     ADD_SELECTED = "samples-add-selected"
     CAPTION = "samples-caption"
     TABLE = "samples-table"
+    SHOWN = "samples-shown"  # dcc.Store: the Tensors tab's selection, copied in the page while this tab is open
 
 
 def panel() -> html.Div:
     """The tab's skeleton; callbacks fill the choices and the table."""
     statistics = [{"label": s, "value": s} for s in PLOT_STATISTICS] + [{"label": "one neuron", "value": NEURON}]
     return html.Div(className="samples-panel", children=[
+        dcc.Store(id=ID.SHOWN, storage_type="memory"),
         html.Div(className="d-flex flex-wrap align-items-end gap-3 mb-2", children=[
             html.Div(className="selector samples-statistic", children=[
                 html.Label("Value per sample", htmlFor=ID.STATISTIC, className="form-label"),
@@ -60,8 +63,10 @@ def panel() -> html.Div:
 
 def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: str) -> None:
     """Callbacks of the tab. ``shown_store`` holds the Tensors tab's selection, ``tabs`` the active tab."""
+    app.clientside_callback(copy_while_open("samples"), Output(ID.SHOWN, "data"), Input(tabs, "active_tab"),
+                            Input(shown_store, "data"))
 
-    @app.callback(Output(ID.COLUMNS, "options"), Input(tabs, "active_tab"), Input(shown_store, "data"),
+    @app.callback(Output(ID.COLUMNS, "options"), Input(tabs, "active_tab"), Input(ID.SHOWN, "data"),
                   Input(ID.STATISTIC, "value"), Input(ID.NEURON, "value"), State(ID.COLUMNS, "value"))
     def update_choices(active: str, shown: Any, statistic: str, neuron: Any, chosen: Any) -> Any:
         if active != "samples":
@@ -89,7 +94,7 @@ def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: st
         return keys if column.key in keys else [*keys, column.key][-MAX_COLUMNS:]
 
     @app.callback(Output(ID.TABLE, "columns"), Output(ID.TABLE, "data"), Output(ID.CAPTION, "children"),
-                  Input(tabs, "active_tab"), Input(shown_store, "data"), Input(ID.COLUMNS, "value"))
+                  Input(tabs, "active_tab"), Input(ID.SHOWN, "data"), Input(ID.COLUMNS, "value"))
     def update_table(active: str, shown: Any, chosen: Any) -> Any:
         if active != "samples":
             return no_update, no_update, no_update
@@ -103,6 +108,14 @@ def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: st
         except ComgraError as error:
             return [], [], str(error)
         return table_columns(table), table_rows(table), caption(table, selection)
+
+
+def copy_while_open(tab: str) -> str:
+    """A clientside function (active tab, shown selection) -> the selection while ``tab`` is open, else no
+    update: a hidden tab's callbacks then send no request on a click in the Tensors tab (each one held
+    one of the browser's six connections to the app while the click's values were asked for)."""
+    return ("function(active, shown) { return active === " + json.dumps(tab)
+            + " ? shown : window.dash_clientside.no_update; }")
 
 
 def column_options(choices: list[SampleColumn], statistic: str, neuron: int, chosen: list[str]) -> list[dict[str, str]]:

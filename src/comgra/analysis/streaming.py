@@ -1,0 +1,340 @@
+"""The scan of a trial too big to hold in memory: each chunk read once, the rows split by node group.
+
+A trial of more than ``loading.IN_MEMORY_ROWS`` statistics rows is not loaded whole. Its chunks are
+read one at a time and their rows written, by node group, to temporary Arrow files; then each group
+(about ``GROUP_ROWS`` rows) is loaded alone and the detectors that judge a node by itself run on it
+(dead, saturated and one-sided units, collapse, parameters). What the other detectors need from
+every node is gathered small on the way:
+
+- non-finite values: the rows of the first step with a NaN or an infinity of each kind, and for
+  every later step only which nodes had one;
+- gradients: one number per node and step (the log of its largest mean absolute gradient);
+- growth: the candidates of each group, and each series' value at its last step;
+- outliers: the ``outliers.MAX_FINDINGS`` strongest candidates so far;
+- correlation hints: the per-sample rows of an evenly spaced subsample of the steps, at most about
+  ``CORRELATION_ROWS`` rows of all tensors together; each hint says so.
+
+Memory is then bounded by a chunk, a group and these summaries, and the time is linear in the rows. A
+group holds at least one node: the rows of one node over the whole run are held together (at 12,000
+recorded steps, about 100,000 rows for a node with a few recorded samples), and the gradients'
+summary keeps one number per node and step.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from comgra.analysis import cooccurrence, correlation, graphs, loading, nonfinite, outliers, parameters, trends, units
+from comgra.analysis.findings import Finding, ScanOptions, rank_findings
+from comgra.analysis.loading import KEYS, STATS, TrialContext, TrialData
+from comgra.errors import SelectionError
+from comgra.store import format as fmt
+from comgra.store.reader import TrialReader
+
+GROUP_ROWS = 250_000
+_ONE_AT_A_TIME = threading.Lock()
+BATCH_ROWS = 100_000  # rows of a chunk read at once
+# The columns a scan reads, as the store writes them: every part of every chunk is written in this shape.
+_SPILLED = pa.schema([fmt.SCHEMAS["tensors"].field(name) for name in loading.COLUMNS])
+CORRELATION_ROWS: int | None = None  # per-sample rows of every tensor together (None: GROUP_ROWS)
+PER_NODE = {
+    "dead_units": units.dead, "saturated_units": units.saturated, "one_sided": units.one_sided,
+    "collapse": trends.collapse, "parameters": parameters.detect,
+}
+
+
+@dataclass
+class Locator:
+    """Where a node's values can be opened, kept from its group once the group's rows are gone: per node,
+    its recorded steps and the first iteration (>= 0) it has in each, as two NumPy arrays."""
+
+    unbatched_roles: dict[str, set[str]] = field(default_factory=dict)
+    first_iterations: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def unbatched(self, node: str) -> set[str]:
+        return self.unbatched_roles.get(node, set())
+
+    def iteration_of(self, data: TrialData, node: str, step: int) -> int:
+        steps, iterations = self.first_iterations.get(node, (np.zeros(0, np.int64), np.zeros(0, np.int32)))
+        at = int(np.searchsorted(steps, step))
+        if at < len(steps) and steps[at] == step:
+            return int(iterations[at])
+        step_iterations = data.steps.loc[data.steps["training_step"] == step, "iteration"]
+        return int(step_iterations.min()) if len(step_iterations) else 0
+
+    def add(self, data: TrialData) -> None:
+        stats = data.stats
+        unbatched = stats[stats["aggregation"] == "none"]
+        for node, roles in unbatched.groupby("node", observed=True)["role"]:
+            self.unbatched_roles.setdefault(str(node), set()).update(str(r) for r in roles.unique())
+        located = stats[stats["iteration"] >= 0]
+        first = located.groupby(["node", "training_step"], observed=True)["iteration"].min()
+        for node, series in first.groupby(level=0, observed=True):
+            steps = series.index.get_level_values(1).to_numpy(np.int64)
+            self.first_iterations[str(node)] = (steps, series.to_numpy().astype(np.int32))
+
+
+@dataclass
+class _Gathered:
+    """What the scan keeps between node groups."""
+
+    bad_first: dict[str, pa.Table] = field(default_factory=dict)  # kind -> rows of its first bad step
+    bad_later: list[pa.Table] = field(default_factory=list)  # kind, node, training_step of later bad steps
+    samples: list[pa.Table] = field(default_factory=list)  # the subsample for correlation hints
+    all_steps: np.ndarray | None = None
+    stride: int = 1
+    levels: list[pd.DataFrame] = field(default_factory=list)
+    growth: list[tuple[str, float, Finding]] = field(default_factory=list)
+    ends: list[pd.DataFrame] = field(default_factory=list)
+    outliers: list = field(default_factory=list)
+    locator: Locator = field(default_factory=Locator)
+    findings: list[Finding] = field(default_factory=list)  # of the detectors that judge a node by itself
+    problems: list[str] = field(default_factory=list)
+
+
+def scan_trial(trial: TrialReader, options: ScanOptions,
+               progress: Callable[[int, int], None] | None = None) -> tuple[list[Finding], list[str]]:
+    """Findings and problems of one trial, streamed; ``progress(done, total)`` counts chunks, then groups.
+    One streamed trial at a time: trials scanned side by side would add up their groups' memory."""
+    with _ONE_AT_A_TIME:
+        try:
+            return _scan_trial(trial, options, progress)
+        finally:
+            loading.return_freed_memory()
+
+
+def _scan_trial(trial: TrialReader, options: ScanOptions,
+                progress: Callable[[int, int], None] | None) -> tuple[list[Finding], list[str]]:
+    context = loading.trial_context(trial)
+    facts = graphs.facts(context.graphs.values())
+    paths = trial.tensor_chunks()
+    count = max(1, math.ceil(loading.recorded_rows(trial) / GROUP_ROWS))
+    nodes = sorted(facts.column, key=lambda n: (facts.column[n], n))
+    group_of = {node: index % count for index, node in enumerate(nodes)}  # a mix of early and late nodes each
+    total, gathered = len(paths) + count, _Gathered()
+    with tempfile.TemporaryDirectory(prefix="comgra-scan-") as folder:
+        writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+        for done, path in enumerate(paths, 1):
+            try:
+                for part in _chunk_parts(trial, path):
+                    _split_chunk(part, context, gathered, group_of, count, Path(folder), writers)
+            except (OSError, pa.ArrowException) as error:  # damaged past its first column: the rows before stay
+                gathered.problems.append(f"skipped {path.parent.name}/{path.name} from where it is damaged: {error}")
+            if progress is not None:
+                progress(done, total)
+        for writer in writers.values():
+            writer.close()
+        context = loading.trial_context(trial)  # again: damaged chunks are known once they were read
+        for index in range(count):
+            _scan_group(Path(folder) / f"{index}.arrow", context, facts, options, gathered)
+            loading.return_freed_memory()  # else the heap keeps the largest group's pages, and then some
+            if progress is not None:
+                progress(len(paths) + index + 1, total)
+    return _conclude(context, facts, options, gathered)
+
+
+def _chunk_parts(trial: TrialReader, path: Path) -> Iterator[pa.Table]:
+    """A chunk in parts of about ``BATCH_ROWS`` rows: a merged chunk of thousands of steps is never held whole.
+    The reader reads one column first, so that a damaged or foreign chunk is listed and skipped as always."""
+    if not trial.read_tensor_chunk(path, ["training_step"]).num_rows:
+        return
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=loading.COLUMNS)
+    except (OSError, ValueError, KeyError, pa.ArrowException):  # an older layout: the reader knows it
+        yield trial.read_tensor_chunk(path, loading.COLUMNS)
+        return
+    for batch in batches:
+        yield pa.Table.from_batches([batch])
+
+
+def _split_chunk(table: pa.Table, context: TrialContext, gathered: _Gathered, group_of: dict[str, int], count: int,
+                 folder: Path, writers: dict[int, pa.ipc.RecordBatchFileWriter]) -> None:
+    if not table.num_rows:
+        return
+    table = table.combine_chunks()
+    listed = pc.is_in(table["training_step"], pa.array(sorted(context.known), pa.int64()))
+    if pc.all(listed).as_py() is False:  # values of a step the index does not list are not a step
+        table = table.filter(listed)
+    _gather_non_finite(table, gathered)
+    _gather_samples(table, context, gathered)
+    # Per-sample gradients: no detector of one node reads them (the non-finite ones were taken above).
+    table = table.filter(pc.invert(pc.and_(pc.not_equal(table["kind"], fmt.FORWARD),
+                                           pc.equal(table["aggregation"], "sample"))))
+    # One group number per distinct node name, then one lookup per row (no Python string per row).
+    encoded = pc.dictionary_encode(table["node"]).combine_chunks()
+    numbers = np.array([group_of.get(n, zlib.crc32(n.encode()) % count) for n in encoded.dictionary.to_pylist()],
+                       np.int32)
+    groups = numbers[encoded.indices.to_numpy(zero_copy_only=False)]
+    for index in np.unique(groups):
+        part = table.filter(pa.array(groups == index))
+        if index not in writers:
+            writers[index] = pa.ipc.new_file(str(folder / f"{index}.arrow"), _SPILLED)
+        writers[index].write_table(part.select(_SPILLED.names).cast(_SPILLED))
+
+
+def _gather_non_finite(table: pa.Table, gathered: _Gathered) -> None:
+    bad = table.filter(pc.or_(pc.greater(table["nan_count"], 0), pc.greater(table["inf_count"], 0)))
+    if not bad.num_rows:
+        return
+    bad = bad.select(KEYS + STATS)
+    for kind in pc.unique(bad["kind"]).to_pylist():
+        rows = bad.filter(pc.equal(bad["kind"], kind))
+        first = pc.min(rows["training_step"]).as_py()
+        known = gathered.bad_first.get(kind)
+        known_step = None if known is None else known["training_step"][0].as_py()
+        if known_step is None or first < known_step:
+            if known is not None:
+                gathered.bad_later.append(_bad_steps(known))
+            gathered.bad_first[kind] = rows.filter(pc.equal(rows["training_step"], first))
+            rows = rows.filter(pc.not_equal(rows["training_step"], first))
+        elif first == known_step:
+            gathered.bad_first[kind] = pa.concat_tables([known, rows.filter(pc.equal(rows["training_step"], first))])
+            rows = rows.filter(pc.not_equal(rows["training_step"], first))
+        if rows.num_rows:
+            gathered.bad_later.append(_bad_steps(rows))
+
+
+def _bad_steps(rows: pa.Table) -> pa.Table:
+    """Which node had a non-finite value at which step, once each: all the non-finite detector asks of a
+    step that is not the first."""
+    return rows.group_by(["kind", "node", "training_step"]).aggregate([]).select(["kind", "node", "training_step"])
+
+
+def _gather_samples(table: pa.Table, context: TrialContext, gathered: _Gathered) -> None:
+    """Keep the per-sample rows of every ``stride``-th recorded step; when they pass the cap, double the
+    stride and drop the steps it no longer keeps. Deterministic: the same recording keeps the same steps."""
+    samples = table.filter(pc.and_(pc.equal(table["kind"], fmt.FORWARD), pc.equal(table["aggregation"], "sample")))
+    if not samples.num_rows:
+        return
+    if gathered.all_steps is None:
+        gathered.all_steps = np.array(sorted(context.known), dtype=np.int64)
+    gathered.samples.append(_every(samples, gathered.all_steps, gathered.stride))
+    while sum(t.num_rows for t in gathered.samples) > _correlation_rows() and gathered.stride < len(
+            gathered.all_steps):
+        gathered.stride *= 2
+        gathered.samples = [_every(t, gathered.all_steps, gathered.stride) for t in gathered.samples]
+
+
+def _every(table: pa.Table, all_steps: np.ndarray, stride: int) -> pa.Table:
+    """The rows of ``table`` whose step is every ``stride``-th of the recorded steps."""
+    position = np.searchsorted(all_steps, table["training_step"].to_numpy())
+    return table.filter(pa.array(position % stride == 0))
+
+
+def _scan_group(path: Path, context: TrialContext, facts: graphs.GraphFacts, options: ScanOptions,
+                gathered: _Gathered) -> None:
+    if not path.exists():
+        return
+    with pa.memory_map(str(path)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    data = loading.assemble(context, [loading.chunk_data(table)])
+    del table
+    if not len(data.stats):
+        return
+    for name, detector in PER_NODE.items():
+        gathered.findings.extend(_guarded(name, data, gathered, lambda: detector(data, facts, options)) or [])
+    found = _guarded("outliers", data, gathered, lambda: outliers.located(
+        data, outliers.strongest_of(outliers.candidates(data, facts, options))))
+    gathered.outliers = outliers.strongest_of(gathered.outliers + (found or []))
+    grown = _guarded("growth", data, gathered, lambda: trends.growth_candidates(data, facts, options))
+    if grown:
+        gathered.growth.extend(grown[0])
+        gathered.ends.append(grown[1])
+    levels = _guarded("gradients", data, gathered, lambda: trends.gradient_levels(data, facts))
+    if levels is not None and len(levels):
+        # As Arrow, names dictionary-encoded: a few bytes per node and step.
+        gathered.levels.append(pa.Table.from_pandas(levels.assign(
+            node=levels["node"].astype(str).astype("category"), role=levels["role"].astype(str).astype("category"),
+            kind=levels["kind"].astype(str).astype("category")), preserve_index=False))
+        gathered.locator.add(data)
+
+
+def _guarded(name: str, data: TrialData, gathered: _Gathered, work: Callable):
+    """Run one detector's part; a failure is reported and the others still run (as ``detect_all`` does)."""
+    try:
+        result = work()
+    except SelectionError:
+        raise
+    except Exception as error:  # noqa: BLE001 - one detector's fault must not hide the others' findings
+        problem = f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}"
+        if problem not in gathered.problems:
+            gathered.problems.append(problem)
+        return None
+    return result
+
+
+def _conclude(context: TrialContext, facts: graphs.GraphFacts, options: ScanOptions,
+              gathered: _Gathered) -> tuple[list[Finding], list[str]]:
+    skeleton = TrialData(context.trial, _empty_stats(), {}, context.steps, context.graphs, list(context.problems),
+                         locator=gathered.locator)
+    samples = loading.assemble(context, [loading.chunk_data(t) for t in gathered.samples])
+    if gathered.stride > 1:
+        samples.subsample = (f"samples of every {_ordinal(gathered.stride)} recorded step only, a subsample that "
+                             f"keeps the scan's memory bounded ({_correlation_rows()} per-sample rows)")
+    if options.target is not None:
+        correlation.pick_target(samples, facts, options.target)  # an unknown --target is the user's error
+    findings = list(gathered.findings)
+    problems = [f"skipped {p}" for p in context.problems] + gathered.problems
+    steps = [
+        ("non_finite", lambda: nonfinite.detect(_non_finite_data(context, gathered), facts)),
+        ("gradients", lambda: trends.gradients_from_levels(skeleton, facts, options, _levels(gathered))
+         if gathered.levels else []),
+        ("growth", lambda: trends.growth_beyond_typical(
+            gathered.growth, pd.concat(gathered.ends) if gathered.ends else pd.DataFrame({"kind": [], "abs_max": []}))),
+        ("outliers", lambda: outliers.confirmed(skeleton, facts, options, gathered.outliers)),
+        ("correlation", lambda: correlation.detect(samples, facts, options) if len(samples.stats) else []),
+    ]
+    for name, work in steps:
+        try:
+            findings.extend(work())
+        except SelectionError:
+            raise
+        except Exception as error:  # noqa: BLE001 - as above
+            problems.append(f"detector {name} failed on trial {context.trial!r}: {type(error).__name__}: {error}")
+    findings.extend(cooccurrence.detect(findings, int(context.steps["training_step"].nunique())))
+    return rank_findings(findings), problems
+
+
+def _levels(gathered: _Gathered) -> pd.DataFrame:
+    table = pa.concat_tables(gathered.levels, promote_options="permissive")
+    gathered.levels = []
+    return table.to_pandas()
+
+
+def _non_finite_data(context: TrialContext, gathered: _Gathered) -> TrialData:
+    """The first bad step's rows of each kind, and one row per later (kind, node, step) with a bad value."""
+    parts = [t.to_pandas() for t in gathered.bad_first.values()]
+    if gathered.bad_later:
+        later = pa.concat_tables(gathered.bad_later).group_by(["kind", "node", "training_step"]).aggregate([])
+        frame = later.to_pandas()
+        first = {kind: t["training_step"][0].as_py() for kind, t in gathered.bad_first.items()}
+        frame = frame[[step != first.get(kind) for kind, step in zip(frame["kind"], frame["training_step"])]]
+        parts.append(frame.assign(nan_count=1.0, inf_count=0.0, iteration=-1, role="", aggregation="mean", sample=-1))
+    stats = pd.concat(parts, ignore_index=True) if parts else _empty_stats()
+    if loading.observe_rows is not None:
+        loading.observe_rows(len(stats))
+    return TrialData(context.trial, stats, {}, context.steps, context.graphs, [])
+
+
+def _correlation_rows() -> int:
+    return GROUP_ROWS if CORRELATION_ROWS is None else CORRELATION_ROWS
+
+
+def _ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def _empty_stats() -> pd.DataFrame:
+    return pd.DataFrame({name: pd.Series(dtype=object) for name in KEYS + STATS})
