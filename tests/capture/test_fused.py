@@ -66,8 +66,14 @@ def _assert_sums_match(sums: np.ndarray, values: np.ndarray) -> None:
     np.testing.assert_allclose(sums[0], deviation.sum(1), rtol=0, atol=1e-6 * (scale.max() + 1))
     np.testing.assert_allclose(sums[1], (deviation * deviation).sum(1), rtol=5e-6)
     np.testing.assert_allclose(sums[2], np.abs(wide).sum(1), rtol=5e-6)
-    np.testing.assert_allclose(fused.unshifted(sums, values.shape[1]), fused.reference_sums(values), rtol=5e-6,
-                               atol=1e-6 * (np.abs(wide).sum(1).max() + 1))
+    unshifted, reference = fused.unshifted(sums, values.shape[1]), fused.reference_sums(values)
+    # The sums come back as s + n k and q + 2 k s + n k^2 from the shifted sums: their float32 rounding is
+    # that of the shifted sums, which exceed the plain ones where the first 16 values lie far from the rest.
+    rows = [0, 2, 3, 4]
+    np.testing.assert_allclose(unshifted[rows], reference[rows], rtol=5e-6,
+                               atol=1e-6 * (max(np.abs(wide).sum(1).max(), scale.max()) + 1))
+    shifted_magnitude = (deviation * deviation).sum(1) + 2 * np.abs(shift) * scale
+    np.testing.assert_allclose(unshifted[1], reference[1], rtol=5e-6, atol=5e-6 * shifted_magnitude.max())
 
 
 def test_kernel_skips_what_it_cannot_read_and_reads_the_rest(kernel: None) -> None:
