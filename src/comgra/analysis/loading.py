@@ -272,13 +272,7 @@ def return_freed_memory() -> None:
     reuse, so without this the process stays as big as its largest scan."""
     import gc
 
+    from comgra.store.writer import release_unused_memory
+
     gc.collect()
-    try:
-        import pyarrow
-
-        pyarrow.default_memory_pool().release_unused()
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError, ImportError):  # not glibc, or an older pyarrow: the memory is only reused
-        return
+    release_unused_memory(trim=True)

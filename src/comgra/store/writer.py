@@ -211,7 +211,7 @@ class ChunkWriter:
             self._levels[name].setdefault(0, []).append(path)
         self._seq += 1
         merged = [self._merge(name) for name in fmt.TABLES]
-        _release_unused_memory(trim=any(merged))
+        release_unused_memory(trim=any(merged))
 
     def _merge(self, name: str) -> bool:
         """Tiered compaction: every ``merge_every`` chunks of one level become one chunk of the next, up
@@ -251,8 +251,9 @@ def _read_part(path: Path) -> pa.Table:
         return part.read(use_threads=False)
 
 
-def _release_unused_memory(*, trim: bool) -> None:
-    """Hand the memory a chunk write or a merge used back to the system, on this (the writer's) thread.
+def release_unused_memory(*, trim: bool) -> None:
+    """Hand the memory a chunk write or a merge used back to the system, on this (the writer's) thread
+    (the findings scan calls it too, after a scan).
 
     The allocators keep freed pages for reuse, so each merge, which holds its parts and the merged
     table at once, left the process's RSS at the high-water mark of the largest merge so far, and a
