@@ -12,7 +12,11 @@ measured is the store, not the model. Every step calls record_kpi_in_graph; one 
   merge holds its parts and the merged chunk at once) is at most ``FLAT_MIB_PER_10K`` MiB per 10,000
   steps. A leak of one KPI row a step (about 120 bytes) would show as about 1.1. ``--leak-bytes-per-step``
   plants a leak, to see the verdict fail. Beside RSS: its anonymous part, glibc's heap (in use / free
-  but kept), Arrow's allocator, threads and files, at every tenth of the run;
+  but kept), Arrow's allocator, what the writer holds until its next write ("buffered": bounded by the
+  writer's ``max_buffered_bytes``; before that bound it grew with the flush interval, which grows with
+  the run's age, and was the steady slope of earlier long runs), threads and files, at every tenth of
+  the run. ``benchmarks/long_run_controls.py`` runs the same loop without comgra and with parts of it,
+  to tell comgra's share from torch's;
 * the reader (a fresh one, then the same again) and the app (``comgra --path``, then Chromium) answer
   at the end, against the app's targets (a click until the values changed: 60 / 120 ms, median / p95).
 
@@ -47,6 +51,7 @@ from comgra.store import format as fmt
 from comgra.store.writer import ChunkWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from long_run_controls import writer_buffer_mib  # noqa: E402
 from process_memory import anonymous_resident_mib, native_heap_mib, resident_mib  # noqa: E402
 
 FLAT_MIB_PER_10K = 0.5  # bound on the slope of RSS over the second half, MiB per 10,000 steps
@@ -54,9 +59,10 @@ CLICK_TARGET_MS = (60, 120)  # the app's target, median / p95, from a click unti
 MERGE_EVERY = ChunkWriter.__init__.__kwdefaults__["merge_every"]
 
 
-def memory_now(trial_dir: Path) -> dict[str, float]:
+def memory_now(trial_dir: Path, recorder: ComgraRecorder) -> dict[str, float]:
     memory = {"rss": resident_mib(), "anon": anonymous_resident_mib(), **native_heap_mib(),
-              "arrow": pa.total_allocated_bytes() / 2**20, "threads": threading.active_count(),
+              "arrow": pa.total_allocated_bytes() / 2**20, "buffered": writer_buffer_mib(recorder),
+              "threads": threading.active_count(),
               "files": sum(len(fmt.chunk_names(trial_dir / table)) for table in fmt.TABLES)}
     if tracemalloc.is_tracing():
         gc.collect()
@@ -95,7 +101,7 @@ def train(root: Path, steps: int, every: int, leak_bytes: int = 0) -> list[tuple
         if leak_bytes:
             leaked.append(bytearray(leak_bytes))  # the positive control: a leak the verdict must see
         if step in marks:
-            memory.append((step + 1, memory_now(trial_dir)))
+            memory.append((step + 1, memory_now(trial_dir, recorder)))
     recorder.finalize()
     return memory
 
@@ -119,7 +125,7 @@ def print_memory(memory: list[tuple[int, dict[str, float]]]) -> bool:
     for step, values in memory[9::10]:
         print(f"    {step:7d} steps: " + ", ".join(f"{name} {value:.2f}" if isinstance(value, float) else f"{name} {value}"
                                              for name, value in values.items()))
-    for name in ("rss", "anon", "malloc_used", "malloc_free", "python"):
+    for name in ("rss", "anon", "malloc_used", "malloc_free", "buffered", "python"):
         if name in memory[0][1]:
             flat = flatness(memory, name)
             print(f"  {name:11s} over the second half: {flat['slope']:+.2f} MiB per 10,000 steps (95%: {flat['low']:+.2f} "

@@ -33,9 +33,12 @@ distinct steps took 33 s (4 s a step: numpy statistics over a thousand small arr
 and the writer 40 s for 10 chunks, 4 s each: the sort of a 25-step chunk (213,500 rows) 1.5 s and its zstd
 Parquet encoding (9.9 MB) 3.3 s. Such a chunk is above the writer's merge limit (``max_merged_rows``), so
 nothing is merged and the chunks are the same 25-step chunks at every scale, only more of them: 50x is
-480 chunks a trial, about 35 min of one core per trial here, and 9.5 GB. A presorted chunk saves under
-a second of its 4 (Arrow's sort of sorted rows still costs 0.4-0.8 s), so the app benchmark's 1,000-node
-recording at 50x steps is left out; ``--scale 10`` (96 chunks a trial, 1.8 GB) takes 15 min.
+480 chunks a trial and 9.5 GB. Such chunks, made only of repeated steps, now skip both sorts
+(``PresortedChunks``: one sorted table per offset into the repeated steps, written with the writer's own
+settings under the name its next flush takes; byte for byte the writer's files, which a test checks), so
+a chunk costs its Parquet encoding alone (0.4-0.6 s on a quiet core). One trial at ``--scale 1``: 69 s
+before, 39 s after (most of it the 8 distinct steps), identical tensors files. 1,000 nodes at 50x
+(``--jobs 2``, nice 19, load 9-19): 30 min wall, 8.8 min of CPU for both trials, 6.6 GB.
 
     python benchmarks/synthetic_recording.py /tmp/comgra-synthetic --scale 1
     python benchmarks/synthetic_recording.py /tmp/comgra-transformer --nodes 200
@@ -58,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from comgra.store import format as fmt
 from comgra.store.writer import ChunkWriter
@@ -472,6 +476,8 @@ class Options:
     distinct_steps: int = 10**9  # steps with values of their own; later steps repeat them (same statistics)
     jobs: int = 1  # processes writing trials at once
     progress: bool = False  # a line on stderr about every tenth of a trial
+    presorted: bool = True  # full chunks of repeated steps skip the writer's sort (same files, see PresortedChunks)
+    max_merged_rows: int = 1_000_000  # the writer's default; smaller in tests
 
 
 def write_trial(group_dir: Path, trial_id: str, trial_index: int, options: Options) -> int:
@@ -487,23 +493,31 @@ def write_trial(group_dir: Path, trial_id: str, trial_index: int, options: Optio
     graphs = {(first, last): graph_for(first, last, net) for first in (True, False) for last in (True, False)}
     for graph in graphs.values():
         fmt.write_json_atomic(directory / "graphs" / f"{graph['hash']}.json", graph)
-    writer = ChunkWriter(directory, flush_seconds=3600, max_buffered_rows=10**9)
+    writer = ChunkWriter(directory, flush_seconds=3600, max_buffered_rows=10**9, max_buffered_bytes=None,
+                         max_merged_rows=options.max_merged_rows)
     rows = 0
     made: list[pa.Table] = []  # the first ``distinct_steps`` steps' tensors, reused for the later steps
+    presorted = PresortedChunks(directory, writer, options, made)
     chunk: dict[str, list[pa.Table]] = {"tensors": [], "steps": [], "notes": []}
     started = time.perf_counter()
     for index, training_step in enumerate(range(0, total, 10)):
         categories = ["positive", "negative", "positive", "negative", "zero"] if trial_index % 2 else None
         plan = StepPlan(training_step, list(net.types)[types[training_step]], training_step / total, categories)
-        table = _reused(made, index, training_step, options) or step_tensors(rng, plan, net)
-        if index < options.distinct_steps:
-            made.append(table)
-        rows += table.num_rows
-        chunk["tensors"].append(table)
+        chunk_start = index - index % options.steps_per_chunk
+        if presorted.covers(chunk_start, recorded):  # its tensors are written at the chunk's end, in one piece
+            rows += made[index % len(made)].num_rows
+        else:
+            table = _reused(made, index, training_step, options) or step_tensors(rng, plan, net)
+            if index < options.distinct_steps:
+                made.append(table)
+            rows += table.num_rows
+            chunk["tensors"].append(table)
         chunk["steps"].append(step_index(plan, graphs, net))
         if index % max(1, recorded // 5) == 0:
             chunk["notes"].append(_note(index, f"{trial_id}: recorded step {training_step} of {total}"))
         if (index + 1) % options.steps_per_chunk == 0 or index + 1 == recorded:
+            if presorted.covers(chunk_start, recorded):
+                presorted.write(chunk_start)  # before the steps that commit it, as the writer orders them
             # One table per chunk (the same rows the recorder's flush gathers): fewer hand-overs to the writer.
             for name, tables in chunk.items():
                 if tables:
@@ -519,6 +533,67 @@ def write_trial(group_dir: Path, trial_id: str, trial_index: int, options: Optio
     if writer.error is not None:
         raise writer.error
     return rows
+
+
+class PresortedChunks:
+    """Full chunks made only of repeated steps, written in the writer's order without the writer's sort.
+
+    Such a chunk holds the rows of steps ``distinct_steps`` apart under new training steps, so chunks
+    whose first step lies the same distance past a multiple of ``distinct_steps`` differ only in their
+    training steps, by a constant: one sorted table per such offset serves them all. At 1,000 nodes this
+    leaves only the Parquet encoding per chunk (of the 4 s a chunk took, 1.5 s were the sort, and Arrow's
+    sort of sorted rows still costs 0.3-0.7 s). The file is what ``ChunkWriter`` writes: the same rows with
+    its rank column, the same ``fmt.TENSOR_SORT`` order, ``fmt.write_parquet_atomic`` with the writer's
+    row groups, and the name (sequence number, step range) its next flush takes. Only for chunks the
+    writer would never merge (each over ``max_merged_rows / (merge_every - 1)`` rows): the writer does not
+    see these chunks, so it must not be a merge that it misses.
+    """
+
+    MAX_TEMPLATES = 16  # sorted tables kept; beyond that each chunk is sorted once here
+
+    def __init__(self, directory: Path, writer: ChunkWriter, options: Options, made: list[pa.Table]):
+        self.directory, self.writer, self.options, self.made = directory, writer, options, made
+        self.templates: dict[int, pa.Table] = {}
+
+    def covers(self, chunk_start: int, recorded: int) -> bool:
+        size = self.options.steps_per_chunk
+        if not self.options.presorted or chunk_start < self.options.distinct_steps or chunk_start + size > recorded:
+            return False
+        chunk_rows = sum(self.made[(chunk_start + j) % len(self.made)].num_rows for j in range(size))
+        return chunk_rows * (self.writer.merge_every - 1) > self.writer.max_merged_rows
+
+    def write(self, chunk_start: int) -> None:
+        template = self._template(chunk_start)
+        column = template.schema.get_field_index("training_step")
+        # write_trial records every tenth training step: step ``index`` is training step 10 * index
+        steps = pc.add(template.column(column), pa.scalar(10 * chunk_start, pa.int64()))
+        table = template.set_column(column, template.schema.field(column), steps)
+        bounds = pc.min_max(steps)
+        name = fmt.chunk_name(self._next_seq(), bounds["min"].as_py(), bounds["max"].as_py(), self.writer.rank)
+        fmt.write_parquet_atomic(self.directory / "tensors" / name, table, row_group_size=fmt.TENSOR_ROW_GROUP)
+
+    def _template(self, chunk_start: int) -> pa.Table:
+        """The chunk's rows in the writer's order, with training steps counted from the chunk's first step."""
+        offset = chunk_start % len(self.made)
+        template = self.templates.get(offset)
+        if template is None:
+            tables = [self.made[(offset + j) % len(self.made)] for j in range(self.options.steps_per_chunk)]
+            relative = np.repeat(np.arange(len(tables), dtype=np.int64) * 10, [t.num_rows for t in tables])
+            table = pa.concat_tables(tables)
+            column = table.schema.get_field_index("training_step")
+            table = table.set_column(column, table.schema.field(column), pa.array(relative, pa.int64()))
+            rank = pa.repeat(pa.scalar(self.writer.rank, pa.int32()), table.num_rows)
+            table = table.append_column(fmt.RANK_FIELD, rank).cast(fmt.SCHEMAS["tensors"])
+            template = table.sort_by(fmt.TENSOR_SORT)
+            if len(self.templates) < self.MAX_TEMPLATES:
+                self.templates[offset] = template
+        return template
+
+    def _next_seq(self) -> int:
+        """The sequence number the writer's next flush takes: one past the newest chunk (the writer is
+        idle between this script's flushes, and a merged chunk, which outlives its parts, is the newest)."""
+        return 1 + max((fmt.seq_of(name) for table in fmt.TABLES for name in fmt.chunk_names(self.directory / table)),
+                       default=-1)
 
 
 def _reused(made: list[pa.Table], index: int, training_step: int, options: Options) -> pa.Table | None:

@@ -107,7 +107,7 @@ def test_damaged_saved_findings_are_ignored_and_written_again(group, counted_sca
     counted_scans.clear()
     assert _json(Scanner(persist=True).scan(group).findings) == expected
     assert sorted(counted_scans) == ["dead", "healthy"]
-    assert all(json.loads(p.read_text())["code_version"] == saved.code_version() for p in _saved_files(group))
+    assert all(json.loads(p.read_text())["fingerprint"] == saved.fingerprint(ScanOptions()) for p in _saved_files(group))
 
 
 def test_a_damaged_finding_inside_a_valid_file_is_ignored(group, counted_scans) -> None:
@@ -126,9 +126,73 @@ def test_new_analysis_code_or_other_options_scan_again(group, counted_scans, mon
     Scanner(persist=True).scan(group, options=ScanOptions(sensitivity=2.0))  # its own file
     assert sorted(counted_scans) == ["dead", "healthy"] and len(_saved_files(group)) == 4
     counted_scans.clear()
-    monkeypatch.setattr(saved, "code_version", lambda: "a-newer-detector")
+    current = saved.environment()
+    monkeypatch.setattr(saved, "environment", lambda: {**current, "sources": "a-newer-detector"})
     Scanner(persist=True).scan(group)
     assert sorted(counted_scans) == ["dead", "healthy"]
+
+
+@pytest.fixture
+def fresh_environment():
+    """``saved.environment`` is computed once per process: computed again for each test, and after it."""
+    saved.environment.cache_clear()
+    yield
+    saved.environment.cache_clear()
+
+
+def _scanned_again(group, counted_scans, options=None) -> list[str]:
+    counted_scans.clear()
+    Scanner(persist=True).scan(group, options=options)
+    return sorted(counted_scans)
+
+
+@pytest.mark.parametrize("library", ["scikit-learn", "scipy", "numpy", "pandas"])
+def test_a_new_version_of_a_library_the_detectors_use_makes_saved_findings_stale(
+        group, counted_scans, monkeypatch, fresh_environment, library) -> None:
+    Scanner(persist=True).scan(group)
+    assert _scanned_again(group, counted_scans) == []  # unchanged: answered from the saved files
+    installed = saved._installed_version
+    monkeypatch.setattr(saved, "_installed_version", lambda name: installed(name) + ".post1" if name == library
+                        else installed(name))
+    saved.environment.cache_clear()
+    assert _scanned_again(group, counted_scans) == ["dead", "healthy"]
+    document = json.loads(_saved_files(group)[0].read_text())
+    assert document["fingerprint"][library] == installed(library) + ".post1"  # rewritten with the new one
+    assert _scanned_again(group, counted_scans) == []
+
+
+@pytest.mark.parametrize("source", ["store/reader.py", "store/format.py", "analysis/units.py"])
+def test_a_change_in_the_chunk_reader_or_a_detector_makes_saved_findings_stale(
+        group, counted_scans, monkeypatch, tmp_path, fresh_environment, source) -> None:
+    watched = saved.watched_sources()
+    original = next(p for p in watched if p.as_posix().endswith(source))
+    copy = tmp_path / "edited" / original.name  # stands in for the installed file, same name and bytes
+    copy.parent.mkdir()
+    shutil.copy(original, copy)
+    monkeypatch.setattr(saved, "watched_sources", lambda: [copy if p == original else p for p in watched])
+    saved.environment.cache_clear()
+    Scanner(persist=True).scan(group)
+    saved.environment.cache_clear()
+    assert _scanned_again(group, counted_scans) == []  # the same bytes: the same fingerprint
+    copy.write_text(copy.read_text() + "\n# edited\n")
+    saved.environment.cache_clear()
+    assert _scanned_again(group, counted_scans) == ["dead", "healthy"]
+
+
+def test_other_thresholds_or_a_new_comgra_make_saved_findings_stale(group, counted_scans, monkeypatch) -> None:
+    Scanner(persist=True).scan(group)
+    assert _scanned_again(group, counted_scans, ScanOptions(dead_fraction=0.3)) == ["dead", "healthy"]
+    assert _scanned_again(group, counted_scans, ScanOptions(dead_fraction=0.3)) == []
+    # A file at the right name whose options differ (written by hand, or by a scan that hashed them otherwise).
+    path = saved.path_of(fmt.trial_dir(group, "dead"), ScanOptions(dead_fraction=0.3))
+    document = json.loads(path.read_text())
+    document["fingerprint"]["options"]["dead_fraction"] = 0.9
+    path.write_text(json.dumps(document))
+    assert _scanned_again(group, counted_scans, ScanOptions(dead_fraction=0.3)) == ["dead"]
+    assert saved.stale_parts(document["fingerprint"], ScanOptions(dead_fraction=0.3)) == ["options"]
+    current = saved.environment()
+    monkeypatch.setattr(saved, "environment", lambda: {**current, "comgra": "9.9"})
+    assert _scanned_again(group, counted_scans) == ["dead", "healthy"]
 
 
 def test_a_read_only_recording_is_scanned_and_nothing_is_written(group, counted_scans, monkeypatch) -> None:

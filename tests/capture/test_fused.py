@@ -86,18 +86,41 @@ def test_kernel_skips_what_it_cannot_read_and_reads_the_rest(kernel: None) -> No
     _assert_sums_match(sums[1], good.numpy())
 
 
-def test_a_call_shared_with_the_helper_thread_gives_the_same_sums(kernel: None) -> None:
+def test_a_call_shared_with_the_helper_thread_gives_the_same_sums(kernel: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Above SHARE_FROM values, a helper thread sums part of the tensors: each tensor's sums stay
     those of a call alone, bit for bit, and in their places."""
     generator = torch.Generator().manual_seed(5)
     tensors = [torch.randn(1, size, generator=generator) for size in (700_000, 3, 600_000, 40_000, 900_000)]
     assert sum(t.numel() for t in tensors) >= fused.SHARE_FROM
+    monkeypatch.setenv("COMGRA_KERNEL_HELPER", "1")
     shared, alone = fused.many_row_sums(tensors, share=True), fused.many_row_sums(tensors)
     assert shared is not None and alone is not None
     assert fused._HELPER["executor"] is not None  # the helper was used
     np.testing.assert_array_equal(shared[0], alone[0])
     for sums, tensor in zip(shared[0], tensors):
         np.testing.assert_array_equal(sums, fused.row_sums(tensor))
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_the_helper_thread_is_off_unless_the_environment_asks(kernel: None, monkeypatch: pytest.MonkeyPatch,
+                                                             setting: str | None) -> None:
+    """Without COMGRA_KERNEL_HELPER=1 a call that could be shared runs on the caller's thread alone."""
+    generator = torch.Generator().manual_seed(6)
+    tensors = [torch.randn(1, size, generator=generator) for size in (700_000, 600_000)]
+    expected = fused.many_row_sums(tensors)
+    calls: list[object] = []
+    monkeypatch.setattr(fused, "_helper", lambda: calls.append(1) or pytest.fail("the helper was asked"))
+    if setting is None:
+        monkeypatch.delenv("COMGRA_KERNEL_HELPER", raising=False)
+    else:
+        monkeypatch.setenv("COMGRA_KERNEL_HELPER", setting)
+    alone = fused.many_row_sums(tensors, share=True)
+    assert not calls and alone is not None and expected is not None
+    np.testing.assert_array_equal(alone[0], expected[0])
+    monkeypatch.setenv("COMGRA_KERNEL_HELPER", "1")  # positive control: the same call is shared when asked
+    with pytest.raises(pytest.fail.Exception):
+        fused.many_row_sums(tensors, share=True)
 
 
 def test_the_variance_of_values_far_from_zero_needs_no_second_pass(kernel: None,

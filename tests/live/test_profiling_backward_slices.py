@@ -136,3 +136,27 @@ def test_the_tutorials_backward_times_fit_in_its_backward_pass(make_recorder: An
         mine = [r for r in rows if r["training_step"] == step and r["backward_time"] is not None]
         assert sum(r["module"] == "main_model.subnet_pre" for r in mine) == 8
         assert 0 < sum(r["backward_time"] for r in mine if r["module"] in roots) <= wall
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_timelines(), min_size=1, max_size=4))
+def test_the_rows_of_many_steps_at_once_give_each_step_what_attribute_gives_it(timelines: Any) -> None:
+    """The profiler makes the rows of all the steps of a flush at once, in arrays (capture/layer_rows); each
+    step's backward times and first moments must be what ``attribute`` gives that step alone."""
+    torch = pytest.importorskip("torch")
+    from comgra.capture.layer_calls import Layer
+    from comgra.capture.layer_rows import LayerRows, StepCapture
+
+    layers = [Layer(f"m{index}", index, torch.nn.Identity(), 100, [0]) for index in range(12)]
+    captures, expected = [], []
+    for step, (starts, ends, subtree_ends, finishes) in enumerate(timelines):
+        if step % 2 == 0:  # odd steps keep their ends: both the array path (no ends) and the sweep (ends) are tried
+            ends = [None] * len(starts)
+        records = [[layers[i], 0.0, 1.0, 0, start, end, None, subtree_end]
+                   for i, (start, end, subtree_end) in enumerate(zip(starts, ends, subtree_ends))]
+        captures.append(StepCapture(step, records, sorted(finishes), None, 0.0))
+        total, first = attribute(starts, ends, subtree_ends, sorted(finishes))
+        expected += [(t, None if t is None else f) for t, f in zip(total, first)]
+    table, _ = LayerRows("perf_counter").convert(captures, lambda capture: (0.0, None))
+    got = list(zip(table.column("backward_time").to_pylist(), table.column("backward_start").to_pylist()))
+    assert [(None if t is None else pytest.approx(t), f) for t, f in expected] == got

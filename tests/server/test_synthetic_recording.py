@@ -33,3 +33,25 @@ def test_a_repeated_step_holds_the_values_of_the_step_it_repeats(tmp_path, synth
     columns = ["node", "role", "kind", "iteration", "aggregation", "sample", "mean", "max", "neurons"]
     rows = [sorted(map(repr, trial.selection(training_step=s).select(columns).to_pylist())) for s in steps[:5]]
     assert rows[2] == rows[0] and rows[3] == rows[1] and rows[4] == rows[0] and rows[0] != rows[1]
+
+
+def test_presorted_chunks_are_the_files_the_writer_writes(tmp_path, synthetic, monkeypatch):
+    """Chunks of repeated steps written without the writer's sort (PresortedChunks) are byte for byte the
+    chunks the writer writes from the unsorted rows, under the same names, beside the writer's own chunks."""
+    written = []
+    original = synthetic.PresortedChunks.write
+    monkeypatch.setattr(synthetic.PresortedChunks, "write",
+                        lambda self, start: (written.append(start), original(self, start))[1])
+    # 3 distinct steps in chunks of 4: chunks start 1, 2 and 0 steps past a multiple of 3 (three templates);
+    # 37 steps end in a partial chunk, which the writer writes; max_merged_rows so small that nothing merges.
+    options = dict(scale=37 / 240, nodes=40, trials=1, steps_per_chunk=4, distinct_steps=3, max_merged_rows=100)
+    plain = synthetic.write_recording(tmp_path / "plain", synthetic.Options(**options, presorted=False))
+    assert written == []
+    fast = synthetic.write_recording(tmp_path / "fast", synthetic.Options(**options))
+    assert written == list(range(4, 36, 4))
+    chunks_plain, chunks_fast = _chunks(plain), _chunks(fast)
+    assert chunks_plain.keys() == chunks_fast.keys()
+    tensors = [name for name in chunks_plain if "/tensors/" in name]
+    assert len(tensors) == 10
+    for name in tensors:
+        assert chunks_plain[name].read_bytes() == chunks_fast[name].read_bytes(), name

@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from comgra.store.reader import TrialReader
 
 FORMAT_VERSION = 1
+# A finding lists at most this many of the steps it was seen in, evenly spaced over them (the first and the
+# last included; its evidence gives their number): a finding seen on every step of a long run would otherwise
+# carry every step, and a few hundred such findings take hundreds of megabytes in a scan and in its JSON.
+MAX_LISTED_STEPS = 200
 SEVERITIES = ("error", "warning", "info")
 _SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
@@ -73,6 +77,9 @@ class Finding:
     origin: bool = True  # False for a node a problem spread to
     column: int = 0  # how early in the graph the node is (for ranking)
 
+    def __post_init__(self) -> None:
+        self.steps = listed_steps(self.steps)
+
     @property
     def selection(self) -> dict[str, Any]:
         return {"trial": self.trial, "training_step": self.training_step, "iteration": self.iteration,
@@ -87,6 +94,14 @@ class Finding:
         document["selection"] = self.selection
         document["link"] = link
         return _plain(document)
+
+
+def listed_steps(steps: list[int]) -> list[int]:
+    """``steps``, or ``MAX_LISTED_STEPS`` of them evenly spaced, the first and the last included."""
+    if len(steps) <= MAX_LISTED_STEPS:
+        return steps
+    last = len(steps) - 1
+    return [steps[round(i * last / (MAX_LISTED_STEPS - 1))] for i in range(MAX_LISTED_STEPS)]
 
 
 def trial_signature(trial: TrialReader) -> tuple[str, ...]:

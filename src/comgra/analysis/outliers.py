@@ -60,11 +60,25 @@ def located(data: TrialData, found: list[_Candidate]) -> list[_Candidate]:
 
 def candidates(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[_Candidate]:
     """Every series with outlying steps, with where to open it (the table may hold only some nodes)."""
+    return candidates_from(data, facts, options, outlier_steps(data))
+
+
+def outlier_steps(data: TrialData) -> pd.DataFrame:
+    """Per kind, node, role and step (the index): the median of each feature over the step's rows."""
     stats = data.stats
     rows = stats[stats["aggregation"].isin(["mean", "none"])]
-    if not len(rows):
+    per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True, observed=True)[FEATURES].median()
+    index = per_step.index
+    return per_step.set_axis(pd.MultiIndex.from_arrays(
+        [index.get_level_values(i).astype(str) if i < 3 else index.get_level_values(i) for i in range(4)],
+        names=index.names))
+
+
+def candidates_from(data: TrialData, facts: GraphFacts, options: ScanOptions,
+                    per_step: pd.DataFrame) -> list[_Candidate]:
+    if not len(per_step):
         return []
-    per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True)[FEATURES].median()
+    per_step = per_step.sort_index(kind="stable")
     # Steps of different types (sequence lengths, ...) differ by design: each is compared with its own type.
     types = data.steps.drop_duplicates("training_step").set_index("training_step")["type_of_execution"]
     found = []
@@ -196,5 +210,7 @@ def _window(length: int) -> int:
 
 
 def _unbatched(data: TrialData, node: str, role: str) -> bool:
+    if data.locator is not None:
+        return data.locator.only_unbatched(node, role)
     rows = data.stats[(data.stats["node"] == node) & (data.stats["role"] == role)]
     return bool(len(rows)) and bool((rows["aggregation"] == "none").all())

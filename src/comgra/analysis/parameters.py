@@ -2,8 +2,9 @@
 and the size of their updates relative to their values."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-import pandas as pd
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
@@ -14,35 +15,81 @@ MIN_UNITS_FOR_RATIO = 16
 COMPARED = ["mean", "abs_mean", "std", "min", "max", "abs_max"]
 
 
+@dataclass
+class ParameterPart:
+    """What the parameter detectors keep of one parameter over some steps: the size of each change between
+    consecutive recorded steps and the size before it, and the first and last values (to join the change
+    across the border of a streamed scan's windows)."""
+
+    steps: np.ndarray
+    changes: np.ndarray  # norm of the change between consecutive recorded steps
+    norms: np.ndarray  # norm of the value before each change
+    width: int
+    changed: bool
+    first: np.ndarray
+    last: np.ndarray
+    first_stats: np.ndarray | None  # the statistics of the first and last step (None: not one row per step)
+    last_stats: np.ndarray | None
+    gradient: float = 0.0  # the largest gradient seen
+
+    def merge(self, later: ParameterPart) -> ParameterPart:
+        width = min(self.width, later.width)
+        change = float(np.linalg.norm(later.first[:width] - self.last[:width]))
+        stats_changed = self.last_stats is not None and later.first_stats is not None and bool(
+            np.abs(later.first_stats - self.last_stats).max() > 0)
+        return ParameterPart(
+            np.concatenate([self.steps, later.steps]), np.concatenate([self.changes, [change], later.changes]),
+            np.concatenate([self.norms, [float(np.linalg.norm(self.last[:width]))], later.norms]), width,
+            self.changed or later.changed or change > 0 or stats_changed, self.first, later.last,
+            self.first_stats, later.last_stats, float(np.fmax(self.gradient, later.gradient)))
+
+
 def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    return judged(data, facts, options, parts(data))
+
+
+def parts(data: TrialData) -> dict[tuple[str, str], ParameterPart]:
     rows = data.neurons["parameter"]
     if not len(rows.keys):
-        return []
+        return {}
     stats = data.stats
     values = stats[(stats["kind"] == fmt.FORWARD) & (stats["tensor_type"] == "parameter")]
     gradients = stats[(stats["kind"] != fmt.FORWARD) & (stats["tensor_type"] == "parameter")]
-    gradient_size = gradients.groupby(["node", "role"])["abs_max"].max()
-    findings = []
-    for (node, role), group in rows.keys.groupby(["node", "role"], sort=False):
+    gradient_size = gradients.groupby(["node", "role"], observed=True)["abs_max"].max()
+    found = {}
+    for (node, role), group in rows.keys.groupby(["node", "role"], sort=False, observed=True):
         group = group.sort_values("training_step").drop_duplicates("training_step")
-        if len(group) < 2:
-            continue
         matrix = rows.matrix(group.index.to_numpy())
         own = values[(values["node"] == node) & (values["role"] == role)].drop_duplicates("training_step")
         own = own.sort_values("training_step")[COMPARED].to_numpy(np.float64)
         changes = np.linalg.norm(np.diff(matrix, axis=0), axis=1)
-        changed = (changes > 0) | (np.abs(np.diff(own, axis=0)).max(axis=1) > 0 if len(own) == len(group)
+        one_per_step = len(own) == len(group)
+        changed = (changes > 0) | (np.abs(np.diff(own, axis=0)).max(axis=1) > 0 if one_per_step and len(own) > 1
                                    else False)
-        gradient = float(gradient_size.get((node, role), 0.0))
-        finding = _finding(data, facts, node, role, group, matrix, changes, bool(np.any(changed)), gradient, options)
+        found[(str(node), str(role))] = ParameterPart(
+            group["training_step"].to_numpy(np.int64), changes, np.linalg.norm(matrix[:-1], axis=1),
+            int(matrix.shape[1]), bool(np.any(changed)), matrix[0], matrix[-1],
+            own[0] if one_per_step else None, own[-1] if one_per_step else None,
+            float(gradient_size.get((node, role), 0.0)))
+    return found
+
+
+def judged(data: TrialData, facts: GraphFacts, options: ScanOptions,
+           found: dict[tuple[str, str], ParameterPart]) -> list[Finding]:
+    findings = []
+    for (node, role), part in found.items():
+        if len(part.steps) < 2:
+            continue
+        finding = _finding(data, facts, node, role, part, options)
         if finding is not None:
             findings.append(finding)
     return findings
 
 
-def _finding(data: TrialData, facts: GraphFacts, node: str, role: str, group: pd.DataFrame, matrix: np.ndarray,
-             changes: np.ndarray, changed: bool, gradient: float, options: ScanOptions) -> Finding | None:
-    steps = group["training_step"].astype(int).tolist()
+def _finding(data: TrialData, facts: GraphFacts, node: str, role: str, part: ParameterPart,
+             options: ScanOptions) -> Finding | None:
+    steps = part.steps.astype(int).tolist()
+    changes, changed, gradient = part.changes, part.changed, part.gradient
     base = dict(trial=data.trial, node=node, role=role, kind=fmt.FORWARD, training_step=steps[0], steps=steps,
                 iteration=_first_iteration(data, steps[0]), aggregation="none", column=facts.column.get(node, 0))
     has_gradient = gradient > 0 and np.isfinite(gradient)
@@ -62,14 +109,14 @@ def _finding(data: TrialData, facts: GraphFacts, node: str, role: str, group: pd
                        message=f"{role} changes over {span} although it never gets a gradient: something other "
                                "than the optimizer writes to it (weight decay alone, an in-place update, a reset?).",
                        evidence={"steps": len(steps), "largest_change": float(changes.max())}, **base)
-    return _update_ratio(matrix, changes, steps, options, base, role)
+    return _update_ratio(part, steps, options, base, role)
 
 
-def _update_ratio(matrix: np.ndarray, changes: np.ndarray, steps: list[int], options: ScanOptions,
-                  base: dict, role: str) -> Finding | None:
-    if matrix.shape[1] < MIN_UNITS_FOR_RATIO:
+def _update_ratio(part: ParameterPart, steps: list[int], options: ScanOptions, base: dict,
+                  role: str) -> Finding | None:
+    if part.width < MIN_UNITS_FOR_RATIO:
         return None  # a bias of a few values near zero has a huge relative change and means nothing
-    norms = np.linalg.norm(matrix[:-1], axis=1)
+    norms, changes = part.norms, part.changes
     gaps = np.maximum(np.diff(np.asarray(steps, dtype=np.float64)), 1.0)
     valid = norms > 0
     if not valid.any():

@@ -11,7 +11,8 @@ already the module call's share of the backward pass, cut so that no moment belo
 (``comgra.capture.backward_slices``), so a module called several times in a step (a shared block,
 an RNN cell) is not counted once per call on top of the others. A child measured a little longer
 than its parent (clock noise, or a child called from outside its parent's forward) widens the
-parent to the sum of its children, so that the parent still contains them.
+parent to the sum of its children, so that the parent still contains them. A module that calls
+itself counts only its calls from outside: the inner calls' time is inside the outer call's.
 
     >>> rows = [{"module": "net", "forward_time": 3.0, "training_step": 0, "call": 0},
     ...         {"module": "net.a", "forward_time": 1.0, "training_step": 0, "call": 0}]
@@ -61,14 +62,50 @@ def _check_phase(phase: str) -> str:
 
 
 def _times(rows: Iterable[Mapping[str, Any]], phase: str) -> dict[str, list[float]]:
-    """Per module, its measured times of the phase (rows without a measurement are left out)."""
+    """Per module, its measured times of the phase (rows without a measurement are left out), one per call made
+    from outside the module: a call nested in a call of the same module (recursion) is part of that call's time."""
     column = f"{_check_phase(phase)}_time"
     result: dict[str, list[float]] = {}
-    for row in rows:
+    for row in _outer_calls(rows):
         value = row.get(column)
         if value is not None and math.isfinite(value):
             result.setdefault(str(row["module"]), []).append(float(value))
     return result
+
+
+_NESTING_SLACK = 1e-6  # seconds: the rounding of a start on the epoch scale (1.7e9 s) plus a duration
+
+
+def _outer_calls(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The rows less those of calls that ran inside another call of the same module in the same step (a module
+    calling itself): their time, forward and backward, is already inside the outer call's. Calls of a module
+    are numbered in the order they began, so in call order each nested call falls inside the last outer one
+    (forward intervals nest strictly); a call without forward times counts as an outer one."""
+    rows = list(rows)
+    order = sorted(range(len(rows)), key=lambda i: _call_order(rows[i]))
+    nested: set[int] = set()
+    group: Any = None
+    outer_end = -math.inf
+    for index in order:
+        row = rows[index]
+        key = _call_order(row)[:3]
+        if key != group:
+            group, outer_end = key, -math.inf
+        start: Any = row.get("forward_start")
+        duration: Any = row.get("forward_time")
+        if not (_finite(start) and _finite(duration)):
+            continue
+        end = start + duration
+        if start + _NESTING_SLACK < outer_end and end <= outer_end + _NESTING_SLACK:
+            nested.add(index)
+        else:
+            outer_end = end
+    return [row for index, row in enumerate(rows) if index not in nested] if nested else rows
+
+
+def _call_order(row: Mapping[str, Any]) -> tuple[int, int, str, int]:
+    step = row.get("training_step")
+    return int(row.get("rank") or 0), -1 if step is None else int(step), str(row["module"]), int(row.get("call") or 0)
 
 
 def layer_summary(rows: Iterable[Mapping[str, Any]], phase: str = "forward", *,

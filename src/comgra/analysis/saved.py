@@ -3,8 +3,11 @@
 A scan (``comgra scan`` or the app's background scanner) writes what it found for a trial to
 ``trials/<id>/analysis/findings-<options>.json``. The file is valid only for the data and the code
 that made it: it names the trial's chunks (chunks are immutable, so the same names mean the same
-data), the analysis code's version (a hash of its sources) and the scan options. Anything else, a
-damaged file included, reads as "not saved", and the next scan writes it again.
+data) and a fingerprint of everything else the findings depend on: comgra's version, a hash of the
+analysis sources and of the code that reads chunks (``store/reader.py``, ``store/format.py``), the
+versions of numpy, pandas, pyarrow, DuckDB, scipy and scikit-learn, and the sensitivity and thresholds.
+A file with another fingerprint, a damaged file included, reads as "not saved", and the next scan
+writes it again.
 
 The folder matches none of the store's globs (``*/tensors/*.parquet``, ``graphs/*.json``, ...),
 files are written under a temporary name and renamed, and a recording that cannot be written to
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 from dataclasses import asdict, dataclass, fields
@@ -30,19 +34,54 @@ FOLDER = "analysis"  # inside the trial folder
 _FINDING_FIELDS = {f.name for f in fields(Finding)}
 
 
+# What a saved finding depends on besides the data: the analysis sources, the code that reads a chunk
+# for them, and the libraries whose numbers the detectors take as they come (scikit-learn's forest,
+# scipy's p-values, numpy's and pandas' quantiles).
+READ_SOURCES = ("store/reader.py", "store/format.py")
+LIBRARIES = ("numpy", "pandas", "pyarrow", "duckdb", "scipy", "scikit-learn")
+
+
+def watched_sources() -> list[Path]:
+    """The source files whose change makes every saved finding stale."""
+    package = Path(__file__).parent.parent
+    return sorted(Path(__file__).parent.glob("*.py")) + [package / name for name in READ_SOURCES]
+
+
 @functools.lru_cache(maxsize=1)
-def code_version() -> str:
-    """A hash of the analysis package's sources and the store's format: a changed detector (or a
-    changed way of reading chunks) makes every saved finding stale without anyone bumping a number."""
+def environment() -> dict[str, str]:
+    """The code that made a finding: comgra's version, the formats, a hash of ``watched_sources`` and the
+    versions of the libraries the detectors use. Read from the files and the installed packages'
+    metadata, without importing the libraries (the app looks here before it loads them)."""
     from comgra import __version__
     from comgra.store.format import FORMAT_VERSION as STORE_FORMAT
 
-    # The package version too: an install without sources (only .pyc files) still tells releases apart.
-    digest = hashlib.sha256(f"comgra {__version__} findings {FORMAT_VERSION} store {STORE_FORMAT}".encode())
-    for source in sorted(Path(__file__).parent.glob("*.py")):
+    digest = hashlib.sha256()
+    for source in watched_sources():
         digest.update(source.name.encode())
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+        digest.update(source.read_bytes() if source.exists() else b"(missing)")
+    # The package version too: an install without sources (only .pyc files) still tells releases apart.
+    found = {"comgra": __version__, "findings_format": str(FORMAT_VERSION), "store_format": str(STORE_FORMAT),
+             "sources": digest.hexdigest()[:16]}
+    found.update({name: _installed_version(name) for name in LIBRARIES})
+    return found
+
+
+def fingerprint(options: ScanOptions) -> dict[str, Any]:
+    """Everything a saved finding is valid for besides the data: the code (``environment``) and the
+    sensitivity and thresholds it was scanned at. Saved findings with another fingerprint are stale."""
+    return {**environment(), "options": asdict(options)}
+
+
+def code_version() -> str:
+    """A short name of ``environment()``, for a log line or a test."""
+    return hashlib.sha256(json.dumps(environment(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _installed_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def path_of(trial_directory: Path, options: ScanOptions) -> Path:
@@ -64,7 +103,8 @@ def read(trial_directory: Path, options: ScanOptions) -> SavedFindings | None:
     path = path_of(trial_directory, options)
     try:
         document = json.loads(path.read_text())
-        if document.get("code_version") != code_version() or document.get("options") != asdict(options):
+        if document.get("fingerprint") != fingerprint(options):
+            log.debug("comgra: saved findings %s are stale: %s", path, stale_parts(document.get("fingerprint"), options))
             return None
         found = [Finding(**{k: v for k, v in item.items() if k in _FINDING_FIELDS}) for item in document["findings"]]
         return SavedFindings(tuple(str(name) for name in document["signature"]), found,
@@ -86,12 +126,20 @@ def load(trial_directory: Path, signature: tuple[str, ...],
     return kept.findings, kept.problems
 
 
+def stale_parts(saved_fingerprint: Any, options: ScanOptions) -> list[str]:
+    """The parts of a saved fingerprint that differ from the current one (what changed since the scan)."""
+    current = fingerprint(options)
+    if not isinstance(saved_fingerprint, dict):
+        return ["fingerprint"]
+    return sorted(k for k in set(current) | set(saved_fingerprint) if current.get(k) != saved_fingerprint.get(k))
+
+
 def save(trial_directory: Path, signature: tuple[str, ...], options: ScanOptions,
          found: list[Finding], problems: list[str]) -> bool:
     """Write the findings of a trial; False (and nothing written) where the recording is read-only."""
     from comgra.store.format import write_json_atomic
 
-    document = {"code_version": code_version(), "signature": list(signature), "options": asdict(options),
+    document = {"fingerprint": fingerprint(options), "signature": list(signature),
                 "findings": [plain(asdict(f)) for f in found], "problems": list(problems)}
     try:
         (trial_directory / FOLDER).mkdir(exist_ok=True)  # not its parents: a trial deleted meanwhile stays deleted

@@ -1,10 +1,14 @@
 """The scan of a trial too big to hold in memory: each chunk read once, the rows split by node group.
 
 A trial of more than ``loading.IN_MEMORY_ROWS`` statistics rows is not loaded whole. Its chunks are
-read one at a time and their rows written, by node group, to temporary Arrow files; then each group
-(about ``GROUP_ROWS`` rows) is loaded alone and the detectors that judge a node by itself run on it
-(dead, saturated and one-sided units, collapse, parameters). What the other detectors need from
-every node is gathered small on the way:
+read one at a time and their rows written, by node group and window of steps, to temporary Arrow
+files; then each group is read back a batch of windows (about ``GROUP_ROWS`` rows) at a time, and the
+detectors that judge a node by itself (dead, saturated and one-sided units, collapse, parameters,
+outliers, growth) keep of each batch only what they judge by: per unit, whether it was ever non-zero
+or how often it sat at a bound; per step, a few numbers (the extremes, the median spread, the
+statistics the outlier and growth detectors follow); per parameter, the size of each update. These
+merge window after window and give exactly the findings of a scan in memory. What the other
+detectors need from every node is gathered small on the way:
 
 - non-finite values: the rows of the first step with a NaN or an infinity of each kind, and for
   every later step only which nodes had one;
@@ -14,10 +18,9 @@ every node is gathered small on the way:
 - correlation hints: the per-sample rows of an evenly spaced subsample of the steps, at most about
   ``CORRELATION_ROWS`` rows of all tensors together; each hint says so.
 
-Memory is then bounded by a chunk, a group and these summaries, and the time is linear in the rows. A
-group holds at least one node: the rows of one node over the whole run are held together (at 12,000
-recorded steps, about 100,000 rows for a node with a few recorded samples), and the gradients'
-summary keeps one number per node and step.
+The rows held at once are bounded by a batch of windows, whatever the number of steps; what grows
+with the steps is a few numbers per node and step (the per-step series above, the gradients' summary
+and where each node's steps can be opened), and the time is linear in the rows.
 """
 from __future__ import annotations
 
@@ -48,22 +51,22 @@ BATCH_ROWS = 100_000  # rows of a chunk read at once
 # The columns a scan reads, as the store writes them: every part of every chunk is written in this shape.
 _SPILLED = pa.schema([fmt.SCHEMAS["tensors"].field(name) for name in loading.COLUMNS])
 CORRELATION_ROWS: int | None = None  # per-sample rows of every tensor together (None: GROUP_ROWS)
-PER_NODE = {
-    "dead_units": units.dead, "saturated_units": units.saturated, "one_sided": units.one_sided,
-    "collapse": trends.collapse, "parameters": parameters.detect,
-}
 
 
 @dataclass
 class Locator:
-    """Where a node's values can be opened, kept from its group once the group's rows are gone: per node,
-    its recorded steps and the first iteration (>= 0) it has in each, as two NumPy arrays."""
+    """Where a node's values can be opened, kept from its rows once they are gone: per node, its recorded steps
+    and the first iteration (>= 0) it has in each, as two NumPy arrays, and which roles have unbatched rows."""
 
-    unbatched_roles: dict[str, set[str]] = field(default_factory=dict)
+    unbatched_roles: dict[str, set[str]] = field(default_factory=dict)  # roles with a row of aggregation none
+    batched_roles: dict[str, set[str]] = field(default_factory=dict)  # roles with a row of another aggregation
     first_iterations: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def unbatched(self, node: str) -> set[str]:
         return self.unbatched_roles.get(node, set())
+
+    def only_unbatched(self, node: str, role: str) -> bool:
+        return role in self.unbatched(node) and role not in self.batched_roles.get(node, set())
 
     def iteration_of(self, data: TrialData, node: str, step: int) -> int:
         steps, iterations = self.first_iterations.get(node, (np.zeros(0, np.int64), np.zeros(0, np.int32)))
@@ -74,15 +77,23 @@ class Locator:
         return int(step_iterations.min()) if len(step_iterations) else 0
 
     def add(self, data: TrialData) -> None:
+        """Add the rows of some nodes over some steps (a window: steps never seen before for these nodes)."""
         stats = data.stats
-        unbatched = stats[stats["aggregation"] == "none"]
-        for node, roles in unbatched.groupby("node", observed=True)["role"]:
-            self.unbatched_roles.setdefault(str(node), set()).update(str(r) for r in roles.unique())
+        unbatched = stats["aggregation"] == "none"
+        for found, rows in ((self.unbatched_roles, stats[unbatched]), (self.batched_roles, stats[~unbatched])):
+            for node, roles in rows.groupby("node", observed=True)["role"]:
+                found.setdefault(str(node), set()).update(str(r) for r in roles.unique())
         located = stats[stats["iteration"] >= 0]
         first = located.groupby(["node", "training_step"], observed=True)["iteration"].min()
         for node, series in first.groupby(level=0, observed=True):
             steps = series.index.get_level_values(1).to_numpy(np.int64)
-            self.first_iterations[str(node)] = (steps, series.to_numpy().astype(np.int32))
+            iterations = series.to_numpy().astype(np.int32)
+            known = self.first_iterations.get(str(node))
+            if known is not None:
+                steps, iterations = np.concatenate([known[0], steps]), np.concatenate([known[1], iterations])
+                order = np.argsort(steps, kind="stable")
+                steps, iterations = steps[order], iterations[order]
+            self.first_iterations[str(node)] = (steps, iterations)
 
 
 @dataclass
@@ -104,7 +115,7 @@ class _Gathered:
 
 
 def scan_trial(trial: TrialReader, options: ScanOptions,
-               progress: Callable[[int, int], None] | None = None) -> tuple[list[Finding], list[str]]:
+               progress: Callable[[int, int], object] | None = None) -> tuple[list[Finding], list[str]]:
     """Findings and problems of one trial, streamed; ``progress(done, total)`` counts chunks, then groups.
     One streamed trial at a time: trials scanned side by side would add up their groups' memory."""
     with _ONE_AT_A_TIME:
@@ -115,29 +126,30 @@ def scan_trial(trial: TrialReader, options: ScanOptions,
 
 
 def _scan_trial(trial: TrialReader, options: ScanOptions,
-                progress: Callable[[int, int], None] | None) -> tuple[list[Finding], list[str]]:
+                progress: Callable[[int, int], object] | None) -> tuple[list[Finding], list[str]]:
     context = loading.trial_context(trial)
     facts = graphs.facts(context.graphs.values())
     paths = trial.tensor_chunks()
-    count = max(1, math.ceil(loading.recorded_rows(trial) / GROUP_ROWS))
+    rows = loading.recorded_rows(trial)
+    count = max(1, math.ceil(rows / GROUP_ROWS))
     nodes = sorted(facts.column, key=lambda n: (facts.column[n], n))
     group_of = {node: index % count for index, node in enumerate(nodes)}  # a mix of early and late nodes each
     total, gathered = len(paths) + count, _Gathered()
     with tempfile.TemporaryDirectory(prefix="comgra-scan-") as folder:
-        writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+        spill = _Spill(Path(folder), group_of, count, np.array(sorted(context.known), dtype=np.int64),
+                       windows=max(1, math.ceil(rows / GROUP_ROWS)))
         for done, path in enumerate(paths, 1):
             try:
                 for part in _chunk_parts(trial, path):
-                    _split_chunk(part, context, gathered, group_of, count, Path(folder), writers)
+                    _split_chunk(part, context, gathered, spill)
             except (OSError, pa.ArrowException) as error:  # damaged past its first column: the rows before stay
                 gathered.problems.append(f"skipped {path.parent.name}/{path.name} from where it is damaged: {error}")
             if progress is not None:
                 progress(done, total)
-        for writer in writers.values():
-            writer.close()
+        spill.close()
         context = loading.trial_context(trial)  # again: damaged chunks are known once they were read
         for index in range(count):
-            _scan_group(Path(folder) / f"{index}.arrow", context, facts, options, gathered)
+            _scan_group(spill, index, context, facts, options, gathered)
             loading.return_freed_memory()  # else the heap keeps the largest group's pages, and then some
             if progress is not None:
                 progress(len(paths) + index + 1, total)
@@ -158,8 +170,64 @@ def _chunk_parts(trial: TrialReader, path: Path) -> Iterator[pa.Table]:
         yield pa.Table.from_batches([batch])
 
 
-def _split_chunk(table: pa.Table, context: TrialContext, gathered: _Gathered, group_of: dict[str, int], count: int,
-                 folder: Path, writers: dict[int, pa.ipc.RecordBatchFileWriter]) -> None:
+class _Spill:
+    """The temporary Arrow files of a streamed scan: one (or, for rows that come late, a few) per node group and
+    window of steps, so that a node's long run is read back a window at a time. A window holds about
+    ``GROUP_ROWS`` rows of all nodes together; a group's windows are read back in batches of about as many."""
+
+    def __init__(self, folder: Path, group_of: dict[str, int], count: int, all_steps: np.ndarray,
+                 windows: int) -> None:
+        self.folder, self.group_of, self.count, self.all_steps = folder, group_of, count, all_steps
+        self.windows = max(1, min(windows, len(all_steps)))
+        self.files: dict[tuple[int, int], list[Path]] = {}
+        self.rows: dict[tuple[int, int], int] = {}
+        self._writers: dict[tuple[int, int], pa.ipc.RecordBatchFileWriter] = {}
+
+    def keys_of(self, table: pa.Table) -> np.ndarray:
+        """Per row, its group and window as one number (group * windows + window)."""
+        # One group number per distinct node name, then one lookup per row (no Python string per row).
+        encoded = pc.dictionary_encode(table["node"]).combine_chunks()
+        numbers = np.array([self.group_of.get(n, zlib.crc32(n.encode()) % self.count)
+                            for n in encoded.dictionary.to_pylist()], np.int64)
+        groups = numbers[encoded.indices.to_numpy(zero_copy_only=False)]
+        position = np.searchsorted(self.all_steps, table["training_step"].to_numpy())
+        return groups * self.windows + position * self.windows // max(1, len(self.all_steps))
+
+    def write(self, table: pa.Table) -> None:
+        keys = self.keys_of(table)
+        order = np.argsort(keys, kind="stable")
+        keys, table = keys[order], table.take(pa.array(order))
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1, [len(keys)]])
+        for start, end in zip(starts[:-1], starts[1:]):
+            key = divmod(int(keys[start]), self.windows)
+            if key not in self._writers:
+                path = self.folder / f"{key[0]}-{key[1]}-{len(self.files.get(key, []))}.arrow"
+                self.files.setdefault(key, []).append(path)
+                self._writers[key] = pa.ipc.new_file(str(path), _SPILLED)
+            self._writers[key].write_table(table.slice(start, end - start).select(_SPILLED.names).cast(_SPILLED))
+            self.rows[key] = self.rows.get(key, 0) + int(end - start)
+        # Chunks come in the order of their steps: the windows before this part's are complete.
+        self.close(before=int((keys % self.windows).min()) if len(keys) else 0)
+
+    def close(self, before: int | None = None) -> None:
+        for key in [k for k in self._writers if before is None or k[1] < before]:
+            self._writers.pop(key).close()
+
+    def batches(self, group: int) -> Iterator[list[Path]]:
+        """The files of a group, window after window, in batches of about ``GROUP_ROWS`` rows."""
+        batch: list[Path] = []
+        rows = 0
+        for key in sorted(k for k in self.files if k[0] == group):
+            if batch and rows + self.rows[key] > GROUP_ROWS:
+                yield batch
+                batch, rows = [], 0
+            batch.extend(self.files[key])
+            rows += self.rows[key]
+        if batch:
+            yield batch
+
+
+def _split_chunk(table: pa.Table, context: TrialContext, gathered: _Gathered, spill: _Spill) -> None:
     if not table.num_rows:
         return
     table = table.combine_chunks()
@@ -171,16 +239,8 @@ def _split_chunk(table: pa.Table, context: TrialContext, gathered: _Gathered, gr
     # Per-sample gradients: no detector of one node reads them (the non-finite ones were taken above).
     table = table.filter(pc.invert(pc.and_(pc.not_equal(table["kind"], fmt.FORWARD),
                                            pc.equal(table["aggregation"], "sample"))))
-    # One group number per distinct node name, then one lookup per row (no Python string per row).
-    encoded = pc.dictionary_encode(table["node"]).combine_chunks()
-    numbers = np.array([group_of.get(n, zlib.crc32(n.encode()) % count) for n in encoded.dictionary.to_pylist()],
-                       np.int32)
-    groups = numbers[encoded.indices.to_numpy(zero_copy_only=False)]
-    for index in np.unique(groups):
-        part = table.filter(pa.array(groups == index))
-        if index not in writers:
-            writers[index] = pa.ipc.new_file(str(folder / f"{index}.arrow"), _SPILLED)
-        writers[index].write_table(part.select(_SPILLED.names).cast(_SPILLED))
+    if table.num_rows:
+        spill.write(table)
 
 
 def _gather_non_finite(table: pa.Table, gathered: _Gathered) -> None:
@@ -232,32 +292,93 @@ def _every(table: pa.Table, all_steps: np.ndarray, stride: int) -> pa.Table:
     return table.filter(pa.array(position % stride == 0))
 
 
-def _scan_group(path: Path, context: TrialContext, facts: graphs.GraphFacts, options: ScanOptions,
+@dataclass
+class _Parts:
+    """What the detectors of one node keep of a node group's windows, merged window after window."""
+
+    dead: dict = field(default_factory=dict)
+    saturated: dict = field(default_factory=dict)
+    parameters: dict = field(default_factory=dict)
+    one_sided: list[pd.DataFrame] = field(default_factory=list)
+    collapse: list[pd.DataFrame] = field(default_factory=list)
+    outliers: list[pd.DataFrame] = field(default_factory=list)
+    growth: list[pd.DataFrame] = field(default_factory=list)
+
+    def add(self, data: TrialData, options: ScanOptions, gathered: _Gathered) -> None:
+        for name, into, work in (("dead_units", self.dead, lambda: units.dead_parts(data)),
+                                 ("saturated_units", self.saturated, lambda: units.saturated_parts(data, options)),
+                                 ("parameters", self.parameters, lambda: parameters.parts(data))):
+            for key, part in (_guarded(name, data, gathered, work) or {}).items():
+                into[key] = into[key].merge(part) if key in into else part
+        for name, steps, work in (("one_sided", self.one_sided, lambda: units.one_sided_steps(data)),
+                                 ("collapse", self.collapse, lambda: trends.collapse_steps(data)),
+                                 ("outliers", self.outliers, lambda: outliers.outlier_steps(data)),
+                                 ("growth", self.growth, lambda: trends.growth_steps(data))):
+            found = _guarded(name, data, gathered, work)
+            if found is not None:
+                steps.append(found)
+
+
+def _scan_group(spill: _Spill, index: int, context: TrialContext, facts: graphs.GraphFacts, options: ScanOptions,
                 gathered: _Gathered) -> None:
-    if not path.exists():
-        return
-    with pa.memory_map(str(path)) as source:
-        table = pa.ipc.open_file(source).read_all()
-    data = loading.assemble(context, [loading.chunk_data(table)])
-    del table
-    if not len(data.stats):
-        return
-    for name, detector in PER_NODE.items():
-        gathered.findings.extend(_guarded(name, data, gathered, lambda: detector(data, facts, options)) or [])
-    found = _guarded("outliers", data, gathered, lambda: outliers.located(
-        data, outliers.strongest_of(outliers.candidates(data, facts, options))))
-    gathered.outliers = outliers.strongest_of(gathered.outliers + (found or []))
-    grown = _guarded("growth", data, gathered, lambda: trends.growth_candidates(data, facts, options))
-    if grown:
-        gathered.growth.extend(grown[0])
-        gathered.ends.append(grown[1])
-    levels = _guarded("gradients", data, gathered, lambda: trends.gradient_levels(data, facts))
-    if levels is not None and len(levels):
-        # As Arrow, names dictionary-encoded: a few bytes per node and step.
-        gathered.levels.append(pa.Table.from_pandas(levels.assign(
-            node=levels["node"].astype(str).astype("category"), role=levels["role"].astype(str).astype("category"),
-            kind=levels["kind"].astype(str).astype("category")), preserve_index=False))
+    """The detectors of one node over a group's nodes, reading the group a batch of windows at a time: what
+    they keep between windows is a few numbers per unit and a few per step, not the rows."""
+    parts = _Parts()
+    for paths in spill.batches(index):
+        tables = []
+        for path in paths:
+            with pa.memory_map(str(path)) as source:
+                tables.append(pa.ipc.open_file(source).read_all())
+        data = loading.assemble(context, [loading.chunk_data(pa.concat_tables(tables))])
+        del tables
+        if not len(data.stats):
+            continue
+        parts.add(data, options, gathered)
+        levels = _guarded("gradients", data, gathered, lambda: trends.gradient_levels(data, facts))
+        if levels is not None and len(levels):
+            # As Arrow, names dictionary-encoded: a few bytes per node and step.
+            gathered.levels.append(pa.Table.from_pandas(levels.assign(
+                node=levels["node"].astype(str).astype("category"), role=levels["role"].astype(str).astype("category"),
+                kind=levels["kind"].astype(str).astype("category")), preserve_index=False))
         gathered.locator.add(data)
+        del data
+    _judge_group(parts, context, facts, options, gathered)
+
+
+def _judge_group(parts: _Parts, context: TrialContext, facts: graphs.GraphFacts, options: ScanOptions,
+                 gathered: _Gathered) -> None:
+    skeleton = _skeleton(context, gathered)
+    judged = [
+        ("dead_units", lambda: units.dead_judged(skeleton, facts, options, parts.dead)),
+        ("saturated_units", lambda: units.saturated_judged(skeleton, facts, options, parts.saturated)),
+        ("one_sided", lambda: units.one_sided_judged(skeleton, facts, options, _joined(parts.one_sided)))
+         if parts.one_sided else None,
+        ("collapse", lambda: trends.collapse_judged(skeleton, facts, options, _joined(parts.collapse)))
+         if parts.collapse else None,
+        ("parameters", lambda: parameters.judged(skeleton, facts, options, parts.parameters)),
+    ]
+    for name, work in filter(None, judged):
+        gathered.findings.extend(_guarded(name, skeleton, gathered, work) or [])
+    if parts.outliers:
+        found = _guarded("outliers", skeleton, gathered, lambda: outliers.located(skeleton, outliers.strongest_of(
+            outliers.candidates_from(skeleton, facts, options, pd.concat(parts.outliers)))))
+        gathered.outliers = outliers.strongest_of(gathered.outliers + (found or []))
+    if parts.growth:
+        grown = _guarded("growth", skeleton, gathered, lambda: trends.growth_candidates_from(
+            skeleton, facts, options, _joined(parts.growth)))
+        if grown:
+            gathered.growth.extend(grown[0])
+            gathered.ends.append(grown[1])
+
+
+def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _skeleton(context: TrialContext, gathered: _Gathered) -> TrialData:
+    """A trial without rows: the detectors' judgements open a node's values through the locator."""
+    return TrialData(context.trial, _empty_stats(), {}, context.steps, context.graphs, list(context.problems),
+                     locator=gathered.locator)
 
 
 def _guarded(name: str, data: TrialData, gathered: _Gathered, work: Callable):
@@ -276,8 +397,7 @@ def _guarded(name: str, data: TrialData, gathered: _Gathered, work: Callable):
 
 def _conclude(context: TrialContext, facts: graphs.GraphFacts, options: ScanOptions,
               gathered: _Gathered) -> tuple[list[Finding], list[str]]:
-    skeleton = TrialData(context.trial, _empty_stats(), {}, context.steps, context.graphs, list(context.problems),
-                         locator=gathered.locator)
+    skeleton = _skeleton(context, gathered)
     samples = loading.assemble(context, [loading.chunk_data(t) for t in gathered.samples])
     if gathered.stride > 1:
         samples.subsample = (f"samples of every {_ordinal(gathered.stride)} recorded step only, a subsample that "

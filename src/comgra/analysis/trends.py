@@ -43,38 +43,52 @@ def gradient_levels(data: TrialData, facts: GraphFacts) -> pd.DataFrame | None:
 
 def gradients_from_levels(data: TrialData, facts: GraphFacts, options: ScanOptions,
                           per_node: pd.DataFrame) -> list[Finding]:
-    reference = per_node[per_node["learned"]].groupby(["kind", "training_step"])["log"].max()
-    fallback = per_node.groupby(["kind", "training_step"])["log"].max()
-    reference = reference.reindex(fallback.index).fillna(fallback).rename("reference")
-    per_node = per_node.join(reference, on=["kind", "training_step"])
-    per_node["below"] = per_node["reference"] - per_node["log"]
-    median = per_node.groupby(["kind", "training_step"])["log"].median().rename("median")
-    per_node = per_node.join(median, on=["kind", "training_step"])
-    per_node["above"] = per_node["log"] - per_node["median"]
+    """Judge each node's gradient against its step's: below the largest learned one (vanishing), above the median
+    (exploding). Per kind, one dense array of steps x (node, role): a few bytes per node and step, where
+    pandas' joins on the long table took several copies of it."""
     findings = []
     vanishing, exploding = options.orders(options.vanishing_orders), options.orders(options.exploding_orders)
-    for (kind, node, role), series in per_node.groupby(["kind", "node", "role"], sort=False):
-        if facts.role.get(node) in ("input", "target"):
-            continue  # the gradient of an input says how much the loss depends on it: small is fine
-        for name, column, limit, word in (("vanishing_gradient", "below", vanishing, "below the largest"),
-                                          ("exploding_gradient", "above", exploding, "above the median")):
-            flagged = series[series[column] > limit]
-            if len(flagged) * 2 < len(series) or not len(flagged):
-                continue
-            orders = float(flagged[column].median())
-            steps = sorted(flagged["training_step"].tolist())
-            findings.append(Finding(
-                detector=name, severity="warning", score=min(1.0, len(flagged) / len(series) * orders / (2 * limit)),
-                trial=data.trial, node=node, role=role, kind=kind, training_step=int(steps[0]), steps=steps,
-                iteration=_iteration_of(data, node, kind, int(steps[0])),
-                message=f"The gradient of {node} ({role}) is {orders:.1f} orders of magnitude {word} gradient of "
-                        f"its step in {len(flagged)} of {len(series)} recorded steps "
-                        f"(typically {10 ** float(flagged['log'].median()):.2e}).",
-                evidence={"orders_of_magnitude": orders, "steps_flagged": len(flagged), "steps": len(series),
-                          "median_gradient": 10 ** float(flagged["log"].median()),
-                          "reference_gradient": 10 ** float(flagged["reference"].median())},
-                aggregation="none" if role in _unbatched(data, node) else "abs_max", statistic="abs_mean",
-                column=facts.column.get(node, 0)))
+    for kind, rows in per_node.groupby("kind", sort=False, observed=True):
+        steps, at_step = np.unique(rows["training_step"].to_numpy(np.int64), return_inverse=True)
+        nodes, roles = pd.Categorical(rows["node"]), pd.Categorical(rows["role"])
+        # One column per (node, role), in the order the series first appear.
+        column = pd.factorize(nodes.codes.astype(np.int64) * len(roles.categories) + roles.codes)[0]
+        first_row = np.unique(column, return_index=True)[1]
+        logs = np.full((len(steps), len(first_row)), np.nan)
+        logs[at_step, column] = rows["log"].to_numpy(np.float64)
+        learned = rows["learned"].to_numpy(bool)[first_row]
+        present = ~np.isnan(logs)
+        reference = np.where(present & learned, logs, -np.inf).max(axis=1)
+        reference = np.where(np.isfinite(reference), reference, np.where(present, logs, -np.inf).max(axis=1))
+        median = np.nanmedian(logs, axis=1)  # every step has the value of some node: never an empty row
+        below, above = reference[:, None] - logs, logs - median[:, None]
+        node_names, role_names = nodes[first_row], roles[first_row]
+        for index in range(len(first_row)):
+            node, role = str(node_names[index]), str(role_names[index])
+            if facts.role.get(node) in ("input", "target"):
+                continue  # the gradient of an input says how much the loss depends on it: small is fine
+            recorded = int(present[:, index].sum())
+            for name, distance, limit, word in (("vanishing_gradient", below, vanishing, "below the largest"),
+                                                ("exploding_gradient", above, exploding, "above the median")):
+                flagged = distance[:, index] > limit
+                if int(flagged.sum()) * 2 < recorded or not flagged.any():
+                    continue
+                orders = float(np.median(distance[flagged, index]))
+                flagged_steps = [int(s) for s in steps[flagged]]
+                typical = 10 ** float(np.median(logs[flagged, index]))
+                findings.append(Finding(
+                    detector=name, severity="warning",
+                    score=min(1.0, int(flagged.sum()) / recorded * orders / (2 * limit)),
+                    trial=data.trial, node=node, role=role, kind=str(kind), training_step=flagged_steps[0],
+                    steps=flagged_steps, iteration=_iteration_of(data, node, str(kind), flagged_steps[0]),
+                    message=f"The gradient of {node} ({role}) is {orders:.1f} orders of magnitude {word} gradient of "
+                            f"its step in {int(flagged.sum())} of {recorded} recorded steps "
+                            f"(typically {typical:.2e}).",
+                    evidence={"orders_of_magnitude": orders, "steps_flagged": int(flagged.sum()), "steps": recorded,
+                              "median_gradient": typical,
+                              "reference_gradient": 10 ** float(np.median(reference[flagged]))},
+                    aggregation="none" if role in _unbatched(data, node) else "abs_max", statistic="abs_mean",
+                    column=facts.column.get(node, 0)))
     return findings
 
 
@@ -96,11 +110,22 @@ def growth_candidates(data: TrialData, facts: GraphFacts,
                       options: ScanOptions) -> tuple[list[tuple[str, float, Finding]], pd.DataFrame]:
     """Series that grow by orders of magnitude (kind, last quarter, finding), and every series' value at its
     last step (kind, abs_max): a streamed scan gathers both over its node groups before it judges."""
+    return growth_candidates_from(data, facts, options, growth_steps(data))
+
+
+def growth_steps(data: TrialData) -> pd.DataFrame:
+    """Per kind, node, role and step: the median of the largest value over the step's rows."""
     stats = data.stats
     rows = stats[stats["aggregation"].isin(["mean", "none"]) & np.isfinite(stats["abs_max"])]
     rows = rows[~rows["tensor_type"].isin(NOT_LEARNED)]
     per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True,
                             observed=True)["abs_max"].median().reset_index()
+    return per_step.assign(**{name: per_step[name].astype(str) for name in ("kind", "node", "role")})
+
+
+def growth_candidates_from(data: TrialData, facts: GraphFacts, options: ScanOptions,
+                           per_step: pd.DataFrame) -> tuple[list[tuple[str, float, Finding]], pd.DataFrame]:
+    per_step = per_step.sort_values(["kind", "node", "role", "training_step"], kind="stable", ignore_index=True)
     candidates = []
     limit = options.orders(options.growth_orders)
     last_steps = per_step.groupby(["kind", "node", "role"], observed=True)["training_step"].transform("max")
@@ -138,18 +163,33 @@ COLLAPSE_MIN_SPREAD = 1e-6
 
 def collapse(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
     """The spread over the batch shrinking towards zero: every sample gets the same value."""
+    return collapse_judged(data, facts, options, collapse_steps(data))
+
+
+def collapse_steps(data: TrialData) -> pd.DataFrame:
+    """Per node, role and step: the median over the step's rows of the batch spread averaged over units."""
     spread = data.neurons["std"]
     keys = spread.keys
-    if not len(keys):
-        return []
-    findings = []
-    limit = options.orders(options.collapse_orders)
-    for (node, role), group in keys.groupby(["node", "role"], sort=False):
-        if group["tensor_type"].iloc[0] in NOT_LEARNED or facts.is_loss_like(node):
-            continue
+    parts = []
+    for (node, role), group in keys.groupby(["node", "role"], sort=False, observed=True):
         matrix = spread.matrix(group.index.to_numpy())
         per_row = pd.Series(matrix.mean(axis=1), index=group.index)
         per_step = per_row.groupby(group["training_step"]).median().sort_index()
+        parts.append(pd.DataFrame({"node": str(node), "role": str(role), "tensor_type": str(group["tensor_type"].iloc[0]),
+                                   "training_step": per_step.index.to_numpy(np.int64),
+                                   "spread": per_step.to_numpy(np.float64)}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        {"node": [], "role": [], "tensor_type": [], "training_step": [], "spread": []})
+
+
+def collapse_judged(data: TrialData, facts: GraphFacts, options: ScanOptions,
+                    steps: pd.DataFrame) -> list[Finding]:
+    findings = []
+    limit = options.orders(options.collapse_orders)
+    for (node, role), group in steps.groupby(["node", "role"], sort=False):
+        if group["tensor_type"].iloc[0] in NOT_LEARNED or facts.is_loss_like(node):
+            continue
+        per_step = group.set_index("training_step")["spread"].sort_index()
         values = per_step.to_numpy(np.float64)
         early, late = _quarters(values, options)
         if early is None or late is None or early <= COLLAPSE_MIN_SPREAD or not np.isfinite(late):

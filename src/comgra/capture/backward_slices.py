@@ -30,18 +30,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+Nesting = tuple[list[int], list[int]]  # per call: its enclosing call (-1 for none) and its depth
+
+
 def parents_of(subtree_ends: Sequence[int | None]) -> list[int]:
     """The enclosing call of each call (-1 for none), from the calls in the order they began (pre-order)
     and, per call, the index just past its last nested call (None: not known, taken as no nested call)."""
-    return _parents_and_depths(subtree_ends)[0]
+    return nesting_of(subtree_ends)[0]
 
 
 def attribute(starts: Sequence[float | None], ends: Sequence[float | None], subtree_ends: Sequence[int | None],
-              finishes: Sequence[float] = ()) -> tuple[list[float | None], list[float | None]]:
+              finishes: Sequence[float] = (), nesting: Nesting | None = None
+              ) -> tuple[list[float | None], list[float | None]]:
     """Per call (in the order the calls began): its backward time (its slices and its nested calls'; None
     where neither it nor a nested call was reached by a gradient) and the start of its first slice (its own
-    start, else its nested calls' earliest)."""
-    parents, depths = _parents_and_depths(subtree_ends)
+    start, else its nested calls' earliest). ``nesting``: ``nesting_of(subtree_ends)``, where the caller keeps
+    it for steps of the same shape."""
+    parents, depths = nesting if nesting is not None else nesting_of(subtree_ends)
     own = _own_slices(starts, ends, subtree_ends, finishes, parents, depths)
     total: list[float | None] = [None if start is None else slice_ for start, slice_ in zip(starts, own)]
     first: list[float | None] = list(starts)
@@ -58,7 +63,7 @@ def attribute(starts: Sequence[float | None], ends: Sequence[float | None], subt
     return total, first
 
 
-def _parents_and_depths(subtree_ends: Sequence[int | None]) -> tuple[list[int], list[int]]:
+def nesting_of(subtree_ends: Sequence[int | None]) -> Nesting:
     parents: list[int] = []
     depths: list[int] = []
     stack: list[int] = []

@@ -125,6 +125,11 @@ def row_sums(values: torch.Tensor) -> np.ndarray | None:
 # From this many values on, a call is shared with a helper thread: the sums are bound by memory
 # bandwidth, and a second core reads at about the same speed again (ResNet-18's 11.2M gradient values:
 # 4.0 ms on one core, 2.3 ms on two, measured with the training thread waiting for them).
+# Off by default; ``COMGRA_KERNEL_HELPER=1`` switches it on. Measured side by side with the original on
+# ResNet-18 (benchmarks/recorder_overhead.py, 4 rounds, a busy 2-core machine): with the helper the
+# training thread's CPU per recorded step was 23.7 ms and the process's 42.4 ms, without it 11.7 and
+# 32.1 ms, the wall time the same within the noise (40.8 and 43.7 ms). Where torch uses every core, as
+# a user's torch does by default, there is no idle core for the helper to take.
 SHARE_FROM = 1 << 20
 _HELPER: dict[str, Any] = {"executor": None, "pid": 0}
 
@@ -154,7 +159,8 @@ def many_row_sums(tensors: list[torch.Tensor], *, share: bool = False) -> tuple[
         # Held in names for the call: ``.ctypes.data`` is a bare address, which does not keep its array alive.
         arguments = [np.array(a, dtype=np.int64) for a in (pointers, widths, strides)]
         sizes = np.cumsum(arguments[1]) * rows
-        cut = int(np.searchsorted(sizes, sizes[-1] / 2)) + 1 if share and sizes[-1] >= SHARE_FROM else 0
+        share = share and sizes[-1] >= SHARE_FROM and os.environ.get("COMGRA_KERNEL_HELPER", "0") == "1"
+        cut = int(np.searchsorted(sizes, sizes[-1] / 2)) + 1 if share else 0
         cut = cut if 0 < cut < len(index) else 0
         helper = _helper().submit(_call, kernel[1], arguments, rows, done, 0, cut) if cut else None
         try:

@@ -113,10 +113,10 @@ class Session:
         self.step = StepRecording(training_step, batch_size, type_of_execution, options,
                                   parameter_aliases=modules.aliases)
         self.per_sample_default = per_sample_default
-        for name, parameter in modules.parameters.items():  # a tied parameter once, under its first name
-            node, _ = self.parameter_names[name]
-            self.step.register(Registration(name, -1, node, name, "parameter", "neuron", None, False,
-                                            tuple(parameter.shape), parameter), parameter, live=True)
+        names = self.parameter_names  # a tied parameter once, under its first name
+        self.step.register_parameters([Registration(name, -1, names[name][0], name, "parameter", "neuron", None, False,
+                                                    tuple(parameter.shape), parameter)
+                                       for name, parameter in modules.parameters.items()])
         return True
 
     def register(self, tensor_name: str, tensor: torch.Tensor, *, index_of_batch_dimension: int | None,

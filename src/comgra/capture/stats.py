@@ -8,6 +8,7 @@ the single transfer of the step (``summaries.to_table``).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from dataclasses import dataclass
@@ -42,16 +43,34 @@ class Summary:
 
 def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list[int]) -> Summary:
     """Statistics over the value dimensions of each ``(B, ...)`` tensor, per sample."""
-    flats = [t.detach().reshape(batch_size, -1).float() for t in tensors]
+    flats = [_flat(t, batch_size) for t in tensors]
     sizes = [f.shape[1] for f in flats]
     per_sample = _statistics_of_all(flats)
     kept = [min(size, cap) for size, cap in zip(sizes, max_neurons)]
-    neurons = torch.cat([f[:, :k] for f, k in zip(flats, kept)], dim=1)
+    neurons = _first_values(flats, kept)
     slices, offset = [], 0
     for k in kept:
         slices.append((offset, offset + k))
         offset += k
     return Summary(per_sample, neurons, slices, sizes)
+
+
+def _flat(tensor: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """(B, D) float32 or wider; a view where it can be (a float32 tensor that is contiguous already
+    costs one call instead of three: the summaries of a step flatten a few hundred tensors)."""
+    if tensor.dtype is torch.float32 and not tensor.requires_grad and tensor.is_contiguous():
+        return tensor.view(batch_size, -1)
+    return tensor.detach().reshape(batch_size, -1).float()
+
+
+def _first_values(flats: list[torch.Tensor], kept: list[int]) -> torch.Tensor:
+    """(B, sum of kept): the first ``kept[i]`` values of each row of each flat tensor, side by side. On
+    the CPU in NumPy (a slice there costs a tenth of a torch slice, and a step slices hundreds)."""
+    if flats[0].device.type != "cpu" or any(f.requires_grad or f.dtype is not torch.float32 for f in flats):
+        return torch.cat([f[:, :k] for f, k in zip(flats, kept)], dim=1)
+    rows = flats[0].shape[0]
+    wanted = [f.numpy()[:, :k] for f, k in zip(flats, kept) if k]
+    return torch.from_numpy(np.concatenate(wanted, axis=1) if wanted else np.empty((rows, 0), dtype=np.float32))
 
 
 # Tensors with fewer elements than this share one segment pass (a fixed number of kernels for all of
@@ -164,8 +183,8 @@ def _all_cpu_sums(flats: list[torch.Tensor]) -> np.ndarray:
     (capture/fused.py); the eager path for each tensor it cannot read, where it is not built, and for
     rows with NaN or inf (their sum of |.| is not finite), whose min and max the kernel's comparisons
     would get wrong."""
-    # Shared with a helper thread where the caller waits (the training thread, at record_current_gradients
-    # and finish_batch), never on comgra's own worker, which runs beside the training on purpose.
+    # Shared with a helper thread, where COMGRA_KERNEL_HELPER=1 asks for it (capture/fused.py), only where
+    # the caller waits (the training thread), never on comgra's own worker, which runs beside the training.
     share = not threading.current_thread().name.startswith("comgra-")
     fused = _fused_many_row_sums(flats, share=share) if FUSED else None
     if fused is None:
@@ -370,7 +389,9 @@ def largest_singular_values(matrices: list[torch.Tensor], *, keys: list[object] 
         accelerator = device.type != "cpu"
     if not accelerator:
         keys = keys if keys is not None else [None] * len(matrices)
-        with _one_blas_thread():
+        # The limit costs about 0.3 ms to set and undo: only where a matrix takes the Lanczos steps.
+        iterative = any(min(m.shape[-2:]) > exact_up_to for m in matrices)
+        with _one_blas_thread() if iterative else contextlib.nullcontext():
             return torch.stack([_spectral_norm_cpu(m.detach().float(), key, exact_up_to)
                                 for m, key in zip(matrices, keys)])
     result = torch.empty(len(matrices), device=device)
@@ -414,11 +435,12 @@ def _one_blas_thread() -> Any:
 def _spectral_norm_cpu(matrix: torch.Tensor, key: object, exact_up_to: int) -> torch.Tensor:
     a = matrix if matrix.shape[0] >= matrix.shape[1] else matrix.mT  # vectors of the smaller side
     n = a.shape[1]
-    if n <= exact_up_to:
-        gram = a.mT @ a
-        if not bool(torch.isfinite(gram).all()):  # eigvalsh fails on NaN; matrix_norm gives NaN
+    if n <= exact_up_to:  # in NumPy: a tenth of torch's fixed cost per call at these sizes
+        values = a.detach().numpy().astype(np.float64)
+        gram = values.T @ values
+        if not np.isfinite(gram).all():  # eigvalsh fails on NaN; matrix_norm gives NaN
             return torch.tensor(float("nan"))
-        return torch.linalg.eigvalsh(gram)[-1].clamp_min(0).sqrt()
+        return torch.tensor(math.sqrt(max(float(np.linalg.eigvalsh(gram)[-1]), 0.0)), dtype=torch.float32)
     with _START_LOCK:
         start = _START_VECTORS.get((key, n)) if key is not None else None
     if start is None:

@@ -100,6 +100,24 @@ class StepRecording:
         if tensor.requires_grad and registration.tensor_type != "parameter":
             self._hooks.append(tensor.register_hook(self._gradient_hook(key)))
 
+    def register_parameters(self, registrations: list[Registration]) -> None:
+        """``register(r, r.tensor, live=True)`` for the tracked parameters at the start of a step, without
+        the checks that cannot fail there: nothing is registered yet, and each parameter has a name (and so
+        a role) of its own. A step of ResNet-18 registers 62 of them."""
+        assert not self.registrations, "the parameters come first"
+        for registration in registrations:
+            key, tensor = registration.key, registration.tensor
+            self.registrations[key] = registration
+            self._by_node_role[(registration.node, registration.role)] = [registration]
+            self.latest_by_name[registration.tensor_name] = key
+            self._by_tensor_id.setdefault(id(tensor), key)
+            self._pending_forward.append((registration, tensor))  # type: ignore[arg-type]
+            registration.grad_fn = tensor.grad_fn  # type: ignore[union-attr]
+            if registration.grad_fn is not None:  # a non-leaf "parameter" (a tensor the user tracked so)
+                self.connections.by_grad_fn.setdefault(registration.grad_fn, key)
+            else:
+                self.connections.by_leaf.setdefault(id(tensor), key)
+
     def _capture_value(self, registration: Registration, tensor: torch.Tensor, live: bool) -> None:
         """Fix the recorded value now, so that later in-place ops cannot change it."""
         if live:
@@ -197,8 +215,7 @@ class StepRecording:
     def record_gradients(self, kind: str, zero_non_parameters: bool) -> None:
         if kind not in self.kinds:
             self.kinds.append(kind)
-        items: list[tuple[Registration, torch.Tensor]] = []  # parameters' gradients, computed here
-        private: list[tuple[Registration, torch.Tensor]] = []  # from our hooks (see below)
+        items: list[tuple[Registration, torch.Tensor]] = []
         self._wait_for_parameters()  # record_current_gradients comes after optimizer.step(): long done
         for key, registration in self.registrations.items():
             if registration.tensor_type == "parameter":
@@ -206,20 +223,17 @@ class StepRecording:
             else:
                 grad = self._grads.get(key)
             if grad is not None:
-                (private if registration.tensor_type != "parameter" else items).append((registration, grad))
-        # The parameters' gradients: here, from their values now, all in one batched call. The user holds
-        # them (a later backward pass, clip_grad_norm_ or zero_grad(set_to_none=False) would change them in
+                items.append((registration, grad))
+        # All gradients here, from their values now, in one batched call. The user holds the parameters'
+        # (a later backward pass, clip_grad_norm_ or zero_grad(set_to_none=False) would change them in
         # place, through .data with no version counter to tell), so they cannot wait for a worker. Starting
         # each on the worker as the backward pass made it cost more in all: three checksum passes to prove
         # it unchanged, and a summary call per tensor (measured on ResNet-18: 0.5 ms of fixed cost each).
+        # The gradients from our hooks are here too: on the worker they could overlap only the graph walk,
+        # which is Python as most of their summary is, so the two threads took turns at the GIL; one call
+        # also pays the per-call costs once.
         if items:
             self.blocks += self._summarizer(kind)(items)
-        # The other gradients came from our hooks and nobody else holds them: on the worker, overlapping
-        # the graph walk of finish_iteration, waited for at finish_batch.
-        if private and background.worth_a_thread([t for _, t in private]):
-            self.blocks.append(background.Job(self._summarizer(kind), private))
-        elif private:
-            self.blocks += self._summarizer(kind)(private)
         if zero_non_parameters:
             self._grads.clear()
 

@@ -3,6 +3,7 @@
 DuckDB does the filtering; chunk names carry their step range, so a query for
 one training step opens only the chunks that can hold it, and rows inside a
 chunk are sorted by node so that Parquet statistics let DuckDB skip the rest.
+A series across every step reads its node's row groups directly (``series_read``).
 Small tables (the step index, KPIs, notes) are cached per chunk file: chunks
 are immutable, so a cache entry never goes stale, and a live run's new chunks
 are picked up on the next call.
@@ -28,6 +29,7 @@ import pyarrow.parquet as pq
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
 from comgra.store import validation
+from comgra.store.series_read import SeriesReader
 
 _TENSORS = fmt.SCHEMAS["tensors"]
 log = logging.getLogger("comgra.store")
@@ -101,6 +103,7 @@ class TrialReader:
         # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
         self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
         self._local = threading.local()
+        self._series_reader = SeriesReader()
 
     # -- ranks of a torch.distributed run ---------------------------------------------------------
     def ranks(self) -> list[int]:
@@ -204,9 +207,22 @@ class TrialReader:
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
         filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
                    "aggregation": aggregation, "sample": sample, "rank": rank}
-        table = self._query(self._files("tensors", rank), ["training_step", statistic, "rank"], filters)
+        table = self._series_rows(self._files("tensors", rank), ["training_step", statistic, "rank"], filters)
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
+
+    def _series_rows(self, files: list[Path], columns: list[str], filters: dict[str, Any]) -> pa.Table:
+        """Only the row groups that can hold the node (see ``series_read``). A damaged chunk, or one merged
+        away meanwhile, sends the read through DuckDB's route, which finds and reports it, or lists again."""
+        if self.metadata.get("format_version", fmt.FORMAT_VERSION) < 2:  # format 1 has no rank column
+            return self._query(files, columns, filters)
+        _check_filter_values({k: v for k, v in filters.items() if v is not None})
+        self._series_reader.forget_all_but(files if filters["rank"] is None else self._files("tensors"))
+        try:
+            return self._series_reader.read(files, columns, filters, _TENSORS.empty_table().select(columns))
+        except (OSError, ValueError, pa.ArrowException) as error:
+            log.debug("comgra: series read through DuckDB after %r", error)
+            return self._query(files, columns, filters)
 
     def tensor_chunks(self, rank: int | None = None) -> list[Path]:
         """The visible tensors chunks (a merged chunk hides its parts), sorted: for a scan of a whole

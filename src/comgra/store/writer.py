@@ -35,11 +35,13 @@ class TrialFolderGone(StoreError):
 class _Buffer:
     tables: dict[str, list[pa.Table]] = field(default_factory=lambda: {name: [] for name in fmt.TABLES})
     rows: int = 0
+    bytes: int = 0
     since: float | None = None
 
     def add(self, name: str, table: pa.Table) -> None:
         self.tables[name].append(table)
         self.rows += table.num_rows
+        self.bytes += table.nbytes
         if self.since is None:
             self.since = time.monotonic()
 
@@ -50,6 +52,12 @@ class ChunkWriter:
     ``flush_seconds`` bounds how stale a live view can be at the start of a run. The interval
     then grows with the run's age (a sixteenth of it, at most ``max_flush_seconds``), so that a
     long run leaves tens of chunks rather than thousands: a query across all steps pays per chunk.
+
+    What waits for the next flush is held in memory, so the buffer is also written once it holds
+    ``max_buffered_rows`` rows or ``max_buffered_bytes`` bytes of Arrow data (None: no bound). Without the
+    bytes bound the buffer grew with the interval through the run's first eight minutes (a steady slope of
+    RSS over a long run: benchmarks/long_run_controls.py) and, for a model whose recorded steps take
+    megabytes, held up to 30 s of them. Compaction keeps the extra chunks few.
     """
 
     def __init__(
@@ -59,6 +67,7 @@ class ChunkWriter:
         flush_seconds: float = 2.0,
         max_flush_seconds: float = 30.0,
         max_buffered_rows: int = 100_000,
+        max_buffered_bytes: int | None = 1 << 20,
         max_queued_items: int = 256,
         rank: int = 0,
         merge_every: int = 16,
@@ -69,6 +78,7 @@ class ChunkWriter:
         self.max_flush_seconds = max(flush_seconds, max_flush_seconds)
         self._started = time.monotonic()
         self.max_buffered_rows = max_buffered_rows
+        self.max_buffered_bytes = max_buffered_bytes
         self.rank = rank
         self.error: BaseException | None = None
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max_queued_items)
@@ -161,6 +171,7 @@ class ChunkWriter:
         due = self._buffer.since is not None and (
             time.monotonic() - self._buffer.since >= self._interval()
             or self._buffer.rows >= self.max_buffered_rows
+            or (self.max_buffered_bytes is not None and self._buffer.bytes >= self.max_buffered_bytes)
         )
         if due:
             self._write_buffer()

@@ -1,0 +1,105 @@
+"""A series (one statistic of one tensor over every step, the Graphs plot of a new tensor) reads only the row
+groups that can hold its node, and its values are the store's, compared with every chunk read whole."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from comgra.service import RecordingService, Selection, parse_aggregation
+from comgra.store import GroupReader
+from comgra.store import format as fmt
+
+
+@pytest.fixture(scope="module")
+def long_recording(tmp_path_factory, synthetic):
+    """A transformer of 40 nodes, 60 recorded steps in chunks of 3: 16 merged into one chunk, 4 left as they
+    are (several row groups each, a series in a few of them)."""
+    return synthetic.write_recording(tmp_path_factory.mktemp("series"), synthetic.Options(
+        scale=0.25, nodes=40, trials=1, steps_per_chunk=3, distinct_steps=4))
+
+
+def _whole_chunks(trial) -> pa.Table:
+    """Every row of every visible chunk, read whole with pyarrow (no statistics, no DuckDB)."""
+    return pa.concat_tables([pq.read_table(path) for path in trial.tensor_chunks()])
+
+
+def _expected(rows: pa.Table, node, role, kind, iteration, aggregation, sample, statistic) -> pa.Table:
+    mask = np.ones(rows.num_rows, dtype=bool)
+    for name, value in dict(node=node, role=role, kind=kind, iteration=iteration, aggregation=aggregation,
+                            sample=sample).items():
+        mask &= rows.column(name).to_numpy(zero_copy_only=False) == value
+    chosen = rows.filter(pa.array(mask))
+    order = np.argsort(chosen.column("training_step").to_numpy(), kind="stable")
+    return chosen.take(pa.array(order)).select(["training_step", statistic, "rank"])
+
+
+def _series_keys(rows: pa.Table) -> list[tuple]:
+    keys = rows.select(["node", "role", "kind", "iteration", "aggregation", "sample"]).group_by(
+        ["node", "role", "kind", "iteration", "aggregation", "sample"]).aggregate([]).to_pylist()
+    return [tuple(k.values()) for k in keys]
+
+
+def test_every_series_equals_the_rows_of_the_whole_chunks(long_recording):
+    trial = GroupReader(long_recording).trial(GroupReader(long_recording).trials()[0])
+    assert any("-l1" in p.name for p in trial.tensor_chunks()) and len(trial.tensor_chunks()) >= 3
+    rows = _whole_chunks(trial)
+    keys = _series_keys(rows)
+    assert len(keys) > 300
+    for index, key in enumerate(keys):
+        statistic = ("mean", "max", "abs_mean", "std", "min", "abs_max")[index % 6]
+        got = trial.series(node=key[0], role=key[1], kind=key[2], iteration=key[3], aggregation=key[4],
+                           sample=key[5], statistic=statistic)
+        want = _expected(rows, *key, statistic)
+        assert got.num_rows == want.num_rows == 60, key
+        assert got.column("training_step").equals(want.column("training_step")), key
+        assert np.array_equal(got.column("value").to_numpy(), want.column(statistic).to_numpy(), equal_nan=True), key
+
+
+def test_a_series_reads_only_the_row_groups_of_its_node(long_recording, monkeypatch):
+    trial = GroupReader(long_recording).trial(GroupReader(long_recording).trials()[0])
+    total = sum(pq.read_metadata(p).num_row_groups for p in trial.tensor_chunks())
+    read: list[int] = []
+    original = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
+                        lambda self, groups, **kw: (read.extend(groups), original(self, groups, **kw))[1])
+    table = trial.series(node="block0.fc1", role="block0.fc1", iteration=0, statistic="mean")
+    assert table.num_rows == 60
+    holding = 0  # row groups with a row of the node, counted from the rows of each chunk read whole
+    for path in trial.tensor_chunks():
+        size = pq.read_metadata(path).row_group(0).num_rows
+        rows = np.flatnonzero(pq.read_table(path, columns=["node"]).column("node").to_numpy(zero_copy_only=False)
+                              == "block0.fc1")
+        holding += len(set(rows // size))
+    assert len(read) == holding and holding <= total / 3, (len(read), holding, total)
+
+
+def test_a_damaged_chunk_is_reported_and_the_rest_of_the_series_is_read(tmp_path, synthetic):
+    group = synthetic.write_recording(tmp_path, synthetic.Options(scale=0.1, nodes=40, trials=1, steps_per_chunk=4))
+    trial = GroupReader(group).trial(GroupReader(group).trials()[0])
+    chunks = trial.tensor_chunks()
+    before = trial.series(node="block0.q", role="block0.q", iteration=0)  # footers now kept
+    chunks[1].write_bytes(b"not parquet")
+    after = trial.series(node="block0.q", role="block0.q", iteration=0)
+    assert str(chunks[1]) in trial.problems
+    lost = set(before.column("training_step").to_pylist()) - set(after.column("training_step").to_pylist())
+    first, last = fmt.step_range_of(chunks[1].name)
+    assert lost == {s for s in before.column("training_step").to_pylist() if first <= s <= last} != set()
+
+
+def test_the_plotted_series_of_the_service_is_the_store_s(long_recording):
+    service = RecordingService(long_recording)
+    trial_id = service.group.trials()[0]
+    rows = _whole_chunks(service.trial(trial_id))
+    view = service.resolve({"trial": trial_id, "node_id": "block0.attention", "aggregation": "sample:2"})
+    selection: Selection = view.selection
+    assert (selection.node, selection.aggregation) == ("block0.attention", "sample:2") and not view.notices
+    steps, values = service.statistic_series(trial_id, selection, "abs_max")
+    aggregation, sample = parse_aggregation(selection.aggregation)
+    want = _expected(rows, selection.node, selection.role, selection.kind, selection.data_iteration, aggregation,
+                     sample, "abs_max")
+    assert np.array_equal(steps, want.column("training_step").to_numpy())
+    assert np.array_equal(values, want.column("abs_max").to_numpy().astype(np.float64))
+    assert pc.max(want.column("abs_max")).as_py() > 0
