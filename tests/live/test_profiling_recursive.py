@@ -14,24 +14,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from comgra.analysis import profile as analysis  # noqa: E402
+from sleep_in_backward import SleepInBackward  # noqa: E402
 
 DEPTH = 2  # inner calls below the outer one: DEPTH + 1 calls per step
 STEPS = 2
 FORWARD_SLEEP = 0.010  # per level
 BACKWARD_SLEEP = 0.020  # per level
 SLACK = 0.5  # seconds: a loaded machine may stall a thread, never make a sleep shorter
-
-
-class SleepInBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Any, seconds: float) -> Any:
-        ctx.seconds = seconds
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        time.sleep(ctx.seconds)
-        return grad, None
 
 
 class Recursive(torch.nn.Module):

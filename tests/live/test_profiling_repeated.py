@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from comgra.analysis import profile as analysis  # noqa: E402
+from sleep_in_backward import SleepInBackward  # noqa: E402
 
 CALLS = 3  # of the shared block per step
 STEPS = 3
@@ -22,20 +23,6 @@ FORWARD_SLEEP = 0.010  # the shared block's forward, per call
 BACKWARD_SLEEP = 0.030  # the shared block's backward, per call
 NET_BACKWARD_SLEEP = 0.040  # the net's own backward (outside its children)
 SLACK = 0.5  # seconds: a loaded machine may stall a thread, never make a sleep shorter
-
-
-class SleepInBackward(torch.autograd.Function):
-    """The identity forward; its backward sleeps a known time."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, seconds: float) -> Any:
-        ctx.seconds = seconds
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        time.sleep(ctx.seconds)
-        return grad, None
 
 
 class Shared(torch.nn.Module):
