@@ -14,6 +14,10 @@ it writes a synthetic recording (cached under --out), starts
   until the values element changed (with a pause between clicks, as a user makes);
   a node click's values come from the values route (``/_comgra/values``), timed
   on the server as "node click: values route", the rest from the view callback;
+  each node click is also split into phases from the page's Resource Timing (until the request left,
+  queued, server + network, download, answer until drawn) and its main thread's long tasks;
+  ``--series-off-too`` times the clicks also with the series plot switched off (its callback answered
+  "no update" in the browser), side by side with it on, before and after;
 * the server runs with ``--no-findings-scan``: no findings scan runs beside the clicks (a scan reads
   every chunk once, and costs minutes on the largest recordings). ``--findings-scan`` lets the server
   scan as it does by default, and times the clicks once every trial's scan has finished.
@@ -23,6 +27,7 @@ it writes a synthetic recording (cached under --out), starts
     python benchmarks/app_latency.py                     # 15 nodes, scales 1 and 50
     python benchmarks/app_latency.py --nodes 15 --nodes 40 --nodes 200 --nodes 1000 --scale 1 --scale 50
     python benchmarks/app_latency.py --scale 1 --repeats 10 --no-browser
+    python benchmarks/app_latency.py --nodes 1000 --scale 50 --repeats 25 --no-rss --no-server --series-off-too
 """
 from __future__ import annotations
 
@@ -166,13 +171,13 @@ def _number(text: str) -> float | None:
 
 def urllib_transport(base: str) -> tuple[Callable[[str], Any], Callable[[str, Any], Any]]:
     def get_json(path: str) -> Any:
-        with urllib.request.urlopen(base + path, timeout=60) as response:
+        with urllib.request.urlopen(base + path, timeout=600) as response:
             return json.loads(response.read())
 
     def post_json(path: str, payload: Any) -> Any:
         request = urllib.request.Request(base + path, data=json.dumps(payload).encode(),
                                          headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=600) as response:
             body = response.read()
             return json.loads(body) if body else None
 
@@ -281,12 +286,39 @@ new MutationObserver((mutations) => {
   const changed = mutations.some(m => values.contains(m.target));
   if (changed && window.__comgra.start && !window.__comgra.end) window.__comgra.end = performance.now();
 }).observe(document, {childList: true, subtree: true, characterData: true});
+performance.setResourceTimingBufferSize(100000);
+window.__comgra.longTasks = [];
+try {
+  new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__comgra.longTasks.push([e.startTime, e.duration]); })
+    .observe({type: 'longtask', buffered: true});
+} catch (e) {}
+"""
+# Where a click's time went, from the page's Resource Timing of the values route and its long tasks.
+CLICK_PHASES = """
+() => {
+  const c = window.__comgra;
+  const asks = performance.getEntriesByType('resource').filter(e => e.name.includes('_comgra/values') && e.startTime >= c.start);
+  const busy = c.longTasks.filter(([s, d]) => s < c.end && s + d > c.start).reduce((t, [s, d]) => t + Math.min(s + d, c.end) - Math.max(s, c.start), 0);
+  if (!asks.length) return {"main thread busy in long tasks": busy};
+  const e = asks[0];
+  return {"click until the values request started": e.startTime - c.start,
+          "request queued (no free connection)": e.requestStart - e.startTime,
+          "request until the answer's first byte (server + network)": e.responseStart - e.requestStart,
+          "answer downloaded": e.responseEnd - e.responseStart,
+          "answer until the values changed": c.end - e.responseEnd,
+          "main thread busy in long tasks": busy};
+}
 """
 PAUSE_MS = 500  # a user looks at the numbers before the next click; the plots finish meanwhile
 
 
-def browser_latencies(url: str, repeats: int) -> dict[str, list[float]]:
-    """Page load, node clicks and next-step clicks, timed in the page at 1280x800."""
+def browser_latencies(url: str, repeats: int, series_off_too: bool = False) -> dict[str, list[float]]:
+    """Page load, node clicks and next-step clicks, timed in the page at 1280x800.
+
+    With ``series_off_too`` the clicks are timed in three passes on fresh pages, side by side: with
+    the series plot, with the series plot's callback answered "no update" by the browser itself (so
+    the server never reads a series), and with the series plot again; every pass routes the page's
+    callbacks through the same interception, so that they differ only in the series read."""
     from playwright.sync_api import sync_playwright
 
     results: dict[str, list[float]] = {"page load": [], "node click": [], "next step": []}
@@ -296,23 +328,54 @@ def browser_latencies(url: str, repeats: int) -> dict[str, list[float]]:
             page = browser.new_page()
             page.add_init_script(PAGE_TIMER)
             page.goto(url)
-            page.wait_for_selector("#series-plot .js-plotly-plot")  # idle again before the next load
+            page.wait_for_selector("#series-plot .js-plotly-plot", timeout=120_000)  # idle before the next load
             results["page load"].append(page.evaluate("window.__comgra.loaded"))
             page.close()
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.add_init_script(PAGE_TIMER)
-        page.goto(url)
-        page.wait_for_selector("#series-plot .js-plotly-plot")
-        nodes = page.locator("#dependency-graph [data-node]").evaluate_all("els => els.map(e => e.dataset.node)")
-        random.Random(0).shuffle(nodes)  # near and far nodes, in boxes and not
-        # every click changes the selection; "input" last, where the graph has one
-        nodes = [n for n in nodes if n != "input"] + (["input"] if "input" in nodes else [])
-        for i in range(repeats):
-            results["node click"].append(_click_until_values_change(
-                page, f'#dependency-graph [data-node="{nodes[i % len(nodes)]}"]'))
-            results["next step"].append(_click_until_values_change(page, "#step-next"))
+        if not series_off_too:
+            _click_pass(browser, url, repeats, results, "", None, seed=0)
+        else:  # other nodes in each pass: the service keeps the series it read
+            for seed, (label, series_on) in enumerate(
+                    (("", True), (" (series plot off)", False), (" (series plot on, again)", True))):
+                results.setdefault(f"node click{label}", [])
+                results.setdefault(f"next step{label}", [])
+                _click_pass(browser, url, repeats, results, label, series_on, seed=seed)
         browser.close()
     return results
+
+
+SERIES_OUTPUT = "series-plot.children"  # comgra.server.callbacks: the series plot's Dash output
+
+
+def _click_pass(browser: Any, url: str, repeats: int, results: dict[str, list[float]], label: str,
+                series_on: bool | None, seed: int) -> None:
+    """``repeats`` node clicks and next-step clicks on a fresh page; ``series_on`` False: the series
+    plot's callback requests are answered 204 (Dash's "no update") in the browser, True: sent on through
+    the same interception, None: no interception."""
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.add_init_script(PAGE_TIMER)
+    if series_on is not None:
+        def route(request_route: Any) -> None:
+            body = request_route.request.post_data_json or {}
+            if not series_on and body.get("output") == SERIES_OUTPUT and body.get("changedPropIds"):
+                request_route.fulfill(status=204, body="")
+            else:
+                request_route.continue_()
+        page.route("**/_dash-update-component", route)
+    page.goto(url)
+    page.wait_for_selector("#series-plot .js-plotly-plot")
+    page.wait_for_timeout(4000)  # the previous pass's last series read has ended
+    nodes = page.locator("#dependency-graph [data-node]").evaluate_all("els => els.map(e => e.dataset.node)")
+    random.Random(0).shuffle(nodes)  # near and far nodes, in boxes and not
+    # every click changes the selection; "input" last, where the graph has one
+    nodes = [n for n in nodes if n != "input"] + (["input"] if "input" in nodes else [])
+    nodes = nodes[seed * repeats:] + nodes[:seed * repeats]
+    for i in range(repeats):
+        results[f"node click{label}"].append(_click_until_values_change(
+            page, f'#dependency-graph [data-node="{nodes[i % len(nodes)]}"]'))
+        for phase, ms in page.evaluate(CLICK_PHASES).items():
+            results.setdefault(f"node click{label} · {phase}", []).append(ms)
+        results[f"next step{label}"].append(_click_until_values_change(page, "#step-next"))
+    page.close()
 
 
 def _click_until_values_change(page: Any, selector: str) -> float:
@@ -389,12 +452,14 @@ def measure(scale: float, args: argparse.Namespace, nodes: int = 15, source: Pat
             scan = timed(lambda: urllib.request.urlopen(url.rstrip("/") + "/api/v1/findings", timeout=3600).read())
             rows.append(f"{head} findings scan of every trial, waited for before timing (s, not ms) | "
                         f"{scan / 1000:.1f} | |")
-        for name, samples in server_latencies(client, args.repeats, random.Random(0)).items():
+        if args.no_server:  # as the server timings leave it: the first series read (footers) is done
+            client.trigger(SERIES_OUTPUT, {"shown.data": client.shown()})
+        for name, samples in ({} if args.no_server else server_latencies(client, args.repeats, random.Random(0))).items():
             p50, p95 = percentiles(samples)
             rows.append(f"{head} server: {name} | {p50:.1f} | {p95:.1f} |")
             summary[f"server: {name}"] = f"{p50:.1f} / {p95:.1f}"
         if not args.no_browser:
-            for name, samples in browser_latencies(url, args.repeats).items():
+            for name, samples in browser_latencies(url, args.repeats, args.series_off_too).items():
                 p50, p95 = percentiles(samples)
                 rows.append(f"{head} browser: {name} | {p50:.0f} | {p95:.0f} |")
                 summary[f"browser: {name}"] = f"{p50:.0f} / {p95:.0f}"
@@ -434,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="graph size, repeatable; 15 (default): the tutorial's network, more: a transformer")
     parser.add_argument("--no-browser", action="store_true")
     parser.add_argument("--no-rss", action="store_true", help="skip the memory walk over the steps")
+    parser.add_argument("--no-server", action="store_true", help="skip the server-side timings")
+    parser.add_argument("--series-off-too", action="store_true",
+                        help="time the browser's clicks also with the series plot switched off, side by side")
     parser.add_argument("--findings-scan", action="store_true",
                         help="let the server scan for findings (its default) and time the clicks after the scans")
     parser.add_argument("--baseline-src", type=Path,

@@ -41,17 +41,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import torch
 from scipy.stats import theilslopes
 
-from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 from comgra.recorder import ComgraRecorder
 from comgra.store import GroupReader
 from comgra.store import format as fmt
 from comgra.store.writer import ChunkWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from long_run_controls import writer_buffer_mib  # noqa: E402
+from long_run_controls import make_step, writer_buffer_mib  # noqa: E402
 from process_memory import anonymous_resident_mib, native_heap_mib, resident_mib  # noqa: E402
 
 FLAT_MIB_PER_10K = 0.5  # bound on the slope of RSS over the second half, MiB per 10,000 steps
@@ -70,40 +68,25 @@ def memory_now(trial_dir: Path, recorder: ComgraRecorder) -> dict[str, float]:
     return memory
 
 
-def train(root: Path, steps: int, every: int, leak_bytes: int = 0) -> list[tuple[int, dict[str, float]]]:
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    recorder = ComgraRecorder(root, "long", "trial", DecisionMakerForRecordingsFrequencyPerType(
-        min_training_steps_difference=every))
-    recorder.track_module("model", model)
-    inputs, targets = torch.randn(64, 8, 8), torch.randn(64, 8, 1)
+def train(root: Path, steps: int, every: int, leak_bytes: int = 0) -> tuple[list[tuple[int, dict[str, float]]], float, float]:
+    """The long run: long_run_controls's loop in mode "full" (one loop for both scripts, so the controls
+    measure exactly this run), with memory sampled at every hundredth of the run. Returns the samples, and
+    the wall and CPU seconds of the loop alone (building the model, the optimizer and the recorder, which
+    imports torch._dynamo, comes before it; ``finalize`` after it, as in the controls)."""
+    loop = make_step("full", root, every)
     marks = {steps * q // 100 - 1 for q in range(1, 101)}
     memory, leaked = [], []
     trial_dir = fmt.trial_dir(root / "long", "trial")
+    began, cpu = time.perf_counter(), time.process_time()
     for step in range(steps):
-        x, y = inputs[step % 64], targets[step % 64]
-        recorder.start_batch(step, 8)
-        recorder.start_iteration()
-        recorder.register_tensor("x", x, is_input=True)
-        out = model(x)
-        recorder.register_tensor("out", out)
-        loss = (out - y).pow(2).mean()
-        recorder.register_tensor("loss", loss, is_loss=True)
-        recorder.record_kpi_in_graph("loss", "", loss, record_even_if_recording_is_inactive=True)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        recorder.record_current_gradients("gradients")
-        recorder.finish_iteration()
-        recorder.finish_batch()
+        loop.step(step)
         if leak_bytes:
             leaked.append(bytearray(leak_bytes))  # the positive control: a leak the verdict must see
         if step in marks:
-            memory.append((step + 1, memory_now(trial_dir, recorder)))
-    recorder.finalize()
-    return memory
+            memory.append((step + 1, memory_now(trial_dir, loop.recorder)))
+    seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    loop.finish()
+    return memory, seconds, cpu
 
 
 def flatness(memory: list[tuple[int, dict[str, float]]], name: str = "rss") -> dict[str, float]:
@@ -280,17 +263,19 @@ def main() -> None:
         tracemalloc.start()
 
     began, cpu = time.perf_counter(), time.process_time()
-    memory = train(root, args.steps, args.every, args.leak_bytes_per_step)
+    memory, loop_seconds, loop_cpu = train(root, args.steps, args.every, args.leak_bytes_per_step)
     seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
     print(f"{args.steps} steps, 1 in {args.every} recorded, a KPI every step: {seconds:.1f} s wall, {cpu:.1f} s CPU "
-          f"({seconds / args.steps * 1e6:.0f} us/step) into {root}")
+          f"({seconds / args.steps * 1e6:.0f} us/step; the loop alone {loop_seconds / args.steps * 1e6:.0f} us/step, "
+          f"CPU of every thread {loop_cpu / args.steps * 1e6:.0f} us/step) "
+          f"into {root}")
     compact = print_store(fmt.trial_dir(root / "long", "trial"), memory)
     flat = print_memory(memory)
     print_reader(root / "long")
     app = None
     if not args.no_app:
         short = root / "short"
-        train(short, args.reference_steps, args.every)
+        train(short, args.reference_steps, args.every)  # the app's reference recording
         try:
             app = print_app(root / "long", short / "long", args.repeats, not args.no_browser)
         except Exception as error:  # noqa: BLE001 - the memory and store verdicts above still stand

@@ -44,7 +44,7 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import psutil
 
@@ -52,9 +52,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from process_memory import anonymous_resident_mib, native_heap_mib, resident_mib  # noqa: E402
 
 MODES = ("torch", "inactive", "idle", "kpis", "recording", "full")
-FIGURES = ("rss", "anon", "malloc_used", "buffered", "blocks", "fds", "threads")
-UNITS = {"rss": "MiB", "anon": "MiB", "malloc_used": "MiB", "buffered": "MiB", "blocks": "blocks", "fds": "fds",
-         "threads": "threads"}
+FIGURES = ("rss", "anon", "malloc_used", "arrow", "buffered", "blocks", "fds", "threads")
+UNITS = {"rss": "MiB", "anon": "MiB", "malloc_used": "MiB", "arrow": "MiB", "buffered": "MiB", "blocks": "blocks",
+         "fds": "fds", "threads": "threads"}
 NEVER = 10**12  # a recording gap no run reaches: the first step only is recorded
 
 
@@ -65,6 +65,8 @@ def sample(buffered: Any = None) -> dict[str, float]:
                "threads": float(threading.active_count())}
     if buffered is not None:
         figures["buffered"] = buffered()
+    if "pyarrow" in sys.modules:  # what Arrow's default pool (ARROW_DEFAULT_MEMORY_POOL: mimalloc, jemalloc, system) holds
+        figures["arrow"] = sys.modules["pyarrow"].default_memory_pool().bytes_allocated() / 2**20
     return figures
 
 
@@ -85,9 +87,20 @@ def object_counts() -> dict[str, int]:
     return dict(collections.Counter(type(o).__qualname__ for o in gc.get_objects()))
 
 
-def make_step(mode: str, root: Path, every: int, writer_options: dict[str, Any] | None = None):
-    """The training step of long_run.py for ``mode``, its last call and what the writer holds (None without
-    comgra); the recorder's calls are left out where the mode says."""
+class Loop(NamedTuple):
+    """One training step (``step(number)``), the call that ends the run, and the recorder (None without comgra)."""
+
+    step: Callable[[int], None]
+    finish: Callable[[], None]
+    recorder: Any
+
+
+def make_step(mode: str, root: Path, every: int, writer_options: dict[str, Any] | None = None) -> Loop:
+    """The long run's training step (benchmarks/long_run.py runs ``make_step("full", ...)``) for ``mode``: the
+    recorder's calls are left out where the mode says.
+
+    Everything is built here, before the first step, in every mode: building the optimizer imports
+    torch._dynamo (seconds), which must not fall inside a timed loop in one mode and outside in another."""
     import torch
 
     torch.manual_seed(0)
@@ -103,7 +116,7 @@ def make_step(mode: str, root: Path, every: int, writer_options: dict[str, Any] 
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        return plain, lambda: None, None
+        return Loop(plain, lambda: None, None)
 
     from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
     from comgra.recorder import ComgraRecorder
@@ -135,7 +148,7 @@ def make_step(mode: str, root: Path, every: int, writer_options: dict[str, Any] 
         recorder.record_current_gradients("gradients")
         recorder.finish_iteration()
         recorder.finish_batch()
-    return recorded_step, recorder.finalize, lambda: writer_buffer_mib(recorder)
+    return Loop(recorded_step, recorder.finalize, recorder)
 
 
 def top_tracebacks(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot, count: int = 20) -> list[str]:
@@ -155,10 +168,12 @@ def child(mode: str, steps: int, every: int, trace: bool, snapshots: list[int],
     if trace:
         tracemalloc.start(12)
     root = Path(tempfile.mkdtemp(prefix=f"comgra-controls-{mode}-"))
-    step, finish, buffered = make_step(mode, root, every, writer_options)
+    loop = make_step(mode, root, every, writer_options)
+    step, finish = loop.step, loop.finish
+    buffered = None if loop.recorder is None else (lambda: writer_buffer_mib(loop.recorder))
     marks = {steps * q // 100 for q in range(1, 101)}
     samples, counts, taken = [], {}, {}
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for number in range(steps):
         step(number)
         done = number + 1
@@ -169,10 +184,10 @@ def child(mode: str, steps: int, every: int, trace: bool, snapshots: list[int],
         if trace and done in snapshots:
             gc.collect()
             taken[done] = tracemalloc.take_snapshot()
-    seconds = time.perf_counter() - began
+    seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
     finish()
     shutil.rmtree(root, ignore_errors=True)
-    result: dict[str, Any] = {"mode": mode, "steps": steps, "seconds": seconds, "samples": samples,
+    result: dict[str, Any] = {"mode": mode, "steps": steps, "seconds": seconds, "cpu_seconds": cpu, "samples": samples,
                               "objects": {str(k): v for k, v in counts.items()}}
     if len(taken) == 2:
         first, last = sorted(taken)
@@ -203,7 +218,8 @@ def run_children(modes: list[str], args: argparse.Namespace) -> list[dict[str, A
                 raise SystemExit(f"{out.stem}: the child failed (exit {process.returncode})")
             result = json.loads(out.read_text())
             print(f"{result['mode']:10s} {result['steps']} steps in {result['seconds']:.1f} s "
-                  f"({result['seconds'] / result['steps'] * 1e6:.0f} us/step); load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"({result['seconds'] / result['steps'] * 1e6:.0f} us/step, CPU of every thread "
+                  f"{result['cpu_seconds'] / result['steps'] * 1e6:.0f} us/step); load {os.getloadavg()[0]:.1f}", flush=True)
             results.append(result)
     return results
 

@@ -45,9 +45,9 @@ from comgra.recorder import ComgraRecorder
 VARIANTS = ("none", "off", "on", "on/hooks", "on/10", "resources")
 
 
-def _recorder(root: Path, trial: str, variant: str) -> ComgraRecorder:
+def _recorder(root: Path, trial: str, variant: str, flush_seconds: float) -> ComgraRecorder:
     return ComgraRecorder(root, "bench", trial, DecisionMakerForRecordingsFrequencyPerType(
-        min_training_steps_difference=1000), comgra_is_active=variant != "none",
+        min_training_steps_difference=1000), comgra_is_active=variant != "none", flush_seconds=flush_seconds,
         resource_seconds=1.0 if variant == "resources" else None, max_num_batch_size_to_record=4,
         profile_every=10 if variant == "on/10" else 1)
 
@@ -66,13 +66,13 @@ def _track(recorder: ComgraRecorder, name: str, model: torch.nn.Module, variant:
         forward_wrappers.attach = attach
 
 
-def tutorial_workload(root: Path, variant: str) -> Callable[[int], None]:
+def tutorial_workload(root: Path, variant: str, flush_seconds: float = 2.0) -> Callable[[int], None]:
     from comgra.examples import tutorial
 
     torch.manual_seed(0)
     model = tutorial.SequenceSumNetwork(64, activate_output=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    recorder = _recorder(root, f"tutorial-{variant.replace('/', '-')}", variant)
+    recorder = _recorder(root, f"tutorial-{variant.replace('/', '-')}", variant, flush_seconds)
     _track(recorder, "main_model", model, variant)
     generator = torch.Generator().manual_seed(1)
     batches = [tutorial._make_batch(tutorial.TRAINING_LENGTHS[i % len(tutorial.TRAINING_LENGTHS)], generator,
@@ -86,7 +86,7 @@ def tutorial_workload(root: Path, variant: str) -> Callable[[int], None]:
     return step
 
 
-def transformer_workload(root: Path, variant: str) -> Callable[[int], None]:
+def transformer_workload(root: Path, variant: str, flush_seconds: float = 2.0) -> Callable[[int], None]:
     from transformers import GPT2Config, GPT2LMHeadModel
     from transformers.utils import logging as hf_logging
 
@@ -96,7 +96,7 @@ def transformer_workload(root: Path, variant: str) -> Callable[[int], None]:
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = GPT2LMHeadModel(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    recorder = _recorder(root, f"gpt-{variant.replace('/', '-')}", variant)
+    recorder = _recorder(root, f"gpt-{variant.replace('/', '-')}", variant, flush_seconds)
     _track(recorder, "gpt", model, variant)
     generator = torch.Generator().manual_seed(1)
     tokens = [torch.randint(0, 256, (8, 64), generator=generator) for _ in range(8)]
@@ -117,7 +117,7 @@ def transformer_workload(root: Path, variant: str) -> Callable[[int], None]:
     return step
 
 
-WORKLOADS: dict[str, Callable[[Path, str], Callable[[int], None]]] = {
+WORKLOADS: dict[str, Callable[..., Callable[[int], None]]] = {
     "tutorial": tutorial_workload, "transformer": transformer_workload}
 
 

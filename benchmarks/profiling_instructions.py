@@ -27,12 +27,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 import profiling as bench  # noqa: E402
 
 
+FLUSH_SECONDS_UNDER_VALGRIND = 3600.0
+
+
 def main() -> None:
     variant, steps = sys.argv[1], int(sys.argv[2])
     workload = sys.argv[3] if len(sys.argv) > 3 else "tutorial"
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as root:
-        step = bench.WORKLOADS[workload](Path(root), variant)
+        # Under valgrind a step takes about 50 times as long: the usual 2-s flush would fire on nearly every
+        # step and be counted as per-step cost. One flush at the end instead (finalize, not counted).
+        step = bench.WORKLOADS[workload](Path(root), variant, flush_seconds=FLUSH_SECONDS_UNDER_VALGRIND)
         for index in range(16):  # one pass over the batches: the measured steps see the same lengths
             step(index)
         subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True, check=False)

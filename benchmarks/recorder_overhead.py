@@ -6,12 +6,17 @@ over the rounds, with the spread (lowest-highest) of the rounds beside it.
 
     python benchmarks/recorder_overhead.py [--original-python /path/to/venv-with-comgra-0.11.5/bin/python]
 
-Figures (--parts, any of overhead,recorded,sparse):
+Figures (--parts, any of overhead,recorded,sparse,within,calls):
   * recorded: one recorded step, (time recording every step - time without comgra) / steps, and
     bytes on disk per recorded step, ours against the original 0.11.5 on the same workload, side by
     side with the ratio;
   * sparse: training time recording 1 step in 10 (FrequencyPerType(min_training_steps_difference=10))
-    over the same training without comgra, ours and the original;
+    over the same training without comgra, ours and the original: a ratio with its 95% interval over
+    paired rounds of longer runs, and where the extra time goes (benchmarks/sparse_overhead.py, which
+    prints the same table on its own; --sparse-steps sets the run's length);
+  * within: the same ratio inside one process, blocks with and without comgra in turn (the steady state;
+    far narrower intervals on a noisy machine);
+  * calls: the recorder's calls on a step the policy does not record, microseconds per call;
   * overhead: time with the recorder present but comgra_is_active=False, and recording on the
     tutorial's schedule (FrequencyPerType(min_training_steps_difference=1000)), over no comgra.
 
@@ -29,17 +34,20 @@ import argparse
 import json
 import statistics
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import sparse_overhead  # noqa: E402  (the sparse table and the calls on unrecorded steps)
+
 WORKLOAD_SCRIPT = HERE / "recording_workloads.py"
 WORKLOADS = ("tutorial", "transformer", "resnet18", "gpt")
 # Steps per measurement: enough recorded steps to spread one-time costs, runs of 10-60 s each.
 RECORDED_STEPS = {"tutorial": 40, "transformer": 40, "resnet18": 30, "gpt": 30}
 # Issue 6: one recorded step at most this fraction of the original's, on the wall clock.
 RECORDED_STEP_TARGETS = {"resnet18": 0.10}
-SPARSE_STEPS = {"tutorial": 2000, "transformer": 2000, "resnet18": 100, "gpt": 100}
 
 
 def run(python: str, workload: str, mode: str, steps: int, out: Path, schedule_gap: int = 1000) -> dict:
@@ -90,16 +98,6 @@ def per_recorded_step(pythons: dict[str, str], workload: str, steps: int, rounds
     return {impl: {"costs": costs[impl], "bytes": size[impl]} for impl in pythons}
 
 
-def sparse_ratio(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path,
-                 clocks: list[str] = ["wall"]) -> dict:
-    """Per implementation and clock: time recording 1 step in 10 over time without comgra, per round."""
-    ratios: dict[str, dict[str, list[float]]] = {impl: {c: [] for c in clocks} for impl in pythons}
-    for impl, none, sparse in paired_runs(pythons, workload, steps, rounds, out, "schedule", schedule_gap=10):
-        for clock in clocks:
-            ratios[impl][clock].append(sparse[CLOCKS[clock]] / none[CLOCKS[clock]])
-    return ratios
-
-
 def print_recorded(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path,
                    clocks: list[str] = ["wall"]) -> None:
     print(f"one recorded step, median over {rounds} rounds (spread)")
@@ -123,19 +121,6 @@ def print_recorded(pythons: dict[str, str], workloads: list[str], rounds: int, o
                       f"{ours['bytes'] / original['bytes']:>18.3f}x{verdict}", flush=True)
 
 
-def print_sparse(pythons: dict[str, str], workloads: list[str], rounds: int, out: Path,
-                 clocks: list[str] = ["wall"]) -> None:
-    print(f"training time recording 1 step in 10 / without comgra, median over {rounds} rounds (spread)")
-    print(f"{'workload':<12}{'clock':<6}{'impl':<10}{'steps':>7}{'ratio':>9}{'spread':>15}")
-    for workload in workloads:
-        ratios = sparse_ratio(pythons, workload, SPARSE_STEPS[workload], rounds, out, clocks)
-        for clock in clocks:
-            for impl, by_clock in ratios.items():
-                values = by_clock[clock]
-                print(f"{workload:<12}{clock:<6}{impl:<10}{SPARSE_STEPS[workload]:>7}{statistics.median(values):>8.3f}x"
-                      f"{spread(values, digits=3):>15}", flush=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--original-python", help="python of a venv with comgra==0.11.5 (and torch)")
@@ -150,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parts", default="overhead,recorded,sparse", help="which tables to print")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="for the recorded and sparse tables")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sparse-steps", type=int,
+                        help=f"steps per run of the sparse table (default: {sparse_overhead.STEPS})")
     parser.add_argument("--clocks", default="wall",
                         help="for the recorded and sparse tables, any of wall,cpu,main (see CLOCKS)")
     args = parser.parse_args(argv)
@@ -176,7 +163,13 @@ def main(argv: list[str] | None = None) -> None:
             print_recorded(pythons, workloads, args.rounds, out, clocks)
             print()
         if "sparse" in args.parts:
-            print_sparse(pythons, workloads, args.rounds, out, clocks)
+            sparse_overhead.print_sparse(pythons, workloads, args.rounds, out, clocks, args.sparse_steps)
+        if "within" in args.parts:
+            for workload in workloads:
+                sparse_overhead.print_within(pythons, workload, args.sparse_steps or sparse_overhead.STEPS[workload],
+                                             args.rounds, out)
+        if "calls" in args.parts:
+            sparse_overhead.print_calls()
 
 
 if __name__ == "__main__":

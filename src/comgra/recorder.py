@@ -180,7 +180,8 @@ class ComgraRecorder:
         if self.training_step is not None and training_step <= self.training_step:
             raise RecordingError(f"training_step={training_step} does not increase (the previous step was "
                                  f"{self.training_step}); pass a step counter that grows by at least 1 per call.")
-        if type_of_execution is not None:
+        known = isinstance(type_of_execution, str) and type_of_execution in self._types_seen
+        if type_of_execution is not None and not known:  # a type is checked once, not on every step
             _check_type(type_of_execution)
             self._types_seen.add(type_of_execution)
         self.training_step, self.type_of_execution = training_step, type_of_execution

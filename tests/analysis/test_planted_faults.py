@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from scipy import stats as scipy_stats
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
@@ -189,6 +190,29 @@ def test_per_sample_target_driven_by_one_input_feature_is_found_with_its_sign(tm
     assert top.evidence["samples"] == 20 * 8 and top.evidence["q_value"] < 1e-6
     direction = "high" if sign > 0 else "small"
     assert top.message.startswith(f"difficulty is high when input[2] is {direction} (Spearman")
+
+
+def test_a_target_and_a_feature_that_only_drift_with_the_step_give_no_hint(tmp_path) -> None:
+    """Both move with training (as a loss and an activation do) but, within a step, are independent noise:
+    pooling the samples of every step would show a strong link that is only training progress."""
+    noise = torch.Generator().manual_seed(11)
+    step = iter(range(10**6))
+
+    def register_drifting_pair(recorder, x):
+        drift = 0.0 * x[:, :1] - 0.5 * next(step)  # from the input, so that the graph connects them
+        recorder.register_tensor("difficulty", drift + torch.randn(x.shape[0], 1, generator=noise))
+        recorder.register_tensor("drifting", drift + torch.randn(x.shape[0], 3, generator=noise))
+
+    group = record(tmp_path, "drift", Network(mlp(4, 8, 1), steps=20, extra=register_drifting_pair))
+    hints = of(scan(group, target="difficulty"), "correlation")
+    assert [f.message for f in hints] == []
+    # The drift is there to be mistaken: pooled over steps, the two are almost perfectly ranked together.
+    trial = GroupReader(group).trial("drift")
+    pooled = [[row["mean"] for step in range(20) for row in sorted(
+        trial.selection(training_step=step, node=node, kind="forward", aggregation="sample").to_pylist(),
+        key=lambda row: row["sample"])] for node in ("difficulty", "drifting")]
+    assert len(pooled[0]) == len(pooled[1]) == 20 * 8
+    assert scipy_stats.spearmanr(*pooled).statistic > 0.9
 
 
 def test_unknown_target_names_the_per_sample_tensors(tmp_path) -> None:

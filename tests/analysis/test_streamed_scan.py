@@ -134,3 +134,28 @@ def test_the_correlation_hints_of_a_streamed_scan_name_their_subsample(tmp_path,
     top = hints[0]
     assert (top.node, top.evidence["feature"]) == ("input", "input[2]") and top.evidence["spearman"] > 0.8
     assert top.evidence["samples"] < 40 * 8 / 2  # a subsample of the steps
+
+
+def test_a_streamed_scan_reads_chunks_without_duckdb_and_still_lists_a_damaged_one(tmp_path, monkeypatch) -> None:
+    """DuckDB keeps the Parquet footer of every file it read for as long as the reader lives (about 400 MiB
+    per trial of a long recording): a streamed scan reads the chunks itself; the reader sees only one it
+    cannot open, and lists it."""
+    from comgra.store import format as fmt
+    from comgra.store.reader import TrialReader
+
+    group = record(tmp_path, "dead", _networks()["dead"])
+    damaged = fmt.trial_dir(group, "dead") / "tensors" / fmt.chunk_name(50, 100, 100)
+    damaged.write_bytes(b"not parquet at all")
+    through_reader: list[str] = []
+    read_tensor_chunk = TrialReader.read_tensor_chunk
+
+    def counted(self, path, columns=None):
+        through_reader.append(path.name)
+        return read_tensor_chunk(self, path, columns)
+
+    monkeypatch.setattr(TrialReader, "read_tensor_chunk", counted)
+    _streamed(monkeypatch, BUDGET)
+    result = Scanner().scan(group)
+    assert through_reader == [damaged.name]
+    assert [line for line in result.problems if damaged.name in line and "damaged" in line]
+    assert any(f.detector == "dead_units" for f in result.findings)

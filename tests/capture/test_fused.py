@@ -237,3 +237,48 @@ def test_a_cached_build_is_loaded_by_the_next_process(monkeypatch: pytest.Monkey
     assert len(list((tmp_path / "cache").glob("comgra/kernels/row_sums-*.so"))) == 1
     _fresh_state(monkeypatch, tmp_path)  # as a new process finds the cache
     assert fused.row_sums(torch.ones(1, 10_000)) is not None  # loaded at once, no build thread
+
+
+@st.composite
+def groups_of_rows(draw: st.DrawFn) -> list[np.ndarray]:
+    """Tensors of one batch size with the cases the finishing tells apart: a large offset against a small
+    spread (the variance cancels), NaN, inf, all zeros, negative zeros, one value."""
+    rows = draw(st.integers(1, 5))
+    tensors = []
+    for _ in range(draw(st.integers(1, 6))):
+        width = draw(st.sampled_from([1, 2, 17, 300, 2_000]))
+        seed = draw(st.integers(0, 2**31 - 1))
+        scale, offset = draw(st.sampled_from([1e-4, 1.0, 1e3])), draw(st.sampled_from([0.0, 1.0, 1e2, 1e4]))
+        values = (np.random.default_rng(seed).standard_normal((rows, width)) * scale + offset).astype(np.float32)
+        case = draw(st.sampled_from(["plain", "nan", "inf", "zeros", "negative zeros"]))
+        if case == "nan":
+            values[-1, 0] = np.nan
+        elif case == "inf":
+            values[0, -1] = -np.inf
+        elif case in ("zeros", "negative zeros"):
+            values[:] = 0.0 if case == "zeros" else -0.0
+        tensors.append(values)
+    return tensors
+
+
+@settings(max_examples=150, deadline=None)
+@given(groups_of_rows())
+def test_finish_in_the_kernel_equals_numpy_to_the_bit(kernel: None, arrays: list[np.ndarray]) -> None:
+    """fused.finish gives the NumPy finishing's float32 statistics bit for bit, and leaves to it exactly
+    the tensors that need its exact path (NaN or inf to count, a variance that cancels)."""
+    flats = [torch.from_numpy(a) for a in arrays]
+    sums = stats._all_cpu_sums(flats)
+    widths = np.array([a.shape[1] for a in arrays], dtype=np.float64)
+    expected = stats._finish_on_host(flats, sums, widths[:, None])
+    finished = fused.finish(sums, widths)
+    assert finished is not None
+    result, rare = finished
+    with np.errstate(all="ignore"):
+        shifted = sums[:, 0] / widths[:, None]
+        variance = sums[:, 1] / widths[:, None] - shifted * shifted
+        needs_exact = ~(np.isfinite(sums[:, 2]) & np.isfinite(variance) & (variance * 3 >= shifted * shifted)).all(1)
+    assert rare.tolist() == np.flatnonzero(needs_exact).tolist()
+    common = np.flatnonzero(~needs_exact)
+    np.testing.assert_array_equal(result[:, common].view(np.uint32), expected[:, common].view(np.uint32))
+    # and through the whole path, the rare tensors included
+    np.testing.assert_array_equal(stats._cpu_large_statistics(flats).view(np.uint32), expected.view(np.uint32))

@@ -247,3 +247,31 @@ def test_comgra_toml_sets_the_profiling_defaults(tmp_path: Path, make_recorder: 
     history = recorder.instruments.profiler.history("net.head")
     assert [row["training_step"] for row in history] == [1, 2]
     assert all(row["forward_flops"] == 24 for row in history)  # counted on every step (flops_every_steps = 1)
+
+
+def test_a_plain_step_waits_for_its_flush_without_per_call_objects_the_collector_tracks() -> None:
+    """The marks of steps not flushed yet are tuples of numbers (untracked by the garbage collector), not a list
+    per module call: such lists would reach the collector's oldest generation and trigger full collections."""
+    import gc
+
+    from comgra.capture.layer_calls import LAYER
+    from comgra.capture.profiling import ProfileOptions, Profiler
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    profiler = Profiler(ProfileOptions(flops_every=0))
+    try:
+        profiler.add("net", model)
+        for step in range(3):
+            profiler.start_step(step, detail=False)
+            model(torch.randn(2, 4)).sum().backward()
+            profiler.finish_step()
+        gc.collect()
+        pending = list(profiler._pending)
+        assert len(pending) == 3 and all(capture.calls == 4 for capture in pending)
+        for capture in pending:
+            assert capture.records is None
+            tracked = [field for field, column in enumerate(capture.columns) if gc.is_tracked(column)]
+            assert tracked == [LAYER]  # the layers themselves; every other column holds numbers or None
+        assert len(profiler.history("net.0")) == 3
+    finally:
+        profiler.close()

@@ -76,6 +76,49 @@ def test_a_series_reads_only_the_row_groups_of_its_node(long_recording, monkeypa
     assert len(read) == holding and holding <= total / 3, (len(read), holding, total)
 
 
+def test_a_cancelled_series_read_stops_at_the_next_chunk(long_recording, monkeypatch):
+    """``cancelled()`` turning true after the second chunk: ReadCancelled, and no third chunk is read (the
+    app's series plot of a tensor the user has already left)."""
+    from comgra.store.series_read import ReadCancelled
+
+    trial = GroupReader(long_recording).trial(GroupReader(long_recording).trials()[0])
+    assert len(trial.tensor_chunks()) >= 3
+    read: list[str] = []
+    original = pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups",
+                        lambda self, groups, **kw: (read.append(groups), original(self, groups, **kw))[1])
+    with pytest.raises(ReadCancelled, match="block0.fc1"):
+        trial.series(node="block0.fc1", role="block0.fc1", iteration=0, cancelled=lambda: len(read) >= 2)
+    assert len(read) == 2
+    whole = trial.series(node="block0.fc1", role="block0.fc1", iteration=0, cancelled=lambda: False)
+    assert whole.num_rows == 60
+
+
+def test_the_parsed_footers_kept_stay_within_the_budget(long_recording):
+    """A budget of two footers: two are kept (the first met), the rest are parsed again when read, and
+    every series still equals the rows of the whole chunks; without a budget, one footer per chunk."""
+    from comgra.store.series_read import PARSED_FOOTER_FACTOR, SeriesReader
+
+    trial = GroupReader(long_recording).trial(GroupReader(long_recording).trials()[0])
+    paths = trial.tensor_chunks()
+    sizes = [pq.read_metadata(p).serialized_size * PARSED_FOOTER_FACTOR for p in paths]
+    assert len(paths) >= 3
+    rows = _whole_chunks(trial)
+    empty = rows.schema.empty_table().select(["training_step", "max", "rank"])
+    for budget, kept in ((sizes[0] + sizes[1], 2), (0, 0), (sum(sizes), len(paths))):
+        reader = SeriesReader(footer_budget=budget)
+        for key in _series_keys(rows)[::97][:3]:
+            filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+            got = reader.read(paths, ["training_step", "max", "rank"], filters, empty)
+            want = _expected(rows, *key, "max")
+            assert got.num_rows == want.num_rows == 60, (budget, key)
+            assert sorted(got.column("training_step").to_pylist()) == want.column("training_step").to_pylist()
+            assert np.array_equal(got.column("max").to_numpy(), want.column("max").to_numpy(), equal_nan=True)
+            assert reader.kept_footer_bytes <= budget and len(reader._parsed) == kept, (budget, key)
+    reader.forget_all_but(paths[1:])
+    assert len(reader._parsed) == len(paths) - 1 and reader.kept_footer_bytes == sum(sizes[1:])
+
+
 def test_a_damaged_chunk_is_reported_and_the_rest_of_the_series_is_read(tmp_path, synthetic):
     group = synthetic.write_recording(tmp_path, synthetic.Options(scale=0.1, nodes=40, trials=1, steps_per_chunk=4))
     trial = GroupReader(group).trial(GroupReader(group).trials()[0])

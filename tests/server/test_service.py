@@ -500,7 +500,7 @@ def test_a_whole_trial_read_that_has_not_started_gives_way_to_a_newer_one():
         except ReadSuperseded as error:
             answers[name] = error
 
-    def slow():
+    def slow(_cancelled):  # looks at nothing: ends with its answer however many reads are asked
         release.wait(10)
         return "first"
     try:
@@ -508,12 +508,12 @@ def test_a_whole_trial_read_that_has_not_started_gives_way_to_a_newer_one():
         first.start()
         while not reads._worker_ids:  # the first read has started
             threading.Event().wait(0.01)
-        second = threading.Thread(target=ask, args=("second", lambda: "second"))
+        second = threading.Thread(target=ask, args=("second", lambda _cancelled: "second"))
         second.start()
         while not reads._waiting or reads._waiting[0].running():
             threading.Event().wait(0.01)
         threading.Event().wait(0.05)
-        third = threading.Thread(target=ask, args=("third", lambda: "third"))
+        third = threading.Thread(target=ask, args=("third", lambda _cancelled: "third"))
         third.start()
         second.join(10)
         assert isinstance(answers.get("second"), ReadSuperseded)
@@ -524,3 +524,139 @@ def test_a_whole_trial_read_that_has_not_started_gives_way_to_a_newer_one():
     finally:
         release.set()
         reads.close()
+
+
+def test_a_running_whole_trial_read_stops_when_a_newer_one_is_asked():
+    """A read under way that looks at ``cancelled()`` between its chunks ends with ReadSuperseded as soon
+    as a newer read is asked for, and the newer one runs (a series of seconds nobody would see)."""
+    import threading
+
+    from comgra.service import ReadSuperseded, _LowPriorityReads
+    from comgra.store.series_read import ReadCancelled
+
+    reads = _LowPriorityReads()
+    started, answers = threading.Event(), {}
+    chunks_read = []
+
+    def chunked(cancelled):
+        started.set()
+        for chunk in range(1000):
+            if cancelled():
+                raise ReadCancelled("no longer wanted")
+            chunks_read.append(chunk)
+            threading.Event().wait(0.01)
+        return "all chunks"
+
+    def ask(name, read):
+        try:
+            answers[name] = reads.run(read)
+        except ReadSuperseded as error:
+            answers[name] = error
+    try:
+        first = threading.Thread(target=ask, args=("first", chunked))
+        first.start()
+        assert started.wait(10)
+        ask("second", lambda cancelled: "second")
+        first.join(10)
+        assert isinstance(answers["first"], ReadSuperseded) and answers["second"] == "second"
+        assert len(chunks_read) < 1000
+    finally:
+        reads.close()
+
+
+def test_the_same_series_asked_twice_at_once_is_read_once(recording, monkeypatch):
+    """A node click's series is still being read when the next step's view asks for the same series: the
+    second question waits for the first read (one read, not two of seconds each) and both get its answer,
+    the store's series."""
+    import threading
+
+    service = RecordingService(recording)
+    try:
+        selection = service.resolve({"node_id": "subnet_mem__out"}).selection
+        trial = service.trial(selection.trial)
+        original, calls, release = trial.series, [], threading.Event()
+
+        def slow(**kwargs):
+            calls.append(kwargs["node"])
+            release.wait(10)
+            return original(**kwargs)
+        monkeypatch.setattr(trial, "series", slow)
+        answers = []
+        askers = [threading.Thread(target=lambda: answers.append(service.statistic_series(
+            selection.trial, selection, "max"))) for _ in range(2)]
+        askers[0].start()
+        while not calls:
+            threading.Event().wait(0.01)
+        askers[1].start()
+        threading.Event().wait(0.2)
+        release.set()
+        for asker in askers:
+            asker.join(10)
+        assert calls == [selection.node]
+        expected = GroupReader(recording).trial(selection.trial).series(
+            node=selection.node, role=selection.role, kind=selection.kind, iteration=selection.data_iteration,
+            aggregation="mean", statistic="max")
+        assert len(answers) == 2
+        for steps, values in answers:
+            assert steps.tolist() == expected.column("training_step").to_pylist()
+            assert values.tolist() == pytest.approx(expected.column("value").to_pylist())
+    finally:
+        release.set()
+        service.close()
+
+
+def test_a_series_asked_again_while_its_superseded_read_ends_is_read_anew(recording, monkeypatch):
+    """Node A, then B, then A again, while A's first read is still under way: the first two questions are
+    superseded (the user has moved on), and the third, the latest wish, gets A's series from a new read
+    (joining the dying read would have left the plot without an answer)."""
+    import threading
+
+    from comgra.service import ReadSuperseded
+    from comgra.store.series_read import ReadCancelled
+
+    service = RecordingService(recording)
+    try:
+        first = service.resolve({"node_id": "subnet_mem__out"}).selection
+        other = service.resolve({"node_id": "helper_partial_sums"}).selection
+        trial = service.trial(first.trial)
+        original, calls, let_first_see = trial.series, [], threading.Event()
+
+        def watched(**kwargs):
+            calls.append(kwargs["node"])
+            if len(calls) == 1:
+                let_first_see.wait(10)
+                if kwargs["cancelled"]():
+                    raise ReadCancelled("superseded")
+            return original(**kwargs)
+        monkeypatch.setattr(trial, "series", watched)
+        answers: dict[str, object] = {}
+
+        def ask(name, selection):
+            try:
+                answers[name] = service.statistic_series(selection.trial, selection, "max")
+            except ReadSuperseded as error:
+                answers[name] = error
+        threads = {name: threading.Thread(target=ask, args=(name, selection))
+                   for name, selection in (("A", first), ("B", other), ("A again", first))}
+        threads["A"].start()
+        while not calls:
+            threading.Event().wait(0.01)
+        threads["B"].start()
+        while service._whole_trial_reads.asked < 2:
+            threading.Event().wait(0.01)
+        threads["A again"].start()
+        threading.Event().wait(0.2)  # "A again" has joined A's read
+        let_first_see.set()
+        for thread in threads.values():
+            thread.join(10)
+        assert isinstance(answers["A"], ReadSuperseded) and isinstance(answers["B"], ReadSuperseded)
+        steps, values = answers["A again"]
+        expected = GroupReader(recording).trial(first.trial).series(
+            node=first.node, role=first.role, kind=first.kind, iteration=first.data_iteration,
+            aggregation="mean", statistic="max")
+        assert steps.tolist() == expected.column("training_step").to_pylist()
+        assert values.tolist() == pytest.approx(expected.column("value").to_pylist())
+        assert calls[0] == calls[-1] == first.node and calls.count(first.node) == 2  # B, if it started, stopped
+    finally:
+        let_first_see.set()
+        service.close()

@@ -2,14 +2,19 @@
 
 Every recorded sample of a trial is one observation: the target's value for that sample, and the
 features of every other tensor for the same sample, step and iteration (mean, mean of absolute
-values, min, max, the first units and their absolute values). Spearman's rank correlation
-(scipy.stats) measures each pair; the Benjamini-Hochberg correction accounts for the number of
-features tried. The result is a ranked list of plain sentences with the numbers behind them.
+values, min, max, the first units and their absolute values). Samples are compared only with the
+samples of their own step and iteration: a loss and an activation that both change over training
+rank together across steps whether or not they are linked sample by sample, and that is training
+progress, not a hint. So each pair is measured by a stratified Spearman correlation: both are ranked
+within each step (scipy.stats.rankdata), the ranks centred on their step's mean and pooled, which is
+the partial rank correlation with the step as a factor, tested with Student's t on
+samples - steps - 1 degrees of freedom. The Benjamini-Hochberg correction (scipy.stats) accounts for
+the number of features tried. The result is a ranked list of plain sentences with the numbers behind them.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -22,6 +27,7 @@ from comgra.errors import SelectionError, did_you_mean
 from comgra.store import format as fmt
 
 JOIN = ["training_step", "iteration", "sample", "rank"]
+STRATUM = ["training_step", "iteration"]  # samples that saw the same weights: compared with each other only
 ROW_FEATURES = {"mean": "{node}", "abs_mean": "|{node}|", "min": "the minimum of {node}", "max": "the maximum of {node}"}
 UNIT_FEATURES = 8
 MIN_SAMPLES = 20
@@ -72,10 +78,7 @@ def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
     # One tensor's block at a time: the features of every tensor are never held together.
     features = _features(data, samples, observations, excluded, facts)
     hints = _significant(observations, features, options)
-    findings = []
-    for feature, rho, p_value, q_value, n in hints[: options.correlation_max_hints]:
-        findings.append(_hint(data, facts, target, feature, rho, p_value, q_value, n, target_rows))
-    return findings
+    return [_hint(data, facts, target, hint, target_rows) for hint in hints[: options.correlation_max_hints]]
 
 
 def _features(data: TrialData, samples: pd.DataFrame, observations: pd.DataFrame, excluded: set[str],
@@ -128,65 +131,100 @@ def _unit_features(units: NeuronRows, index: np.ndarray | None, node: str, role:
     return FeatureBlock(features, np.column_stack(columns))
 
 
-def _significant(observations: pd.DataFrame, blocks: Iterable[FeatureBlock], options: ScanOptions):
-    """Spearman's rho and p of every feature against the target, all features of a tensor at once."""
+@dataclass(frozen=True)
+class Hint:
+    feature: Feature
+    rho: float  # the within-step (stratified) Spearman correlation
+    p_value: float
+    q_value: float = 1.0  # after the Benjamini-Hochberg correction over every feature tried
+    samples: int = 0  # the samples compared: those of steps with at least two of them
+    steps: int = 0  # the (step, iteration) pairs they come from
+
+
+def _significant(observations: pd.DataFrame, blocks: Iterable[FeatureBlock], options: ScanOptions) -> list[Hint]:
+    """The within-step Spearman rho and p of every feature against the target, all features of a tensor at
+    once; the strongest feature of each tensor whose link survives the correction for the features tried."""
     target = observations["target"].to_numpy(np.float64)
-    tested = []
+    strata = observations.groupby(STRATUM, sort=False).ngroup().to_numpy()
+    tested: list[Hint] = []
     for block in blocks:
         keep = np.isfinite(target) & np.isfinite(block.values).all(axis=1)
-        if keep.sum() < MIN_SAMPLES or np.ptp(target[keep]) == 0:
-            continue
-        varying = np.ptp(block.values[keep], axis=0) > 0
-        if not varying.any():
-            continue
-        columns = block.values[keep][:, varying]
-        rhos, p_values = _spearman(target[keep], columns)
-        features = [f for f, v in zip(block.features, varying) if v]
-        for feature, r, p_value in zip(features, rhos, p_values):
-            if np.isfinite(r):
-                tested.append((feature, float(r), float(p_value), int(keep.sum())))
+        if keep.sum() >= MIN_SAMPLES:
+            tested += _tested_block(target[keep], block.values[keep], strata[keep], block.features)
     if not tested:
         return []
-    q_values = scipy_stats.false_discovery_control([p for _, _, p, _ in tested], method="bh")
-    best: dict[tuple[str, str], tuple] = {}
+    q_values = scipy_stats.false_discovery_control([hint.p_value for hint in tested], method="bh")
+    best: dict[tuple[str, str], Hint] = {}
     min_rho = min(0.99, options.scaled(options.correlation_min_rho))
-    for (feature, rho, p_value, n), q_value in zip(tested, q_values):
-        if q_value > options.correlation_alpha * options.sensitivity or abs(rho) < min_rho:
+    for hint, q_value in zip(tested, q_values):
+        if q_value > options.correlation_alpha * options.sensitivity or abs(hint.rho) < min_rho:
             continue
-        key = (feature.node, feature.role)
-        if key not in best or abs(rho) > abs(best[key][1]):
-            best[key] = (feature, rho, p_value, float(q_value), n)
-    return sorted(best.values(), key=lambda hint: -abs(hint[1]))
+        key = (hint.feature.node, hint.feature.role)
+        if key not in best or abs(hint.rho) > abs(best[key].rho):
+            best[key] = replace(hint, q_value=float(q_value))
+    return sorted(best.values(), key=lambda hint: -abs(hint.rho))
 
 
-def _spearman(target: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Spearman's rho of ``target`` with each column and its two-sided p-value: Pearson's r of the ranks
-    (``scipy.stats.rankdata``) and Student's t with n - 2 degrees of freedom, as ``scipy.stats.spearmanr``
-    computes them, without the column-by-column matrix it also builds (the most of its time). No
-    warnings machinery: ``warnings.catch_warnings`` is not thread-safe, and trials are scanned in threads."""
-    ranked_target = scipy_stats.rankdata(target)
-    ranked = scipy_stats.rankdata(columns, axis=0)
-    centred_target = ranked_target - ranked_target.mean()
-    centred = ranked - ranked.mean(axis=0)
+def _tested_block(target: np.ndarray, values: np.ndarray, strata: np.ndarray, features: list[Feature]) -> list[Hint]:
+    # A step with one sample has nothing to compare it with: it is left out, and not counted.
+    sizes = np.bincount(strata)
+    compared = sizes[strata] >= 2
+    samples, steps = int(compared.sum()), int((sizes >= 2).sum())
+    if samples < MIN_SAMPLES:
+        return []
+    rhos, p_values = _spearman_within(target[compared], values[compared], strata[compared])
+    return [Hint(feature, float(r), float(p), samples=samples, steps=steps)
+            for feature, r, p in zip(features, rhos, p_values) if np.isfinite(r)]
+
+
+def _ranks_within(values: np.ndarray, strata: np.ndarray) -> np.ndarray:
+    """Each column's ranks within its stratum (ties averaged), centred on the stratum's mean rank.
+
+    One ``scipy.stats.rankdata`` over the stratum and the global rank together: ordering by the pair
+    orders the strata and, inside each, the values, ties kept; centring on the stratum then drops
+    the offset of the strata before it."""
+    ranks = scipy_stats.rankdata(values, axis=0)
+    keyed = strata[:, None].astype(np.float64) * (len(values) + 1) + ranks
+    ranks = scipy_stats.rankdata(keyed, axis=0)
+    sizes = np.bincount(strata).astype(np.float64)
+    means = np.stack([np.bincount(strata, weights=column) for column in ranks.T], axis=1) / sizes[:, None]
+    return ranks - means[strata]
+
+
+def _spearman_within(target: np.ndarray, columns: np.ndarray, strata: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stratified Spearman rho of ``target`` with each column, and its two-sided p-value.
+
+    Pearson's r of the within-stratum centred ranks: the partial rank correlation given the stratum,
+    tested with Student's t on n - strata - 1 degrees of freedom (each stratum's mean costs one), as
+    ``scipy.stats.spearmanr`` tests the unstratified rho on n - 2. A constant column or a target constant
+    within every stratum gives NaN (no test). No warnings machinery: ``warnings.catch_warnings`` is not
+    thread-safe, and trials are scanned in threads."""
+    strata = np.unique(strata, return_inverse=True)[1]  # numbered 0..k-1: no empty stratum to divide by
+    centred_target = _ranks_within(target[:, None], strata)[:, 0]
+    centred = _ranks_within(columns, strata)
+    freedom = len(target) - int(strata.max()) - 2
+    if freedom < 1:
+        return np.full(columns.shape[1], np.nan), np.full(columns.shape[1], np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = (centred_target @ centred) / np.sqrt((centred_target @ centred_target) * (centred * centred).sum(axis=0))
         rho = np.clip(rho, -1.0, 1.0)
-        freedom = len(target) - 2
         t = rho * np.sqrt(freedom / ((1.0 - rho) * (1.0 + rho)))
     return rho, 2 * scipy_stats.t.sf(np.abs(t), freedom)
 
 
-def _hint(data: TrialData, facts: GraphFacts, target: str, feature: Feature, rho: float, p_value: float,
-          q_value: float, n: int, target_rows: pd.DataFrame) -> Finding:
+def _hint(data: TrialData, facts: GraphFacts, target: str, hint: Hint, target_rows: pd.DataFrame) -> Finding:
+    feature, rho = hint.feature, hint.rho
     direction = "high" if rho > 0 else "small"
-    sentence = f"{target} is high when {feature.label} is {direction} (Spearman {rho:+.2f} over {n} samples)"
+    sentence = (f"{target} is high when {feature.label} is {direction} (Spearman {rho:+.2f} within steps, "
+                f"{hint.samples} samples of {hint.steps} {'step' if hint.steps == 1 else 'steps'})")
     worst = target_rows.sort_values("mean", ascending=False).iloc[0]
     step, iteration = int(worst["training_step"]), int(worst["iteration"])
     return Finding(
         detector="correlation", severity="info", score=abs(rho), trial=data.trial, node=feature.node,
         role=feature.role, kind=fmt.FORWARD, training_step=step, steps=[], iteration=iteration,
-        message=sentence + f"; q = {q_value:.1g} after correcting for the features tried" + (
+        message=sentence + f"; q = {hint.q_value:.1g} after correcting for the features tried" + (
             f"; {data.subsample}." if data.subsample else "."),
-        evidence={"target": target, "feature": feature.label, "spearman": rho, "samples": n, "p_value": p_value,
-                  "q_value": q_value, "sentence": sentence},
+        evidence={"target": target, "feature": feature.label, "spearman": rho, "within": "step",
+                  "samples": hint.samples, "steps_compared": hint.steps, "p_value": hint.p_value,
+                  "q_value": hint.q_value, "sentence": sentence},
         aggregation=f"sample:{int(worst['sample'])}", statistic="mean", column=facts.column.get(feature.node, 0))

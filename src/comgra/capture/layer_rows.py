@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from comgra.capture import backward_slices
-from comgra.capture.layer_calls import LAYER, Layer
+from comgra.capture.layer_calls import EXTRA, LAYER, Layer
 from comgra.capture.layer_extras import NO_EXTRA
 from comgra.store import format as fmt
 
@@ -40,16 +40,32 @@ _FINISH, _START = 0, 2  # event kinds, in backward_slices' order at one moment
 
 class StepCapture:
     """The raw marks of one profiled step, until they can be read (on CPU at the next flush; on CUDA once
-    its last event has completed)."""
+    its last event has completed).
 
-    __slots__ = ("step", "records", "finishes", "start", "host_start", "statistics", "grad_norms", "ready")
+    The marks wait as columns (one tuple per field), not as the step's per-call records: a step's records
+    are a few dozen lists that would live until the flush, long enough for the garbage collector to move
+    them to its oldest generation, whose growth triggers full collections of the whole heap (hundreds of
+    milliseconds with torch loaded). Tuples of numbers are not tracked by the collector. The records stay
+    only where a step's statistics or extras refer to them (``drop_records``)."""
+
+    __slots__ = ("step", "records", "columns", "calls", "finishes", "start", "host_start", "statistics",
+                 "grad_norms", "ready")
 
     def __init__(self, step: int, records: list[list[Any]], finishes: list[Any], start: Any, host_start: float):
-        self.step, self.records, self.finishes = step, records, finishes  # finishes: the ends of backward passes
+        self.step, self.finishes = step, finishes  # finishes: the ends of backward passes
+        self.records: list[list[Any]] | None = records
+        self.columns: tuple[tuple[Any, ...], ...] = tuple(zip(*records))  # LAYER ... SUBTREE_END, one tuple each
+        self.calls = len(records)
         self.start, self.host_start = start, host_start
         self.statistics: list[tuple[list[list[Any]], Any]] = []  # (records, host values) per device
         self.grad_norms: list[tuple[list[int], Any]] = []  # (parameter indices, host norms) per device
         self.ready: Any = None  # CUDA: an event recorded after everything of the step
+
+    def drop_records(self) -> None:
+        """Let the per-call records go where nothing but the columns is needed (a plain step)."""
+        plain = not self.columns or self.columns[EXTRA].count(None) == self.calls
+        if plain and not self.statistics and not self.grad_norms:
+            self.records = None
 
 
 class _Shape:
@@ -129,11 +145,10 @@ class LayerRows:
         return _table(columns, self.clock_name), np.array(columns.layer_ids, dtype=np.int64)
 
     def _add(self, columns: _Columns, capture_id: int, capture: StepCapture, clock: Clock) -> None:
-        records = capture.records
-        if not records:
+        if not capture.calls:
             return
         layers, forward_starts, forward_ends, output_bytes, backward_starts, backward_ends, extras, subtree_ends = \
-            zip(*records)
+            capture.columns
         shape = self.shapes.of(layers, subtree_ends)
         offset, seconds = clock(capture)
         finishes = capture.finishes
@@ -141,7 +156,7 @@ class LayerRows:
             forward_starts, forward_ends = tuple(map(seconds, forward_starts)), tuple(map(seconds, forward_ends))
             backward_starts, backward_ends = tuple(map(seconds, backward_starts)), tuple(map(seconds, backward_ends))
             finishes, offset = [moment for moment in map(seconds, finishes) if moment is not None], 0.0
-        count, base = len(records), len(columns.steps)
+        count, base = capture.calls, len(columns.steps)
         columns.steps += [capture.step] * count
         columns.names += shape.names
         columns.layer_ids += shape.layer_ids
@@ -269,7 +284,7 @@ def _extra_columns(capture: StepCapture, extras: Sequence[Any]) -> list[list[Any
     none4 = (None,) * 4
     columns: list[list[Any]] = [[] for _ in range(8)]
     grad_norms: dict[Layer, float | None] = {}
-    for record, extra in zip(capture.records, extras):
+    for record, extra in zip(capture.records or (), extras):
         extra = extra or NO_EXTRA
         layer = record[LAYER]
         if layer not in grad_norms:

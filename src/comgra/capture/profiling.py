@@ -213,6 +213,7 @@ class Profiler:
                                           if r[EXTRA] is not None and r[EXTRA].statistics is not None])
             capture.grad_norms = to_host(list(self._grad_norms.items()))
             self._grad_norms = {}
+        capture.drop_records()
         if self._cuda:
             capture.ready = cuda_event()  # after every mark and copy of the step on this stream
         if not self._pending and not self._tables:
@@ -258,7 +259,7 @@ class Profiler:
             if not force and capture.ready is not None and not capture.ready.query():
                 break  # the GPU is still busy with that step: read it later, never wait for it
             ready.append(self._pending.popleft())
-            self._pending_calls -= len(capture.records)
+            self._pending_calls -= capture.calls
         made = self._rows.convert(ready, self._seconds_of) if ready else None
         if made is not None:
             table, layer_ids = made

@@ -20,6 +20,7 @@ from scipy.linalg import blas, eigh_tridiagonal
 from threadpoolctl import ThreadpoolController
 
 from comgra.capture.fused import ready as _fused_ready
+from comgra.capture.fused import finish as _fused_finish
 from comgra.capture.fused import many_row_sums as _fused_many_row_sums
 
 # Order of the statistics in every result; matches comgra.store.format.STATISTICS.
@@ -86,10 +87,13 @@ CHUNK = 1 << 17
 def _statistics_of_all(flats: list[torch.Tensor]) -> torch.Tensor:
     """(B, S, 8) for S flat (B, D_i) tensors: empty ones NaN, small ones in one segment pass, large
     ones one by one (their results finished together)."""
-    groups: dict[str, list[int]] = {"empty": [], "small": [], "large": []}
     # With the one-pass kernel on the CPU, small tensors join the large ones: one call of the kernel
     # reads them all (ResNet-18's 62 parameters: one call instead of a segment pass and 21 calls).
-    small_below = 0 if FUSED and flats[0].device.type == "cpu" and _fused_ready() else SEGMENT_BELOW
+    fused_on_cpu = FUSED and flats[0].is_cpu and _fused_ready()
+    if fused_on_cpu and all(f.shape[1] for f in flats):  # the usual case: one group, nothing to reorder
+        return torch.from_numpy(_cpu_large_statistics(flats))
+    groups: dict[str, list[int]] = {"empty": [], "small": [], "large": []}
+    small_below = 0 if fused_on_cpu else SEGMENT_BELOW
     for i, f in enumerate(flats):
         groups["empty" if f.shape[1] == 0 else "small" if f.numel() < small_below else "large"].append(i)
     if len(groups["small"]) == 1:  # nothing to share a segment pass with
@@ -145,7 +149,19 @@ def _cpu_large_statistics(flats: list[torch.Tensor]) -> np.ndarray:
     * where |mean| is large against the std (BatchNorm weights near 1), E[x^2] - E[x]^2 would lose
       digits to cancellation: a second pass sums the squared deviations from the mean."""
     sums = _all_cpu_sums(flats)  # (S, 6, B) float64, shifted (see fused.SUMS)
-    widths = np.array([f.shape[1] for f in flats], dtype=np.float64)[:, None]
+    widths = np.array([f.shape[1] for f in flats], dtype=np.float64)
+    finished = _fused_finish(sums, widths) if FUSED else None
+    if finished is None:
+        return _finish_on_host(flats, sums, widths[:, None])
+    result, rare = finished  # the common case in one call of the kernel; the rare tensors as below
+    if len(rare):
+        result[:, rare] = _finish_on_host([flats[i] for i in rare], sums[rare], widths[rare, None])
+    return result
+
+
+def _finish_on_host(flats: list[torch.Tensor], sums: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """(B, S, 8) float32 from the (S, 6, B) sums in NumPy, with the exact work of the rare cases (see
+    ``_cpu_large_statistics``); ``fused.finish`` does the same arithmetic in one call where no rare case is."""
     counts = np.zeros((len(flats), 2, sums.shape[2]))
     with np.errstate(all="ignore"):
         shifted_mean = sums[:, 0] / widths

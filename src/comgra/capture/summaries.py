@@ -51,10 +51,14 @@ def _svd(kind: str, members: list[tuple[Registration, torch.Tensor]], with_svd: 
     if not wanted:
         return None
     device = members[0][1].device
-    values = torch.full((len(members),), float("nan"), device=device)
     # Keyed by name and kind: the next recorded step of the same tensor starts from this one's vector.
     norms = largest_singular_values([members[i][1].reshape(r.shape) for i, r in wanted],
                                     keys=[(kind, r.tensor_name, r.iteration) for _, r in wanted])
+    if device.type == "cpu":  # in NumPy: three torch calls here cost more than the norms of small matrices
+        on_host = np.full(len(members), np.nan, dtype=np.float32)
+        on_host[[i for i, _ in wanted]] = norms.numpy()
+        return torch.from_numpy(on_host)
+    values = torch.full((len(members),), float("nan"), device=device)
     values[to_device(torch.tensor([i for i, _ in wanted]), device)] = norms
     return values
 

@@ -200,18 +200,21 @@ class TrialReader:
 
     def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
                aggregation: str = "mean", sample: int = -1, statistic: str = "mean",
-               rank: int | None = None) -> pa.Table:
+               rank: int | None = None, cancelled: Callable[[], bool] | None = None) -> pa.Table:
         """One statistic of one tensor across every recorded step: columns training_step, value, rank,
-        sorted by rank, then step (``rank=None``: every rank's line)."""
+        sorted by rank, then step (``rank=None``: every rank's line). ``cancelled()``, asked between
+        chunks, ends the read with ``series_read.ReadCancelled`` once it is true."""
         if statistic not in fmt.STATISTICS + ("svd_max",):
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
         filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
                    "aggregation": aggregation, "sample": sample, "rank": rank}
-        table = self._series_rows(self._files("tensors", rank), ["training_step", statistic, "rank"], filters)
+        table = self._series_rows(self._files("tensors", rank), ["training_step", statistic, "rank"], filters,
+                                  cancelled)
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
 
-    def _series_rows(self, files: list[Path], columns: list[str], filters: dict[str, Any]) -> pa.Table:
+    def _series_rows(self, files: list[Path], columns: list[str], filters: dict[str, Any],
+                     cancelled: Callable[[], bool] | None = None) -> pa.Table:
         """Only the row groups that can hold the node (see ``series_read``). A damaged chunk, or one merged
         away meanwhile, sends the read through DuckDB's route, which finds and reports it, or lists again."""
         if self.metadata.get("format_version", fmt.FORMAT_VERSION) < 2:  # format 1 has no rank column
@@ -219,7 +222,8 @@ class TrialReader:
         _check_filter_values({k: v for k, v in filters.items() if v is not None})
         self._series_reader.forget_all_but(files if filters["rank"] is None else self._files("tensors"))
         try:
-            return self._series_reader.read(files, columns, filters, _TENSORS.empty_table().select(columns))
+            return self._series_reader.read(files, columns, filters, _TENSORS.empty_table().select(columns),
+                                            cancelled)
         except (OSError, ValueError, pa.ArrowException) as error:
             log.debug("comgra: series read through DuckDB after %r", error)
             return self._query(files, columns, filters)
