@@ -220,6 +220,19 @@ def within_ratio(result: dict, clock: str) -> float:
     return with_comgra / without
 
 
+def recorded_step_cost(result: dict, clock: str) -> float:
+    """Milliseconds a recorded step adds, from an ``alternating`` run: per pair of blocks (the first left
+    out), the block with the recorder (one step recorded, what it spills into the next steps, nine calls
+    on steps not recorded) minus the block without comgra that follows it. The same process and moment for
+    both, so the process's own speed cancels; fresh-process differences (``--parts recorded``) swing by
+    +-10% of a whole run on these machines, more than a recorded step of ours costs."""
+    times = result["step_wall" if clock == "wall" else "step_main"]
+    pairs = len(times) // (2 * GAP)
+    extra = [sum(times[2 * GAP * k:2 * GAP * k + GAP]) - sum(times[2 * GAP * k + GAP:2 * GAP * (k + 1)])
+             for k in range(1, pairs)]
+    return 1000 * statistics.median(extra)
+
+
 def print_within(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path) -> None:
     print(f"within one process: blocks of {GAP} steps with the recorder (1 recorded, {GAP - 1} not) over the blocks "
           f"without comgra that follow them; {workload}, {steps} steps a run, {rounds} runs")
@@ -232,6 +245,15 @@ def print_within(pythons: dict[str, str], workload: str, steps: int, rounds: int
             mean, low, high = ratio_interval(ratios)
             print(f"{impl:<10}{clock:<6}{mean:>7.3f}x{f'{low:.3f}-{high:.3f}':>17}   "
                   + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+    print(f"the same runs: what one recorded step adds (block with the recorder minus the block without that "
+          f"follows it), median over the pairs of blocks, then over the runs; target ours/original <= 0.10x")
+    costs = {impl: {clock: statistics.median(recorded_step_cost(r, clock) for r in runs) for clock in ("wall", "main")}
+             for impl, runs in results.items()}
+    for clock in ("wall", "main"):
+        cells = "  ".join(f"{impl} {costs[impl][clock]:.1f} ms" for impl in costs)
+        ratio = (f"  ours/original {costs['ours'][clock] / costs['original'][clock]:.3f}x"
+                 if {"ours", "original"} <= costs.keys() and costs["original"][clock] > 0 else "")
+        print(f"  {clock:<5} {cells}{ratio}", flush=True)
 
 
 # -- the recorder's calls on a step it does not record ----------------------------------------------------------

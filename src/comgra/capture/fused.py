@@ -309,12 +309,18 @@ def _compiler() -> str | None:
     return None
 
 
+# No contraction into fused multiply-adds: finish() must give NumPy's results to the bit. The flags are part of
+# the cache key, so a change of them builds anew.
+BUILD_FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC")
+
+
 def _library_path() -> Path | None:
     """Where this source, built by this compiler for this platform, lives in the cache."""
     compiler = _compiler()
     if compiler is None or sys.platform == "win32":
         return None
-    key = hashlib.sha256("\0".join([SOURCE, compiler, platform.machine(), sys.platform]).encode()).hexdigest()[:16]
+    parts = [SOURCE, *BUILD_FLAGS, compiler, platform.machine(), sys.platform]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     return _cache_dir() / f"row_sums-{key}.so"
 
 
@@ -346,8 +352,7 @@ def _compile(library: Path) -> None:
         source.write_text(SOURCE)
         partial = library.parent / f".{library.name}.{os.getpid()}.tmp"
         try:
-            subprocess.run([str(_compiler()), "-O3", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(partial), str(source),
-                            "-lm"],
+            subprocess.run([str(_compiler()), *BUILD_FLAGS, "-o", str(partial), str(source), "-lm"],
                            check=True, capture_output=True, timeout=120)
             os.replace(partial, library)
         finally:
