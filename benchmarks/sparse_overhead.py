@@ -208,29 +208,29 @@ def print_breakdown(pythons: dict[str, str], results: list[dict]) -> None:
 
 
 # -- within one process: blocks with and without comgra in turn -----------------------------------------------
-def within_ratio(result: dict, clock: str) -> float:
-    """Steps with comgra over steps without, from an ``alternating`` run: each block of GAP steps with the
-    recorder (its first step recorded, the rest not) against the block without comgra that follows it.
-    Drift and the process's own luck (its memory layout, its core) hit both alike; the first two blocks
-    (one-time costs) are left out, and so is what spills past the end of a block with the recorder."""
+def block_pairs(result: dict, clock: str) -> list[tuple[float, float]]:
+    """From an ``alternating`` run: per pair of blocks, the seconds of the block of GAP steps with the
+    recorder (its first step recorded, the rest not) and of the block without comgra that follows it. The
+    same process and moment for both, so drift and the process's own luck (its memory layout, its core)
+    hit both alike; the first pair (one-time costs) is left out, and so is what spills past the end of a
+    block with the recorder."""
     times = result["step_wall" if clock == "wall" else "step_main"]
-    pairs = len(times) // (2 * GAP)
-    with_comgra = sum(sum(times[2 * GAP * k:2 * GAP * k + GAP]) for k in range(1, pairs))
-    without = sum(sum(times[2 * GAP * k + GAP:2 * GAP * (k + 1)]) for k in range(1, pairs))
-    return with_comgra / without
+    return [(sum(times[2 * GAP * k:2 * GAP * k + GAP]), sum(times[2 * GAP * k + GAP:2 * GAP * (k + 1)]))
+            for k in range(1, len(times) // (2 * GAP))]
+
+
+def within_ratio(result: dict, clock: str) -> float:
+    """Steps with comgra over steps without, over the pairs of blocks of an ``alternating`` run."""
+    pairs = block_pairs(result, clock)
+    return sum(w for w, _ in pairs) / sum(wo for _, wo in pairs)
 
 
 def recorded_step_cost(result: dict, clock: str) -> float:
-    """Milliseconds a recorded step adds, from an ``alternating`` run: per pair of blocks (the first left
-    out), the block with the recorder (one step recorded, what it spills into the next steps, nine calls
-    on steps not recorded) minus the block without comgra that follows it. The same process and moment for
-    both, so the process's own speed cancels; fresh-process differences (``--parts recorded``) swing by
+    """Milliseconds a recorded step adds: per pair of blocks, the block with the recorder (one step
+    recorded, what it spills into the next steps, nine calls on steps not recorded) minus the block
+    without; the median over the pairs. Fresh-process differences (``--parts recorded``) swing by
     +-10% of a whole run on these machines, more than a recorded step of ours costs."""
-    times = result["step_wall" if clock == "wall" else "step_main"]
-    pairs = len(times) // (2 * GAP)
-    extra = [sum(times[2 * GAP * k:2 * GAP * k + GAP]) - sum(times[2 * GAP * k + GAP:2 * GAP * (k + 1)])
-             for k in range(1, pairs)]
-    return 1000 * statistics.median(extra)
+    return 1000 * statistics.median(w - wo for w, wo in block_pairs(result, clock))
 
 
 def print_within(pythons: dict[str, str], workload: str, steps: int, rounds: int, out: Path) -> None:

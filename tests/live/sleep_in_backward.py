@@ -1,10 +1,13 @@
-"""A custom autograd Function with a known backward time, shared by the profiling tests that check nesting.
+"""What the profiling tests that check nesting share: a custom autograd Function with a known backward
+time, and the profiled training loop that times each step's passes itself.
 
     y = SleepInBackward.apply(x, 0.02)   # y equals x; the backward through it sleeps 0.02 s
+    rows, forward_walls, backward_walls = profiled_steps(net, folder, steps=2)
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,3 +25,30 @@ class SleepInBackward(torch.autograd.Function):
     def backward(ctx: Any, grad: Any) -> Any:
         time.sleep(ctx.seconds)
         return grad, None
+
+
+def profiled_steps(net: torch.nn.Module, folder: Path, steps: int) -> tuple[list[dict[str, Any]], list[float], list[float]]:
+    """The layers rows of ``steps`` steps of ``net`` tracked with profile=True (input ones(2, 4), loss the
+    mean square of its output), and the wall time of each step's forward and backward pass."""
+    from comgra.objects import DecisionMakerForRecordingsHardcoded
+    from comgra.recorder import ComgraRecorder
+
+    recorder = ComgraRecorder(folder, "group", "trial", DecisionMakerForRecordingsHardcoded({0}), resource_seconds=None)
+    recorder.track_module("net", net, profile=True)
+    forward_walls, backward_walls = [], []
+    for step in range(steps):
+        recorder.start_batch(step, 2)
+        recorder.start_iteration()
+        start = time.perf_counter()
+        loss = net(torch.ones(2, 4)).pow(2).mean()
+        forward_walls.append(time.perf_counter() - start)
+        recorder.register_tensor("loss", loss, is_loss=True)
+        recorder.finish_iteration()
+        start = time.perf_counter()
+        loss.backward()
+        backward_walls.append(time.perf_counter() - start)
+        recorder.finish_batch()
+    profiler = recorder.instruments.profiler
+    rows = [row for name in profiler.layer_names for row in profiler.history(name)]
+    recorder.finalize()
+    return rows, forward_walls, backward_walls

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from comgra.analysis import profile as analysis  # noqa: E402
-from sleep_in_backward import SleepInBackward  # noqa: E402
+from sleep_in_backward import SleepInBackward, profiled_steps  # noqa: E402
 
 DEPTH = 2  # inner calls below the outer one: DEPTH + 1 calls per step
 STEPS = 2
@@ -47,31 +47,8 @@ class Net(torch.nn.Module):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[float], list[float]]:
     """The layers rows of STEPS profiled steps, and the wall time of each step's forward and backward pass."""
-    from comgra.objects import DecisionMakerForRecordingsHardcoded
-    from comgra.recorder import ComgraRecorder
-
     torch.manual_seed(0)
-    net = Net()
-    recorder = ComgraRecorder(tmp_path_factory.mktemp("recursive"), "group", "trial",
-                              DecisionMakerForRecordingsHardcoded({0}), resource_seconds=None)
-    recorder.track_module("net", net, profile=True)
-    forward_walls, backward_walls = [], []
-    for step in range(STEPS):
-        recorder.start_batch(step, 2)
-        recorder.start_iteration()
-        start = time.perf_counter()
-        loss = net(torch.ones(2, 4)).pow(2).mean()
-        forward_walls.append(time.perf_counter() - start)
-        recorder.register_tensor("loss", loss, is_loss=True)
-        recorder.finish_iteration()
-        start = time.perf_counter()
-        loss.backward()
-        backward_walls.append(time.perf_counter() - start)
-        recorder.finish_batch()
-    profiler = recorder.instruments.profiler
-    rows = [row for name in profiler.layer_names for row in profiler.history(name)]
-    recorder.finalize()
-    return rows, forward_walls, backward_walls
+    return profiled_steps(Net(), tmp_path_factory.mktemp("recursive"), STEPS)
 
 
 def _outer_calls(rows: list[dict[str, Any]], phase: str) -> list[float]:

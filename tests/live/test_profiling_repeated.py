@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from comgra.analysis import profile as analysis  # noqa: E402
-from sleep_in_backward import SleepInBackward  # noqa: E402
+from sleep_in_backward import SleepInBackward, profiled_steps  # noqa: E402
 
 CALLS = 3  # of the shared block per step
 STEPS = 3
@@ -50,28 +50,8 @@ class Net(torch.nn.Module):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[float]]:
     """The layers rows of STEPS profiled steps, and the wall time of each step's backward pass."""
-    from comgra.objects import DecisionMakerForRecordingsHardcoded
-    from comgra.recorder import ComgraRecorder
-
     torch.manual_seed(0)
-    net = Net()
-    recorder = ComgraRecorder(tmp_path_factory.mktemp("repeated"), "group", "trial",
-                              DecisionMakerForRecordingsHardcoded({0}), resource_seconds=None)
-    recorder.track_module("net", net, profile=True)
-    backward_walls = []
-    for step in range(STEPS):
-        recorder.start_batch(step, 2)
-        recorder.start_iteration()
-        loss = net(torch.ones(2, 4)).pow(2).mean()
-        recorder.register_tensor("loss", loss, is_loss=True)
-        recorder.finish_iteration()
-        start = time.perf_counter()
-        loss.backward()
-        backward_walls.append(time.perf_counter() - start)
-        recorder.finish_batch()
-    profiler = recorder.instruments.profiler
-    rows = [row for name in profiler.layer_names for row in profiler.history(name)]
-    recorder.finalize()
+    rows, _, backward_walls = profiled_steps(Net(), tmp_path_factory.mktemp("repeated"), STEPS)
     return rows, backward_walls
 
 
