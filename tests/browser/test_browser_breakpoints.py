@@ -67,8 +67,11 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
         page.on("request", lambda request: in_flight.add(request))
         page.on("requestfinished", lambda request: in_flight.discard(request))
         page.on("requestfailed", lambda request: in_flight.discard(request))
+        # The app's own poll of the recording is stopped too: a new chunk of the paused step changes the
+        # data version, which re-sets the current trial, and that refreshes this panel as a poll would.
         page.evaluate("window.dash_clientside.set_props('bp-poll', {disabled: true})")
-        page.wait_for_timeout(200)  # a tick due right now is sent, and seen, before the poll stops
+        page.evaluate("window.dash_clientside.set_props('poll', {disabled: true})")
+        page.wait_for_timeout(200)  # a tick due right now is sent, and seen, before the polls stop
         # A poll sent just before the stop would otherwise list what comes next.
         # (page.wait_for_timeout, not time.sleep: Playwright delivers its events only inside its own calls.)
         _wait_for(lambda: page.wait_for_timeout(50) or not in_flight, "the last poll to be answered")
@@ -84,6 +87,7 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
         expect(page.locator("#bp-run-state [data-state]")).to_have_text(re.compile("running|finished"))
 
         page.evaluate("window.dash_clientside.set_props('bp-poll', {disabled: false})")  # the run's own changes
+        page.evaluate("window.dash_clientside.set_props('poll', {disabled: false})")
         expect(page.locator("#bp-run-state [data-state]")).to_have_text("finished", timeout=60000)
         _, errors = process.communicate(timeout=60)
         assert process.returncode == 0, errors[-2000:]
