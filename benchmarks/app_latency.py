@@ -17,7 +17,10 @@ it writes a synthetic recording (cached under --out), starts
   each node click is also split into phases from the page's Resource Timing (until the request left,
   queued, server + network, download, answer until drawn) and its main thread's long tasks;
   ``--series-off-too`` times the clicks also with the series plot switched off (its callback answered
-  "no update" in the browser), side by side with it on, before and after;
+  "no update" in the browser), side by side with it on, before and after; ``--draw-all-too`` times them
+  also with the whole graph drawn (``window.COMGRA_DRAW_ALL``, as before the graph drew only what is in
+  view), side by side with the default, before and after; a node out of view is scrolled to (untimed)
+  before the pause that precedes its click;
 * the server runs with ``--no-findings-scan``: no findings scan runs beside the clicks (a scan reads
   every chunk once, and costs minutes on the largest recordings). ``--findings-scan`` lets the server
   scan as it does by default, and times the clicks once every trial's scan has finished.
@@ -28,6 +31,7 @@ it writes a synthetic recording (cached under --out), starts
     python benchmarks/app_latency.py --nodes 15 --nodes 40 --nodes 200 --nodes 1000 --scale 1 --scale 50
     python benchmarks/app_latency.py --scale 1 --repeats 10 --no-browser
     python benchmarks/app_latency.py --nodes 1000 --scale 50 --repeats 25 --no-rss --no-server --series-off-too
+    python benchmarks/app_latency.py --nodes 1000 --scale 50 --repeats 15 --no-rss --no-server --draw-all-too
 """
 from __future__ import annotations
 
@@ -312,13 +316,15 @@ CLICK_PHASES = """
 PAUSE_MS = 500  # a user looks at the numbers before the next click; the plots finish meanwhile
 
 
-def browser_latencies(url: str, repeats: int, series_off_too: bool = False) -> dict[str, list[float]]:
+def browser_latencies(url: str, repeats: int, series_off_too: bool = False,
+                      draw_all_too: bool = False) -> dict[str, list[float]]:
     """Page load, node clicks and next-step clicks, timed in the page at 1280x800.
 
     With ``series_off_too`` the clicks are timed in three passes on fresh pages, side by side: with
     the series plot, with the series plot's callback answered "no update" by the browser itself (so
     the server never reads a series), and with the series plot again; every pass routes the page's
-    callbacks through the same interception, so that they differ only in the series read."""
+    callbacks through the same interception, so that they differ only in the series read. With
+    ``draw_all_too`` likewise: drawn as by default, with the whole graph drawn, and as by default again."""
     from playwright.sync_api import sync_playwright
 
     results: dict[str, list[float]] = {"page load": [], "node click": [], "next step": []}
@@ -331,14 +337,16 @@ def browser_latencies(url: str, repeats: int, series_off_too: bool = False) -> d
             page.wait_for_selector("#series-plot .js-plotly-plot", timeout=120_000)  # idle before the next load
             results["page load"].append(page.evaluate("window.__comgra.loaded"))
             page.close()
-        if not series_off_too:
-            _click_pass(browser, url, repeats, results, "", None, seed=0)
-        else:  # other nodes in each pass: the service keeps the series it read
-            for seed, (label, series_on) in enumerate(
-                    (("", True), (" (series plot off)", False), (" (series plot on, again)", True))):
-                results.setdefault(f"node click{label}", [])
-                results.setdefault(f"next step{label}", [])
-                _click_pass(browser, url, repeats, results, label, series_on, seed=seed)
+        if series_off_too:
+            passes = [("", True, False), (" (series plot off)", False, False), (" (series plot on, again)", True, False)]
+        elif draw_all_too:
+            passes = [("", None, False), (" (whole graph drawn)", None, True), (" (in view only, again)", None, False)]
+        else:
+            passes = [("", None, False)]
+        for seed, (label, series_on, draw_all) in enumerate(passes):  # other nodes in each pass: the service
+            results.setdefault(f"node click{label}", [])                # keeps the series it read
+            results.setdefault(f"next step{label}", [])
+            _click_pass(browser, url, repeats, results, label, series_on, seed=seed, draw_all=draw_all)
         browser.close()
     return results
 
@@ -347,12 +355,14 @@ SERIES_OUTPUT = "series-plot.children"  # comgra.server.callbacks: the series pl
 
 
 def _click_pass(browser: Any, url: str, repeats: int, results: dict[str, list[float]], label: str,
-                series_on: bool | None, seed: int) -> None:
+                series_on: bool | None, seed: int, draw_all: bool = False) -> None:
     """``repeats`` node clicks and next-step clicks on a fresh page; ``series_on`` False: the series
     plot's callback requests are answered 204 (Dash's "no update") in the browser, True: sent on through
-    the same interception, None: no interception."""
+    the same interception, None: no interception; ``draw_all``: the whole graph drawn, not only the view."""
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     page.add_init_script(PAGE_TIMER)
+    if draw_all:
+        page.add_init_script("window.COMGRA_DRAW_ALL = true;")
     if series_on is not None:
         def route(request_route: Any) -> None:
             body = request_route.request.post_data_json or {}
@@ -364,25 +374,84 @@ def _click_pass(browser: Any, url: str, repeats: int, results: dict[str, list[fl
     page.goto(url)
     page.wait_for_selector("#series-plot .js-plotly-plot")
     page.wait_for_timeout(4000)  # the previous pass's last series read has ended
-    nodes = page.locator("#dependency-graph [data-node]").evaluate_all("els => els.map(e => e.dataset.node)")
+    nodes = page.evaluate(SHOWN_NODES)  # drawn or not: the graph draws only what is in view
     random.Random(0).shuffle(nodes)  # near and far nodes, in boxes and not
     # every click changes the selection; "input" last, where the graph has one
     nodes = [n for n in nodes if n != "input"] + (["input"] if "input" in nodes else [])
     nodes = nodes[seed * repeats:] + nodes[:seed * repeats]
     for i in range(repeats):
+        node = nodes[i % len(nodes)]
+        cpu = ChromiumCpu()
         results[f"node click{label}"].append(_click_until_values_change(
-            page, f'#dependency-graph [data-node="{nodes[i % len(nodes)]}"]'))
+            page, f'#dependency-graph [data-node="{node}"]', reveal=node, cpu=cpu))
+        results.setdefault(f"node click{label} · {CPU_ROW}", []).append(cpu.ms)
         for phase, ms in page.evaluate(CLICK_PHASES).items():
             results.setdefault(f"node click{label} · {phase}", []).append(ms)
-        results[f"next step{label}"].append(_click_until_values_change(page, "#step-next"))
+        results[f"next step{label}"].append(_click_until_values_change(page, "#step-next", cpu=cpu))
+        results.setdefault(f"next step{label} · {CPU_ROW}", []).append(cpu.ms)
     page.close()
 
 
-def _click_until_values_change(page: Any, selector: str) -> float:
-    """Milliseconds, measured in the page, from the click event until the values panel changed."""
+# The nodes a user can click (those in closed boxes are not shown), in the order of the graph document.
+SHOWN_NODES = """() => { const s = window.comgraGraph.state;
+  return s.doc.nodes.map(n => n.id).filter(id => s.layout.nodes[id] && !s.layout.nodes[id].hidden); }"""
+
+
+REVEAL = """async id => {
+  if (window.comgraGraph.reveal) window.comgraGraph.reveal(id);
+  else { const e = document.querySelector(`#dependency-graph [data-node="${id}"]`); if (e) e.scrollIntoView({block: 'nearest', inline: 'center'}); }
+  for (let i = 0; i < 2; i++) await new Promise(done => requestAnimationFrame(done));
+}"""
+REVEAL_MS = 100  # from the scroll that brings a node into view until the click on it (the mouse moves)
+
+
+CPU_ROW = "CPU time of all Chromium processes, click until the values changed (less sensitive to load)"
+
+
+class ChromiumCpu:
+    """CPU milliseconds (user + system) that this script's Chromium processes spent between ``start()`` and
+    ``stop()``: on a shared machine a click's wall time mostly measures the other users, its CPU time less so."""
+
+    def __init__(self) -> None:
+        self.ms = float("nan")
+        self._before = 0.0
+
+    @staticmethod
+    def _total() -> float:
+        import psutil
+
+        total = 0.0
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if "chrom" in child.name().lower():
+                    times = child.cpu_times()
+                    total += times.user + times.system
+            except psutil.Error:
+                pass
+        return total * 1000
+
+    def start(self) -> None:
+        self._before = self._total()
+
+    def stop(self) -> None:
+        self.ms = self._total() - self._before
+
+
+def _click_until_values_change(page: Any, selector: str, reveal: str | None = None,
+                               cpu: ChromiumCpu | None = None) -> float:
+    """Milliseconds, measured in the page, from the click event until the values panel changed. ``reveal``:
+    a node scrolled into view (and drawn) after the pause and before the click, untimed, as a user scrolls
+    to it first. ``cpu``: Chromium's CPU time from just before the click until the values changed."""
     page.wait_for_timeout(PAUSE_MS)
+    if reveal is not None:
+        page.evaluate(REVEAL, reveal)
+        page.wait_for_timeout(REVEAL_MS)
+    if cpu is not None:
+        cpu.start()
     page.click(selector)
-    page.wait_for_function("window.__comgra.end > 0", timeout=10_000)
+    page.wait_for_function("window.__comgra.end > 0", timeout=10_000, polling="raf")
+    if cpu is not None:
+        cpu.stop()
     return page.evaluate("window.__comgra.end - window.__comgra.start")
 
 
@@ -459,7 +528,7 @@ def measure(scale: float, args: argparse.Namespace, nodes: int = 15, source: Pat
             rows.append(f"{head} server: {name} | {p50:.1f} | {p95:.1f} |")
             summary[f"server: {name}"] = f"{p50:.1f} / {p95:.1f}"
         if not args.no_browser:
-            for name, samples in browser_latencies(url, args.repeats, args.series_off_too).items():
+            for name, samples in browser_latencies(url, args.repeats, args.series_off_too, args.draw_all_too).items():
                 p50, p95 = percentiles(samples)
                 rows.append(f"{head} browser: {name} | {p50:.0f} | {p95:.0f} |")
                 summary[f"browser: {name}"] = f"{p50:.0f} / {p95:.0f}"
@@ -502,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-server", action="store_true", help="skip the server-side timings")
     parser.add_argument("--series-off-too", action="store_true",
                         help="time the browser's clicks also with the series plot switched off, side by side")
+    parser.add_argument("--draw-all-too", action="store_true",
+                        help="time the browser's clicks also with the whole graph drawn (as before the graph drew "
+                             "only what is in view), side by side")
     parser.add_argument("--findings-scan", action="store_true",
                         help="let the server scan for findings (its default) and time the clicks after the scans")
     parser.add_argument("--baseline-src", type=Path,

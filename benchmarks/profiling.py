@@ -10,7 +10,9 @@ the writer's Parquet work for the ``layers`` table does not):
 
   none       the recorder present with comgra_is_active=False (no comgra)
   off        comgra recording on the tutorial's sparse schedule, modules tracked, profiling off
-  on         the same with track_module(..., profile=True)
+  on         the same with track_module(..., profile=True) (backward marks by the C++ marker, once built)
+  on/py      ``on`` with the Python hook as the backward marker (what ``on`` was before the C++ marker, and
+             what it is where no C++ compiler builds it)
   on/hooks   ``on`` measured by forward hooks instead of the class-level forward wrappers (the fallback
              path, and what every module used before the wrappers): what the wrappers save
   on/10      profiling every 10th step (profile_every=10)
@@ -39,10 +41,11 @@ from typing import Any
 import torch
 
 import comgra
+from comgra.capture import native_marker
 from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 from comgra.recorder import ComgraRecorder
 
-VARIANTS = ("none", "off", "on", "on/hooks", "on/10", "resources")
+VARIANTS = ("none", "off", "on", "on/py", "on/hooks", "on/10", "resources")
 
 
 def _recorder(root: Path, trial: str, variant: str, flush_seconds: float) -> ComgraRecorder:
@@ -55,6 +58,8 @@ def _recorder(root: Path, trial: str, variant: str, flush_seconds: float) -> Com
 def _track(recorder: ComgraRecorder, name: str, model: torch.nn.Module, variant: str) -> None:
     if variant != "on/hooks":
         recorder.track_module(name, model, profile=variant.startswith("on"))
+        if variant == "on/py":
+            recorder.instruments.profiler._marks.native_allowed = False  # type: ignore[union-attr]
         return
     from comgra.capture import forward_wrappers
 
@@ -159,9 +164,10 @@ def report(workload: str, measured: dict[str, dict[str, list[float]]]) -> str:
                   f"({statistics.median(values) / median_off:.3f}x), best {min(values) * 1e3:7.2f} ms "
                   f"({min(values) / best_off:.3f}x), paired {_paired(values, times['off']):.3f}x"
                   for variant, values in times.items()]
-    lines.append(f"  target (profiling on every step at most 1.10x 'off'): {workload} on = "
-                 + ", ".join(f"{_paired(times['on'], times['off']):.3f}x {clock} (paired)"
-                             for clock, times in measured.items()))
+    for variant in ("on", "on/py"):
+        lines.append(f"  target (profiling on every step at most 1.10x 'off'): {workload} {variant:5s} = "
+                     + ", ".join(f"{_paired(times[variant], times['off']):.3f}x {clock} (paired)"
+                                 for clock, times in measured.items()))
     return "\n".join(lines)
 
 
@@ -209,6 +215,8 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     args = parser.parse_args(arguments)
     torch.set_num_threads(1)
+    native = native_marker.ensure_built()
+    print(f"backward marker of 'on': {'C++ (native_marker)' if native else 'Python hook (the C++ marker could not be built)'}")
     print(f"time per training step: median and best of {args.rounds} interleaved rounds of {args.steps} steps; "
           "ratios to 'off' (comgra on, profiling off)")
     with tempfile.TemporaryDirectory() as root:

@@ -7,8 +7,11 @@ handler (what the class-level forward wrapper calls for each module call) replac
   wrap       the forward wrappers installed, the handler only calls the forward
   time       + a record per call with two clock reads, into the step's records (the step's end and the rows
              at flush run on them: no backward marks)
-  mark       + the backward marker on the output (the full lean path without the tracing checks and bytes)
-  full       the profiler as it is
+  mark       + the backward marker on the output (the full lean path without the tracing checks and bytes):
+             the C++ marker of ``comgra.capture.native_marker``
+  mark/py    the same with the Python hook as the marker (what every step used before the C++ marker)
+  full       the profiler as it is (the C++ marker)
+  full/py    the profiler as it is with the Python hook as the marker
   full/drop  the profiler as it is, the step's records dropped at its end (per-call cost only)
 
 The variants alternate step by step; each step's CPU time of the training thread is kept by batch (the
@@ -36,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from profiling import tutorial_workload  # noqa: E402
 
+from comgra.capture import native_marker  # noqa: E402
 from comgra.capture.layer_calls import FORWARD_END, SUBTREE_END, CallMarks, Layer  # noqa: E402
 
 FULL_HANDLER = CallMarks.forward_handler
@@ -58,15 +62,19 @@ def _timing(marks: CallMarks, layer: Layer, *, mark: bool = False) -> Any:
         records.append(record)
         output = forward(module, *args, **kwargs)
         record[FORWARD_END], record[SUBTREE_END] = clock(), len(records)
-        if mark and type(output) is torch.Tensor and output.grad_fn is not None:
-            marks.mark_backward_start(output, output.grad_fn, record)
+        if mark and type(output) is torch.Tensor:
+            if marks.native_step:  # as the profiler's lean path does
+                marks.native.mark(output, record)
+            elif output.grad_fn is not None:
+                marks.mark_backward_start(output, output.grad_fn, record)
         return output
     return handler
 
 
 HANDLERS: dict[str, Any] = {
     "off": None, "wrap": _wrap_only, "time": _timing,
-    "mark": lambda marks, layer: _timing(marks, layer, mark=True), "full": FULL_HANDLER, "full/drop": FULL_HANDLER}
+    "mark": lambda marks, layer: _timing(marks, layer, mark=True), "mark/py": lambda marks, layer: _timing(
+        marks, layer, mark=True), "full": FULL_HANDLER, "full/py": FULL_HANDLER, "full/drop": FULL_HANDLER}
 
 
 def _make(root: Path, variant: str) -> Callable[[int], None]:
@@ -78,6 +86,8 @@ def _make(root: Path, variant: str) -> Callable[[int], None]:
         step = tutorial_workload(folder, "off" if variant == "off" else "on")
     finally:
         CallMarks.forward_handler = FULL_HANDLER  # type: ignore[method-assign]
+    if variant != "off":
+        step.recorder.instruments.profiler._marks.native_allowed = not variant.endswith("/py")  # type: ignore[attr-defined]
     if variant == "full/drop":
         marks = step.recorder.instruments.profiler._marks  # type: ignore[attr-defined]
         close = marks.close
@@ -120,6 +130,8 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument("--no-gc", action="store_true", help="the cyclic garbage collector off while measuring")
     args = parser.parse_args(arguments)
     torch.set_num_threads(1)
+    if not native_marker.ensure_built():
+        print("the C++ backward marker could not be built here: 'mark' and 'full' use the Python hook as well")
     if args.no_gc:
         gc.disable()
     with tempfile.TemporaryDirectory() as root:

@@ -18,6 +18,7 @@ compaction). ``training`` is the rest of the step: the model itself.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
 import threading
@@ -58,6 +59,8 @@ def _instrument() -> None:
         setattr(recorder.ComgraRecorder, name, _timed(name, getattr(recorder.ComgraRecorder, name)))
     # Inside the calls above (same thread) or on the worker (background Job).
     stats._cpu_large_statistics = _timed("  statistics: large tensors", stats._cpu_large_statistics)
+    if hasattr(stats, "_summary_in_the_kernel"):  # the summary with no views (absent before it existed)
+        stats._summary_in_the_kernel = _timed("  statistics: kernel, no views", stats._summary_in_the_kernel)
     stats._GROUP_STATISTICS["large"] = stats._large_statistics = _timed(
         "  statistics: large (all)", stats._large_statistics)
     stats._GROUP_STATISTICS["small"] = _timed("  statistics: small tensors", stats._GROUP_STATISTICS["small"])
@@ -74,11 +77,31 @@ def _instrument() -> None:
     writer.ChunkWriter._merge = _timed("writer thread:   of which merges", writer.ChunkWriter._merge)
 
 
+def _time_garbage_collections() -> None:
+    """The garbage collector's passes, by generation, on the clocks of the thread that triggered them (a
+    recorded step that holds many Python objects at once makes the collector run; without comgra a step of
+    these workloads holds too few to make it run at all)."""
+    started: dict[int, tuple[float, float]] = {}
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        thread = threading.get_ident()
+        if phase == "start":
+            started[thread] = (time.perf_counter(), time.thread_time())
+        elif thread in started:
+            wall, cpu = started.pop(thread)
+            total = _TOTALS[f"garbage collector, generation {info['generation']}"]
+            total[0] += time.perf_counter() - wall
+            total[1] += time.thread_time() - cpu
+            total[2] += 1
+    gc.callbacks.append(callback)
+
+
 def measure(workload: str, steps: int, warmup: int, out: Path) -> dict[str, Any]:
     import torch
     import comgra
     from comgra import objects
     _instrument()
+    _time_garbage_collections()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     model_class, step_function = workloads.WORKLOADS[workload]
@@ -126,6 +149,8 @@ def _order(part: str) -> tuple[int, str]:
         return names.index(part) * 2, part
     if part.startswith("  "):
         return 20, part
+    if part.startswith("garbage"):
+        return 40, part
     return 30, part
 
 

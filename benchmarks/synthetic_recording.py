@@ -18,7 +18,10 @@ flush every ``--steps-per-chunk`` recorded steps. The values are normal draws ar
 ``--distinct-steps K`` only the first K steps draw their own and every later step repeats step
 ``index % K``'s values under its own training step (a cheap deterministic pattern: the files have the
 shape, rows and chunk layout of a real run of that length; only the numbers repeat, so they compress
-somewhat better than a real run's would). ``--jobs 2`` writes the trials in two processes (the same
+somewhat better than a real run's would). A repeated step shuffles its recorded samples, tensor by tensor
+(``shuffled_samples``): a real run's steps see new samples, and steps that paired every tensor's samples
+the same way would link any two tensors sample by sample, so a scan would find correlation hints at
++-1.00 that come from the copying. ``--jobs 2`` writes the trials in two processes (the same
 files as one process writes). ``--progress`` prints how far each trial is.
 
 Where the time goes (profiled with cProfile, 40 nodes): with ``--distinct-steps 8`` building the rows is
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import multiprocessing
 import shutil
@@ -567,7 +571,7 @@ class PresortedChunks:
         column = template.schema.get_field_index("training_step")
         # write_trial records every tenth training step: step ``index`` is training step 10 * index
         steps = pc.add(template.column(column), pa.scalar(10 * chunk_start, pa.int64()))
-        table = template.set_column(column, template.schema.field(column), steps)
+        table = shuffled_samples(template.set_column(column, template.schema.field(column), steps))
         bounds = pc.min_max(steps)
         name = fmt.chunk_name(self._next_seq(), bounds["min"].as_py(), bounds["max"].as_py(), self.writer.rank)
         fmt.write_parquet_atomic(self.directory / "tensors" / name, table, row_group_size=fmt.TENSOR_ROW_GROUP)
@@ -602,8 +606,65 @@ def _reused(made: list[pa.Table], index: int, training_step: int, options: Optio
         return None
     table = made[index % len(made)]
     column = table.schema.get_field_index("training_step")
-    return table.set_column(column, table.schema.field(column), pa.array(np.full(table.num_rows, training_step),
-                                                                          table.schema.field(column).type))
+    return shuffled_samples(table.set_column(column, table.schema.field(column), pa.array(
+        np.full(table.num_rows, training_step), table.schema.field(column).type)))
+
+
+# -- the samples of a repeated step ----------------------------------------------------------------
+ORDERS = np.array(list(itertools.permutations(range(SAMPLES))), dtype=np.int64)  # every order of the samples
+SAMPLE_GROUP = ("node", "role", "kind", "iteration", "training_step")  # one tensor's samples in one step
+
+
+def shuffled_samples(table: pa.Table) -> pa.Table:
+    """``table`` with the recorded samples of each tensor in each step in an order of their own: the values of
+    the ``sample`` rows move between the samples of their tensor, step and iteration; the keys (``sample``,
+    its category) stay. The aggregated rows, over the whole batch, do not change.
+
+    The order depends only on the tensor and the training step (a hash), not on where its rows are: the
+    writer's sort of shuffled steps and the shuffle of a presorted chunk give the same file."""
+    is_sample = pc.equal(table.column("aggregation"), "sample").to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(is_sample)
+    if not len(rows):
+        return table
+    group = table.select(list(SAMPLE_GROUP)).take(pa.array(rows))
+    exact, stable = zip(*(_codes(group.column(name)) for name in SAMPLE_GROUP))
+    sample = table.column("sample").take(pa.array(rows)).to_numpy()
+    by_group = rows[np.lexsort([sample, *reversed(exact)])].reshape(-1, SAMPLES)
+    first = np.searchsorted(rows, by_group[:, 0])
+    if not (table.column("sample").take(pa.array(by_group.ravel())).to_numpy().reshape(-1, SAMPLES)
+            == np.arange(SAMPLES)).all():
+        raise ValueError(f"every tensor must record samples 0..{SAMPLES - 1} in each step and iteration")
+    choice = _mixed(list(stable), first) % len(ORDERS)
+    source = np.arange(table.num_rows)
+    source[by_group.ravel()] = np.take_along_axis(by_group, ORDERS[choice], axis=1).ravel()
+    kept = {*SAMPLE_GROUP, "sample", "category", "aggregation", "tensor_name", "tensor_type", "shape", "num_neurons"}
+    moved = pa.array(source)
+    for name in table.column_names:
+        if name not in kept and name != fmt.RANK_FIELD.name:
+            index = table.schema.get_field_index(name)
+            table = table.set_column(index, table.schema.field(index), table.column(name).take(moved))
+    return table
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Two numbers per value: one equal exactly where the values are (to group by), and one that does not
+    depend on the other rows (to hash; strings: their CRC-32)."""
+    if pa.types.is_integer(column.type):
+        values = column.to_numpy()
+        return values, values.astype(np.uint64)
+    encoded = pc.dictionary_encode(column).combine_chunks()
+    crc = np.array([zlib.crc32(str(v).encode()) for v in encoded.dictionary.to_pylist()], dtype=np.uint64)
+    indices = encoded.indices.to_numpy()
+    return indices, crc[indices]
+
+
+def _mixed(codes: list[np.ndarray], rows: np.ndarray) -> np.ndarray:
+    """A well-mixed 64-bit hash (splitmix64 steps) of the codes at ``rows``: one per group."""
+    mixed = np.zeros(len(rows), dtype=np.uint64)
+    for code in codes:
+        mixed = (mixed ^ code[rows]) * np.uint64(0x9E3779B97F4A7C15)
+        mixed = (mixed ^ (mixed >> np.uint64(31))) * np.uint64(0xBF58476D1CE4E5B9)
+    return mixed ^ (mixed >> np.uint64(29))
 
 
 def _note(seq: int, text: str) -> pa.Table:

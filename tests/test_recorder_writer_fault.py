@@ -11,6 +11,7 @@ from comgra.capture.session import ComgraWarning
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 from comgra.store import format as fmt
+from comgra.store import writer as chunk_writer
 
 
 def _train(recorder: ComgraRecorder, model: torch.nn.Module, steps: range, *, notes: bool = False) -> list[float]:
@@ -64,10 +65,10 @@ def test_root_path_below_a_file_warns_once_and_training_goes_on(tmp_path: Path, 
 @pytest.mark.parametrize("flush_seconds", [0.0, 60.0], ids=["flushed_during_training", "flushed_at_finalize"])
 def test_failing_chunk_writer_warns_once_and_stops_recording(flush_seconds: float, make_recorder, store_root,
                                                             monkeypatch, tiny_model) -> None:
-    def disk_full(path: Path, table: object, row_group_size: int = 4096) -> None:
+    def disk_full(*arguments: object) -> None:  # every Parquet chunk the writer encodes
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fmt, "write_parquet_atomic", disk_full)
+    monkeypatch.setattr(chunk_writer, "_encode", disk_full)
     recorder = make_recorder(set(range(20)), flush_seconds=flush_seconds)
     with pytest.warns(ComgraWarning) as caught:
         losses = _train(recorder, tiny_model, range(20), notes=True)  # finalize() included
@@ -82,7 +83,7 @@ def test_failing_chunk_writer_warns_once_and_stops_recording(flush_seconds: floa
 def test_fault_found_in_the_middle_of_a_step_does_not_reach_the_training(make_recorder, monkeypatch,
                                                                           tiny_model) -> None:
     """The writer fails in the background; the next put (a note, mid-step) finds out."""
-    def disk_full(path: Path, table: object, row_group_size: int = 4096) -> None:
+    def disk_full(*arguments: object) -> None:  # every Parquet chunk the writer encodes
         raise OSError(28, "No space left on device")
 
     recorder = make_recorder({0, 1}, flush_seconds=0.0)
@@ -90,7 +91,7 @@ def test_fault_found_in_the_middle_of_a_step_does_not_reach_the_training(make_re
     recorder.track_module("model", model)
     recorder.add_note("before")
     recorder.session.writer.flush()
-    monkeypatch.setattr(fmt, "write_parquet_atomic", disk_full)
+    monkeypatch.setattr(chunk_writer, "_encode", disk_full)
     recorder.add_note("this one fails on the writer thread")
     recorder.session.writer.flush()
     recorder.start_batch(0, 2)
@@ -175,10 +176,10 @@ def test_a_faulted_writer_leaves_no_thread_behind(tmp_path: Path, monkeypatch) -
 
     from comgra.store.writer import ChunkWriter
 
-    def disk_full(path: Path, table: object, row_group_size: int = 4096) -> None:
+    def disk_full(*arguments: object) -> None:  # every Parquet chunk the writer encodes
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(fmt, "write_parquet_atomic", disk_full)
+    monkeypatch.setattr(chunk_writer, "_encode", disk_full)
     before = set(threading.enumerate())
     writer = ChunkWriter(tmp_path / "trial", flush_seconds=60.0, max_queued_items=2)
     writer.put_table("notes", pa.table({"seq": [1], "wall_time": [0.0], "note": ["x"]}, schema=fmt.NOTES_SCHEMA))

@@ -26,6 +26,7 @@ from comgra.capture import kpis as kpi_buffer
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
+from comgra.capture.step import garbage_collector_paused
 from comgra.capture.modules import ModuleTracker
 from comgra.capture.instruments import Instruments
 from comgra.capture.profiling import ProfileOptions
@@ -375,7 +376,8 @@ class ComgraRecorder:
     def _guarded(self, action: Any) -> None:
         """Run a recording action; a fault of comgra's own stops recording, never the training."""
         try:
-            action(self.session)
+            with garbage_collector_paused():  # see there: a collection here examined objects about to be freed
+                action(self.session)
         except (RecordingError, Warning):  # the user's mistake, or a warning the user made an error
             raise
         except Exception as error:  # noqa: BLE001

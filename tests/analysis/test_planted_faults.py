@@ -221,3 +221,27 @@ def test_unknown_target_names_the_per_sample_tensors(tmp_path) -> None:
     group = record(tmp_path, "t", Network(mlp(4, 8, 1), steps=4))
     with pytest.raises(SelectionError, match="difficulty.*Known: .*loss_per_sample"):
         scan(group, target="difficulty")
+
+
+def test_two_roles_holding_the_same_values_give_one_hint_that_names_both(tmp_path) -> None:
+    """As the tutorial's helper_partial_sums at its last iteration (roles final_sums and partial_sums): one
+    link, found once. A role whose values differ (doubled: the same ranks, so the same Spearman) stays apart."""
+    noise = torch.Generator().manual_seed(5)
+
+    def register_copies(recorder, x):
+        recorder.register_tensor("difficulty", x[:, 2:3] + 0.3 * torch.randn(x.shape[0], 1, generator=noise))
+        for role, values in (("first", x[:, 1:3]), ("second", x[:, 1:3]), ("doubled", 2 * x[:, 1:3])):
+            recorder.register_tensor(f"copy__{role}", values.clone(), node_name="copy", role_within_node=role)
+
+    group = record(tmp_path, "copies", Network(mlp(4, 8, 1), steps=20, extra=register_copies))
+    hints = [f for f in of(scan(group, target="difficulty"), "correlation") if f.node == "copy"]
+    assert sorted(f.role for f in hints) == ["doubled", "first"], [f.message for f in hints]
+    merged = next(f for f in hints if f.role == "first")
+    doubled = next(f for f in hints if f.role == "doubled")
+    assert merged.evidence["roles"] == ["first", "second"] and doubled.evidence["roles"] == ["doubled"]
+    assert "copy holds the same values under its roles first and second" in merged.message
+    assert "second" not in doubled.message
+    # The evidence is the same link: the same feature and numbers as the role that differs only in scale.
+    assert merged.evidence["feature"] == doubled.evidence["feature"] == "copy[1]"
+    assert merged.evidence["spearman"] == doubled.evidence["spearman"] > 0.8
+    assert merged.selection["role"] == "first"

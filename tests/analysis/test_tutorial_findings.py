@@ -37,5 +37,15 @@ def test_loss_per_sample_is_linked_to_helper_partial_sums(findings) -> None:
     assert hint.message.startswith("loss_per_sample is high when")
 
 
+def test_the_helper_roles_holding_the_same_values_give_one_hint_per_trial(findings) -> None:
+    """At the last iteration, where the loss per sample is recorded, final_sums and partial_sums are the same
+    tensor: one hint names both, not two hints with the same evidence."""
+    hints = [f for f in findings if f.detector == "correlation" and f.node == "helper_partial_sums"]
+    assert sorted(f.trial for f in hints) == sorted({f.trial for f in hints}), [f.message for f in hints]
+    for hint in hints:
+        assert {"final_sums", "partial_sums"} <= set(hint.evidence["roles"]), hint.message
+        assert hint.role == hint.evidence["roles"][0] and "final_sums and partial_sums" in hint.message
+
+
 def test_neither_trial_has_errors(findings) -> None:
     assert [f.message for f in findings if f.severity == "error"] == []

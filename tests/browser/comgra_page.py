@@ -32,6 +32,15 @@ READ_PAGE = """() => {
   };
 }"""
 
+SCROLL_GRAPH = """async ([left, top]) => {
+  const graph = document.getElementById('dependency-graph');
+  graph.scrollLeft = left; graph.scrollTop = top;
+  for (let i = 0; i < 2; i++) await new Promise(done => requestAnimationFrame(done));
+  return {left: graph.scrollLeft, top: graph.scrollTop, width: graph.clientWidth, height: graph.clientHeight,
+          scrollWidth: graph.scrollWidth, scrollHeight: graph.scrollHeight,
+          drawn: Array.from(graph.querySelectorAll('[data-node]')).map(e => e.dataset.node)};
+}"""
+
 
 class ComgraPage:
     def __init__(self, page: Page, recording: Path):
@@ -49,13 +58,29 @@ class ComgraPage:
 
     # -- actions -----------------------------------------------------------------------------------
     def click_node(self, node_id: str) -> None:
-        """Click a node; the graph marks it at once, the values follow from the server: wait for both."""
+        """Click a node; the graph marks it at once, the values follow from the server: wait for both.
+
+        The graph draws only what is in view: a node out of view is scrolled to first, as a user would."""
+        self.reveal(node_id)
         node = self.page.locator(f'#dependency-graph [data-node="{node_id}"]')
         name = node.get_attribute("data-node-name")
         node.click()
         expect(node).to_have_class(has_class("selected"))
         expect(self.field("node")).to_have_text(name)
         self.page.wait_for_function("() => new URLSearchParams(location.search).get('node') === " + repr(node_id))
+
+    def reveal(self, node_id: str) -> None:
+        """Scroll the graph to a node (the graph draws it once it is in view), unless it is drawn already."""
+        if not self.page.locator(f'#dependency-graph [data-node="{node_id}"]').count():
+            self.page.evaluate("id => window.comgraGraph.reveal(id)", node_id)
+
+    def scroll_graph(self, left: float, top: float) -> dict[str, Any]:
+        """Scroll the graph's area as a user does (wheel, scroll bars, dragging), wait until the next
+        frames are drawn, and return where it stands: scrollLeft, scrollTop, the area's size and the drawn nodes."""
+        return self.page.evaluate(SCROLL_GRAPH, [left, top])
+
+    def drawn_nodes(self) -> list[str]:
+        return self.page.locator("#dependency-graph [data-node]").evaluate_all("els => els.map(e => e.dataset.node)")
 
     def choose(self, dropdown: str, label: str) -> None:
         self.page.click(f"#{dropdown}")

@@ -39,6 +39,32 @@ def in_view(app, node_id: str) -> bool:
     }""", node_id)
 
 
+DRAWN_NODES = """() => Array.from(document.querySelectorAll('#dependency-graph [data-node]')).map(e => {
+  const graph = document.getElementById('dependency-graph').getBoundingClientRect(), node = e.getBoundingClientRect();
+  return [e.dataset.node, e.dataset.nodeName, e.getAttribute('aria-label'),
+          Math.max(graph.left - node.right, node.left - graph.right, graph.top - node.bottom, node.top - graph.bottom)];
+})"""
+MARGIN = 300  # px: assets/comgra.js draws this much beyond each side of the visible part (DRAW_MARGIN)
+
+
+def drawn(app) -> list[tuple[str, str, str, float]]:
+    """The node elements in the page: id, full name, aria-label, and how far (px) outside the graph's visible area."""
+    return [tuple(n) for n in app.page.evaluate(DRAWN_NODES)]
+
+
+def nodes_seen_by_scrolling(app) -> dict[str, tuple[str, str]]:
+    """Every node drawn at some scroll position, moving one view at a time: id -> (full name, aria-label)."""
+    seen: dict[str, tuple[str, str]] = {}
+    area = app.scroll_graph(0, 0)
+    for top in range(0, int(area["scrollHeight"]), int(area["height"])):
+        for left in range(0, int(area["scrollWidth"]), int(area["width"])):
+            at = app.scroll_graph(left, top)
+            assert (at["left"], at["top"]) == (min(left, at["scrollWidth"] - at["width"]),
+                                               min(top, at["scrollHeight"] - at["height"])), (left, top, at)
+            seen.update({node: (name, label) for node, name, label, _ in drawn(app)})
+    return seen
+
+
 def search(app, name: str, node_id: str) -> None:
     app.page.click("#node-search")
     app.page.keyboard.type(name)
@@ -51,10 +77,10 @@ def test_every_node_is_findable_by_name_and_parameters_sit_in_module_boxes(serve
     graph = first_graph(transformer)
     assert len(graph["nodes"]) > 100
     app = open_page(serve(transformer), transformer)
-    names = app.page.locator("#dependency-graph [data-node]").evaluate_all(
-        "els => els.map(e => [e.dataset.node, e.dataset.nodeName, e.getAttribute('aria-label')])")
-    assert sorted(n[0] for n in names) == sorted(n["id"] for n in graph["nodes"])
-    assert all(label.startswith(name) for _, name, label in names)  # the full name, for screen readers and tests
+    names = nodes_seen_by_scrolling(app)  # only what is in view is drawn: scroll over the whole graph
+    assert sorted(names) == sorted(n["id"] for n in graph["nodes"])
+    assert all(label.startswith(name) for name, label in names.values())  # the full name, for screen readers
+    app.reveal("block2.q")
     box = app.page.locator('[data-group="model.blocks.2.attn.q_proj"]')
     expect(box).to_contain_text("attn.q_proj")
     weight = app.page.locator('[data-node="model.blocks.2.attn.q_proj.weight"]')
@@ -127,4 +153,44 @@ def test_a_graph_of_a_thousand_nodes_stays_usable(serve, open_page, huge):
     app.check_against_store()
     app.page.locator('[data-zoom-step="fit"]').click()
     assert float(app.page.locator("#dependency-graph").get_attribute("data-zoom")) < 0.5
+    assert not app.errors
+
+
+def test_a_thousand_nodes_draw_only_what_is_in_view_and_the_far_right_end_answers_clicks(serve, open_page, huge):
+    graph = first_graph(huge)
+    assert len(graph["nodes"]) >= 1000
+    app = open_page(serve(huge), huge)
+    area = app.scroll_graph(0, 0)
+    assert area["scrollWidth"] > 20 * area["width"]  # far wider than the view: most of it is not drawn
+    at_start = drawn(app)
+    assert "input" in {n[0] for n in at_start}
+    selected = app.read()["node_id"]
+    assert all(distance <= MARGIN + 1 for node, _, _, distance in at_start if node != selected), at_start
+    # The view holds a few columns of a few nodes each; the graph shows about 500 of its nodes (boxes closed).
+    assert len(at_start) < 120, len(at_start)
+
+    # The far right end: the rightmost column's top node, drawn once scrolled to, and a click shows its values.
+    rightmost = max(graph["nodes"], key=lambda n: (n["column"], -n["row"]) if n["role"] != "parameter" else (-1, 0))
+    area = app.scroll_graph(area["scrollWidth"], 0)
+    assert area["left"] + area["width"] >= area["scrollWidth"] - 1
+    at_end = drawn(app)
+    assert rightmost["id"] in {n[0] for n in at_end} and in_view(app, rightmost["id"])
+    assert all(distance <= MARGIN + 1 for node, _, _, distance in at_end if node != selected), at_end
+    assert len(at_end) < 120
+    # what was drawn at the left end is gone, except the selected node (it keeps the keyboard's place)
+    assert {n[0] for n in at_start} & {n[0] for n in at_end} == {selected}
+    app.page.locator(f'#dependency-graph [data-node="{rightmost["id"]}"]').click()
+    expect(app.page.locator(f'#dependency-graph [data-node="{rightmost["id"]}"]')).to_have_class(has_class("selected"))
+    app.wait_for(node=rightmost["node"])
+    shown = app.check_against_store()
+    assert shown["node_id"] == rightmost["id"]
+    # its dependencies are marked where they are drawn, and the ones drawn later are marked when drawn
+    dependency = next(e["source"] for e in graph["edges"] if e["target"] == rightmost["id"])
+    app.reveal(dependency)
+    expect(app.page.locator(f'#dependency-graph [data-node="{dependency}"]')).to_have_class(has_class("dependency"))
+    app.page.click("#nav-left")  # moving along the graph still works from the far end
+    selected = app.page.locator("#dependency-graph .graph-node.selected")
+    expect(selected).not_to_have_attribute("data-node", rightmost["id"])
+    app.wait_for(node=selected.get_attribute("data-node-name"))
+    app.check_against_store()
     assert not app.errors

@@ -282,3 +282,47 @@ def test_finish_in_the_kernel_equals_numpy_to_the_bit(kernel: None, arrays: list
     np.testing.assert_array_equal(result[:, common].view(np.uint32), expected[:, common].view(np.uint32))
     # and through the whole path, the rare tensors included
     np.testing.assert_array_equal(stats._cpu_large_statistics(flats).view(np.uint32), expected.view(np.uint32))
+
+
+@settings(max_examples=120, deadline=None)
+@given(groups_of_rows(), st.lists(st.integers(0, 40), min_size=6, max_size=6), st.integers(0, 2))
+def test_the_summary_without_views_equals_the_summary_through_views_to_the_bit(
+        kernel: None, arrays: list[np.ndarray], caps: list[int], shape_of: int) -> None:
+    """stats.summarize reads contiguous float32 tensors in the kernel with no view of any of them (sums and
+    first values: fused.read_rows); every number equals that of the path through views, bit for bit,
+    NaN, inf, cancelling variances and caps of 0 or above the width included, whatever the tensors' shape."""
+    rows = arrays[0].shape[0]
+    tensors = [torch.from_numpy(_reshaped(a, shape_of)) for a in arrays]
+    caps = caps[:len(arrays)]
+    assert stats._summary_in_the_kernel(tensors, rows, caps) is not None  # the path under test is taken
+    without_views = summarize(tensors, batch_size=rows, max_neurons=caps)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stats, "_summary_in_the_kernel", lambda *_: None)
+        through_views = summarize(tensors, batch_size=rows, max_neurons=caps)
+    for name in ("per_sample", "neurons"):
+        ours, theirs = getattr(without_views, name).numpy(), getattr(through_views, name).numpy()
+        assert ours.shape == theirs.shape
+        np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+    assert without_views.kept.tolist() == through_views.kept.tolist()
+    assert without_views.sizes == through_views.sizes
+    assert without_views.neuron_slices == through_views.neuron_slices
+
+
+def _reshaped(values: np.ndarray, shape_of: int) -> np.ndarray:
+    """(B, D) as (B, D), as (B, 1, D) or, where D is even, as (B, 2, D / 2): what a conv map looks like."""
+    if shape_of == 1:
+        return values[:, None, :]
+    if shape_of == 2 and values.shape[1] % 2 == 0:
+        return values.reshape(values.shape[0], 2, -1)
+    return values
+
+
+def test_what_the_kernel_cannot_read_without_a_view_takes_the_path_through_views(kernel: None) -> None:
+    """Not float32, not contiguous, empty: read_rows declines the whole group, and the summary is still right."""
+    base = torch.arange(24, dtype=torch.float32).reshape(2, 12)
+    for odd in (base.double(), base[:, ::2], base.t().contiguous().t(), torch.zeros(2, 0)):
+        tensors = [base, odd]
+        assert fused.read_rows(tensors, 2, [3, 3]) is None
+        summary = summarize(tensors, batch_size=2, max_neurons=[3, 3])
+        np.testing.assert_array_equal(summary.neurons[:, :3].numpy(), base[:, :3].numpy())
+    assert fused.read_rows([base], 2, [3]) is not None

@@ -3,6 +3,7 @@ time, and the profiled training loop that times each step's passes itself.
 
     y = SleepInBackward.apply(x, 0.02)   # y equals x; the backward through it sleeps 0.02 s
     rows, forward_walls, backward_walls = profiled_steps(net, folder, steps=2)
+    rows, _, _ = profiled_steps(net, folder, steps=2, marker="python")  # the Python hook as the backward marker
 """
 from __future__ import annotations
 
@@ -27,14 +28,22 @@ class SleepInBackward(torch.autograd.Function):
         return grad, None
 
 
-def profiled_steps(net: torch.nn.Module, folder: Path, steps: int) -> tuple[list[dict[str, Any]], list[float], list[float]]:
+def profiled_steps(net: torch.nn.Module, folder: Path, steps: int, *, marker: str = "native"
+                   ) -> tuple[list[dict[str, Any]], list[float], list[float]]:
     """The layers rows of ``steps`` steps of ``net`` tracked with profile=True (input ones(2, 4), loss the
-    mean square of its output), and the wall time of each step's forward and backward pass."""
+    mean square of its output), and the wall time of each step's forward and backward pass. ``marker``:
+    "native" (the C++ backward marker, built first; the Python hook where no compiler can build it) or
+    "python" (the Python hook)."""
+    from comgra.capture import native_marker
     from comgra.objects import DecisionMakerForRecordingsHardcoded
     from comgra.recorder import ComgraRecorder
 
-    recorder = ComgraRecorder(folder, "group", "trial", DecisionMakerForRecordingsHardcoded({0}), resource_seconds=None)
+    if marker == "native":
+        native_marker.ensure_built()
+    recorder = ComgraRecorder(folder, f"group-{marker}", "trial", DecisionMakerForRecordingsHardcoded({0}),
+                              resource_seconds=None)
     recorder.track_module("net", net, profile=True)
+    recorder.instruments.profiler._marks.native_allowed = marker == "native"
     forward_walls, backward_walls = [], []
     for step in range(steps):
         recorder.start_batch(step, 2)

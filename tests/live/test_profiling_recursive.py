@@ -44,11 +44,11 @@ class Net(torch.nn.Module):
         return self.rec(x)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[float], list[float]]:
+@pytest.fixture(scope="module", params=["native", "python"])  # the backward marker: C++ or a Python hook
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[float], list[float]]:
     """The layers rows of STEPS profiled steps, and the wall time of each step's forward and backward pass."""
     torch.manual_seed(0)
-    return profiled_steps(Net(), tmp_path_factory.mktemp("recursive"), STEPS)
+    return profiled_steps(Net(), tmp_path_factory.mktemp("recursive"), STEPS, marker=request.param)
 
 
 def _outer_calls(rows: list[dict[str, Any]], phase: str) -> list[float]:

@@ -47,11 +47,11 @@ class Net(torch.nn.Module):
         return SleepInBackward.apply(self.head(x), NET_BACKWARD_SLEEP)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[float]]:
+@pytest.fixture(scope="module", params=["native", "python"])  # the backward marker: C++ or a Python hook
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[float]]:
     """The layers rows of STEPS profiled steps, and the wall time of each step's backward pass."""
     torch.manual_seed(0)
-    rows, _, backward_walls = profiled_steps(Net(), tmp_path_factory.mktemp("repeated"), STEPS)
+    rows, _, backward_walls = profiled_steps(Net(), tmp_path_factory.mktemp("repeated"), STEPS, marker=request.param)
     return rows, backward_walls
 
 

@@ -73,6 +73,16 @@ def test_series_figure_overlays_trials_and_marks_the_step():
     assert figures.series_figure([], title="t", current_trial="a", current_step=0).layout.annotations
 
 
+def test_a_long_series_is_a_line_without_a_marker_per_point():
+    """Plotly draws a marker per point as an SVG element each: thousands of them slowed every frame of the page."""
+    steps = np.arange(5000)
+    long, short = Series("a", steps, np.sin(steps / 50.0)), Series("b", steps[:50], np.cos(steps[:50] / 5.0))
+    figure = figures.series_figure([long, short], title="t", current_trial="a", current_step=10)
+    assert [trace.mode for trace in figure.data] == ["lines", "lines+markers"]
+    assert len(figure.data[0].x) > figures.MARKERS_UP_TO  # still every kept point, on the line
+    assert list(figure.data[1].x) == list(range(50))
+
+
 def test_histogram_of_neurons():
     figure = figures.histogram_figure([0.0, 1.0, 1.5], title="h")
     assert list(figure.data[0].x) == [0.0, 1.0, 1.5]

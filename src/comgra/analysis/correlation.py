@@ -10,9 +10,15 @@ within each step (scipy.stats.rankdata), the ranks centred on their step's mean 
 the partial rank correlation with the step as a factor, tested with Student's t on
 samples - steps - 1 degrees of freedom. The Benjamini-Hochberg correction (scipy.stats) accounts for
 the number of features tried. The result is a ranked list of plain sentences with the numbers behind them.
+
+Two roles of one node that hold the same values wherever the target is recorded (the tutorial's
+``helper_partial_sums`` at its last iteration, as ``final_sums`` and as ``partial_sums``) are one feature:
+tested once, counted once in the correction, and reported as one hint that names both roles.
 """
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -46,6 +52,9 @@ class FeatureBlock:
 
     features: list[Feature]
     values: np.ndarray  # (observations, features)
+    # The fingerprint of ``values``, for a node with several roles only: a role whose block has the same one
+    # holds the same values at every observation, and is the same feature.
+    digest: bytes | None = None
 
 
 def per_sample_tensors(data: TrialData) -> list[str]:
@@ -89,7 +98,9 @@ def _features(data: TrialData, samples: pd.DataFrame, observations: pd.DataFrame
     units = data.neurons["sample"]
     unit_rows = {key: group.index.to_numpy() for key, group in
                  units.keys.groupby(["node", "role"], sort=False, observed=True)}
-    for (node, role), rows in samples.groupby(["node", "role"], sort=False, observed=True):
+    tensors = samples.groupby(["node", "role"], sort=False, observed=True)
+    roles = Counter(node for node, _ in tensors.size().index)
+    for (node, role), rows in tensors:
         if node in excluded or facts.role.get(node) == "output" or facts.is_loss_like(node):
             continue
         features = [Feature(node, role, pattern.format(node=node)) for pattern in ROW_FEATURES.values()]
@@ -98,7 +109,12 @@ def _features(data: TrialData, samples: pd.DataFrame, observations: pd.DataFrame
         if block is not None:
             features += block.features
             values = np.hstack([values, block.values])
-        yield FeatureBlock(features, values)
+        yield FeatureBlock(features, values, _digest(values) if roles[node] > 1 else None)
+
+
+def _digest(values: np.ndarray) -> bytes:
+    return hashlib.blake2b(repr(values.shape).encode() + np.ascontiguousarray(values).tobytes(),
+                           digest_size=16).digest()
 
 
 def _placed(where: pd.MultiIndex, keys: pd.DataFrame, values: np.ndarray) -> np.ndarray:
@@ -139,6 +155,7 @@ class Hint:
     q_value: float = 1.0  # after the Benjamini-Hochberg correction over every feature tried
     samples: int = 0  # the samples compared: those of steps with at least two of them
     steps: int = 0  # the (step, iteration) pairs they come from
+    roles: tuple[str, ...] = ()  # the node's roles that hold these values (the feature's own first)
 
 
 def _significant(observations: pd.DataFrame, blocks: Iterable[FeatureBlock], options: ScanOptions) -> list[Hint]:
@@ -147,7 +164,15 @@ def _significant(observations: pd.DataFrame, blocks: Iterable[FeatureBlock], opt
     target = observations["target"].to_numpy(np.float64)
     strata = observations.groupby(STRATUM, sort=False).ngroup().to_numpy()
     tested: list[Hint] = []
+    first_role: dict[tuple[str, bytes], str] = {}  # (node, digest) -> the role first seen with these values
+    same_values: dict[tuple[str, str], list[str]] = {}  # (node, that role) -> every role holding them
     for block in blocks:
+        node, role = block.features[0].node, block.features[0].role
+        if block.digest is not None:
+            seen = first_role.setdefault((node, block.digest), role)
+            same_values.setdefault((node, seen), []).append(role)
+            if seen != role:
+                continue  # the same feature as an earlier role's: tested once
         keep = np.isfinite(target) & np.isfinite(block.values).all(axis=1)
         if keep.sum() >= MIN_SAMPLES:
             tested += _tested_block(target[keep], block.values[keep], strata[keep], block.features)
@@ -161,7 +186,7 @@ def _significant(observations: pd.DataFrame, blocks: Iterable[FeatureBlock], opt
             continue
         key = (hint.feature.node, hint.feature.role)
         if key not in best or abs(hint.rho) > abs(best[key].rho):
-            best[key] = replace(hint, q_value=float(q_value))
+            best[key] = replace(hint, q_value=float(q_value), roles=tuple(same_values.get(key, [key[1]])))
     return sorted(best.values(), key=lambda hint: -abs(hint.rho))
 
 
@@ -217,14 +242,17 @@ def _hint(data: TrialData, facts: GraphFacts, target: str, hint: Hint, target_ro
     direction = "high" if rho > 0 else "small"
     sentence = (f"{target} is high when {feature.label} is {direction} (Spearman {rho:+.2f} within steps, "
                 f"{hint.samples} samples of {hint.steps} {'step' if hint.steps == 1 else 'steps'})")
+    roles = list(hint.roles) or [feature.role]
+    shared = (f"; {feature.node} holds the same values under its roles {', '.join(roles[:-1])} and {roles[-1]}"
+              if len(roles) > 1 else "")
     worst = target_rows.sort_values("mean", ascending=False).iloc[0]
     step, iteration = int(worst["training_step"]), int(worst["iteration"])
     return Finding(
         detector="correlation", severity="info", score=abs(rho), trial=data.trial, node=feature.node,
         role=feature.role, kind=fmt.FORWARD, training_step=step, steps=[], iteration=iteration,
-        message=sentence + f"; q = {hint.q_value:.1g} after correcting for the features tried" + (
+        message=sentence + shared + f"; q = {hint.q_value:.1g} after correcting for the features tried" + (
             f"; {data.subsample}." if data.subsample else "."),
-        evidence={"target": target, "feature": feature.label, "spearman": rho, "within": "step",
+        evidence={"target": target, "feature": feature.label, "roles": roles, "spearman": rho, "within": "step",
                   "samples": hint.samples, "steps_compared": hint.steps, "p_value": hint.p_value,
                   "q_value": hint.q_value, "sentence": sentence},
         aggregation=f"sample:{int(worst['sample'])}", statistic="mean", column=facts.column.get(feature.node, 0))

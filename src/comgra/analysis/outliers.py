@@ -18,7 +18,7 @@ from scipy.ndimage import median_filter
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
-from comgra.analysis.loading import TrialData
+from comgra.analysis.loading import TrialData, as_text
 from comgra.analysis.trends import _iteration_of
 from comgra.store import format as fmt
 
@@ -70,7 +70,7 @@ def outlier_steps(data: TrialData) -> pd.DataFrame:
     per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True, observed=True)[FEATURES].median()
     index = per_step.index
     return per_step.set_axis(pd.MultiIndex.from_arrays(
-        [index.get_level_values(i).astype(str) if i < 3 else index.get_level_values(i) for i in range(4)],
+        [as_text(index.get_level_values(i)) if i < 3 else index.get_level_values(i) for i in range(4)],
         names=index.names))
 
 

@@ -12,7 +12,7 @@ from scipy import stats as scipy_stats
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
-from comgra.analysis.loading import TrialData
+from comgra.analysis.loading import TrialData, as_text
 from comgra.store import format as fmt
 
 NOT_LEARNED = ("input", "target", "initial_value")
@@ -120,7 +120,7 @@ def growth_steps(data: TrialData) -> pd.DataFrame:
     rows = rows[~rows["tensor_type"].isin(NOT_LEARNED)]
     per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True,
                             observed=True)["abs_max"].median().reset_index()
-    return per_step.assign(**{name: per_step[name].astype(str) for name in ("kind", "node", "role")})
+    return per_step.assign(**{name: as_text(per_step[name]) for name in ("kind", "node", "role")})
 
 
 def growth_candidates_from(data: TrialData, facts: GraphFacts, options: ScanOptions,
@@ -130,7 +130,7 @@ def growth_candidates_from(data: TrialData, facts: GraphFacts, options: ScanOpti
     limit = options.orders(options.growth_orders)
     last_steps = per_step.groupby(["kind", "node", "role"], observed=True)["training_step"].transform("max")
     ends = per_step.loc[per_step["training_step"] == last_steps, ["kind", "abs_max"]]
-    ends = ends.assign(kind=ends["kind"].astype(str))
+    ends = ends.assign(kind=as_text(ends["kind"]))
     for (kind, node, role), series in per_step.groupby(["kind", "node", "role"], sort=False, observed=True):
         values = series["abs_max"].to_numpy(np.float64)
         early, late = _quarters(values, options)

@@ -12,7 +12,7 @@ import pandas as pd
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
-from comgra.analysis.loading import TrialData
+from comgra.analysis.loading import TrialData, as_text
 from comgra.analysis.trends import NOT_LEARNED, _iteration_of
 from comgra.store import format as fmt
 
@@ -176,7 +176,7 @@ def one_sided_steps(data: TrialData) -> pd.DataFrame:
     rows = rows[np.isfinite(rows["min"]) & np.isfinite(rows["max"])]
     per_step = rows.groupby(["node", "role", "training_step"], sort=True, observed=True).agg(
         low=("min", "min"), high=("max", "max"), samples=("min", "size")).reset_index()
-    return per_step.assign(node=per_step["node"].astype(str), role=per_step["role"].astype(str))
+    return per_step.assign(node=as_text(per_step["node"]), role=as_text(per_step["role"]))
 
 
 def one_sided_judged(data: TrialData, facts: GraphFacts, options: ScanOptions,

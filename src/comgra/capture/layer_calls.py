@@ -9,11 +9,13 @@ that measures more (statistics, FLOPs, CUDA memory, a torch.profiler range: ``la
 through ``begin`` and ``end``. Calls made while a graph is traced (torch.compile, torch.jit.trace,
 torch.fx) are not measured: they are not executions.
 
-The backward marker is a hook on the output tensor (run when the gradient reaches the autograd node
-that made it; it never changes the gradient), registered the way ``Tensor.register_hook`` does it
-but without the removable handle: the handle costs several times the rest of the call, and the hook
-lives and dies with the step's graph. The first hook reached in a backward pass asks the autograd
-engine to note when that pass ends (``backward_slices`` needs both).
+The backward marker notes when the gradient reaches the autograd node that made a call's output (it
+never changes the gradient); the first one reached in a backward pass asks the autograd engine to
+note when that pass ends (``backward_slices`` needs both). On CPU clocks it is the C++ hook of
+``native_marker`` once that is built (a slot per marker, read at the step's end); otherwise, and on
+CUDA events, a Python hook on the output tensor, registered the way ``Tensor.register_hook`` does it
+but without the removable handle (which costs several times the rest of the call); either lives and
+dies with the step's graph.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from comgra.capture import forward_wrappers
+from comgra.capture import forward_wrappers, native_marker
 from comgra.capture.layer_extras import Extra, begin_extra, close_scope, end_extra, profiler_enabled, tensors_in
 
 _tracing_state = torch._C._get_tracing_state  # not None inside torch.jit.trace
@@ -82,20 +84,46 @@ class CallMarks:
         self.last_node: Any = None  # the autograd node of the last marker set, and the records sharing it
         self.last_records: list[list[Any]] = []
         self.error: BaseException | None = None
+        self.native_allowed = True  # False: Python hooks even where the C++ marker is built (benchmarks, tests)
+        self.native: Any = None  # the C++ marker (native_marker), created once it is built
+        self.native_step = False  # the step in progress marks with it
+        self.deferred_ends = False  # this step noted inputs' moments to check against the starts at its end
 
     def open(self, *, detail: bool, cuda: bool, flops: FlopCounterMode | None) -> None:
         self.detail, self.cuda, self.flops = detail, cuda, flops
         self.extras = detail or cuda or flops is not None
         self.records, self.finishes, self.finish_queued = [], [], False
         self.last_node, self.last_records = None, []
+        if self.native is None and self.native_allowed and not cuda:
+            self.native = native_marker.marker(BACKWARD_START)  # None until built: this step keeps Python hooks
+        self.native_step = self.native is not None and self.native_allowed and not cuda
+        if self.native_step:
+            self.native.open()
+            self.deferred_ends = False
 
     def close(self) -> tuple[list[list[Any]] | None, list[Any]]:
         """End the step: its records and backward ends; nothing here keeps its graph alive any longer."""
         records, finishes = self.records, self.finishes
+        if self.native_step:
+            self.native_step = False
+            finishes = self._native_marks(records is not None)
         self.records = self.finishes = None
         self.last_node, self.last_records = None, []
         self.flops = None
         return records, finishes or []
+
+    def _native_marks(self, wanted: bool) -> list[Any]:
+        """The C++ marker puts its moments into the records' backward starts (as the Python hook sets them); its
+        backward ends. Closed even when not ``wanted`` (a failed step)."""
+        finishes, error = self.native.close()
+        if error and wanted:
+            self.fail(RuntimeError(f"the C++ backward marker: {error}"))
+            return []
+        for record in self.records if self.deferred_ends and self.records else ():  # an input's moment counts
+            end = record[BACKWARD_END]
+            if end is not None and (record[BACKWARD_START] is None or end < record[BACKWARD_START]):
+                record[BACKWARD_END] = None  # only after the call's start (see begin)
+        return finishes
 
     def fail(self, error: BaseException) -> None:
         self.error = error
@@ -127,9 +155,13 @@ class CallMarks:
                 return output  # the step ended (or profiling failed) while this forward ran
             try:
                 if type(output) is torch.Tensor:
-                    record[BYTES], node = output.nbytes, output.grad_fn
-                    if node is not None:
-                        marks.mark_backward_start(output, node, record)
+                    if marks.native_step:  # no Python object for the node: the C++ marker reads it
+                        record[BYTES] = output.nbytes
+                        marks.native.mark(output, record)
+                    else:
+                        record[BYTES], node = output.nbytes, output.grad_fn
+                        if node is not None:
+                            marks.mark_backward_start(output, node, record)
                 else:
                     marks.note_outputs(record, output)
             except Exception as error:  # noqa: BLE001 - a fault of ours never breaks the user's forward
@@ -179,7 +211,10 @@ class CallMarks:
             if self.extras or profiler_enabled():
                 record[EXTRA] = begin_extra(layer.name, cuda=self.cuda, flops=self.flops)
             if layer.needs_input_marks:
-                _mark_inputs(record, inputs, self.clock)
+                # On a step of the C++ marker the starts are known only at the step's end: note every input's
+                # moment now, keep those after the start then (``_native_marks``).
+                _mark_inputs(record, inputs, self.clock, deferred=self.native_step)
+                self.deferred_ends = self.deferred_ends or self.native_step
             record[FORWARD_START] = self.clock()
             return record
         except Exception as error:  # noqa: BLE001 - a fault of ours never breaks the user's forward
@@ -224,6 +259,9 @@ class CallMarks:
     def mark_backward_start(self, output: torch.Tensor, node: Any, record: list[Any]) -> None:
         """One output suffices: the gradient reaches a module's outputs together. A parent that returns its
         last child's output (the same node) joins the child's marker instead of setting its own."""
+        if self.native_step:
+            self.native.mark(output, record)  # it finds a node marked earlier in this step itself
+            return
         if node is self.last_node:
             self.last_records.append(record)
             return
@@ -278,7 +316,12 @@ def _input_gradient_done(record: list[Any], clock: Callable[[], Any], _gradient:
         record[BACKWARD_END] = clock()
 
 
-def _mark_inputs(record: list[Any], inputs: Any, clock: Callable[[], Any]) -> None:
+def _input_gradient_noted(record: list[Any], clock: Callable[[], Any], _gradient: Any) -> None:
+    record[BACKWARD_END] = clock()  # the latest wins, as above; one before the start is dropped at the step's end
+
+
+def _mark_inputs(record: list[Any], inputs: Any, clock: Callable[[], Any], *, deferred: bool = False) -> None:
+    hook = _input_gradient_noted if deferred else _input_gradient_done
     for tensor in tensors_in(inputs):
         if tensor.grad_fn is not None:  # runs once the input's gradient is complete
-            _add_tensor_hook(tensor, ("comgra.input_done", id(record)), _BackwardReached(_input_gradient_done, record, clock))
+            _add_tensor_hook(tensor, ("comgra.input_done", id(record)), _BackwardReached(hook, record, clock))

@@ -21,8 +21,9 @@ events are read once the last of them has completed (``Event.query``, which neve
 profiler makes no host synchronisation, neither per module nor per step; statistics come to the
 host by non-blocking copies. Only ``take(force=True)`` at the end of a run waits for the last step.
 
-Backward time: a hook notes when the gradient reaches a module call's output, and the autograd
-engine's final callback notes when the backward pass ends; a call without parameters also notes when
+Backward time: a hook notes when the gradient reaches a module call's output (on CPU a C++ hook,
+``native_marker``, once built; see ``layer_calls``), and the autograd engine's final callback notes
+when the backward pass ends; a call without parameters also notes when
 its inputs' gradient is complete. ``backward_slices`` cuts the pass at these moments and gives each
 slice to one call, so that a call's backward time is its own slices and those of the calls nested in
 it: a parent contains its children, and a module called several times in a step (its parameters'

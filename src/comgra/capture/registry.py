@@ -1,7 +1,7 @@
 """What a recorded step knows about each registered tensor."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,10 +27,13 @@ class Registration:
     # The autograd node the tensor had when it was registered; an in-place op afterwards replaces the
     # tensor's grad_fn, and the graph must be walked from this one. Dropped with ``tensor``.
     grad_fn: Any = None
+    # (iteration, tensor_name), made once: a step keeps it in five places per tensor (registrations, names,
+    # ids, autograd nodes, the gradient hook), and one tuple instead of five is fewer objects for the garbage
+    # collector to count (a recorded step of ResNet-18 holds 90 registrations).
+    key: tuple[int, str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> tuple[int, str]:
-        return (self.iteration, self.tensor_name)
+    def __post_init__(self) -> None:
+        self.key = (self.iteration, self.tensor_name)
 
     def batch_first(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` (the tensor or its gradient) as (B, ...) or (1, ...) without a batch dimension."""

@@ -12,6 +12,7 @@ import contextlib
 import math
 import threading
 from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from threadpoolctl import ThreadpoolController
 from comgra.capture.fused import ready as _fused_ready
 from comgra.capture.fused import finish as _fused_finish
 from comgra.capture.fused import many_row_sums as _fused_many_row_sums
+from comgra.capture.fused import read_rows as _fused_read_rows
 
 # Order of the statistics in every result; matches comgra.store.format.STATISTICS.
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")
@@ -38,22 +40,49 @@ class Summary:
 
     per_sample: torch.Tensor
     neurons: torch.Tensor
-    neuron_slices: list[tuple[int, int]]
+    kept: np.ndarray  # (S,) int64: how many neurons of each tensor ``neurons`` holds, side by side
     sizes: list[int]
+
+    @property
+    def neuron_slices(self) -> list[tuple[int, int]]:
+        """Each tensor's (start, stop) columns in ``neurons``."""
+        ends = np.cumsum(self.kept).tolist()
+        return [(end - int(k), end) for end, k in zip(ends, self.kept)]
 
 
 def summarize(tensors: list[torch.Tensor], *, batch_size: int, max_neurons: list[int]) -> Summary:
-    """Statistics over the value dimensions of each ``(B, ...)`` tensor, per sample."""
+    """Statistics over the value dimensions of each ``(B, ...)`` tensor, per sample. A tensor whose batch
+    dimension is first may come as it is (``(B, ...)``, or anything with ``batch_size`` 1): it is read as
+    ``tensor.view(batch_size, -1)``."""
+    summary = _summary_in_the_kernel(tensors, batch_size, max_neurons) if FUSED else None
+    if summary is not None:
+        return summary
     flats = [_flat(t, batch_size) for t in tensors]
     sizes = [f.shape[1] for f in flats]
     per_sample = _statistics_of_all(flats)
     kept = [min(size, cap) for size, cap in zip(sizes, max_neurons)]
     neurons = _first_values(flats, kept)
-    slices, offset = [], 0
-    for k in kept:
-        slices.append((offset, offset + k))
-        offset += k
-    return Summary(per_sample, neurons, slices, sizes)
+    return Summary(per_sample, neurons, np.array(kept, dtype=np.int64), sizes)
+
+
+def _summary_in_the_kernel(tensors: list[torch.Tensor], rows: int, max_neurons: list[int]) -> Summary | None:
+    """The common case on the CPU, float32 tensors with contiguous values: the sums and the first values of
+    every tensor in two calls of the kernel, with no view of any tensor (fused.read_rows); the same numbers
+    as the path through views, to the bit (the kernel reads the same values in the same order). None where
+    the kernel is not there or a tensor is not such."""
+    if not tensors[0].is_cpu or not _fused_ready():
+        return None
+    read = _fused_read_rows(tensors, rows, max_neurons, share=_may_share())
+    if read is None:
+        return None
+    sums, first, sizes = read
+
+    def flat(i: int) -> torch.Tensor:
+        return _flat(tensors[i], rows)
+    _redo_what_the_kernel_got_wrong(sums, flat)
+    per_sample = _statistics_from_sums(sums, np.array(sizes, dtype=np.float64), flat)
+    kept = np.minimum(np.array(sizes, dtype=np.int64), np.array(max_neurons, dtype=np.int64))
+    return Summary(torch.from_numpy(per_sample), torch.from_numpy(first), kept, sizes)
 
 
 def _flat(tensor: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -149,13 +178,18 @@ def _cpu_large_statistics(flats: list[torch.Tensor]) -> np.ndarray:
     * where |mean| is large against the std (BatchNorm weights near 1), E[x^2] - E[x]^2 would lose
       digits to cancellation: a second pass sums the squared deviations from the mean."""
     sums = _all_cpu_sums(flats)  # (S, 6, B) float64, shifted (see fused.SUMS)
-    widths = np.array([f.shape[1] for f in flats], dtype=np.float64)
+    return _statistics_from_sums(sums, np.array([f.shape[1] for f in flats], dtype=np.float64), flats.__getitem__)
+
+
+def _statistics_from_sums(sums: np.ndarray, widths: np.ndarray, flat: Callable[[int], torch.Tensor]) -> np.ndarray:
+    """(B, S, 8) float32 from the (S, 6, B) sums of tensors ``widths`` (S,) values wide; ``flat(i)``: tensor i
+    as (B, D), wanted only for the rare tensors (NaN, inf, or a variance that cancels)."""
     finished = _fused_finish(sums, widths) if FUSED else None
     if finished is None:
-        return _finish_on_host(flats, sums, widths[:, None])
+        return _finish_on_host([flat(i) for i in range(len(widths))], sums, widths[:, None])
     result, rare = finished  # the common case in one call of the kernel; the rare tensors as below
     if len(rare):
-        result[:, rare] = _finish_on_host([flats[i] for i in rare], sums[rare], widths[rare, None])
+        result[:, rare] = _finish_on_host([flat(i) for i in rare], sums[rare], widths[rare, None])
     return result
 
 
@@ -199,17 +233,28 @@ def _all_cpu_sums(flats: list[torch.Tensor]) -> np.ndarray:
     (capture/fused.py); the eager path for each tensor it cannot read, where it is not built, and for
     rows with NaN or inf (their sum of |.| is not finite), whose min and max the kernel's comparisons
     would get wrong."""
-    # Shared with a helper thread, where COMGRA_KERNEL_HELPER=1 asks for it (capture/fused.py), only where
-    # the caller waits (the training thread), never on comgra's own worker, which runs beside the training.
-    share = not threading.current_thread().name.startswith("comgra-")
-    fused = _fused_many_row_sums(flats, share=share) if FUSED else None
+    fused = _fused_many_row_sums(flats, share=_may_share()) if FUSED else None
     if fused is None:
         return np.stack([_cpu_sums(f) for f in flats])
     sums, skipped = fused
-    # Not only |.|: the shifted sums of finite values near float32's limit can overflow where |.| does not.
-    for i in set(skipped) | set(np.flatnonzero(~np.isfinite(sums[:, :3]).all((1, 2))).tolist()):
-        sums[i] = _cpu_sums(flats[i])
+    _redo_what_the_kernel_got_wrong(sums, flats.__getitem__, skipped)
     return sums
+
+
+def _may_share() -> bool:
+    """Whether the kernel's call may be shared with a helper thread, where COMGRA_KERNEL_HELPER=1 asks for it
+    (capture/fused.py): only where the caller waits (the training thread), never on comgra's own worker,
+    which runs beside the training."""
+    return not threading.current_thread().name.startswith("comgra-")
+
+
+def _redo_what_the_kernel_got_wrong(sums: np.ndarray, flat: Callable[[int], torch.Tensor],
+                                    skipped: Iterable[int] = ()) -> None:
+    """The eager sums, in place, of the tensors the kernel skipped and of those with a sum that is not
+    finite: not only |.|, as the shifted sums of finite values near float32's limit can overflow where |.|
+    does not; and the kernel's comparisons skip NaN, so its min and max would be wrong."""
+    for i in set(skipped) | set(np.flatnonzero(~np.isfinite(sums[:, :3]).all((1, 2))).tolist()):
+        sums[i] = _cpu_sums(flat(i))
 
 
 def _cpu_sums(values: torch.Tensor) -> np.ndarray:

@@ -27,40 +27,50 @@ class Block:
 
 def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], *,
                      max_neurons: int, with_svd: bool) -> list[Block]:
-    """Group by (device, batch size) and summarise each group in a few kernels."""
-    groups: dict[tuple[torch.device, int | None], list[tuple[Registration, torch.Tensor]]] = {}
+    """Group by (device, batch size) and summarise each group in a few kernels.
+
+    A tensor whose batch dimension is first, or that has none, is handed on as it is (``summarize`` reads
+    it as (B, ...) or (1, ...)): a step summarises about 150 tensors, and a view of each (a detached
+    tensor, then its batch-first shape) made two tensor objects per tensor for the garbage collector to
+    count, about a third of what a recorded step allocated."""
+    groups: dict[tuple[Any, int | None], tuple[list[Registration], list[torch.Tensor]]] = {}
     for registration, value in items:
-        # Detached first: a view of a parameter would otherwise get an autograd node of its own.
-        batched = registration.batch_first(value.detach())
-        size = batched.shape[0] if registration.batch_dim is not None else None
-        groups.setdefault((batched.device, size), []).append((registration, batched))
+        batch_dim = registration.batch_dim
+        if batch_dim:  # detached first: a view of a parameter would otherwise get an autograd node of its own
+            value = registration.batch_first(value.detach())
+        size = value.shape[0] if batch_dim is not None else None
+        # is_cpu first: making a device object costs more than the rest of this loop's body
+        group = groups.get(("cpu" if value.is_cpu else value.device, size))
+        if group is None:
+            group = groups[("cpu" if value.is_cpu else value.device, size)] = ([], [])
+        group[0].append(registration)
+        group[1].append(value)
     blocks = []
-    for (_, size), members in groups.items():
-        registrations = [r for r, _ in members]
-        summary = summarize([v for _, v in members], batch_size=members[0][1].shape[0],
+    for (_, size), (registrations, values) in groups.items():
+        summary = summarize(values, batch_size=1 if size is None else size,
                             max_neurons=[0 if r.recording_type in ("kpis", "kpis_and_svd") else max_neurons
                                          for r in registrations])
-        blocks.append(Block(kind, registrations, summary, size is not None, _svd(kind, members, with_svd)))
+        blocks.append(Block(kind, registrations, summary, size is not None, _svd(kind, registrations, values, with_svd)))
     return blocks
 
 
-def _svd(kind: str, members: list[tuple[Registration, torch.Tensor]], with_svd: bool) -> torch.Tensor | None:
-    wanted = [(i, r) for i, (r, _) in enumerate(members)
+def _svd(kind: str, registrations: list[Registration], values: list[torch.Tensor], with_svd: bool) -> torch.Tensor | None:
+    wanted = [(i, r) for i, r in enumerate(registrations)
               if r.batch_dim is None and len(r.shape) == 2
               and ((with_svd and r.tensor_type == "parameter") or r.recording_type == "kpis_and_svd")]
     if not wanted:
         return None
-    device = members[0][1].device
+    device = values[0].device
     # Keyed by name and kind: the next recorded step of the same tensor starts from this one's vector.
-    norms = largest_singular_values([members[i][1].reshape(r.shape) for i, r in wanted],
+    norms = largest_singular_values([values[i].detach().reshape(r.shape) for i, r in wanted],
                                     keys=[(kind, r.tensor_name, r.iteration) for _, r in wanted])
     if device.type == "cpu":  # in NumPy: three torch calls here cost more than the norms of small matrices
-        on_host = np.full(len(members), np.nan, dtype=np.float32)
+        on_host = np.full(len(values), np.nan, dtype=np.float32)
         on_host[[i for i, _ in wanted]] = norms.numpy()
         return torch.from_numpy(on_host)
-    values = torch.full((len(members),), float("nan"), device=device)
-    values[to_device(torch.tensor([i for i, _ in wanted]), device)] = norms
-    return values
+    result = torch.full((len(values),), float("nan"), device=device)
+    result[to_device(torch.tensor([i for i, _ in wanted]), device)] = norms
+    return result
 
 
 def prepare() -> None:
@@ -166,7 +176,7 @@ class _BlockRows:
             self.aggregation, self.sample, self.category = ["none"], [-1], [None]
         self.svd = (np.tile(svd, n_rows).astype(np.float32) if svd is not None
                     else np.full(n_rows * n_tensors, np.nan, dtype=np.float32))
-        self.kept = np.tile(np.array([b - a for a, b in block.summary.neuron_slices], dtype=np.int64), n_rows)
+        self.kept = np.tile(block.summary.kept, n_rows)
         per_sample = np.array([r.per_sample for r in block.registrations], dtype=bool)
         self.keep = ((np.array(self.aggregation) != "sample")[:, None] | per_sample[None, :]).reshape(-1)
 

@@ -53,6 +53,12 @@ def empty_figure(message: str) -> go.Figure:
     return figure
 
 
+# A line of more points than this is drawn without a marker per point. Plotly draws each marker as its own
+# SVG element: 2,000 of them (a long run) made Chromium re-layer the page on every frame of every click
+# (about 70 ms a click at 1,002 nodes x 50x, from Chromium's trace), and so many markers overlap anyway.
+MARKERS_UP_TO = 200
+
+
 def series_figure(series: Sequence[Series], *, title: str, current_trial: str, current_step: int) -> go.Figure:
     """One line per trial (and per rank, where ranks are drawn side by side); the selected step is marked."""
     if not series:
@@ -61,7 +67,8 @@ def series_figure(series: Sequence[Series], *, title: str, current_trial: str, c
     for entry in series:
         x, y = downsample(entry.steps, entry.values)
         name = entry.trial if entry.rank is None else f"{entry.trial} · rank {entry.rank}"
-        figure.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=name, marker={"size": 4},
+        mode = "lines+markers" if len(x) <= MARKERS_UP_TO else "lines"
+        figure.add_trace(go.Scatter(x=x, y=y, mode=mode, name=name, marker={"size": 4},
                                     line={"width": 2.5 if entry.trial == current_trial else 1.2}))
     figure.add_vline(x=current_step, line_dash="dot", line_color="#b22222")
     figure.update_layout(title={"text": title, "font": {"size": 13}}, margin=_MARGIN, height=300,

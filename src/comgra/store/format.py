@@ -296,7 +296,12 @@ def chunk_files(folder: Path) -> list[Path]:
 
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
-    _write_atomic(path, lambda tmp: tmp.write_text(json.dumps(document, separators=(",", ":"))))
+    _write_atomic(path, lambda tmp: tmp.write_text(json_text(document)))
+
+
+def json_text(document: dict[str, Any]) -> str:
+    """A JSON document as the recording stores it (compact)."""
+    return json.dumps(document, separators=(",", ":"))
 
 
 def write_parquet_atomic(path: Path, table: pa.Table, row_group_size: int = 4096) -> None:
@@ -323,9 +328,7 @@ def _write_atomic(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkstemp: its files are 0600, and a recording must be readable as the umask allows
     # (a GUI run by another user, a shared results folder).
-    # The suffix is not the final one, so globs such as tensors/*.parquet never match a file being written.
-    tmp = path.parent / f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{path.name}{TEMP_SUFFIX}"
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    tmp = create_temporary(path)
     try:
         write(tmp)
         # Durable before visible: after a power loss a file is either whole under its final name or absent.
@@ -337,6 +340,14 @@ def _write_atomic(path: Path, write: Any) -> None:
         raise
     if DURABLE_WRITES:
         _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # the rename itself
+
+
+def create_temporary(path: Path) -> Path:
+    """A new, empty temporary file beside ``path`` (``.tmp-<pid>-<hex>-<name>.partial``), to be renamed to it."""
+    # The suffix is not the final one, so globs such as tensors/*.parquet never match a file being written.
+    tmp = path.parent / f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{path.name}{TEMP_SUFFIX}"
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    return tmp
 
 
 def _fsync(path: Path, flags: int) -> None:

@@ -7,6 +7,13 @@
  * the same, updates the selectors and plots), highlighting its neighbours, moving along the graph with the arrow keys
  * and the buttons, collapsing parameter boxes, zoom and pan, a hover card, and keeping the selected
  * node in view. It also keeps the page's URL in step with the selection (replaceState, no reload).
+ *
+ * Only what is in view is drawn: the nodes and boxes within the visible part of the graph plus a
+ * margin are elements in the page, the others are drawn when they are scrolled, panned or zoomed into
+ * view (at 1,000 nodes the whole graph is about 100,000 px wide, and drawing it all made every frame of
+ * a click slow). The selected node and the focused one stay drawn; highlights are kept as data
+ * (state.marks) and given to an element when it is drawn. ``window.COMGRA_DRAW_ALL = true`` before the
+ * page loads draws everything, as before (benchmarks/app_latency.py compares both).
  */
 (function () {
   "use strict";
@@ -19,9 +26,11 @@
 
   var state = {
     key: null, doc: null, badges: {}, summaries: {}, selected: null, role: null, collapsed: {},
-    layout: null, byId: {}, incoming: {}, outgoing: {}, highlighted: [], zoom: 1, rendered: "",
-    selection: null, clicks: 0, asks: 0, drawnAfter: 0, stepClicks: {}
+    layout: null, byId: {}, incoming: {}, outgoing: {}, zoom: 1, rendered: "",
+    selection: null, clicks: 0, asks: 0, drawnAfter: 0, stepClicks: {},
+    drawn: {}, drawnBoxes: {}, marks: {}, canvas: null, pending: false
   };
+  var DRAW_MARGIN = 300;  // px of the screen drawn beyond each side of the visible part of the graph
   var VALUES_ROUTE = "_comgra/values";  // server/callbacks.py: VALUES_ROUTE
 
   // -- layout ---------------------------------------------------------------------------------
@@ -122,6 +131,11 @@
     if (!node.box) element.appendChild(el("span", "node-detail", node.detail));
     var badge = state.badges && state.badges[node.id];
     if (badge) element.appendChild(badgeMark(badge));
+    var mark = state.marks[node.id];
+    if (mark) {
+      element.classList.add(mark);
+      if (mark === "selected") element.setAttribute("aria-pressed", "true");
+    }
     return element;
   }
 
@@ -148,9 +162,9 @@
   function render() {
     var graph = document.getElementById("dependency-graph");
     if (!graph) return;
-    var doc = state.doc;
+    var doc = state.doc, left = graph.scrollLeft, top = graph.scrollTop;
     graph.textContent = "";
-    state.highlighted = [];
+    state.drawn = {}; state.drawnBoxes = {}; state.canvas = null;
     if (!doc) {
       graph.appendChild(el("div", "graph-empty", "No graph to show."));
       state.layout = null;
@@ -158,18 +172,58 @@
     }
     var layout = state.layout = computeLayout(doc);
     var sizer = el("div", "graph-sizer");
-    var canvas = el("div", "graph-canvas");
+    var canvas = state.canvas = el("div", "graph-canvas");
     canvas.setAttribute("data-graph", doc.hash || "");
     canvas.style.width = layout.width + "px"; canvas.style.height = layout.height + "px";
-    doc.boxes.forEach(function (box) { canvas.appendChild(drawBox(box, layout.boxes[box.id])); });
-    doc.nodes.forEach(function (node) {
-      var p = layout.nodes[node.id];
-      if (p && !p.hidden) canvas.appendChild(drawNode(node, p));
-    });
     canvas.appendChild(el("div", "graph-edges"));
     sizer.appendChild(canvas);
     graph.appendChild(sizer);
     applyZoom();
+    graph.scrollLeft = left; graph.scrollTop = top;  // a box opened or closed: the view stays where it was
+    drawVisible();
+  }
+
+  // The part of the layout to draw: what the scroll area shows, plus DRAW_MARGIN, in layout pixels.
+  function drawnWindow(graph) {
+    if (window.COMGRA_DRAW_ALL === true) return null;
+    var z = state.zoom, margin = DRAW_MARGIN / z;
+    return { left: graph.scrollLeft / z - margin, right: (graph.scrollLeft + graph.clientWidth) / z + margin,
+             top: graph.scrollTop / z - margin, bottom: (graph.scrollTop + graph.clientHeight) / z + margin };
+  }
+
+  function inWindow(p, w) {
+    return !w || (p.x + p.w >= w.left && p.x <= w.right && p.y + p.h >= w.top && p.y <= w.bottom);
+  }
+
+  // Adds the elements that came into the window and removes those that left it; the selected and the
+  // focused node stay (the keyboard's place in the graph is never lost).
+  function drawVisible() {
+    var graph = document.getElementById("dependency-graph"), canvas = state.canvas, layout = state.layout;
+    if (!graph || !canvas || !layout || !graph.contains(canvas)) return;
+    var w = drawnWindow(graph), edges = canvas.querySelector(".graph-edges"), focused = document.activeElement;
+    state.doc.boxes.forEach(function (box) {
+      var p = layout.boxes[box.id], element = state.drawnBoxes[box.id];
+      if (inWindow(p, w)) {
+        if (!element) canvas.insertBefore(state.drawnBoxes[box.id] = drawBox(box, p), edges);
+      } else if (element && !element.contains(focused)) {
+        element.remove(); delete state.drawnBoxes[box.id];
+      }
+    });
+    state.doc.nodes.forEach(function (node) {
+      var p = layout.nodes[node.id], element = state.drawn[node.id];
+      if (p && !p.hidden && (inWindow(p, w) || node.id === state.selected)) {
+        if (!element) canvas.insertBefore(state.drawn[node.id] = drawNode(node, p), edges);
+      } else if (element && element !== focused) {
+        element.remove(); delete state.drawn[node.id];
+      }
+    });
+  }
+
+  // Scrolling, panning and zooming draw what came into view, once per frame.
+  function drawSoon() {
+    if (state.pending) return;
+    state.pending = true;
+    window.requestAnimationFrame(function () { state.pending = false; drawVisible(); });
   }
 
   function applyZoom() {
@@ -184,8 +238,8 @@
   }
 
   function nodeElement(id) {
-    var graph = document.getElementById("dependency-graph");
-    return graph ? graph.querySelector('[data-node="' + (window.CSS && CSS.escape ? CSS.escape(id) : id) + '"]') : null;
+    var element = state.drawn[id];
+    return element && element.isConnected ? element : null;
   }
 
   function anchor(id) {
@@ -229,14 +283,12 @@
     return result;
   }
 
-  function highlight(id, role) {
+  // Marks a node and its neighbours (as data, and on the elements drawn) and draws the edges between them.
+  // ``scroll`` false: the view stays where the user scrolled it (the same node, shown again with new values).
+  function highlight(id, role, scroll) {
     var graph = document.getElementById("dependency-graph");
     if (!graph || !state.doc) return;
-    state.highlighted.forEach(function (element) {
-      element.classList.remove("selected", "dependency", "dependent");
-      element.setAttribute("aria-pressed", "false");
-    });
-    state.highlighted = [];
+    Object.keys(state.marks).forEach(function (other) { mark(other, null); });
     var layer = graph.querySelector(".graph-edges");
     if (layer) layer.textContent = "";
     state.selected = id; state.role = role;
@@ -250,24 +302,29 @@
     var all = links(id, role);
     Object.keys(all).forEach(function (key) {
       var parts = key.split("\u0000"), other = parts[0], side = parts[1];
-      var element = nodeElement(other);
-      if (element && other !== id) { element.classList.add(side); state.highlighted.push(element); }
-      if (layer && other !== id) {
+      if (other === id) return;
+      mark(other, side);
+      if (layer) {
         if (side === "dependency") line(layer, other, id, all[key]); else line(layer, id, other, all[key]);
       }
     });
-    var selected = nodeElement(id);
-    if (selected) {
-      selected.classList.add("selected");
-      selected.setAttribute("aria-pressed", "true");
-      state.highlighted.push(selected);
-      keepInView(selected);
-    }
+    mark(id, "selected");
+    if (scroll === false) drawVisible(); else keepInView(id);  // draws the new selection; the one before may leave
   }
 
-  function keepInView(element) {
+  function mark(id, side) {
+    var element = nodeElement(id);
+    if (side) state.marks[id] = side; else delete state.marks[id];
+    if (!element) return;
+    element.classList.remove("selected", "dependency", "dependent");
+    if (side) element.classList.add(side);
+    element.setAttribute("aria-pressed", side === "selected" ? "true" : "false");
+  }
+
+  // Scrolls the graph so that the node is in view (and drawn), unless it already is.
+  function keepInView(id) {
     var scroller = document.getElementById("dependency-graph");
-    var p = state.layout && state.layout.nodes[element.getAttribute("data-node")];
+    var p = state.layout && state.layout.nodes[id];
     if (!scroller || !p) return;
     var z = state.zoom, left = p.x * z, top = p.y * z, right = (p.x + p.w) * z, bottom = (p.y + p.h) * z;
     var margin = 24;
@@ -277,6 +334,7 @@
     if (top < scroller.scrollTop + margin || bottom > scroller.scrollTop + scroller.clientHeight - margin) {
       scroller.scrollTop = Math.max(0, (top + bottom) / 2 - scroller.clientHeight / 2);
     }
+    drawVisible();  // now, not at the next frame: the caller may focus the element
   }
 
   // -- moving along the graph -------------------------------------------------------------------
@@ -428,8 +486,8 @@
     }
     state.zoom = Math.round(state.zoom * 100) / 100;
     applyZoom();
-    var selected = state.selected && nodeElement(state.selected);
-    if (selected) keepInView(selected);
+    drawVisible();  // what a new zoom brings into view
+    if (state.selected) keepInView(state.selected);
   }
 
   // Pan: drag the background of the graph.
@@ -449,6 +507,10 @@
   document.addEventListener("mouseup", function () {
     if (drag) { drag.graph.classList.remove("panning"); drag = null; }
   });
+  document.addEventListener("scroll", function (event) {  // scroll does not bubble: listen while it is captured
+    if (event.target && event.target.id === "dependency-graph") drawSoon();
+  }, true);
+  window.addEventListener("resize", drawSoon);
 
   // The hover card: full name, roles, min / mean / max at this step.
   function card() {
@@ -607,16 +669,16 @@
     state.badges = badges || {};
     var graph = document.getElementById("dependency-graph");
     if (!graph) return;
-    graph.querySelectorAll(".graph-node .node-badge").forEach(function (mark) { mark.remove(); });
-    graph.querySelectorAll(".graph-node[data-node]").forEach(function (element) {
-      var badge = state.badges[element.getAttribute("data-node")];
-      if (badge) element.appendChild(badgeMark(badge));
+    graph.querySelectorAll(".graph-node .node-badge").forEach(function (badge) { badge.remove(); });
+    Object.keys(state.drawn).forEach(function (id) {  // a node drawn later gets its badge when it is drawn
+      var badge = state.badges[id];
+      if (badge) state.drawn[id].appendChild(badgeMark(badge));
     });
   }
 
   function renderGraph(key, documents, badges, shown) {
     var hash = key && key.hash, doc = hash && documents ? documents[hash] : null;
-    var renderKey = (hash || "") + "|" + JSON.stringify(badges || {});
+    var renderKey = (hash || "") + "|" + JSON.stringify(badges || {}), redrawn = false;
     if (renderKey !== state.rendered && doc && doc === state.doc && hash === state.key) {
       drawBadges(badges);
       state.rendered = renderKey;
@@ -631,8 +693,10 @@
       }
       state.key = hash;
       render();
+      redrawn = true;
     }
-    if (shown && shown.node_id) highlight(shown.node_id, shown.role);
+    // Findings' badges or the next step's values of the same node: the view stays where the user scrolled it.
+    if (shown && shown.node_id) highlight(shown.node_id, shown.role, redrawn || shown.node_id !== state.selected);
     return renderKey;
   }
 
@@ -654,5 +718,6 @@
   window.dash_clientside.comgra = { renderGraph: renderGraph, searchOptions: searchOptions, notices: notices,
                                     writeUrl: writeUrl, tabFromUrl: tabFromUrl, renderValues: renderValues,
                                     setSummaries: setSummaries };
-  window.comgraGraph = { state: state, neighbour: neighbour, select: select };
+  // ``reveal(id)``: scroll the graph to a node and draw it, as scrolling by hand does (tests, benchmarks).
+  window.comgraGraph = { state: state, neighbour: neighbour, select: select, reveal: keepInView };
 })();
