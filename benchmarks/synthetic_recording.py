@@ -68,6 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from comgra.store import format as fmt
+from comgra.store import writer as store_writer
 from comgra.store.writer import ChunkWriter
 
 TYPES = {"01_iterations": 1, "03_iterations": 3, "05_iterations": 5, "10_iterations": 10, "20_iterations": 20}
@@ -547,7 +548,7 @@ class PresortedChunks:
     training steps, by a constant: one sorted table per such offset serves them all. At 1,000 nodes this
     leaves only the Parquet encoding per chunk (of the 4 s a chunk took, 1.5 s were the sort, and Arrow's
     sort of sorted rows still costs 0.3-0.7 s). The file is what ``ChunkWriter`` writes: the same rows with
-    its rank column, the same ``fmt.TENSOR_SORT`` order, ``fmt.write_parquet_atomic`` with the writer's
+    its rank column, the same ``fmt.TENSOR_SORT`` order, ``writer.write_flushed_chunk`` with the writer's
     row groups, and the name (sequence number, step range) its next flush takes. Only for chunks the
     writer would never merge (each over ``max_merged_rows / (merge_every - 1)`` rows): the writer does not
     see these chunks, so it must not be a merge that it misses.
@@ -574,7 +575,7 @@ class PresortedChunks:
         table = shuffled_samples(template.set_column(column, template.schema.field(column), steps))
         bounds = pc.min_max(steps)
         name = fmt.chunk_name(self._next_seq(), bounds["min"].as_py(), bounds["max"].as_py(), self.writer.rank)
-        fmt.write_parquet_atomic(self.directory / "tensors" / name, table, row_group_size=fmt.TENSOR_ROW_GROUP)
+        store_writer.write_flushed_chunk("tensors", self.directory / "tensors" / name, table)
 
     def _template(self, chunk_start: int) -> pa.Table:
         """The chunk's rows in the writer's order, with training steps counted from the chunk's first step."""

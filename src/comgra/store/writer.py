@@ -386,6 +386,13 @@ def _write_chunk(name: str, path: Path, table: pa.Table) -> None:
     fmt._write_atomic(path, lambda tmp: _encode(name, tmp, table, MERGED_COMPRESSION))
 
 
+def write_flushed_chunk(name: str, path: Path, table: pa.Table) -> None:
+    """``table``, already in the writer's row order, encoded as a flush encodes it, in place at once. For
+    tools that write chunks the writer would have written (benchmarks/synthetic_recording.py's presorted
+    chunks, which skip the sort)."""
+    fmt._write_atomic(path, lambda tmp: _encode(name, tmp, table, FRESH_COMPRESSION))
+
+
 def _encode_temporary(name: str, path: Path, table: pa.Table, compression: str) -> Path:
     """``table`` as a Parquet file under a temporary name beside ``path``; the caller renames it."""
     table = _sorted(name, table)
