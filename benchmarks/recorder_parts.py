@@ -97,17 +97,11 @@ def _time_garbage_collections() -> None:
 
 
 def measure(workload: str, steps: int, warmup: int, out: Path) -> dict[str, Any]:
-    import torch
     import comgra
     from comgra import objects
     _instrument()
     _time_garbage_collections()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model_class, step_function = workloads.WORKLOADS[workload]
-    model = model_class()
-    optimizer = workloads.make_optimizer(workload, model)
-    workloads._build_kernels()
+    model, optimizer, step_function = workloads.prepare(workload)
     rec = workloads.make_recorder(comgra, objects, "all", out, f"parts_{workload}", 1)
     comgra.my_recorder = rec
     rec.track_module("main_model", model)

@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -344,11 +345,9 @@ def make_optimizer(workload: str, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def measure(workload: str, mode: str, steps: int, out: Path, schedule_gap: int, seed: int = 0,
-            device: str = "cpu", batch: int | None = None) -> dict:
-    """mode: none (no comgra), inactive (comgra_is_active=False), schedule (the tutorial's policy), all (every step)."""
-    import comgra
-    from comgra import objects
+def prepare(workload: str, seed: int = 0, device: str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """A workload's model, optimizer and step function, seeded, on one thread, with our kernel built or loaded
+    before any clock starts: how every benchmark of a recorded workload begins."""
     torch.manual_seed(seed)
     random.seed(seed)
     torch.set_num_threads(1)
@@ -357,9 +356,18 @@ def measure(workload: str, mode: str, steps: int, out: Path, schedule_gap: int, 
     DEVICE = torch.device(device)
     model = model_class().to(DEVICE)
     optimizer = make_optimizer(workload, model)
+    _build_kernels()
+    return model, optimizer, step_function
+
+
+def measure(workload: str, mode: str, steps: int, out: Path, schedule_gap: int, seed: int = 0,
+            device: str = "cpu", batch: int | None = None) -> dict:
+    """mode: none (no comgra), inactive (comgra_is_active=False), schedule (the tutorial's policy), all (every step)."""
+    import comgra
+    from comgra import objects
+    model, optimizer, step_function = prepare(workload, seed, device)
     trial = f"{workload}_{mode}_{os.getpid()}"
     rec = None
-    _build_kernels()
     if mode != "none":
         rec = make_recorder(comgra, objects, mode, out, trial, schedule_gap)
         comgra.my_recorder = rec

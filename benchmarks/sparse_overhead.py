@@ -64,20 +64,10 @@ def measure(workload: str, mode: str, steps: int, out: Path, seed: int = 0) -> d
     recorder, its first step recorded, and blocks of GAP steps without comgra's calls, in turn: the same
     process, model and moment for both, see print_within). Per step: wall and training-thread CPU."""
     sys.path.insert(0, str(HERE))
-    import random
-
-    import torch
-
     import comgra
     import recording_workloads as workloads
     from comgra import objects
-    torch.manual_seed(seed)
-    random.seed(seed)
-    torch.set_num_threads(1)
-    model_class, step_function = workloads.WORKLOADS[workload]
-    model = model_class()
-    optimizer = workloads.make_optimizer(workload, model)
-    workloads._build_kernels()
+    model, optimizer, step_function = workloads.prepare(workload, seed)
     calibration = [_timed_step(step_function, model, optimizer, step) for step in range(CALIBRATION)]  # no recorder yet
     trial = f"{workload}_{mode}_{os.getpid()}"
     recorder = None

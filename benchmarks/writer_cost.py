@@ -36,8 +36,6 @@ ROOT = HERE.parent
 def capture(workload: str = "resnet18", steps: int = 6) -> list[tuple[str, Any, Any]]:
     """What the recorder hands its writer over ``steps`` recorded steps (after one warm-up step)."""
     sys.path.insert(0, str(HERE))
-    import torch
-
     import comgra
     import recording_workloads as workloads
     from comgra import objects
@@ -54,12 +52,7 @@ def capture(workload: str = "resnet18", steps: int = 6) -> list[tuple[str, Any, 
         items.append(("json", relative_path, document))
         original_json(self, relative_path, document)
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    model_class, step_function = workloads.WORKLOADS[workload]
-    model = model_class()
-    optimizer = workloads.make_optimizer(workload, model)
-    workloads._build_kernels()
+    model, optimizer, step_function = workloads.prepare(workload)
     with tempfile.TemporaryDirectory() as folder:
         recorder = workloads.make_recorder(comgra, objects, "all", Path(folder), "capture", 1)
         comgra.my_recorder = recorder

@@ -185,7 +185,7 @@ def test_a_shift_that_overflows_takes_the_eager_path(kernel: None, monkeypatch: 
 
 
 def _fresh_state(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(fused, "_STATE", {"function": None, "building": False, "failed": False, "pid": 0})
+    monkeypatch.setattr(fused, "_BUILD", fused._new_build())
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("COMGRA_FUSED_KERNEL", raising=False)  # these tests say for themselves whether it is on
 
@@ -201,7 +201,7 @@ def test_a_failing_compiler_leaves_the_eager_path(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(fused, "_compiler", lambda: "/bin/false")
     assert fused.row_sums(torch.ones(2, 50_000)) is None  # the build starts on a thread; eager meanwhile
     _wait_for_build()
-    assert fused._STATE["failed"] and fused.row_sums(torch.ones(2, 50_000)) is None
+    assert fused._BUILD.failed and fused.row_sums(torch.ones(2, 50_000)) is None
     array = np.random.default_rng(3).standard_normal((2, 50_000)).astype(np.float32)
     per_sample = summarize([torch.from_numpy(array)], batch_size=2, max_neurons=[0]).per_sample[:, 0].numpy()
     assert_float32_close(per_sample, reference_statistics(array), float(np.abs(array).max()))

@@ -146,10 +146,10 @@ def test_the_tutorial_takes_the_native_path(built: None, make_recorder: Any) -> 
 
 def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMGRA_NATIVE_MARKER", "0")
-    for key, value in {"module": None, "building": False, "failed": False}.items():
-        monkeypatch.setitem(native_marker._STATE, key, value)
+    for name, value in {"value": None, "building": False, "failed": False}.items():
+        monkeypatch.setattr(native_marker._BUILD, name, value)
     assert native_marker.marker(BACKWARD_START) is None
-    assert native_marker._STATE["failed"]
+    assert native_marker._BUILD.failed
 
 
 def test_a_library_that_does_not_load_is_no_marker(tmp_path: Path) -> None:

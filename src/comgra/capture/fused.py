@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from comgra.capture import native_build
 
 SOURCE = r"""
 #include <math.h>
@@ -156,8 +154,7 @@ void comgra_finish(long count, long rows, const double *widths, const double *su
 }
 """
 
-_LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"function": None, "building": False, "failed": False, "pid": 0}
+_LOCK = threading.Lock()  # the helper thread's executor
 
 
 # The kernel's six numbers per row, in order (see SOURCE): shifted by ``shift``, the mean of the row's
@@ -320,41 +317,17 @@ def _readable(values: torch.Tensor, rows: int) -> bool:
 
 
 def _kernel() -> Any:
-    """The loaded function, or None; the first call loads a cached build or starts one."""
-    state = _STATE
-    if state["function"] is not None or state["failed"]:
-        return state["function"]
-    with _LOCK:
-        if state["pid"] != os.getpid():  # a forked child: a build thread of the parent does not run here
-            state.update(building=False, pid=os.getpid())
-        if state["function"] is not None or state["building"] or state["failed"]:
-            return state["function"]
-        if os.environ.get("COMGRA_FUSED_KERNEL", "1") == "0":
-            state["failed"] = True
-            return None
-        library = _library_path()
-        if library is not None and library.exists():
-            _load(library)
-        else:
-            state["building"] = True
-            threading.Thread(target=_build_and_load, name="comgra-kernel-build", daemon=True).start()
-    return state["function"]
+    """The loaded functions, or None; the first call loads a cached build or starts one."""
+    return _BUILD.value if _BUILD.value is not None else _BUILD.get()
 
 
 def ensure_built(timeout: float = 120.0) -> bool:
     """Build (or load) the kernel now and wait for it; True if it is usable. For tests and benchmarks."""
-    _kernel()
-    thread = next((t for t in threading.enumerate() if t.name == "comgra-kernel-build"), None)
-    if thread is not None:
-        thread.join(timeout)
-    return _STATE["function"] is not None
+    return _BUILD.ensure_built(timeout)
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    return native_build.find_compiler("CC", ("cc", "gcc", "clang"))
 
 
 # No contraction into fused multiply-adds: finish() must give NumPy's results to the bit. The flags are part of
@@ -367,47 +340,17 @@ def _library_path() -> Path | None:
     compiler = _compiler()
     if compiler is None or sys.platform == "win32":
         return None
-    parts = [SOURCE, *BUILD_FLAGS, compiler, platform.machine(), sys.platform]
-    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    return _cache_dir() / f"row_sums-{key}.so"
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "comgra" / "kernels"
-
-
-def _build_and_load() -> None:
-    try:
-        library = _library_path()
-        if library is None:
-            raise OSError("no C compiler")
-        if not library.exists():
-            _compile(library)
-        _load(library)
-    except Exception:  # a speed-up only: no compiler, no writable cache, a failed build
-        _STATE["failed"] = True
-    finally:
-        _STATE["building"] = False
+    return native_build.cached_library("row_sums", [SOURCE, *BUILD_FLAGS, compiler, platform.machine(), sys.platform],
+                                       ".so")
 
 
 def _compile(library: Path) -> None:
-    """Compile into a temporary name beside the target, then rename: a concurrent process sees either
-    nothing or a whole library."""
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as folder:
-        source = Path(folder) / "row_sums.c"
-        source.write_text(SOURCE)
-        partial = library.parent / f".{library.name}.{os.getpid()}.tmp"
-        try:
-            subprocess.run([str(_compiler()), *BUILD_FLAGS, "-o", str(partial), str(source), "-lm"],
-                           check=True, capture_output=True, timeout=120)
-            os.replace(partial, library)
-        finally:
-            partial.unlink(missing_ok=True)
+    native_build.compile_atomically(
+        library, SOURCE, "row_sums.c",
+        lambda source, target: [str(_compiler()), *BUILD_FLAGS, "-o", str(target), str(source), "-lm"], timeout=120)
 
 
-def _load(library: Path) -> None:
+def _load(library: Path) -> tuple[Any, ...] | None:
     """Load the library and check it against NumPy on values with every case the kernel meets (a tail
     shorter than the lanes, several rows with a stride, negative and positive values, a second tensor)."""
     try:
@@ -438,9 +381,9 @@ def _load(library: Path) -> None:
         first(2, arguments[0].ctypes.data, 3, arguments[2].ctypes.data, kept.ctypes.data, 8, values.ctypes.data)
         if not np.array_equal(values, np.concatenate([probe.numpy()[:, :5], second.numpy()[:, :3]], axis=1)):
             raise OSError("the kernel's first values disagree with NumPy")
-        _STATE["function"] = (single, many, finish, first)
+        return single, many, finish, first
     except (OSError, AttributeError):
-        _STATE["failed"] = True
+        return None
 
 
 def unshifted(sums: np.ndarray, width: int) -> np.ndarray:
@@ -454,3 +397,13 @@ def reference_sums(values: np.ndarray) -> np.ndarray:
     """(5, B): the same five sums of a (B, D) array in NumPy's float64."""
     wide = values.astype(np.float64)
     return np.stack([wide.sum(1), (wide * wide).sum(1), np.abs(wide).sum(1), wide.min(1), wide.max(1)])
+
+
+def _new_build() -> native_build.LazyBuild:
+    # Late-bound lambdas: tests replace _compiler and SOURCE to see a failing or a wrong build refused.
+    return native_build.LazyBuild(thread_name="comgra-kernel-build", switch="COMGRA_FUSED_KERNEL",
+                                  library_path=lambda: _library_path(), build=lambda path: _compile(path),
+                                  load=lambda path: _load(path))
+
+
+_BUILD = _new_build()

@@ -22,22 +22,18 @@ is left out of the compiled graph (no backward time) rather than failing the use
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
-import os
 import platform
-import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from comgra.capture import native_build
 
 SOURCE = r"""
 #include <chrono>
@@ -198,9 +194,6 @@ MODULE_NAME = "comgra_native_marker"  # PYBIND11_MODULE's name: the loader looks
 BUILD_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++17", "-w")
 BUILD_THREAD = "comgra-marker-build"
 
-_LOCK = threading.Lock()
-_STATE: dict[str, Any] = {"module": None, "building": False, "failed": False, "pid": os.getpid()}
-
 
 def marker(start_index: int) -> Any:
     """A new native ``Marker``, or None while it is not built, or where it cannot be. The first call starts the
@@ -215,40 +208,15 @@ def marker(start_index: int) -> Any:
 
 def ensure_built(timeout: float = 300.0) -> bool:
     """Build (or load) the marker now and wait for it; True if it is usable. For tests and benchmarks."""
-    _module()
-    thread = next((t for t in threading.enumerate() if t.name == BUILD_THREAD), None)
-    if thread is not None:
-        thread.join(timeout)
-    return _module() is not None
+    return _BUILD.ensure_built(timeout)
 
 
 def _module() -> Any:
-    with _LOCK:
-        state = _STATE
-        if state["pid"] != os.getpid():  # a forked child: a build thread of the parent does not run here
-            state.update(building=False, pid=os.getpid())
-        if state["module"] is not None or state["building"] or state["failed"]:
-            return state["module"]
-        if os.environ.get("COMGRA_NATIVE_MARKER", "1") == "0":
-            state["failed"] = True
-            return None
-        library = _library_path()
-        if library is None:
-            state["failed"] = True
-        elif library.exists():
-            state["module"] = _load(library)
-            state["failed"] = state["module"] is None
-        else:
-            state["building"] = True
-            threading.Thread(target=_build, args=(library,), name=BUILD_THREAD, daemon=True).start()
-        return state["module"]
+    return _BUILD.get()
 
 
 def _compiler() -> str | None:
-    for name in (os.environ.get("CXX", ""), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    return native_build.find_compiler("CXX", ("c++", "g++", "clang++"))
 
 
 def _torch_paths() -> tuple[Path, Path]:
@@ -269,32 +237,14 @@ def _library_path() -> Path | None:
     compiler = _compiler()
     if compiler is None or sys.platform not in ("linux", "darwin"):
         return None
-    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     parts = [SOURCE, *BUILD_FLAGS, compiler, torch.__version__, str(Path(torch.__file__).parent), sys.version,
              platform.machine(), sys.platform]
-    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "comgra" / "kernels" / f"native_marker-{key}{suffix}"
+    return native_build.cached_library("native_marker", parts, importlib.machinery.EXTENSION_SUFFIXES[0])
 
 
 def _build(library: Path) -> None:
-    """Compile into a temporary name beside the target, then rename: a concurrent process sees either nothing or
-    a whole library. Loading waits for the next ``marker()`` on the training thread."""
-    try:
-        library.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as folder:
-            source = Path(folder) / "native_marker.cpp"
-            source.write_text(SOURCE)
-            partial = library.parent / f".{library.name}.{os.getpid()}.tmp"
-            try:
-                subprocess.run(_command(source, partial), check=True, capture_output=True, timeout=600)
-                os.replace(partial, library)
-            finally:
-                partial.unlink(missing_ok=True)
-    except Exception:  # noqa: BLE001 - a speed-up only: no compiler, no writable cache, a failed build
-        _STATE["failed"] = True
-    finally:
-        _STATE["building"] = False
+    """Compile; loading (with the self-test) waits for the next ``marker()`` on the training thread."""
+    native_build.compile_atomically(library, SOURCE, "native_marker.cpp", _command, timeout=600)
 
 
 def _load(library: Path) -> Any:
@@ -328,3 +278,9 @@ def _self_test(module: Any) -> bool:
         after = time.perf_counter()
     return (marked and not probe.mark(leaf, first) and not error and len(finishes) == 1 and unreached[1] is None
             and first[1] is not None and first[1] == again[1] and before <= first[1] <= finishes[0] <= after)
+
+
+# Late-bound lambdas: tests replace the module's functions to see a failing or a refused build.
+_BUILD = native_build.LazyBuild(thread_name=BUILD_THREAD, switch="COMGRA_NATIVE_MARKER",
+                                library_path=lambda: _library_path(), build=lambda path: _build(path),
+                                load=lambda path: _load(path))

@@ -1,0 +1,113 @@
+"""Compiled speed-ups (the statistics kernel in ``fused``, the backward marker in ``native_marker``): how they
+are built, cached and loaded.
+
+Each is compiled the first time it is wanted, on a thread of its own, into a per-user cache whose file
+name hashes everything the build depends on, so that later processes only load it. A build writes a
+temporary name beside the target and renames it: a concurrent process sees nothing or a whole library.
+Loading (with the caller's self-test) happens on the thread that asks after the build is done. Until
+then, and wherever there is no compiler, the build fails, the self-test refuses the library or the
+environment switch is ``0``, ``LazyBuild.get`` answers None and the caller keeps its Python path: these
+are speed-ups, never requirements.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "comgra" / "kernels"
+
+
+def cached_library(stem: str, key_parts: Iterable[str], suffix: str) -> Path:
+    """Where a build of ``stem`` that depends on ``key_parts`` (source, flags, compiler, platform...) lives."""
+    key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:16]
+    return cache_dir() / f"{stem}-{key}{suffix}"
+
+
+def find_compiler(environment_variable: str, names: Iterable[str]) -> str | None:
+    """The compiler the environment names (``CC``, ``CXX``), else the first of ``names`` on the PATH."""
+    for name in (os.environ.get(environment_variable, ""), *names):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def compile_atomically(library: Path, source: str, source_name: str, command: Callable[[Path, Path], list[str]],
+                       timeout: float) -> None:
+    """Compile ``source`` (written to a temporary ``source_name``) with ``command(source, target)`` into a
+    temporary name beside ``library``, then rename it into place. Raises where the compiler fails."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as folder:
+        source_path = Path(folder) / source_name
+        source_path.write_text(source)
+        partial = library.parent / f".{library.name}.{os.getpid()}.tmp"
+        try:
+            subprocess.run(command(source_path, partial), check=True, capture_output=True, timeout=timeout)
+            os.replace(partial, library)
+        finally:
+            partial.unlink(missing_ok=True)
+
+
+class LazyBuild:
+    """One compiled speed-up of this process: built on first use, then loaded once.
+
+    ``library_path()`` says where the build belongs (None: it cannot be built here), ``build(path)``
+    compiles it there, ``load(path)`` loads and self-tests it (None: refused). ``value`` is the loaded
+    object or None; read it first on hot paths, ``get()`` only where it is None."""
+
+    def __init__(self, *, thread_name: str, switch: str, library_path: Callable[[], Path | None],
+                 build: Callable[[Path], None], load: Callable[[Path], Any]):
+        self.thread_name, self.switch = thread_name, switch
+        self.library_path, self.build, self.load = library_path, build, load
+        self.lock = threading.Lock()
+        self.value: Any = None
+        self.building = self.failed = False
+        self.pid = os.getpid()
+
+    def get(self) -> Any:
+        """The loaded object, or None; the first call loads a cached build or starts one."""
+        if self.value is not None or self.failed:
+            return self.value
+        with self.lock:
+            if self.pid != os.getpid():  # a forked child: a build thread of the parent does not run here
+                self.building, self.pid = False, os.getpid()
+            if self.value is not None or self.building or self.failed:
+                return self.value
+            if os.environ.get(self.switch, "1") == "0":
+                self.failed = True
+                return None
+            library = self.library_path()
+            if library is None:
+                self.failed = True
+            elif library.exists():
+                self.value = self.load(library)
+                self.failed = self.value is None
+            else:
+                self.building = True
+                threading.Thread(target=self._build, args=(library,), name=self.thread_name, daemon=True).start()
+            return self.value
+
+    def ensure_built(self, timeout: float) -> bool:
+        """Build (or load) now and wait for it; True if it is usable. For tests and benchmarks."""
+        self.get()
+        thread = next((t for t in threading.enumerate() if t.name == self.thread_name), None)
+        if thread is not None:
+            thread.join(timeout)
+        return self.get() is not None
+
+    def _build(self, library: Path) -> None:
+        try:
+            self.build(library)
+        except Exception:  # noqa: BLE001 - a speed-up only: no compiler, no writable cache, a failed build
+            self.failed = True
+        finally:
+            self.building = False
