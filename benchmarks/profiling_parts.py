@@ -71,10 +71,13 @@ def _timing(marks: CallMarks, layer: Layer, *, mark: bool = False) -> Any:
     return handler
 
 
-HANDLERS: dict[str, Any] = {
-    "off": None, "wrap": _wrap_only, "time": _timing,
-    "mark": lambda marks, layer: _timing(marks, layer, mark=True), "mark/py": lambda marks, layer: _timing(
-        marks, layer, mark=True), "full": FULL_HANDLER, "full/py": FULL_HANDLER, "full/drop": FULL_HANDLER}
+def _marking(marks: CallMarks, layer: Layer) -> Any:
+    return _timing(marks, layer, mark=True)
+
+
+HANDLERS: dict[str, Any] = {  # "/py": the same handler, with the Python hook as the marker (see _make)
+    "off": None, "wrap": _wrap_only, "time": _timing, "mark": _marking, "mark/py": _marking,
+    "full": FULL_HANDLER, "full/py": FULL_HANDLER, "full/drop": FULL_HANDLER}
 
 
 def _make(root: Path, variant: str) -> Callable[[int], None]:

@@ -202,17 +202,13 @@ def marker(start_index: int) -> Any:
     ``open()`` starts a step; ``mark(tensor, record)`` marks the tensor's autograd node for a record (a list;
     False where the tensor has no node); ``close()`` puts each reached mark's moment into its records at
     ``start_index`` (where None) and answers ``(ends of the step's backward passes, error message or "")``."""
-    module = _module()
+    module = _BUILD.get()
     return None if module is None else module.Marker(start_index)
 
 
 def ensure_built(timeout: float = 300.0) -> bool:
     """Build (or load) the marker now and wait for it; True if it is usable. For tests and benchmarks."""
     return _BUILD.ensure_built(timeout)
-
-
-def _module() -> Any:
-    return _BUILD.get()
 
 
 def _compiler() -> str | None:

@@ -40,9 +40,10 @@ def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], 
             value = registration.batch_first(value.detach())
         size = value.shape[0] if batch_dim is not None else None
         # is_cpu first: making a device object costs more than the rest of this loop's body
-        group = groups.get(("cpu" if value.is_cpu else value.device, size))
+        key = ("cpu" if value.is_cpu else value.device, size)
+        group = groups.get(key)
         if group is None:
-            group = groups[("cpu" if value.is_cpu else value.device, size)] = ([], [])
+            group = groups[key] = ([], [])
         group[0].append(registration)
         group[1].append(value)
     blocks = []

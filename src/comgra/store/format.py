@@ -328,9 +328,8 @@ def _write_atomic(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Not tempfile.mkstemp: its files are 0600, and a recording must be readable as the umask allows
     # (a GUI run by another user, a shared results folder).
-    tmp = create_temporary(path)
+    tmp = write_temporary(path, write)
     try:
-        write(tmp)
         # Durable before visible: after a power loss a file is either whole under its final name or absent.
         if DURABLE_WRITES:
             _fsync(tmp, os.O_RDONLY)
@@ -342,11 +341,17 @@ def _write_atomic(path: Path, write: Any) -> None:
         _fsync(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # the rename itself
 
 
-def create_temporary(path: Path) -> Path:
-    """A new, empty temporary file beside ``path`` (``.tmp-<pid>-<hex>-<name>.partial``), to be renamed to it."""
+def write_temporary(path: Path, write: Any) -> Path:
+    """A new temporary file beside ``path`` (``.tmp-<pid>-<hex>-<name>.partial``) filled by ``write(tmp)``, to be
+    renamed to ``path`` by the caller; removed again where ``write`` fails."""
     # The suffix is not the final one, so globs such as tensors/*.parquet never match a file being written.
     tmp = path.parent / f"{TEMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}-{path.name}{TEMP_SUFFIX}"
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        write(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return tmp
 
 

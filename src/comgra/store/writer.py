@@ -246,7 +246,8 @@ class ChunkWriter:
             for relative_path, document in buffer.documents.items():
                 path = self.trial_dir / relative_path
                 path.parent.mkdir(exist_ok=True)  # never the trial folder's parents: see _check_trial_folder
-                staged.append(_Staged("json", path, _json_temporary(path, document)))
+                text = fmt.json_text(document)
+                staged.append(_Staged("json", path, fmt.write_temporary(path, lambda tmp: tmp.write_text(text))))
             for name in ("tensors", "kpis", "notes", "layers", "resources", "steps"):
                 tables = buffer.tables[name]
                 if not tables:
@@ -396,23 +397,7 @@ def write_flushed_chunk(name: str, path: Path, table: pa.Table) -> None:
 def _encode_temporary(name: str, path: Path, table: pa.Table, compression: str) -> Path:
     """``table`` as a Parquet file under a temporary name beside ``path``; the caller renames it."""
     table = _sorted(name, table)
-    tmp = fmt.create_temporary(path)
-    try:
-        _encode(name, tmp, table, compression)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
-
-
-def _json_temporary(path: Path, document: dict[str, Any]) -> Path:
-    tmp = fmt.create_temporary(path)
-    try:
-        tmp.write_text(fmt.json_text(document))
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return tmp
+    return fmt.write_temporary(path, lambda tmp: _encode(name, tmp, table, compression))
 
 
 def _encode(name: str, tmp: Path, table: pa.Table, compression: str) -> None:
