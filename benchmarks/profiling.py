@@ -26,11 +26,13 @@ Two costs too small to see in a step time are measured directly: what the record
 into the instruments cost with profiling and sampling off, and the CPU time of one resource sample
 (psutil; NVML where there is a GPU), set against the sampling interval.
 
-    python benchmarks/profiling.py [--rounds 5] [--steps 60]
+    python benchmarks/profiling.py [--rounds 5] [--steps 60] [--workloads tutorial,transformer] [--variants off,on]
 """
 from __future__ import annotations
 
 import argparse
+import math
+import random
 import statistics
 import tempfile
 import time
@@ -126,18 +128,23 @@ WORKLOADS: dict[str, Callable[..., Callable[[int], None]]] = {
     "tutorial": tutorial_workload, "transformer": transformer_workload}
 
 
-def measure(workload: str, rounds: int, steps: int, root: Path) -> dict[str, list[float]]:
-    runs = {variant: WORKLOADS[workload](root, variant) for variant in VARIANTS}
-    counters = dict.fromkeys(VARIANTS, 0)
+def measure(workload: str, rounds: int, steps: int, root: Path,
+            variants: tuple[str, ...] = VARIANTS) -> dict[str, dict[str, list[float]]]:
+    """Seconds per step of each variant, per round and clock. The variants take turns in a new random order each
+    round (a fixed order would give one the same neighbour, and the same place after a flush, every round)."""
+    runs = {variant: WORKLOADS[workload](root, variant) for variant in variants}
+    counters = dict.fromkeys(variants, 0)
+    order = random.Random(0)
     for variant, run in runs.items():  # warm-up: first-step costs (FLOP counting, allocations) are not measured
         for _ in range(3):
             run(counters[variant])
             counters[variant] += 1
-    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    cpu: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    main_cpu: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    times: dict[str, list[float]] = {variant: [] for variant in variants}
+    cpu: dict[str, list[float]] = {variant: [] for variant in variants}
+    main_cpu: dict[str, list[float]] = {variant: [] for variant in variants}
     for _ in range(rounds):
-        for variant, run in runs.items():
+        for variant in order.sample(list(runs), len(runs)):
+            run = runs[variant]
             start, start_cpu, start_main = time.perf_counter(), time.process_time(), time.thread_time()
             for _ in range(steps):
                 run(counters[variant])
@@ -165,9 +172,13 @@ def report(workload: str, measured: dict[str, dict[str, list[float]]]) -> str:
                   f"({min(values) / best_off:.3f}x), paired {_paired(values, times['off']):.3f}x"
                   for variant, values in times.items()]
     for variant in ("on", "on/py"):
+        if variant not in measured["wall"]:
+            continue
+        low, high = _paired_interval(measured["wall"][variant], measured["wall"]["off"])
         lines.append(f"  target (profiling on every step at most 1.10x 'off'): {workload} {variant:5s} = "
                      + ", ".join(f"{_paired(times[variant], times['off']):.3f}x {clock} (paired)"
-                                 for clock, times in measured.items()))
+                                 for clock, times in measured.items())
+                     + f"; wall 95% interval of the paired median {low:.3f}x-{high:.3f}x")
     return "\n".join(lines)
 
 
@@ -175,6 +186,17 @@ def _paired(values: list[float], off: list[float]) -> float:
     """The median over rounds of each round's ratio to ``off`` in the same round (run right beside it, so a
     slow spell of a shared machine hits both alike)."""
     return statistics.median(value / base for value, base in zip(values, off))
+
+
+def _paired_interval(values: list[float], off: list[float]) -> tuple[float, float]:
+    """A distribution-free 95% confidence interval of the paired median: the order statistics of the rounds'
+    ratios that the binomial distribution puts around it (the whole range below 6 rounds)."""
+    ratios = sorted(value / base for value, base in zip(values, off))
+    count = len(ratios)
+    low = 0
+    while low + 1 < count - low - 1 and math.fsum(math.comb(count, k) for k in range(low + 2)) / 2 ** count <= 0.025:
+        low += 1
+    return ratios[low], ratios[count - 1 - low]
 
 
 def instruments_off_cost(root: Path, trial: str, repeats: int = 20000) -> float:
@@ -213,7 +235,13 @@ def main(arguments: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="a subset, e.g. off,on (more rounds in the same time); 'off' is always measured")
     args = parser.parse_args(arguments)
+    variants = tuple(dict.fromkeys(["off", *args.variants.split(",")]))
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     torch.set_num_threads(1)
     native = native_marker.ensure_built()
     print(f"backward marker of 'on': {'C++ (native_marker)' if native else 'Python hook (the C++ marker could not be built)'}")
@@ -221,7 +249,7 @@ def main(arguments: list[str] | None = None) -> None:
           "ratios to 'off' (comgra on, profiling off)")
     with tempfile.TemporaryDirectory() as root:
         for workload in args.workloads.split(","):
-            measured = measure(workload, args.rounds, args.steps, Path(root))
+            measured = measure(workload, args.rounds, args.steps, Path(root), variants)
             print(report(workload, measured), flush=True)
             step = statistics.median(measured["cpu"]["off"])
             off = instruments_off_cost(Path(root), f"instruments-off-{workload}")

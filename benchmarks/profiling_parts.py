@@ -10,8 +10,10 @@ handler (what the class-level forward wrapper calls for each module call) replac
   mark       + the backward marker on the output (the full lean path without the tracing checks and bytes):
              the C++ marker of ``comgra.capture.native_marker``
   mark/py    the same with the Python hook as the marker (what every step used before the C++ marker)
-  full       the profiler as it is (the C++ marker)
-  full/py    the profiler as it is with the Python hook as the marker
+  full       the profiler as it is (the C++ marker, and the C++ handler measuring each call)
+  full/pycall  the profiler as it is with the Python handler measuring each call (what ``full`` was before the
+             C++ handler, and what it is until the C++ marker is built)
+  full/py    the profiler as it is with the Python hook as the marker (and so the Python handler)
   full/drop  the profiler as it is, the step's records dropped at its end (per-call cost only)
 
 The variants alternate step by step; each step's CPU time of the training thread is kept by batch (the
@@ -64,7 +66,7 @@ def _timing(marks: CallMarks, layer: Layer, *, mark: bool = False) -> Any:
         record[FORWARD_END], record[SUBTREE_END] = clock(), len(records)
         if mark and type(output) is torch.Tensor:
             if marks.native_step:  # as the profiler's lean path does
-                marks.native.mark(output, record)
+                marks.native_mark(output, record)  # type: ignore[misc]
             elif output.grad_fn is not None:
                 marks.mark_backward_start(output, output.grad_fn, record)
         return output
@@ -77,18 +79,21 @@ def _marking(marks: CallMarks, layer: Layer) -> Any:
 
 HANDLERS: dict[str, Any] = {  # "/py": the same handler, with the Python hook as the marker (see _make)
     "off": None, "wrap": _wrap_only, "time": _timing, "mark": _marking, "mark/py": _marking,
-    "full": FULL_HANDLER, "full/py": FULL_HANDLER, "full/drop": FULL_HANDLER}
+    "full": FULL_HANDLER, "full/pycall": FULL_HANDLER, "full/py": FULL_HANDLER, "full/drop": FULL_HANDLER}
+LEAN = ("full", "full/drop")  # the variants whose plain calls the C++ handler measures (the others' handlers are theirs)
 
 
 def _make(root: Path, variant: str) -> Callable[[int], None]:
     handler = HANDLERS[variant]
     CallMarks.forward_handler = handler if handler is not None else FULL_HANDLER  # type: ignore[method-assign]
+    CallMarks.lean_default = variant in LEAN
     try:
         folder = root / variant.replace("/", "-")
         folder.mkdir()
         step = tutorial_workload(folder, "off" if variant == "off" else "on")
     finally:
         CallMarks.forward_handler = FULL_HANDLER  # type: ignore[method-assign]
+        CallMarks.lean_default = True
     if variant != "off":
         step.recorder.instruments.profiler._marks.native_allowed = not variant.endswith("/py")  # type: ignore[attr-defined]
     if variant == "full/drop":

@@ -24,7 +24,9 @@ from typing import Any
 
 import torch
 
-# handler(module, forward, args, kwargs) -> output; it must call forward(module, *args, **kwargs) once.
+# handler(module, forward, args, kwargs) -> output; it must call forward(module, *args, **kwargs) once. Calls made
+# while TorchDynamo traces (torch.compile) go straight to the forward: there are no module calls to measure then,
+# and a handler read there would put guards on its state into the compiled code.
 Handler = Callable[[torch.nn.Module, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
 
@@ -39,6 +41,7 @@ class _ClassPatch:
 
 
 _PATCHES: dict[type, _ClassPatch] = {}
+_is_compiling = torch.compiler.is_compiling  # True while TorchDynamo traces; a constant in the traced code
 
 
 def attach(module: torch.nn.Module, handler: Handler) -> bool:
@@ -63,6 +66,13 @@ def attach(module: torch.nn.Module, handler: Handler) -> bool:
         return False  # another profiler has it: this one uses hooks
     patch.handlers[id(module)] = handler
     return True
+
+
+def replace(module: torch.nn.Module, handler: Handler) -> None:
+    """Route ``module``'s calls through ``handler`` from now on, instead of the one it was attached with."""
+    patch = _PATCHES.get(type(module))
+    if patch is not None and id(module) in patch.handlers:
+        patch.handlers[id(module)] = handler
 
 
 def detach(module: torch.nn.Module) -> None:
@@ -94,7 +104,7 @@ def _make_wrapper(cls: Any, own: Any, handlers: dict[int, Handler]) -> Callable[
 
     def wrapped_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         kind: Any = type(self)
-        if kind is cls:
+        if kind is cls and not _is_compiling():  # first: under TorchDynamo no handler, nor a guard on one
             handler = handlers.get(id(self))
             if handler is not None:
                 return handler(self, forward, args, kwargs)

@@ -88,6 +88,8 @@ class Profiler:
         self._handles: list[Any] = []
         self._norm_handles: list[Any] = []  # gradient hooks, on recorded steps only
         self._attached: list[torch.nn.Module] = []  # modules measured by a class-level forward wrapper
+        self._python_handlers: dict[int, forward_wrappers.Handler] = {}  # by id of an attached module
+        self._lean = False  # the attached modules have the C++ handler where they can (once it is built)
         self._forced_cuda = cuda
         self._cuda = bool(cuda)
         self._marks = CallMarks(cuda_event if self._cuda else time.perf_counter)
@@ -126,8 +128,10 @@ class Profiler:
                           self.options.history, indices)
             self._layers.append(layer)
             self._by_module[id(submodule)] = layer
-            if forward_wrappers.attach(submodule, self._marks.forward_handler(layer)):
+            handler = self._marks.forward_handler(layer)
+            if forward_wrappers.attach(submodule, self._marks.lean_handler(layer, handler) or handler):
                 self._attached.append(submodule)
+                self._python_handlers[id(submodule)] = handler
             else:  # TorchScript, an instance's own forward attribute, ...: hooks (nn.Module's slower call path)
                 before, after = self._marks.hooks(layer)
                 self._handles.append(submodule.register_forward_pre_hook(before))
@@ -149,7 +153,7 @@ class Profiler:
         self._remove_norm_hooks()
         for module in self._attached:
             forward_wrappers.detach(module)
-        self._attached = []
+        self._attached, self._python_handlers = [], {}
         self._marks.close()
         self._end_flops()
         self._layers, self._by_module, self._parameter_index, self._parameters = [], {}, {}, []
@@ -187,9 +191,20 @@ class Profiler:
         self._step_host = time.perf_counter()
         self._step_start = self._marks.clock()
         self._marks.open(detail=detail, cuda=self._cuda, flops=self._flops)
+        if not self._lean and self._marks.native is not None:
+            self._use_lean_handlers()
         if detail:  # each gradient's norm when it is complete: before an optimizer may zero it
             self._norm_handles = [parameter.register_post_accumulate_grad_hook(partial(self._parameter_done, index))
                                   for index, parameter in enumerate(self._parameters)]
+
+    def _use_lean_handlers(self) -> None:
+        """The C++ marker is built (on a thread, while the first steps ran with Python handlers): from now on the
+        attached modules' plain calls are measured in C++ (``CallMarks.lean_handler``)."""
+        self._lean = True
+        for module in self._attached:
+            handler = self._marks.lean_handler(self._by_module[id(module)], self._python_handlers[id(module)])
+            if handler is not None:
+                forward_wrappers.replace(module, handler)
 
     def _remove_norm_hooks(self) -> None:
         for handle in self._norm_handles:
