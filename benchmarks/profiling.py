@@ -1,7 +1,7 @@
 """Cost of per-layer profiling and of resource sampling, side by side in one process.
 
-Variants, interleaved round by round (drift on a noisy machine hits them alike), each figure the
-seconds per training step, median and best over the rounds, each divided by the same statistic of
+Variants, interleaved step by step in a random order (a slow spell of a noisy machine hits them alike), each
+figure the seconds per training step, median and best over the rounds (a round: ``--steps`` steps of each), each divided by the same statistic of
 ``off``, and "paired" (the median of each round's ratio to ``off`` in that round). Three clocks:
 wall-clock time; the CPU time of the process (``cpu``, all its threads: the writer and the resource
 sampler included; on a machine shared with other jobs the steadier figure); the CPU time of the
@@ -130,8 +130,11 @@ WORKLOADS: dict[str, Callable[..., Callable[[int], None]]] = {
 
 def measure(workload: str, rounds: int, steps: int, root: Path,
             variants: tuple[str, ...] = VARIANTS) -> dict[str, dict[str, list[float]]]:
-    """Seconds per step of each variant, per round and clock. The variants take turns in a new random order each
-    round (a fixed order would give one the same neighbour, and the same place after a flush, every round)."""
+    """Seconds per step of each variant, per round and clock. Within a round the variants take turns step by step,
+    in a new random order at each step: a slow spell of the machine (they last from milliseconds to seconds here)
+    hits every variant of the round alike, where blocks of steps per variant would give it to one of them. A round's
+    figure per variant is the mean of its steps, so that costs paid on some steps only (a flush of the rows, a
+    collection) count in full."""
     runs = {variant: WORKLOADS[workload](root, variant) for variant in variants}
     counters = dict.fromkeys(variants, 0)
     order = random.Random(0)
@@ -139,38 +142,65 @@ def measure(workload: str, rounds: int, steps: int, root: Path,
         for _ in range(3):
             run(counters[variant])
             counters[variant] += 1
+    writers = {variant: _writer_clock(run) for variant, run in runs.items()}
+    writer_start = {variant: _seconds(clock) for variant, clock in writers.items()}
     times: dict[str, list[float]] = {variant: [] for variant in variants}
     cpu: dict[str, list[float]] = {variant: [] for variant in variants}
     main_cpu: dict[str, list[float]] = {variant: [] for variant in variants}
+    names = list(runs)
     for _ in range(rounds):
-        for variant in order.sample(list(runs), len(runs)):
-            run = runs[variant]
-            start, start_cpu, start_main = time.perf_counter(), time.process_time(), time.thread_time()
-            for _ in range(steps):
+        sums = {variant: [0.0, 0.0, 0.0] for variant in names}
+        for _ in range(steps):
+            for variant in order.sample(names, len(names)):
+                run, total = runs[variant], sums[variant]
+                start, start_cpu, start_main = time.perf_counter(), time.process_time(), time.thread_time()
                 run(counters[variant])
+                total[0] += time.perf_counter() - start
+                total[1] += time.process_time() - start_cpu
+                total[2] += time.thread_time() - start_main
                 counters[variant] += 1
-            times[variant].append((time.perf_counter() - start) / steps)
-            cpu[variant].append((time.process_time() - start_cpu) / steps)
-            main_cpu[variant].append((time.thread_time() - start_main) / steps)
+        for variant, (wall, process, main) in sums.items():
+            times[variant].append(wall / steps)
+            cpu[variant].append(process / steps)
+            main_cpu[variant].append(main / steps)
+    writer = {variant: [(_seconds(clock) - writer_start[variant]) / (rounds * steps)]
+              for variant, clock in writers.items()}
     for variant, run in runs.items():
         profiler = run.recorder.instruments.profiler  # type: ignore[attr-defined]
         if variant.startswith("on") and (profiler is None or not any(
                 profiler.history(name) for name in profiler.layer_names)):
             raise RuntimeError(f"{workload} {variant}: the profiler measured nothing (switched off by a fault?)")
         run.recorder.finalize()  # type: ignore[attr-defined]
-    return {"wall": times, "cpu": cpu, "main": main_cpu}
+    return {"wall": times, "cpu": cpu, "main": main_cpu, "writer": writer}
+
+
+def _writer_clock(run: Any) -> int | None:
+    """The CPU clock of the variant's writer thread (where the rows of the layers table become Parquet): the
+    process CPU of a round also holds the other variants' background work, this is the variant's own."""
+    writer = getattr(getattr(run.recorder, "session", None), "writer", None)
+    thread = getattr(writer, "_thread", None)
+    if thread is None or thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+        return None
+    return time.pthread_getcpuclockid(thread.ident)
+
+
+def _seconds(clock: int | None) -> float:
+    return math.nan if clock is None else time.clock_gettime(clock)
 
 
 def report(workload: str, measured: dict[str, dict[str, list[float]]]) -> str:
     """Median and best round per variant, each as a ratio to the same statistic of ``off``: on a shared
     machine the best rounds are the ones least disturbed by other jobs."""
     lines = [f"{workload}:"]
+    writer = measured.pop("writer")
     for clock, times in measured.items():
         median_off, best_off = statistics.median(times["off"]), min(times["off"])
         lines += [f"  {clock:4s} {variant:9s} median {statistics.median(values) * 1e3:7.2f} ms "
                   f"({statistics.median(values) / median_off:.3f}x), best {min(values) * 1e3:7.2f} ms "
                   f"({min(values) / best_off:.3f}x), paired {_paired(values, times['off']):.3f}x"
                   for variant, values in times.items()]
+    lines.append("  writer thread CPU per step (the variant's own background work): " + ", ".join(
+        f"{variant} {seconds[0] * 1e6:.0f} us" for variant, seconds in writer.items()))
     for variant in ("on", "on/py"):
         if variant not in measured["wall"]:
             continue

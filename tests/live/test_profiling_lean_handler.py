@@ -211,3 +211,30 @@ def test_traces_and_compiles_record_nothing_with_the_cpp_handler(built: None, mo
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     profiler.close()
     assert not forward_wrappers.attached(torch.nn.Linear)  # the classes are restored with C++ handlers too
+
+
+def test_the_cpp_handlers_take_over_once_the_marker_is_built(built: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first run builds the marker on a thread while training goes on: the steps before it is ready use the Python
+    handlers, the steps after it the C++ ones, and every step has its rows."""
+    monkeypatch.setattr(CallMarks, "lean_default", True)
+    ready = native_marker.marker
+    monkeypatch.setattr(native_marker, "marker", lambda start_index: None)  # still building
+    net = Net()
+    profiler = Profiler(ProfileOptions(flops_every=0))
+    profiler.add("net", net)
+
+    def handler_kinds() -> set[str]:
+        return {type(forward_wrappers._PATCHES[type(m)].handlers[id(m)]).__name__ for m in net.modules()}
+
+    for step in range(3):
+        if step == 1:
+            monkeypatch.setattr(native_marker, "marker", ready)  # the build is done
+        profiler.start_step(step, detail=False)
+        assert handler_kinds() == ({"function"} if step == 0 else {"builtin_function_or_method"})
+        net(torch.ones(2, 4)).sum().backward()
+        profiler.finish_step()
+    rows = profiler.take(force=True).to_pylist()
+    profiler.close()
+    assert profiler.error is None
+    assert [len([r for r in rows if r["training_step"] == step]) for step in range(3)] == [7, 7, 7]
+    assert all(r["backward_time"] is not None for r in rows if r["module"] == "net.head")
