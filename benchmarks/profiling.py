@@ -275,8 +275,8 @@ def main(arguments: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     native = native_marker.ensure_built()
     print(f"backward marker of 'on': {'C++ (native_marker)' if native else 'Python hook (the C++ marker could not be built)'}")
-    print(f"time per training step: median and best of {args.rounds} interleaved rounds of {args.steps} steps; "
-          "ratios to 'off' (comgra on, profiling off)")
+    print(f"time per training step: median and best of {args.rounds} rounds of {args.steps} steps of each variant, "
+          "the variants interleaved step by step; ratios to 'off' (comgra on, profiling off)")
     with tempfile.TemporaryDirectory() as root:
         for workload in args.workloads.split(","):
             measured = measure(workload, args.rounds, args.steps, Path(root), variants)
