@@ -16,6 +16,12 @@ disagrees with ``time.perf_counter``, ``marker()`` answers None and the profiler
 hooks: a speed-up, never a requirement. ``COMGRA_NATIVE_MARKER=0`` switches it off. CPU clocks
 only: on a GPU a mark is a CUDA event recorded on the stream, which stays a Python hook.
 
+The same extension measures the module calls of a plain profiled step (``lean_handler``): the Python
+handler's lean path (two clock reads, the record, the output's bytes, the mark) in C++, about 2 us
+less per call, handing every other call to the Python handler. Both ``mark`` and the handler are plain
+CPython functions (``METH_FASTCALL``), not pybind11 methods: called between a module's own operators,
+pybind11's general dispatch costs about 1.2 us a call, having been pushed out of the instruction cache.
+
 Steps are told apart by a generation number: a hook left on the graph of an earlier step (a graph
 kept and differentiated later) writes nothing into the current one. Under compiled autograd the hook
 is left out of the compiled graph (no backward time) rather than failing the user's backward.
