@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -29,7 +30,6 @@ WARM_UP = 40
 
 
 def _worker(variant: str, root: str, connection: Any, threads: int) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
     import torch
 
     from comgra.capture import native_marker
@@ -95,7 +95,7 @@ def main(arguments: list[str] | None = None) -> None:
     for clock, times in (("wall", wall), ("main", main_cpu)):
         for variant in variants:
             low, high = bench._paired_interval(times[variant], times["off"])
-            print(f"  {clock} {variant:6s} median {sorted(times[variant])[len(times[variant]) // 2] * 1e3:6.2f} ms, "
+            print(f"  {clock} {variant:6s} median {statistics.median(times[variant]) * 1e3:6.2f} ms, "
                   f"paired {bench._paired(times[variant], times['off']):.3f}x (95%: {low:.3f}-{high:.3f}x)")
 
 

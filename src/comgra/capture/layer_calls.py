@@ -111,7 +111,7 @@ class CallMarks:
     def close(self) -> tuple[list[list[Any]] | None, list[Any]]:
         """End the step: its records and backward ends; nothing here keeps its graph alive any longer."""
         records, finishes = self.records, self.finishes
-        if self.native is not None:
+        if self.native is not None and records is not None:  # open() routed them to the C++ handlers; fail() unrouted
             self.native.route(None, False)
         if self.native_step:
             self.native_step = False
