@@ -16,7 +16,7 @@ from comgra.analysis import scan  # noqa: E402
 from comgra.cli.app import main  # noqa: E402
 from comgra.errors import ConfigError  # noqa: E402
 from comgra.service import RecordingService  # noqa: E402
-from comgra.service_findings import MAX_SCAN_THREADS  # noqa: E402
+from comgra.service.findings import MAX_SCAN_THREADS  # noqa: E402
 from comgra.store import format as fmt  # noqa: E402
 
 

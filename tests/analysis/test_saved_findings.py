@@ -225,7 +225,7 @@ def test_the_app_takes_saved_findings_at_once_without_loading_the_detectors(grou
         progress = service.findings_progress(wait_seconds=0.0)  # the tab's first question, not waiting
         assert progress.pending == [] and _json(progress.findings) == expected
         assert service.finding_badges("dead") == {"layer0": "1 \u26a0"}
-        assert service._findings_worker()._scanner is None  # the detectors were never loaded
+        assert service.finding_questions._findings_worker()._scanner is None  # the detectors were never loaded
     finally:
         service.close()
 

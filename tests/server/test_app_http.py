@@ -133,7 +133,7 @@ def test_without_the_findings_scan_the_page_starts_no_scan(fresh_recording, app_
     recording = fresh_recording
     import time
 
-    from comgra.service_findings import FindingsWorker
+    from comgra.service.findings import FindingsWorker
 
     scanned: list[str] = []
     monkeypatch.setattr(FindingsWorker, "_scan", lambda self, trial: scanned.append(trial))

@@ -114,7 +114,7 @@ def test_a_click_in_a_kept_step_shows_what_a_fresh_read_shows(recording, monkeyp
 
     def no_query(*_args, **_kwargs):
         raise AssertionError("a click in a kept step queried the store")
-    monkeypatch.setattr(kept, "tensor_rows", no_query)
+    monkeypatch.setattr(kept.step_reads, "tensor_rows", no_query)
     checked = 0
     for iteration in (0, 3, 4):
         wanted = {"type_of_execution": "05_iterations", "training_step": step, "iteration": iteration}
@@ -267,7 +267,7 @@ def _wait_until_kept(service, trial, step, rank=0, seconds=60.0):
 
     index = service.step_index(trial, rank)
     deadline = time.monotonic() + seconds
-    while service._kept_step(trial, index, step, rank) is None:
+    while service.step_reads._kept_step(trial, index, step, rank) is None:
         assert time.monotonic() < deadline, f"step {step} was not read ahead"
         time.sleep(0.02)
 
@@ -291,7 +291,7 @@ def test_after_a_step_is_shown_the_next_steps_values_read_no_file(recording, mon
 
         def no_query(*_args, **_kwargs):
             raise AssertionError("the next step's values queried the store")
-        monkeypatch.setattr(ahead, "tensor_rows", no_query)
+        monkeypatch.setattr(ahead.step_reads, "tensor_rows", no_query)
         monkeypatch.setattr(ahead.trial(selection.trial), "steps_selection", no_query)
         got = click_values(ahead, {"selection": store, "trigger": "step_next"})
         expected = click_values(fresh, {"selection": store, "trigger": "step_next"})
@@ -363,10 +363,10 @@ def _prefetch_and_wait(service, selection) -> None:
 
     service.prefetch_near(selection)
     deadline = time.monotonic() + 60
-    prefetch = service._prefetch
+    prefetch = service.step_reads._prefetch
     while True:
         with prefetch._wake:
-            idle = prefetch._latest is None and not service._reading
+            idle = prefetch._latest is None and not service.step_reads._reading
         if idle:
             return
         assert time.monotonic() < deadline, "the read-ahead did not end"
@@ -394,10 +394,10 @@ def test_the_read_ahead_keeps_the_steps_of_the_shown_type_around_it_among_many_t
             position = typed.index(step)
             expected = typed[position - STEPS_READ_BEHIND:position + 1 + STEPS_KEPT_AHEAD]
             assert prefetch_window(index, type_, step)[0][1:] == expected
-            kept = {key[1] for key in service._steps if key[0] == trial}
+            kept = {key[1] for key in service.step_reads._steps if key[0] == trial}
             assert set(expected) <= kept, (type_, sorted(set(expected) - kept))
             assert kept <= set(typed), "steps of other types were read ahead"
-            service._steps.clear()
+            service.step_reads._steps.clear()
     finally:
         service.close()
 
@@ -422,7 +422,7 @@ def test_walking_with_the_next_step_button_reads_ahead_once_every_few_steps(tmp_
         for step, following in zip(steps, steps[1:]):
             selection = service.resolve({"trial": trial, "training_step": step}).selection
             _prefetch_and_wait(service, selection)
-            assert service._kept_step(trial, index, following, 0) is not None, f"step {following} was not read ahead"
+            assert service.step_reads._kept_step(trial, index, following, 0) is not None, f"step {following} was not read ahead"
         assert 1 < len(reads) <= 2 + len(steps) // (STEPS_READ_AHEAD - STEPS_KEPT_AHEAD), reads
         assert all(len(read) > 1 for read in reads[1:]), reads
     finally:
@@ -474,7 +474,7 @@ def test_the_neuron_values_of_a_kept_step_read_no_file(recording, monkeypatch):
 
         def no_query(*_args, **_kwargs):
             raise AssertionError("the neuron values queried the store")
-        monkeypatch.setattr(service, "tensor_rows", no_query)
+        monkeypatch.setattr(service.step_reads, "tensor_rows", no_query)
         stored = service.neuron_values(selection)
         row = stored_row(recording, selection)
         assert stored.values == pytest.approx(row["neurons"]) and len(stored.values) > 1
@@ -488,9 +488,9 @@ def test_a_whole_trial_read_that_has_not_started_gives_way_to_a_newer_one():
     queued behind it is dropped (ReadSuperseded) when a third is asked, and the third runs."""
     import threading
 
-    from comgra.service import ReadSuperseded, _LowPriorityReads
+    from comgra.service.read_threads import LowPriorityReads, ReadSuperseded
 
-    reads = _LowPriorityReads()
+    reads = LowPriorityReads()
     release = threading.Event()
     answers: dict[str, object] = {}
 
@@ -531,10 +531,10 @@ def test_a_running_whole_trial_read_stops_when_a_newer_one_is_asked():
     as a newer read is asked for, and the newer one runs (a series of seconds nobody would see)."""
     import threading
 
-    from comgra.service import ReadSuperseded, _LowPriorityReads
+    from comgra.service.read_threads import LowPriorityReads, ReadSuperseded
     from comgra.store.series_read import ReadCancelled
 
-    reads = _LowPriorityReads()
+    reads = LowPriorityReads()
     started, answers = threading.Event(), {}
     chunks_read = []
 
@@ -642,7 +642,7 @@ def test_a_series_asked_again_while_its_superseded_read_ends_is_read_anew(record
         while not calls:
             threading.Event().wait(0.01)
         threads["B"].start()
-        while service._whole_trial_reads.asked < 2:
+        while service.step_reads._whole_trial_reads.asked < 2:
             threading.Event().wait(0.01)
         threads["A again"].start()
         threading.Event().wait(0.2)  # "A again" has joined A's read

@@ -64,7 +64,7 @@ def _chosen_sensitivity(args: argparse.Namespace, usage_error: Callable[[str], E
     if args.sensitivity is not None:
         return float(args.sensitivity)
     from comgra.config import load_settings
-    from comgra.service_findings import scan_options
+    from comgra.service.findings import scan_options
 
     try:
         settings = load_settings(args.config)

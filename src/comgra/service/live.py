@@ -1,8 +1,7 @@
-"""The questions about profiling and resources, answered as plain data (a part of ``RecordingService``).
+"""The live layer's questions, answered as plain data: per-layer profiling (the layers table, its history,
+the profile summary, flame graph and Chrome trace) and resource samples. No torch, no Dash.
 
-Kept apart from ``service.py`` so that the tensors page's questions and these grow separately;
-``RecordingService`` inherits them, so the app and the REST API still ask one object.
-No torch, no Dash.
+    >>> LiveQuestions(trials).profile_summary("trial_a", "forward")  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ import pyarrow.compute as pc
 
 from comgra.analysis import profile as profile_analysis
 from comgra.errors import SelectionError, did_you_mean
+from comgra.service.trials import TrialQuestions
 from comgra.store import validation
 
 RESOURCES_DOCUMENT_GLOB = "resources-r*.json"
@@ -21,15 +21,15 @@ DEFAULT_HISTORY = 100
 
 
 class LiveQuestions:
-    """Mixed into ``RecordingService``: needs its ``trial(trial_id)``."""
+    """Profiling and resources of the trials of one group, read through its ``TrialQuestions``."""
 
-    def trial(self, trial_id: str) -> Any:  # pragma: no cover - provided by RecordingService
-        raise NotImplementedError
+    def __init__(self, trials: TrialQuestions):
+        self._trials = trials
 
     # -- per-layer profiling ------------------------------------------------------------------
     def layer_table(self, trial_id: str, *, rank: int | None = None) -> pa.Table:
         """The ``layers`` table of a trial (every profiled execution), sorted by step, module, call."""
-        return self.trial(trial_id).layers(rank)
+        return self._trials.trial(trial_id).layers(rank)
 
     def layer_rows(self, trial_id: str, *, rank: int | None = None, first_step: int | None = None,
                    last_step: int | None = None) -> list[dict[str, Any]]:
@@ -82,7 +82,7 @@ class LiveQuestions:
     # -- resources -------------------------------------------------------------------------------
     def resource_status(self, trial_id: str) -> list[dict[str, Any]]:
         """What each rank's sampler said about its machine (e.g. ``gpu_status``: "no GPU: ...")."""
-        trial = self.trial(trial_id)
+        trial = self._trials.trial(trial_id)
         result = []
         for path in sorted(trial.directory.glob(RESOURCES_DOCUMENT_GLOB)):
             if not validation.inside(path, trial.directory):
@@ -98,7 +98,7 @@ class LiveQuestions:
 
     def resource_series(self, trial_id: str) -> list[dict[str, Any]]:
         """One entry per (rank, source, metric): arrays of wall_time, training_step and value."""
-        table = self.trial(trial_id).resources()
+        table = self._trials.trial(trial_id).resources()
         series: dict[tuple[int, str, str], dict[str, Any]] = {}
         columns = [table[c].to_pylist() for c in ("rank", "source", "metric", "wall_time", "training_step", "value")]
         for rank, source, metric, wall_time, step, value in zip(*columns):

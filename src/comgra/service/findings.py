@@ -1,6 +1,6 @@
 """The findings questions of the service (issue 8): findings per trial, badges for the graph, links.
 
-Mixed into ``RecordingService``. Each service owns one background scanner (``FindingsWorker``): a
+Each service owns one background scanner (``FindingsWorker``): a
 thread (``MAX_SCAN_THREADS``) that takes trials from one queue and scan each trial once per data version (the set of
 its chunks). The Findings tab, the graph badges and the REST API all read what it found; none of
 them scans on its own. A scan reads each chunk once (chunks are immutable), so a live run's new
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from comgra.analysis import saved
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings, trial_signature
 from comgra.errors import ComgraError, ConfigError
+from comgra.service.selection import view_link
 
 if TYPE_CHECKING:
     from comgra.analysis.scan import Scanner
@@ -34,8 +35,7 @@ MAX_SCAN_THREADS = 1
 
 
 def finding_link(finding: Finding) -> str:
-    """The app's link that opens the selection showing a finding (built with ``service.view_link``)."""
-    from comgra.service import view_link
+    """The app's link that opens the selection showing a finding (built with ``view_link``)."""
 
     return view_link(finding.trial, training_step=finding.training_step, iteration=finding.iteration,
                      node_id=finding.node, role=finding.role, kind=finding.kind, aggregation=finding.aggregation)
@@ -228,20 +228,21 @@ class FindingsWorker:
 
 
 class FindingQuestions:
-    """Findings of the recording the service reads (``self.group``)."""
+    """Findings of the trials of one group folder, from one background scanner made on first use."""
 
-    group: GroupReader
-    _worker_lock = threading.Lock()
+    def __init__(self, group: GroupReader):
+        self.group = group
+        self._worker: FindingsWorker | None = None
+        self._worker_lock = threading.Lock()
 
     def configure_findings(self, *, sensitivity: float | None = None, background: bool = True) -> None:
         """The default sensitivity of the findings (``[anomalies] sensitivity`` of comgra.toml); with
         ``background=False`` nothing is scanned in this process and only saved findings are shown."""
         options = scan_options(sensitivity, source="[anomalies] sensitivity")
         with self._worker_lock:
-            old = self.__dict__.get("_findings_scanner")
-            if old is not None:
-                old.close()
-            self.__dict__["_findings_scanner"] = FindingsWorker(self.group, options, background=background)
+            if self._worker is not None:
+                self._worker.close()
+            self._worker = FindingsWorker(self.group, options, background=background)
 
     @property
     def findings_options(self) -> ScanOptions:
@@ -249,10 +250,9 @@ class FindingQuestions:
 
     def _findings_worker(self) -> FindingsWorker:
         with self._worker_lock:
-            worker = self.__dict__.get("_findings_scanner")
-            if worker is None:
-                worker = self.__dict__["_findings_scanner"] = FindingsWorker(self.group, ScanOptions())
-            return worker
+            if self._worker is None:
+                self._worker = FindingsWorker(self.group, ScanOptions())
+            return self._worker
 
     def _trials_first(self, trial_id: str | None) -> list[str]:
         trials = self.group.trials()
@@ -301,7 +301,8 @@ class FindingQuestions:
 
     def close_findings(self) -> None:
         """Stop the background scanner after the trials it is scanning (``RecordingService.close``)."""
-        worker = self.__dict__.get("_findings_scanner")
+        with self._worker_lock:
+            worker = self._worker
         if worker is not None:
             worker.close()
 

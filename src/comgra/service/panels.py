@@ -1,50 +1,58 @@
-"""The panels' data questions, answered as plain data (a part of ``RecordingService``): the samples table and
-its column choices, a tensor's stored values, step navigation, a comparison of two selections.
-
-Kept apart from ``service.py`` (which re-exports these names) so that the tensors page's questions and these
-grow separately; ``RecordingService`` inherits them, so the app and the REST API still ask one object.
-No torch, no Dash.
+"""The panels' data questions, answered as plain data: the graph's hover cards, the samples table and its
+column choices, a tensor's stored values, step navigation, a comparison of two selections. No torch, no Dash.
 
     >>> service.samples_table("trial_a", 40, 2, [SampleColumn("loss_per_sample", "loss_per_sample")])  # doctest: +SKIP
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from comgra.errors import SelectionError, did_you_mean
+from comgra.service.resolve import node_data_iteration, resolve
+from comgra.service.selection import ANY_TYPE, PLOT_STATISTICS, Selection, View, parse_aggregation
+from comgra.service.steps import StepReads
+from comgra.service.trials import TrialQuestions
 from comgra.store import format as fmt
-
-if TYPE_CHECKING:
-    from comgra.service import Selection, StepIndex, View
-    from comgra.store.reader import TrialReader
-
-
-def _service() -> ModuleType:
-    """``comgra.service``, which imports this module: its helpers are reached when a question is asked."""
-    import comgra.service
-
-    return comgra.service
 
 
 class PanelQuestions:
-    """Mixed into ``RecordingService``: needs its ``trial``, ``step_index``, ``tensor_rows`` and ``resolve``."""
+    """The panels' questions about the trials of one group, read through the service's ``StepReads``."""
 
-    if TYPE_CHECKING:  # provided by RecordingService
-        def trial(self, trial_id: str) -> TrialReader: ...
-        def step_index(self, trial_id: str, rank: int | None = None) -> StepIndex: ...
-        def tensor_rows(self, trial_id: str, training_step: int, **filters: Any) -> pa.Table: ...
-        def node_rows(self, trial_id: str, index: StepIndex, training_step: int, *, iteration: int, node: str,
-                      rank: int) -> list[dict[str, Any]]: ...
-        def resolve(self, wanted: Any) -> View: ...
+    def __init__(self, trials: TrialQuestions, reads: StepReads):
+        self._trials = trials
+        self._reads = reads
+
+    # -- the tensors page -----------------------------------------------------------------------------
+    def node_summaries(self, trial_id: str, training_step: int, iteration: int, *, kind: str = fmt.FORWARD,
+                       rank: int = 0) -> dict[str, dict[str, float | None]]:
+        """min / mean / max of every node of one iteration (its first role; the batch mean of a tensor with a
+        batch dimension), for the graph's hover cards. One query for the whole step."""
+        graph = self.graph_at(trial_id, training_step, iteration, rank)
+        table = self._reads.step_rows(trial_id, training_step, rank)  # also what the next clicks in this step read
+        # Filtered in Arrow first: at 1,000 nodes a step has thousands of rows, and Python rows cost.
+        table = table.filter(pc.and_(pc.equal(table["kind"], kind),
+                                     pc.is_in(table["aggregation"], pa.array(["mean", "none"])))).select(
+            ["node", "role", "iteration", "aggregation", "min", "mean", "max"])
+        wanted_rows: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+        for row in table.to_pylist():
+            wanted_rows.setdefault((row["node"], row["role"], row["iteration"]), row)
+        summaries: dict[str, dict[str, float | None]] = {}
+        for node in graph["nodes"]:
+            roles = node.get("roles") or []
+            key = (node["node"], roles[0] if roles else None, node_data_iteration(node, iteration))
+            row = wanted_rows.get(key)
+            if row is not None:
+                summaries[node["id"]] = {name: row[name] for name in ("min", "mean", "max")}
+        return summaries
 
     def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> dict[str, Any]:
         """The steps index's row of one (training step, iteration): type, graph hash, samples, categories."""
-        rows = [r for r in self.step_index(trial_id, rank).rows_of(training_step) if r["iteration"] == iteration]
+        rows = [r for r in self._reads.step_index(trial_id, rank).rows_of(training_step) if r["iteration"] == iteration]
         if not rows:
             raise SelectionError(f"Trial {trial_id!r} has no iteration {iteration} of training step {training_step} "
                                  f"(rank {rank}); choose a recorded step in the Tensors tab.")
@@ -52,13 +60,13 @@ class PanelQuestions:
 
     def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> fmt.GraphDocument:
         """The dependency graph of one iteration of one recorded step."""
-        return self.trial(trial_id).graph(self.step_row(trial_id, training_step, iteration, rank)["graph"])
+        return self._trials.trial(trial_id).graph(self.step_row(trial_id, training_step, iteration, rank)["graph"])
 
     def adjacent_step(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
                       index: int | None = None, rank: int | None = 0) -> int | None:
         """The recorded step ``offset`` steps of this type away from ``training_step`` (clamped to the first and
         last), or the ``index``-th one; None when the type has no steps. The step buttons and slider ask this."""
-        steps = self.step_index(trial_id, rank).steps_of(type_of_execution).tolist()
+        steps = self._reads.step_index(trial_id, rank).steps_of(type_of_execution).tolist()
         if not steps:
             return None
         if index is None:
@@ -80,9 +88,9 @@ class PanelQuestions:
 
         From the step's kept rows where the app keeps them (the shown step and its neighbours): a query
         of one row in a 50x chunk costs hundreds of milliseconds, and ran beside the user's next click."""
-        aggregation, sample = _service().parse_aggregation(selection.aggregation)
-        index = self.step_index(selection.trial, selection.rank)
-        rows = self.node_rows(selection.trial, index, selection.training_step, iteration=selection.data_iteration,
+        aggregation, sample = parse_aggregation(selection.aggregation)
+        index = self._reads.step_index(selection.trial, selection.rank)
+        rows = self._reads.node_rows(selection.trial, index, selection.training_step, iteration=selection.data_iteration,
                               node=selection.node, rank=selection.rank)
         wanted = {"kind": selection.kind, "role": selection.role, "aggregation": aggregation, "sample": sample}
         return next((row for row in rows if all(row[key] == value for key, value in wanted.items())), None)
@@ -91,7 +99,7 @@ class PanelQuestions:
         """The statistics of two selections (another trial, step or node) and their difference, current - pinned."""
         first, second = self.selection_row(pinned), self.selection_row(current)
         deltas: dict[str, float | None] = {}
-        for name in _service().PLOT_STATISTICS:
+        for name in PLOT_STATISTICS:
             a, b = (first or {}).get(name), (second or {}).get(name)
             deltas[name] = None if a is None or b is None else float(b) - float(a)
         return Comparison(pinned, current, first, second, deltas)
@@ -102,23 +110,23 @@ class PanelQuestions:
         Whatever does not exist there (the step, the iteration, the node) falls back as in
         ``resolve``, and the view's notices say what changed.
         """
-        wanted = {"trial": trial or selection.trial, "type_of_execution": _service().ANY_TYPE,
+        wanted = {"trial": trial or selection.trial, "type_of_execution": ANY_TYPE,
                   "training_step": selection.training_step if training_step is None else training_step,
                   "iteration": selection.iteration, "node_id": selection.node_id,
                   "roles": {selection.node: selection.role}, "kind": selection.kind,
                   "aggregation": selection.aggregation, "rank": selection.rank}
-        return self.resolve(wanted)
+        return resolve(self._trials, self._reads, wanted)
 
     def sample_columns(self, trial_id: str, training_step: int, iteration: int, *,
                        rank: int = 0) -> list[SampleColumn]:
         """Every (node, role, kind) of this iteration that has per-sample values: the samples table's choices."""
         graph = self.graph_at(trial_id, training_step, iteration, rank)
-        table = self.tensor_rows(trial_id, training_step, columns=["node", "role", "kind", "iteration"],
+        table = self._reads.tensor_rows(trial_id, training_step, columns=["node", "role", "kind", "iteration"],
                                  aggregation="sample", rank=rank)
         recorded = set(zip(*(table.column(c).to_pylist() for c in ("node", "role", "kind", "iteration"))))
         columns = []
         for node in sorted(graph["nodes"], key=lambda n: (n["column"], n["row"])):
-            data_iteration = _service()._data_iteration(node, iteration)
+            data_iteration = node_data_iteration(node, iteration)
             for node_name, role, kind, at in sorted(recorded, key=lambda r: (r[2] != fmt.FORWARD, r[2], r[1])):
                 if node_name == node["node"] and at == data_iteration:
                     columns.append(SampleColumn(node["id"], role, kind))
@@ -132,7 +140,7 @@ class PanelQuestions:
         and read ``helper_partial_sums`` beside it.
         """
         step = self.step_row(trial_id, training_step, iteration, rank)
-        graph = self.trial(trial_id).graph(step["graph"])
+        graph = self._trials.trial(trial_id).graph(step["graph"])
         nodes = {n["id"]: n for n in graph["nodes"]}
         samples = list(step["samples"] or [])
         categories = dict(zip(samples, step["categories"] or [None] * len(samples)))
@@ -140,7 +148,7 @@ class PanelQuestions:
         missing = []
         for column in columns:
             node = nodes.get(column.node_id)
-            found = self._sample_values(trial_id, training_step, _service()._data_iteration(node, iteration), node["node"],
+            found = self._sample_values(trial_id, training_step, node_data_iteration(node, iteration), node["node"],
                                         column, rank) if node else {}
             if not found:
                 missing.append(column.label)
@@ -154,10 +162,10 @@ class PanelQuestions:
     def _sample_values(self, trial_id: str, training_step: int, data_iteration: int, node: str,
                        column: SampleColumn, rank: int) -> dict[int, float | None]:
         read = "neurons" if column.statistic == NEURON else column.statistic
-        if read not in (*_service().PLOT_STATISTICS, "neurons"):
+        if read not in (*PLOT_STATISTICS, "neurons"):
             raise SelectionError(f"Unknown statistic {column.statistic!r} for the samples table"
-                                 + did_you_mean(column.statistic, [*_service().PLOT_STATISTICS, NEURON]))
-        table = self.tensor_rows(trial_id, training_step, columns=["sample", read], kind=column.kind,
+                                 + did_you_mean(column.statistic, [*PLOT_STATISTICS, NEURON]))
+        table = self._reads.tensor_rows(trial_id, training_step, columns=["sample", read], kind=column.kind,
                                  iteration=data_iteration, node=node, role=column.role, aggregation="sample",
                                  rank=rank)
         found: dict[int, float | None] = {}
@@ -208,7 +216,7 @@ class SampleColumn:
         if statistic == NEURON:
             valid = neuron.isdigit() and len(neuron) < 10
             return SampleColumn(node_id, role, kind, NEURON, int(neuron)) if valid else None
-        valid = statistic in _service().PLOT_STATISTICS and not neuron
+        valid = statistic in PLOT_STATISTICS and not neuron
         return SampleColumn(node_id, role, kind, statistic) if valid else None
 
 
@@ -241,7 +249,7 @@ class Comparison:
 
 def visualization_selection(selection: Selection) -> dict[str, Any]:
     """What a custom visualization's ``create_visualization`` gets as ``selection`` (see server/visualization.py)."""
-    aggregation, sample = _service().parse_aggregation(selection.aggregation)
+    aggregation, sample = parse_aggregation(selection.aggregation)
     return {"trial": selection.trial, "training_step": selection.training_step,
             "type_of_execution": selection.step_type, "kind": selection.kind, "iteration": selection.iteration,
             "node": selection.node, "role": selection.role, "aggregation": aggregation, "sample": sample}
