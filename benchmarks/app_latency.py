@@ -55,7 +55,7 @@ sys.path.insert(0, str(HERE))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 VIEW_OUTPUT = "selection.data"
-VALUES_ROUTE = "/_comgra/values"  # comgra.server.callbacks.VALUES_ROUTE
+VALUES_ROUTE = "/_comgra/values"  # comgra.server.tensors.VALUES_ROUTE
 
 
 # -- a Dash client over HTTP ---------------------------------------------------------------------------
@@ -351,7 +351,7 @@ def browser_latencies(url: str, repeats: int, series_off_too: bool = False,
     return results
 
 
-SERIES_OUTPUT = "series-plot.children"  # comgra.server.callbacks: the series plot's Dash output
+SERIES_OUTPUT = "series-plot.children"  # comgra.server.tensors: the series plot's Dash output
 
 
 def _click_pass(browser: Any, url: str, repeats: int, results: dict[str, list[float]], label: str,

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 import comgra
-from comgra.capture import native_marker
+from comgra.profiling import native_marker
 from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 from comgra.recorder import ComgraRecorder
 
@@ -65,7 +65,7 @@ def _track(recorder: ComgraRecorder, name: str, model: torch.nn.Module, variant:
         if variant == "on/py":
             recorder.instruments.profiler._marks.native_allowed = False  # type: ignore[union-attr]
         return
-    from comgra.capture import forward_wrappers
+    from comgra.profiling import forward_wrappers
 
     attach = forward_wrappers.attach
     forward_wrappers.attach = lambda module, handler: False  # every module takes the hooks fallback
@@ -80,7 +80,7 @@ def _classes_of_its_own(model: torch.nn.Module) -> None:
     forward as its own: in this one process the profiling variants put their class-level wrappers on the classes
     the models share (``Linear``, the tutorial's ``SubNet``), which would add the wrapper's check to every call of
     the baseline too, a cost that a run without profiling never pays. Call before any variant profiles."""
-    from comgra.capture import forward_wrappers
+    from comgra.profiling import forward_wrappers
 
     made: dict[type, type] = {}
     for module in model.modules():
@@ -273,7 +273,7 @@ def resource_sample_cost(repeats: int = 200) -> float:
 
     import psutil
 
-    from comgra.capture.resources import GpuProbe, cpu_and_memory
+    from comgra.profiling.resources import GpuProbe, cpu_and_memory
 
     process, gpu = psutil.Process(os.getpid()), GpuProbe.open()
     start = time.process_time()

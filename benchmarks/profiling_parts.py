@@ -8,7 +8,7 @@ handler (what the class-level forward wrapper calls for each module call) replac
   time       + a record per call with two clock reads, into the step's records (the step's end and the rows
              at flush run on them: no backward marks)
   mark       + the backward marker on the output (the full lean path without the tracing checks and bytes):
-             the C++ marker of ``comgra.capture.native_marker``
+             the C++ marker of ``comgra.profiling.native_marker``
   mark/py    the same with the Python hook as the marker (what every step used before the C++ marker)
   full       the profiler as it is (the C++ marker, and the C++ handler measuring each call)
   full/pycall  the profiler as it is with the Python handler measuring each call (what ``full`` was before the
@@ -41,8 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from profiling import tutorial_workload  # noqa: E402
 
-from comgra.capture import native_marker  # noqa: E402
-from comgra.capture.layer_calls import FORWARD_END, SUBTREE_END, CallMarks, Layer  # noqa: E402
+from comgra.profiling import native_marker  # noqa: E402
+from comgra.profiling.layer_calls import FORWARD_END, SUBTREE_END, CallMarks, Layer  # noqa: E402
 
 FULL_HANDLER = CallMarks.forward_handler
 WARM_UP, BATCHES = 20, 16  # the workload cycles through 16 batches

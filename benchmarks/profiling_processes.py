@@ -32,7 +32,7 @@ WARM_UP = 40
 def _worker(variant: str, root: str, connection: Any, threads: int) -> None:
     import torch
 
-    from comgra.capture import native_marker
+    from comgra.profiling import native_marker
 
     if threads:
         torch.set_num_threads(threads)

@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from comgra.server.callbacks import click_values, next_wanted
+from comgra.server.tensors import click_values
+from comgra.server.view_state import next_wanted
 from comgra.service import RecordingService
 
 

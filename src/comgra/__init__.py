@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from comgra._version import __version__
 from comgra.errors import ComgraError, TrainingAborted
 
-__version__ = "1.0.0.dev0"
 __all__ = ["ComgraError", "TrainingAborted", "__version__", "my_recorder"]
 
 if TYPE_CHECKING:

@@ -140,7 +140,7 @@ def _check_value(section: str, key: str, value: Any, default: Any, source: str) 
 
 
 def _check_breakpoints(value: Any, where: str) -> tuple[dict[str, Any], ...]:
-    from comgra.live.control import _check_condition, _check_enabled, _check_target  # no torch, no cycle
+    from comgra.breakpoints.control import _check_condition, _check_enabled, _check_target  # no torch, no cycle
 
     if not isinstance(value, list):
         raise ConfigError(f"{where} must be a list of [[breakpoints.set]] tables with target and condition.")

@@ -21,19 +21,19 @@ from typing import Any
 
 import torch
 
-from comgra import __version__
+from comgra._version import __version__
 from comgra.capture import kpis as kpi_buffer
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
 from comgra.capture.step import garbage_collector_paused
 from comgra.capture.modules import ModuleTracker
-from comgra.capture.instruments import Instruments
-from comgra.capture.profiling import ProfileOptions
-from comgra.capture.resources import FROM_CONFIG, resolve_interval
+from comgra.profiling.instruments import Instruments
+from comgra.profiling.profiler import ProfileOptions
+from comgra.profiling.resources import FROM_CONFIG, resolve_interval
 from comgra.config import load_settings
 from comgra.errors import ConfigError, RecordingError
-from comgra.live.recording import RecorderBreakpoints
+from comgra.breakpoints.recording import RecorderBreakpoints
 from comgra.objects import DecisionMakerForRecordings
 
 __all__ = ["ComgraRecorder"]
@@ -117,10 +117,10 @@ class ComgraRecorder:
         if comgra_is_active:
             self.session = Session.open(self.options, __version__, self.rank_info)
             atexit.register(_finalize_quietly, weakref.ref(self))
-        # Breakpoints and run control (comgra.live); None when comgra is off, so that costs nothing.
+        # Breakpoints and run control (comgra.breakpoints); None when comgra is off, so that costs nothing.
         self._breakpoints = RecorderBreakpoints.attach(self, breakpoints=breakpoints, settings=self.settings) \
             if comgra_is_active else None
-        # Per-layer profiling (track_module(..., profile=True)) and resource sampling; see capture/instruments.
+        # Per-layer profiling (track_module(..., profile=True)) and resource sampling; see profiling/instruments.
         self.instruments = Instruments(
             self.session, profile=profile_options, resource_seconds=resource_seconds, rank=self.rank_info.rank,
             resource_samples=self.settings.history.resource_samples)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from comgra.live import control
+from comgra.breakpoints import control
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "live"))
 from live_processes import STARTED as _STARTED  # noqa: E402  (the same training script and launcher)

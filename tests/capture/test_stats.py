@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from comgra.capture import fused, stats
+from comgra.capture import fused, spectral, stats
 from comgra.capture.stats import STATISTICS, batch_aggregates, summarize
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
@@ -195,7 +195,7 @@ def _spectra() -> list[tuple[str, torch.Tensor]]:
 @pytest.mark.parametrize("accelerator", [False, True], ids=["cpu-lanczos", "gpu-path-on-cpu"])
 def test_largest_singular_values_match_matrix_norm(accelerator: bool) -> None:
     names, matrices = zip(*_spectra())
-    found = stats.largest_singular_values(list(matrices), accelerator=accelerator).double()
+    found = spectral.largest_singular_values(list(matrices), accelerator=accelerator).double()
     expected = torch.stack([torch.linalg.matrix_norm(m.double(), ord=2) for m in matrices])
     for name, value, reference in zip(names, found.tolist(), expected.tolist()):
         assert value == pytest.approx(reference, rel=1e-4, abs=1e-6), name
@@ -211,7 +211,7 @@ def test_warm_started_spectral_norm_follows_a_changing_matrix() -> None:
         if step == 3:  # a new dominant direction, orthogonal to the old vector's neighbourhood
             matrix = matrix + 4 * torch.randn(500, 1, generator=generator) @ torch.randn(1, 120, generator=generator)
         matrix = matrix + 1e-3 * torch.randn(500, 120, generator=generator)
-        (value,) = stats.largest_singular_values([matrix], keys=[key]).tolist()
+        (value,) = spectral.largest_singular_values([matrix], keys=[key]).tolist()
         assert value == pytest.approx(torch.linalg.matrix_norm(matrix.double(), ord=2).item(), rel=1e-4), step
 
 
@@ -219,7 +219,7 @@ def test_spectral_norm_of_a_matrix_with_nan_is_nan() -> None:
     big, small = torch.randn(200, 100), torch.randn(20, 10)
     big[3, 4] = small[1, 2] = float("nan")
     for accelerator in (False, True):
-        assert torch.isnan(stats.largest_singular_values([big, small], accelerator=accelerator)).all()
+        assert torch.isnan(spectral.largest_singular_values([big, small], accelerator=accelerator)).all()
 
 
 # -- parameter statistics on the worker thread --------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comgra.live import control
+from comgra.breakpoints import control
 
 SCRIPT = Path(__file__).resolve().parent / "train_script.py"
 STEPS = 12

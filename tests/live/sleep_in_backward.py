@@ -34,7 +34,7 @@ def profiled_steps(net: torch.nn.Module, folder: Path, steps: int, *, marker: st
     mean square of its output), and the wall time of each step's forward and backward pass. ``marker``:
     "native" (the C++ backward marker, built first; the Python hook where no compiler can build it) or
     "python" (the Python hook)."""
-    from comgra.capture import native_marker
+    from comgra.profiling import native_marker
     from comgra.objects import DecisionMakerForRecordingsHardcoded
     from comgra.recorder import ComgraRecorder
 

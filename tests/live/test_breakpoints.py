@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from comgra.capture.session import ComgraWarning
-from comgra.live import control
+from comgra.breakpoints import control
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 from comgra.store import GroupReader

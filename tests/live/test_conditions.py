@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from comgra.errors import BreakpointError, ComgraError
-from comgra.live.conditions import METRICS, parse_condition
+from comgra.breakpoints.conditions import METRICS, parse_condition
 
 
 @pytest.mark.parametrize("text, metrics, expected", [

@@ -7,7 +7,7 @@ import pytest
 
 from comgra.config import Settings, load_settings
 from comgra.errors import BreakpointError, ConfigError
-from comgra.live import control
+from comgra.breakpoints import control
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.store import format as fmt
 

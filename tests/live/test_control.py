@@ -1,4 +1,4 @@
-"""comgra.live.control without torch: the files, the lock, the token, the states."""
+"""comgra.breakpoints.control without torch: the files, the lock, the token, the states."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from comgra.errors import BreakpointError, NotPaused, StoreError, UnknownBreakpoint
-from comgra.live import control
+from comgra.breakpoints import control
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_no_trial_folder_is_created_for_an_unknown_trial(tmp_path: Path) -> None
 
 
 def test_concurrent_edits_from_two_processes_lose_nothing(trial_dir: Path) -> None:
-    code = ("import sys; from comgra.live import control\n"
+    code = ("import sys; from comgra.breakpoints import control\n"
             "for i in range(15): control.add_breakpoint(sys.argv[1], f'{sys.argv[2]}{i}', 'has_nan')")
     processes = [subprocess.Popen([sys.executable, "-c", code, str(trial_dir), name]) for name in ("a", "b")]
     for process in processes:

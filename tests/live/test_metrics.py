@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from comgra.live.conditions import VALUE_METRICS
-from comgra.live.metrics import MetricPlan, tensor_metrics_of_many
+from comgra.breakpoints.conditions import VALUE_METRICS
+from comgra.breakpoints.metrics import MetricPlan, tensor_metrics_of_many
 
 
 def _expected(values: np.ndarray) -> dict[str, float]:

@@ -254,8 +254,8 @@ def test_a_plain_step_waits_for_its_flush_without_per_call_objects_the_collector
     per module call: such lists would reach the collector's oldest generation and trigger full collections."""
     import gc
 
-    from comgra.capture.layer_calls import LAYER
-    from comgra.capture.profiling import ProfileOptions, Profiler
+    from comgra.profiling.layer_calls import LAYER
+    from comgra.profiling.profiler import ProfileOptions, Profiler
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     profiler = Profiler(ProfileOptions(flops_every=0))

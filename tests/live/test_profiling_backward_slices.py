@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from comgra.capture.backward_slices import attribute, parents_of
+from comgra.profiling.backward_slices import attribute, parents_of
 
 
 def test_the_calls_of_an_rnn_cell_each_get_their_own_slice() -> None:
@@ -144,8 +144,8 @@ def test_the_rows_of_many_steps_at_once_give_each_step_what_attribute_gives_it(t
     """The profiler makes the rows of all the steps of a flush at once, in arrays (capture/layer_rows); each
     step's backward times and first moments must be what ``attribute`` gives that step alone."""
     torch = pytest.importorskip("torch")
-    from comgra.capture.layer_calls import Layer
-    from comgra.capture.layer_rows import LayerRows, StepCapture
+    from comgra.profiling.layer_calls import Layer
+    from comgra.profiling.layer_rows import LayerRows, StepCapture
 
     layers = [Layer(f"m{index}", index, torch.nn.Identity(), 100, [0]) for index in range(12)]
     captures, expected = [], []

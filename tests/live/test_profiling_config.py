@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
 from profiled_recording import nested_model  # noqa: E402
 
-from comgra.capture import resources  # noqa: E402
+from comgra.profiling import resources  # noqa: E402
 from comgra.errors import ConfigError  # noqa: E402
 
 

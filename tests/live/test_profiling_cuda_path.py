@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
 from profiled_recording import SLEEP_A, nested_model  # noqa: E402
 
-from comgra.capture.profiling import ProfileOptions, Profiler  # noqa: E402
+from comgra.profiling.profiler import ProfileOptions, Profiler  # noqa: E402
 
 
 class StandInEvent:

@@ -13,9 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from comgra.capture import forward_wrappers, native_marker  # noqa: E402
-from comgra.capture.layer_calls import CallMarks  # noqa: E402
-from comgra.capture.profiling import ProfileOptions, Profiler  # noqa: E402
+from comgra.profiling import forward_wrappers, native_marker  # noqa: E402
+from comgra.profiling.layer_calls import CallMarks  # noqa: E402
+from comgra.profiling.profiler import ProfileOptions, Profiler  # noqa: E402
 
 pytestmark = pytest.mark.skipif(native_marker._compiler() is None, reason="no C++ compiler to build the marker")
 

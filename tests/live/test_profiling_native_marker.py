@@ -17,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 from sleep_in_backward import SleepInBackward, profiled_steps  # noqa: E402
 
-from comgra.capture import native_marker  # noqa: E402
-from comgra.capture.layer_calls import BACKWARD_START  # noqa: E402
+from comgra.profiling import native_marker  # noqa: E402
+from comgra.profiling.layer_calls import BACKWARD_START  # noqa: E402
 
 needs_compiler = pytest.mark.skipif(native_marker._compiler() is None, reason="no C++ compiler to build the marker")
 

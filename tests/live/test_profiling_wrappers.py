@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from comgra.capture import forward_wrappers  # noqa: E402
-from comgra.capture.profiling import ProfileOptions, Profiler  # noqa: E402
+from comgra.profiling import forward_wrappers  # noqa: E402
+from comgra.profiling.profiler import ProfileOptions, Profiler  # noqa: E402
 
 
 class Base(torch.nn.Module):

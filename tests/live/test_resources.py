@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
 from profiled_recording import TRIAL, record  # noqa: E402
 
-from comgra.capture import resources  # noqa: E402
+from comgra.profiling import resources  # noqa: E402
 from comgra.service import RecordingService  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """Real processes: a training script pauses at a breakpoint, the test reads the paused step, then
-continues, steps or aborts it, through comgra.live.control (what the app and the REST API call)."""
+continues, steps or aborts it, through comgra.breakpoints.control (what the app and the REST API call)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from comgra.errors import NotPaused
-from comgra.live import control
+from comgra.breakpoints import control
 from comgra.store import GroupReader
 from live_processes import finish as _finish
 from live_processes import losses as _losses

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from comgra.server.app import create_app
-from comgra.server.callbacks import VALUES_ROUTE
+from comgra.server.tensors import VALUES_ROUTE
 from comgra.service import parse_aggregation
 from comgra.store import GroupReader
 from comgra.store import format as fmt

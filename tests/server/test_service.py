@@ -275,7 +275,7 @@ def _wait_until_kept(service, trial, step, rank=0, seconds=60.0):
 def test_after_a_step_is_shown_the_next_steps_values_read_no_file(recording, monkeypatch):
     """The values route reads the steps ahead in the background; the next-step button's answer then comes
     from kept rows (no query at all) and equals a fresh service's answer and the store's row."""
-    from comgra.server.callbacks import click_values
+    from comgra.server.tensors import click_values
 
     fresh, ahead = RecordingService(recording), RecordingService(recording)
     try:

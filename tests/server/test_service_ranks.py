@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from comgra.server.callbacks import ALL_RANKS, next_wanted, rank_outputs
+from comgra.server.view_state import ALL_RANKS, next_wanted, rank_outputs
 from comgra.server.figures import series_figure
 from comgra.service import RecordingService, series
 

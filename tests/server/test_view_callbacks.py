@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from comgra.server import callbacks
-from comgra.server.callbacks import next_wanted, remember, slider_marks, view_outputs
+from comgra.server import tensors, view_state
+from comgra.server.view_state import next_wanted, remember, slider_marks, view_outputs
 from comgra.service import ANY_TYPE, RecordingService
 
 
@@ -53,33 +53,33 @@ def test_a_choice_whose_answer_has_not_arrived_is_not_lost(service, shown):
 
 def test_a_link_opens_the_view_it_names_and_the_view_writes_its_link(service):
     view = service.resolve({"node_id": "subnet_mem__out", "aggregation": "sample:2", "kind": "gradients"})
-    link = callbacks.link_of(view)
-    wanted = callbacks.linked_wanted("url", link.split("/", 1)[1])
+    link = view_state.link_of(view)
+    wanted = view_state.linked_wanted("url", link.split("/", 1)[1])
     again = service.resolve(wanted)
     assert again.selection == view.selection and not again.notices
-    assert callbacks.linked_wanted("url", "") is None  # no query: the inputs decide
-    assert callbacks.linked_wanted("node_click", link) is None  # only at page load
+    assert view_state.linked_wanted("url", "") is None  # no query: the inputs decide
+    assert view_state.linked_wanted("node_click", link) is None  # only at page load
 
 
 def test_a_node_click_sends_the_graph_only_once_per_hash(service):
     view = service.resolve({"node_id": "output"})
     first = view_outputs(view, {}, None, known=[])
     assert first["graph_key"] == {"trial": view.trial, "hash": view.graph["hash"]}
-    assert first["graphs"] is not callbacks.no_update
+    assert first["graphs"] is not view_state.no_update
     again = view_outputs(service.resolve({"node_id": "input"}), {}, None, known=[view.graph["hash"]])
-    assert again["graphs"] is callbacks.no_update and again["graphs_known"] is callbacks.no_update
+    assert again["graphs"] is view_state.no_update and again["graphs_known"] is view_state.no_update
 
 
 def test_notices_go_to_the_selector_they_concern(service):
     view = service.resolve({"node_id": "subnet_pre", "aggregation": "sample:3", "training_step": 10**6})
-    topics = callbacks.notices_by_topic(view.notices)
+    topics = view_state.notices_by_topic(view.notices)
     assert set(topics) == {"step", "aggregation"}, topics
     assert "nearest" in topics["step"] and "no batch dimension" in topics["aggregation"]
 
 
 def test_titles_never_show_internal_values(service):
     view = service.resolve({"node_id": "subnet_pre"})
-    title = callbacks.series_title(view.selection, "mean")
+    title = tensors.series_title(view.selection, "mean")
     assert "none" not in title and "-1" not in title, title
 
 
@@ -124,12 +124,12 @@ def test_slider_marks_never_crowd(count):
 def test_view_outputs_fill_every_output(service):
     view = service.resolve({"node_id": "helper_partial_sums"})
     outputs = view_outputs(view, {"node_id": "helper_partial_sums"}, None)
-    assert set(outputs) == set(callbacks.VIEW_OUTPUTS)
+    assert set(outputs) == set(view_state.VIEW_OUTPUTS)
     assert outputs["role_options"] == [{"label": r, "value": r} for r in ("partial_sums", "running_max")]
     assert outputs["store"]["shown"]["node_id"] == "helper_partial_sums"
     assert outputs["iteration"] == 0 and outputs["step_input"] == view.selection.training_step
     again = view_outputs(view, {}, outputs["store"]["shown"])
-    assert again["shown"] is callbacks.no_update  # an unchanged selection does not re-trigger the plots
+    assert again["shown"] is view_state.no_update  # an unchanged selection does not re-trigger the plots
 
 
 def test_view_outputs_without_a_selection(tmp_path):
@@ -156,7 +156,7 @@ def test_the_page_has_every_component_the_callbacks_use(with_visualization):
         expected.discard(ID.VISUALIZATION)
     assert expected <= ids
     assert {ID.nav(d) for d in ("left", "right", "up", "down")} <= ids
-    used = {component for component, _ in [*callbacks.VIEW_INPUTS.values(), *callbacks.VIEW_OUTPUTS.values()]}
+    used = {component for component, _ in [*view_state.VIEW_INPUTS.values(), *view_state.VIEW_OUTPUTS.values()]}
     assert used <= ids
 
 
@@ -182,5 +182,5 @@ def test_badges_come_from_the_service_when_it_has_them(service):
         def finding_badges(self, trial):
             raise RuntimeError("no findings")
 
-    assert callbacks.graph_badges(WithBadges(), "t") == {"output": "2 ⚠"}
-    assert callbacks.graph_badges(Broken(), "t") == {}
+    assert tensors.graph_badges(WithBadges(), "t") == {"output": "2 ⚠"}
+    assert tensors.graph_badges(Broken(), "t") == {}

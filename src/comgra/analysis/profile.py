@@ -8,7 +8,7 @@ Nothing is counted twice: a module's measured time already contains its submodul
 bar's width is the module's own measured (inclusive) time, summed over its calls, and its *self*
 time is that minus its children's. Forward calls nest, so their times add up; a backward time is
 already the module call's share of the backward pass, cut so that no moment belongs to two calls
-(``comgra.capture.backward_slices``), so a module called several times in a step (a shared block,
+(``comgra.profiling.backward_slices``), so a module called several times in a step (a shared block,
 an RNN cell) is not counted once per call on top of the others. A child measured a little longer
 than its parent (clock noise, or a child called from outside its parent's forward) widens the
 parent to the sum of its children, so that the parent still contains them. A module that calls

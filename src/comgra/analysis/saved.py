@@ -52,7 +52,7 @@ def environment() -> dict[str, str]:
     """The code that made a finding: comgra's version, the formats, a hash of ``watched_sources`` and the
     versions of the libraries the detectors use. Read from the files and the installed packages'
     metadata, without importing the libraries (the app looks here before it loads them)."""
-    from comgra import __version__
+    from comgra._version import __version__
     from comgra.store.format import FORMAT_VERSION as STORE_FORMAT
 
     digest = hashlib.sha256()

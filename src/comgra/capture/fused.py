@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from comgra.capture import native_build
+from comgra import native_build
 
 SOURCE = r"""
 #include <math.h>

@@ -10,7 +10,8 @@ import torch
 
 from comgra.capture import fused
 from comgra.capture.registry import Registration
-from comgra.capture.stats import Summary, batch_aggregates, largest_singular_values, summarize, to_device
+from comgra.capture.spectral import largest_singular_values
+from comgra.capture.stats import Summary, batch_aggregates, summarize, to_device
 from comgra.store import format as fmt
 
 

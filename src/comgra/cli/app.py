@@ -21,16 +21,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from comgra.cli.arguments import positive_int
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, positive_int
 
 __all__ = ["main"]
 
-USAGE_ERROR = 2
 DEMO_GROUP = "demo"
-
-
-class UsageError(Exception):
-    """A problem with the command line; its message is printed as it is."""
 
 
 def run() -> None:
@@ -63,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _repair(arguments[1:])
         if arguments[:1] == ["scan"]:
             from comgra.cli import scan
-            return scan.run(arguments[1:], UsageError)
+            return scan.run(arguments[1:])
         return _serve(_parser().parse_args(arguments))
     except UsageError as error:
         print(f"comgra: error: {error}", file=sys.stderr)
@@ -172,25 +167,6 @@ def _test_run_path() -> Path:
     if not (path / "trials").is_dir():
         raise UsageError(f"there is no test run in {str(path)!r} yet. Record one with: comgra-test-run")
     return path
-
-
-def check_recording(path: Path) -> Path:
-    """The group folder to serve; raises UsageError with a hint when ``path`` holds no recording."""
-    path = path.expanduser().resolve()
-    if not path.exists():
-        raise UsageError(f"the path {str(path)!r} does not exist. Pass the group folder: comgra_root_path/group.")
-    if not path.is_dir():
-        raise UsageError(f"the path {str(path)!r} is a file, not a recording folder.")
-    if (path / "trials").is_dir():
-        return path
-    groups = sorted(p.name for p in path.iterdir() if (p / "trials").is_dir())
-    if groups:
-        hint = " or ".join(repr(str(path / g)) for g in groups[:3])
-        raise UsageError(f"{str(path)!r} is a root folder with groups; pass a group folder: {hint}.")
-    if (path / "trials").exists() or path.name == "trials":
-        raise UsageError(f"pass the group folder, the parent of {str(path)!r}.")
-    raise UsageError(f"{str(path)!r} holds no comgra recording (no 'trials' folder). "
-                     "Pass the group folder: comgra_root_path/group.")
 
 
 def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,

@@ -1,7 +1,16 @@
-"""Argument types shared by the command-line entry points."""
+"""What the command line gives, checked: shared by the subcommands (``app``, ``scan``, ``test_run``), which
+import this module and never each other. A bad value raises ``UsageError``, printed as one line, exit 2.
+"""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A problem with the command line; its message is printed as it is."""
 
 
 def positive_int(text: str) -> int:
@@ -10,3 +19,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of steps; try e.g. 2000")
     return value
+
+
+def check_recording(path: Path) -> Path:
+    """The group folder to serve; raises UsageError with a hint when ``path`` holds no recording."""
+    path = path.expanduser().resolve()
+    if not path.exists():
+        raise UsageError(f"the path {str(path)!r} does not exist. Pass the group folder: comgra_root_path/group.")
+    if not path.is_dir():
+        raise UsageError(f"the path {str(path)!r} is a file, not a recording folder.")
+    if (path / "trials").is_dir():
+        return path
+    groups = sorted(p.name for p in path.iterdir() if (p / "trials").is_dir())
+    if groups:
+        hint = " or ".join(repr(str(path / g)) for g in groups[:3])
+        raise UsageError(f"{str(path)!r} is a root folder with groups; pass a group folder: {hint}.")
+    if (path / "trials").exists() or path.name == "trials":
+        raise UsageError(f"pass the group folder, the parent of {str(path)!r}.")
+    raise UsageError(f"{str(path)!r} holds no comgra recording (no 'trials' folder). "
+                     "Pass the group folder: comgra_root_path/group.")

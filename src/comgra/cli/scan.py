@@ -12,10 +12,10 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
@@ -38,20 +38,19 @@ def parser() -> argparse.ArgumentParser:
     return result
 
 
-def run(arguments: list[str], usage_error: Callable[[str], Exception]) -> int:
-    """Parse, scan, print. ``usage_error`` builds the CLI's one-line error (cli.app owns it)."""
+def run(arguments: list[str]) -> int:
+    """Parse, scan, print; a bad argument raises ``UsageError`` (one line, exit 2)."""
     from comgra.analysis import ScanOptions, Scanner, document
-    from comgra.cli.app import check_recording
     from comgra.service import finding_link
 
     args = parser().parse_args(arguments)
     group = check_recording(args.path)
-    options = ScanOptions(sensitivity=_chosen_sensitivity(args, usage_error), target=args.target)
+    options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
     try:
         with _Progress() as progress:
             result = Scanner(persist=True).scan(group, trials=args.trial, options=options, progress=progress.update)
     except ComgraError as error:
-        raise usage_error(str(error).splitlines()[0]) from None
+        raise UsageError(str(error).splitlines()[0]) from None
     if args.json:
         print(json.dumps(document(result.findings, result.problems, link=finding_link), indent=1))
     else:
@@ -59,7 +58,7 @@ def run(arguments: list[str], usage_error: Callable[[str], Exception]) -> int:
     return 0
 
 
-def _chosen_sensitivity(args: argparse.Namespace, usage_error: Callable[[str], Exception]) -> float:
+def _chosen_sensitivity(args: argparse.Namespace) -> float:
     """--sensitivity wins; else ``[anomalies] sensitivity`` of comgra.toml; else 1."""
     if args.sensitivity is not None:
         return float(args.sensitivity)
@@ -71,7 +70,7 @@ def _chosen_sensitivity(args: argparse.Namespace, usage_error: Callable[[str], E
         return scan_options(settings.anomalies.sensitivity,
                             source=f"{settings.source}: anomalies.sensitivity").sensitivity
     except ComgraError as error:
-        raise usage_error(str(error)) from None
+        raise UsageError(str(error)) from None
 
 
 def _sensitivity(text: str) -> float:
@@ -139,7 +138,14 @@ def _print_table(findings: list[Any], problems: list[str], trials: list[str]) ->
         console.print(f"[yellow]{problem}", markup=True, highlight=False)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    from comgra.cli.app import main
+def main(arguments: list[str]) -> int:
+    """``comgra scan ...`` on its own (``python -m comgra.cli.scan``): ``run`` with the CLI's one-line errors."""
+    try:
+        return run(arguments)
+    except UsageError as error:
+        print(f"comgra: error: {error}", file=sys.stderr)
+        return USAGE_ERROR
 
-    sys.exit(main(["scan", *sys.argv[1:]]))
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

@@ -3,7 +3,7 @@
 Its contract is the OpenAPI document in ``api_spec`` (served at ``/api/v1/openapi.json``), which
 the tests check every route against. What arrives is data, never code: query values are parsed
 as integers or matched against known names, and a breakpoint's condition goes to the whitelist
-parser of ``comgra.live.conditions``. A bad value is a 4xx whose JSON names the field.
+parser of ``comgra.breakpoints.conditions``. A bad value is a 4xx whose JSON names the field.
 
 State-changing calls (POST, PATCH, DELETE) are refused from another web origin, and, when the
 server is bound to a non-loopback address, need the token it prints at start
@@ -389,7 +389,7 @@ class Routes:
         return answer({"available": True, "findings": [{"trial": t, "findings": find(t)} for t in trials]})
 
     def breakpoints(self, trial: str) -> Response:
-        from comgra.live import control
+        from comgra.breakpoints import control
 
         directory = self._trial_dir(trial)
         if request.method == "GET":
@@ -399,7 +399,7 @@ class Routes:
         return answer(created, 201)
 
     def breakpoint(self, trial: str, breakpoint_id: str) -> Response:
-        from comgra.live import control
+        from comgra.breakpoints import control
 
         directory = self._trial_dir(trial)
         if request.method == "DELETE":
@@ -412,12 +412,12 @@ class Routes:
         return answer(control.update_breakpoint(directory, breakpoint_id, **body))
 
     def run(self, trial: str) -> Response:
-        from comgra.live import control
+        from comgra.breakpoints import control
 
         return answer({"trial": trial, **control.run_state(self._trial_dir(trial))})
 
     def run_command(self, trial: str, action: str) -> Response:
-        from comgra.live import control
+        from comgra.breakpoints import control
 
         directory = self._trial_dir(trial)
         if action not in RUN_ACTIONS:

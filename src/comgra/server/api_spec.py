@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from comgra import __version__
+from comgra._version import __version__
 
 API_PREFIX = "/api/v1"
 

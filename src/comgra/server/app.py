@@ -26,7 +26,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from comgra.server import api, callbacks, layout
+from comgra.server import api, callbacks, layout, tensors, view_state
 from comgra.server.visualization import VisualizationFile
 from comgra.service import RecordingService
 
@@ -144,9 +144,9 @@ def _close_at_exit(service: RecordingService) -> None:
 def _warm_up(service: RecordingService) -> None:
     try:
         view = service.resolve({})
-        callbacks.view_outputs(view, {}, None)
+        view_state.view_outputs(view, {}, None)
         if view.selection is not None:
-            callbacks.neurons(service, view.selection)
+            tensors.neurons(service, view.selection)
     except Exception:
         log.debug("comgra: warm-up failed", exc_info=True)  # the real request reports any problem
 

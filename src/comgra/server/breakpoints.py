@@ -1,6 +1,6 @@
 """The Breakpoints tab: the trial's breakpoints with hit counts, and control of a run in progress.
 
-Everything goes through ``comgra.live.control`` (the same functions the REST API calls): the
+Everything goes through ``comgra.breakpoints.control`` (the same functions the REST API calls): the
 training process, a separate process, reads the breakpoints from the trial folder and answers the
 Continue / Step / Abort buttons while it is paused.
 """
@@ -14,7 +14,7 @@ from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
 from dash.development.base_component import Component
 
 from comgra.errors import ComgraError
-from comgra.live import control
+from comgra.breakpoints import control
 from comgra.service import RecordingService, view_link
 from comgra.store import format as fmt
 

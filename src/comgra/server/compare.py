@@ -134,6 +134,6 @@ def _summary_row(key: str, label: str, pinned: Selection, current: Selection) ->
 
 
 def _selection(shown: Any) -> Selection | None:
-    from comgra.server.callbacks import selection_from  # the one check of what the browser says it shows
+    from comgra.server.view_state import selection_from  # the one check of what the browser says it shows
 
     return selection_from(shown)

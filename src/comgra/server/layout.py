@@ -1,8 +1,7 @@
 """The page skeleton: tabs, selectors, the graph area and the output panels.
 
 Everything dynamic is filled in by callbacks; this module only decides where
-things are and what they are called. The ids in ``ID`` are the contract with
-the callbacks, the keyboard script (assets/comgra.js) and the browser tests.
+things are. The ids it gives the components are in ``ids.py``.
 """
 from __future__ import annotations
 
@@ -15,79 +14,15 @@ from comgra.server import compare, kpi_view, profile_panel, samples
 from comgra.server import findings as findings_panel
 from comgra.server.dom import attributes
 from comgra.server.graph_view import legend
+from comgra.server.ids import ID, TABS
 from comgra.service import PLOT_STATISTICS
 
-TABS = ("tensors", "findings", "samples", "compare", "network", "notes", "graphs", "profile", "resources", "breakpoints", "visualization")
 TAB_LABELS = {"tensors": "Tensors", "findings": "Findings", "samples": "Samples", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
               "profile": "Profile", "resources": "Resources", "breakpoints": "Breakpoints", "visualization": "Visualization"}
 NAVIGATION = {"left": "←", "up": "↑", "down": "↓", "right": "→"}
 ZOOM = {"out": ("−", "Zoom out"), "fit": ("Fit", "Fit the graph into view"), "in": ("+", "Zoom in")}
 NAVIGATION_HELP = {"left": "Go to a node this one depends on", "right": "Go to a node that depends on this one",
                    "up": "Go to the node above", "down": "Go to the node below"}
-
-
-class ID:
-    """Component ids shared by layout, callbacks, the keyboard script and the tests."""
-
-    SELECTION = "selection"  # dcc.Store: {"wanted": {...}, "shown": {...}}
-    SHOWN = "shown"  # dcc.Store: the shown selection alone, changed only when it changes
-    CURRENT_TRIAL = "current-trial"  # dcc.Store: the trial shown, changed only when it changes
-    DATA_VERSION = "data-version"
-    NODE_CLICK = "node-click"  # set by assets/comgra.js when a node is clicked
-    URL = "url"  # dcc.Location: the query string is read at page load (service.URL_KEYS)
-    LINK = "view-link"  # dcc.Store: the shown view's link; assets/comgra.js writes it into the URL
-    URL_WRITTEN = "url-written"  # dcc.Store: the output of that clientside callback
-    GRAPH_KEY = "graph-key"  # dcc.Store: {"trial", "hash"} of the graph shown
-    GRAPHS = "graph-documents"  # dcc.Store: hash -> graph document (graph_view.client_graph), sent once each
-    GRAPHS_KNOWN = "graph-hashes"  # dcc.Store: the hashes the page holds, so that none is sent twice
-    GRAPH_RENDERED = "graph-rendered"  # dcc.Store: the output of the clientside renderer
-    BADGES = "graph-badges"  # dcc.Store: node id -> badge text of the current trial (findings)
-    STEP_KEY = "step-key"  # dcc.Store: trial, step, iteration, kind and rank shown; changes only with them
-    NODE_SUMMARIES = "node-summaries"  # dcc.Store: node id -> min/mean/max at this step, for hover cards
-    SUMMARIES_SET = "node-summaries-set"  # dcc.Store: the output of the clientside callback that takes them
-    NOTICES = "notices"  # dcc.Store: topic -> text; shown beside the selector it concerns
-    VALUES_DATA = "values-data"  # dcc.Store: the values panel as plain data (server/values_view.py)
-    VALUES_RENDERED = "values-rendered"  # dcc.Store: the output of the clientside values renderer
-    POLL = "poll"
-    TABS = "tabs"
-    BANNER = "banner"
-    TRIAL = "trial-select"
-    KIND = "kind-select"
-    TYPE = "type-select"
-    STEP_SLIDER = "step-slider"
-    STEP_INPUT = "step-input"
-    STEP_PREV = "step-prev"
-    STEP_NEXT = "step-next"
-    STEP_INFO = "step-info"
-    ITERATION = "iteration-slider"
-    AGGREGATION = "aggregation-select"
-    ROLE = "role-select"
-    RANK = "rank-select"  # a rank of a torch.distributed run, or "all" (one line per rank in the series plot)
-    RANK_BOX = "rank-selector"  # shown only when the trial has more than one rank
-    SEARCH = "node-search"
-    GRAPH = "dependency-graph"
-    NOTICE = "notice"
-    VALUES = "values"
-    STATISTIC = "statistic-select"
-    SERIES = "series-plot"
-    HISTOGRAM = "histogram-plot"
-    NETWORK = "network"
-    NOTES = "notes"
-    KPIS = "kpi-graphs"
-    VISUALIZATION = "visualization"
-
-    @staticmethod
-    def panel(tab: str) -> str:
-        return f"panel-{tab}"
-
-    @staticmethod
-    def nav(direction: str) -> str:
-        return f"nav-{direction}"
-
-    @staticmethod
-    def notice(topic: str) -> str:
-        """The slot of the notices about one selector ("general": the page's own slot, ``NOTICE``)."""
-        return "notice" if topic == "general" else f"notice-{topic}"
 
 
 def page(*, title: str, data_version: str, poll_ms: int, with_visualization: bool) -> html.Div:

@@ -157,7 +157,7 @@ def _cell(value: Any) -> Any:
 
 
 def _selection(shown: Any) -> Selection | None:
-    from comgra.server.callbacks import selection_from  # the one check of what the browser says it shows
+    from comgra.server.view_state import selection_from  # the one check of what the browser says it shows
 
     return selection_from(shown)
 

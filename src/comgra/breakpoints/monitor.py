@@ -26,9 +26,9 @@ import torch
 
 from comgra.config import BreakpointSettings
 from comgra.errors import ComgraError, TrainingAborted, did_you_mean
-from comgra.live import control
-from comgra.live.conditions import Condition, parse_condition
-from comgra.live.metrics import MetricPlan, tensor_metrics, tensor_metrics_of_many
+from comgra.breakpoints import control
+from comgra.breakpoints.conditions import Condition, parse_condition
+from comgra.breakpoints.metrics import MetricPlan, tensor_metrics, tensor_metrics_of_many
 
 __all__ = ["BreakpointMonitor", "tensor_metrics"]
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from comgra.capture.profiling import ProfileOptions, Profiler
-from comgra.capture.resources import DEFAULT_KEPT_SAMPLES, ResourceSampler
+from comgra.profiling.profiler import ProfileOptions, Profiler
+from comgra.profiling.resources import DEFAULT_KEPT_SAMPLES, ResourceSampler
 
 RESOURCES_DOCUMENT = "resources-r{rank:03d}.json"
 

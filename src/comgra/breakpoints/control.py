@@ -1,14 +1,14 @@
 """Breakpoints and run control of a trial, through files under ``<trial_dir>/live/`` and a local socket.
 
 No torch here: the app and the REST API (separate processes, maybe without torch) call these
-functions; the training process (``comgra.live.breakpoints``) reads the same files.
+functions; the training process (``comgra.breakpoints.monitor``) reads the same files.
 
 - ``breakpoints.json``: the breakpoints, written atomically under a lock by whoever edits them.
 - ``run.json``: the training process's state (``running``, ``paused``, ``finished``), the step, the
   breakpoint that paused it, hit counts, and the 127.0.0.1 port and random token on which a paused
   run accepts one command (``continue``, ``step`` or ``abort``).
 
-    >>> from comgra.live import control                                        # doctest: +SKIP
+    >>> from comgra.breakpoints import control                                        # doctest: +SKIP
     >>> control.add_breakpoint(trial_dir, "loss", "has_nan")                   # doctest: +SKIP
     {'id': 'bp1', 'target': 'loss', 'condition': 'has_nan', 'enabled': True, 'hits': 0}
     >>> control.send_command(trial_dir, "continue")                            # doctest: +SKIP
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from comgra.errors import BreakpointError, ComgraError, NotPaused, StoreError, UnknownBreakpoint, did_you_mean
-from comgra.live.conditions import parse_condition
+from comgra.breakpoints.conditions import parse_condition
 
 __all__ = ["ACTIONS", "add_breakpoint", "list_breakpoints", "remove_breakpoint", "run_state", "send_command",
            "update_breakpoint", "live_dir", "replace_breakpoints", "write_run_state", "read_run_document",

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from comgra.capture import backward_slices
-from comgra.capture.layer_calls import EXTRA, LAYER, Layer
-from comgra.capture.layer_extras import NO_EXTRA
+from comgra.profiling import backward_slices
+from comgra.profiling.layer_calls import EXTRA, LAYER, Layer
+from comgra.profiling.layer_extras import NO_EXTRA
 from comgra.store import format as fmt
 
 FIELDS = tuple(fmt.LAYERS_SCHEMA.names)

@@ -17,26 +17,41 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from comgra.config import Settings, load_settings
 from comgra.errors import ComgraError, TrainingAborted
-from comgra.live import control
-from comgra.live.breakpoints import BreakpointMonitor
+from comgra.breakpoints import control
+from comgra.breakpoints.monitor import BreakpointMonitor
 from comgra.store import format as fmt
 
-if TYPE_CHECKING:
-    from comgra.recorder import ComgraRecorder
-
 __all__ = ["RecorderBreakpoints"]
+
+
+class Recorder(Protocol):
+    """What the breakpoints use of the recorder that attaches them (``ComgraRecorder``; this package never
+    imports it: the recorder wires the breakpoints, not the other way round)."""
+
+    options: Any  # capture.options.RecorderOptions
+    rank_info: Any  # capture.ranks.RankInfo
+    session: Any  # capture.session.RecordingSession, None when comgra is off
+    modules: Any
+    training_step: int | None
+    type_of_execution: str | None
+    _kpis: Any  # the KPI points waiting for a flush: written before a pause
+    _recording: bool
+
+    def recording_is_active(self) -> bool: ...
+
+    def _guarded(self, action: Any) -> None: ...  # runs ``action(session)``; a fault of comgra's own stops recording
 
 
 class RecorderBreakpoints:
     """Created by ComgraRecorder when it records; ``None`` there when comgra is off (nothing to pay)."""
 
-    def __init__(self, recorder: ComgraRecorder, monitor: BreakpointMonitor):
+    def __init__(self, recorder: Recorder, monitor: BreakpointMonitor):
         self.recorder = recorder
         self.monitor = monitor
         self.shadow: list[tuple[Any, ...]] | None = None
@@ -49,7 +64,7 @@ class RecorderBreakpoints:
         monitor.on_hit = self.force_recording
 
     @classmethod
-    def attach(cls, recorder: ComgraRecorder, *, breakpoints: Iterable[dict[str, Any]] | None,
+    def attach(cls, recorder: Recorder, *, breakpoints: Iterable[dict[str, Any]] | None,
                settings: Settings) -> RecorderBreakpoints | None:
         options, ranks = recorder.options, recorder.rank_info
         if ranks.world_size > 1 and options.record_ranks is not None and \

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from comgra.capture import native_build
+from comgra import native_build
 
 SOURCE = r"""
 #include <chrono>

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from comgra.capture import forward_wrappers, native_marker
-from comgra.capture.layer_extras import Extra, begin_extra, close_scope, end_extra, profiler_enabled, tensors_in
+from comgra.profiling import forward_wrappers, native_marker
+from comgra.profiling.layer_extras import Extra, begin_extra, close_scope, end_extra, profiler_enabled, tensors_in
 
 _tracing_state = torch._C._get_tracing_state  # not None inside torch.jit.trace
 _is_compiling = torch.compiler.is_compiling  # True while TorchDynamo traces (torch.compile)

@@ -44,10 +44,10 @@ import pyarrow as pa
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from comgra.capture import forward_wrappers
-from comgra.capture.layer_calls import EXTRA, CallMarks, Layer
-from comgra.capture.layer_extras import cuda_event, to_host
-from comgra.capture.layer_rows import FIELDS, LayerRows, StepCapture
+from comgra.profiling import forward_wrappers
+from comgra.profiling.layer_calls import EXTRA, CallMarks, Layer
+from comgra.profiling.layer_extras import cuda_event, to_host
+from comgra.profiling.layer_rows import FIELDS, LayerRows, StepCapture
 from comgra.errors import ConfigError
 
 DEFAULT_HISTORY = 100
