@@ -34,7 +34,7 @@ import torch
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "live"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "breakpoints"))
 from live_training import train_step  # noqa: E402  (the training step the live tests use)
 
 TENSORS = ("x", "h1", "h2", "h3", "out")

@@ -14,7 +14,7 @@ The imports are read with ``ast`` (every ``import`` in a module: at the top, ins
   with the control channel;
 - the one bridge between the sides: the control channel of a running training (``breakpoints.control``
   and the condition language it checks, ``breakpoints.conditions``: files and a loopback socket, no
-  torch), used by the server and ``config``;
+  torch), used by the server and ``config`` (and aliased as ``comgra.live``, its old import path);
 - nothing imports ``server`` or ``cli`` from outside them; no torch in ``store``, ``analysis``,
   ``service``, ``server``, the shared leaves but ``objects``, or the control channel.
 """
@@ -39,11 +39,12 @@ MAY_IMPORT = {
     "breakpoints": {"store"},
     "examples": {"comgra", "recorder"},
     "integrations": {"comgra", "recorder"},
+    "live": set(),  # the old path of the control channel (comgra.live.control): an alias, nothing more
     **{unit: set(READ_SIDE[i + 1:]) for i, unit in enumerate(READ_SIDE)},
     "cli": {*READ_SIDE[1:], "examples"},  # ``comgra demo`` and ``comgra-test-run`` record the tutorial
     **{unit: set() for unit in SHARED},
 }
-WITHOUT_TORCH = ("store", "analysis", "service", "server", "errors", "_version", "config", *CHANNEL)
+WITHOUT_TORCH = ("store", "analysis", "service", "server", "errors", "_version", "config", "live", *CHANNEL)
 
 
 def module_imports(package: Path) -> dict[str, set[str]]:
@@ -126,7 +127,7 @@ def wrong_directions(graph: dict[str, set[str]]) -> list[str]:
         if unit in SHARED:
             allowed = set(SHARED)
         for target in sorted(imported):
-            bridge = target in CHANNEL and (unit == "server" or module.endswith(".config"))
+            bridge = target in CHANNEL and (unit in ("server", "live") or module.endswith(".config"))
             if _unit(target) not in allowed and not bridge:
                 wrong.append(f"{module} -> {target}")
     return wrong
@@ -225,3 +226,12 @@ def test_a_planted_torch_import_is_caught(tmp_path: Path) -> None:
     package = _planted(tmp_path, {"service/steps.py": "def f():\n    import torch.nn\n",
                                   "capture/step.py": "import torch\n"})
     assert torch_imports(package, WITHOUT_TORCH) == ["comgra.service.steps"]
+
+
+def test_the_old_import_path_of_the_control_channel_is_the_same_module() -> None:
+    import comgra.breakpoints.control
+    import comgra.live.control
+    from comgra.live.control import add_breakpoint
+
+    assert comgra.live.control is comgra.breakpoints.control
+    assert add_breakpoint is comgra.breakpoints.control.add_breakpoint

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "live"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "breakpoints"))
 from live_processes import start_training, stop_all, wait_until  # noqa: E402  (the live tests' launcher)
 
 PAUSE_AT = 5

@@ -13,7 +13,7 @@ import pytest
 
 from comgra.breakpoints import control
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "live"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "breakpoints"))
 from live_processes import STARTED as _STARTED  # noqa: E402  (the same training script and launcher)
 from live_processes import start_training as _start  # noqa: E402
 

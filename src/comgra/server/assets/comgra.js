@@ -31,7 +31,7 @@
     drawn: {}, drawnBoxes: {}, marks: {}, canvas: null, pending: false
   };
   var DRAW_MARGIN = 300;  // px of the screen drawn beyond each side of the visible part of the graph
-  var VALUES_ROUTE = "_comgra/values";  // server/callbacks.py: VALUES_ROUTE
+  var VALUES_ROUTE = "_comgra/values";  // server/tensors.py: VALUES_ROUTE
 
   // -- layout ---------------------------------------------------------------------------------
   function boxHeight(box) {

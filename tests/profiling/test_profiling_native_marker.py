@@ -1,4 +1,4 @@
-"""The C++ backward marker (capture/native_marker): the same moments as the Python hook, for far less.
+"""The C++ backward marker (profiling/native_marker): the same moments as the Python hook, for far less.
 
 The recursive and repeated-call tests run with both markers (their fixtures are parametrized); here:
 the marker alone against clocks read by the test, a hook left on an earlier step's graph, a module

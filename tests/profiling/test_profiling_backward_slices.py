@@ -1,4 +1,4 @@
-"""The attribution of backward time to module calls (capture/backward_slices), on hand-made timelines and
+"""The attribution of backward time to module calls (profiling/backward_slices), on hand-made timelines and
 on random ones, and on the tutorial's recurrent network, whose modules run up to 10 times per step."""
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_the_tutorials_backward_times_fit_in_its_backward_pass(make_recorder: An
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_timelines(), min_size=1, max_size=4))
 def test_the_rows_of_many_steps_at_once_give_each_step_what_attribute_gives_it(timelines: Any) -> None:
-    """The profiler makes the rows of all the steps of a flush at once, in arrays (capture/layer_rows); each
+    """The profiler makes the rows of all the steps of a flush at once, in arrays (profiling/layer_rows); each
     step's backward times and first moments must be what ``attribute`` gives that step alone."""
     torch = pytest.importorskip("torch")
     from comgra.profiling.layer_calls import Layer
