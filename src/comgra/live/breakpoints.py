@@ -87,11 +87,16 @@ class BreakpointMonitor:
         self._names_seen: set[str] = set()
         self._checked_targets = False
         self._end_reason: str | None = None
+        entries: list[dict[str, Any]] = []  # the other ranks get rank 0's at step 1
         if self.lead:
-            if initial is not None:
-                control.replace_breakpoints(trial_dir, initial)
+            if initial is not None:  # (the first poll reads the file again: an edit made meanwhile is not lost)
+                entries = control.replace_breakpoints(trial_dir, initial)
+            else:
+                if world_size == 1:  # read now, not again at the first poll (ranks: rank 0 shares it at step 1)
+                    self._signature = control.breakpoints_signature(trial_dir)
+                entries = self._read()
             self._publish("running")
-        self._load(control.read_breakpoints(trial_dir) if self.lead else [])  # the others get rank 0's at step 1
+        self._load(entries)
 
     # -- the training step ----------------------------------------------------------------------
     def start_batch(self, training_step: int, type_of_execution: str | None) -> bool:
@@ -277,24 +282,28 @@ class BreakpointMonitor:
         return self._read()
 
     def _read(self) -> list[dict[str, Any]]:
-        """The breakpoints file; unreadable, it keeps the breakpoints as they were (and says so once)."""
+        """The breakpoints file, checked entry by entry; unreadable or damaged, it keeps the breakpoints as they
+        were (and says so once): a hand-edited file never stops the training."""
         try:
             return control.read_breakpoints(self.trial_dir)
         except (OSError, ComgraError) as error:
-            self.warn("bp-read", f"comgra keeps its breakpoints as they were: {error}")
+            self.warn("bp-read", f"comgra keeps its breakpoints as they were ({len(self.breakpoints)} enabled): "
+                                 f"{error}")
             return [{"id": b.id, "target": b.target, "condition": b.condition.text} for b in self.breakpoints]
 
     def _load(self, entries: list[dict[str, Any]]) -> None:
         loaded = []
-        for entry in entries:
-            if not entry.get("enabled", True):
+        for entry in entries:  # checked by control.read_breakpoints; a peer's broadcast is checked again here
+            if not isinstance(entry, dict) or not entry.get("enabled", True):
                 continue
             try:
-                condition = parse_condition(entry["condition"])
+                checked = control.checked_breakpoint({k: v for k, v in entry.items() if k != "id"})
+                condition = parse_condition(checked["condition"])
             except Exception as error:  # noqa: BLE001 - a bad file must not stop the training
-                self.warn(f"bp-bad:{entry.get('id')}", f"comgra ignores breakpoint {entry.get('id')!r}: {error}")
+                self.warn(f"bp-bad:{str(entry.get('id'))[:40]}",
+                          f"comgra ignores breakpoint {str(entry.get('id'))[:40]!r}: {error}")
                 continue
-            loaded.append(ActiveBreakpoint(str(entry["id"]), str(entry["target"]), condition,
+            loaded.append(ActiveBreakpoint(str(entry.get("id")), checked["target"], condition,
                                            bool(condition.gradient_metrics)))
         self.breakpoints = loaded
         self.by_target = {}
@@ -370,7 +379,7 @@ class BreakpointMonitor:
             control.write_run_state(self.trial_dir, self._state(state, **extra))
         except FileNotFoundError:
             pass  # the trial folder is gone: the writer reports that, and nothing recreates it
-        except OSError as error:  # a full disk must not stop the training
+        except (OSError, ComgraError) as error:  # a full disk, a live/ that is a link: never stop the training
             self.warn("bp-publish", f"comgra cannot publish the run state in {str(self.trial_dir)!r}: {error}")
 
 
