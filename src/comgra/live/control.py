@@ -159,7 +159,8 @@ def run_state(trial_dir: str | Path) -> dict[str, Any]:
     return {"state": state, "training_step": document.get("training_step"),
             "breakpoint": document.get("breakpoint"), "ranks": document.get("ranks", 1),
             "type_of_execution": document.get("type_of_execution"), "reason": document.get("reason"),
-            "hits": dict(document.get("hits", {})), "updated": document.get("updated")}
+            "hits": dict(document.get("hits", {})), "updated": document.get("updated"),
+            "notice": document.get("notice")}
 
 
 def send_command(trial_dir: str | Path, action: str) -> dict[str, Any]:

@@ -72,7 +72,7 @@ def breakpoints_view(trial: str, trial_dir: Path) -> dict[str, Any]:
     table = html.Table(className="table table-sm bp-list", children=[
         html.Thead(html.Tr([html.Th(h) for h in ("Id", "Target", "Condition", "Hits", "Enabled", "")])),
         html.Tbody(rows or [html.Tr(html.Td("No breakpoints.", colSpan=6, className="text-muted"))])])
-    shown = [trial, entries, [state.get(k) for k in ("state", "training_step", "breakpoint", "ranks", "type_of_execution")]]
+    shown = [trial, entries, [state.get(k) for k in ("state", "training_step", "breakpoint", "ranks", "type_of_execution", "notice")]]
     return {"table": table, "state": _state_line(trial, state), "fingerprint": json.dumps(shown, sort_keys=True)}
 
 
@@ -87,6 +87,8 @@ def _state_line(trial: str, state: dict[str, Any]) -> list[Component | str]:
         line += [why, " · ", html.A("show the paused step", href=link, className="bp-paused-link")]
     if state.get("ranks", 1) > 1:
         line.append(f" ({state['ranks']} ranks)")
+    if state.get("notice"):  # e.g. breakpoints that a torch.distributed run does not check
+        line.append(html.Div(str(state["notice"])[:500], className="bp-notice text-warning small"))
     return line
 
 
