@@ -189,8 +189,8 @@ def send_command(trial_dir: str | Path, action: str) -> dict[str, Any]:
     except ValueError:
         answer = {"error": f"an answer that is not JSON: {reply[:60]!r}"}
     if not isinstance(answer, dict) or not answer.get("ok"):
-        error = answer.get("error", "no answer") if isinstance(answer, dict) else answer
-        raise ComgraError(f"The run refused {action!r}: {error}")
+        why = answer.get("error", "no answer") if isinstance(answer, dict) else answer
+        raise ComgraError(f"The run refused {action!r}: {why}")
     return answer
 
 
