@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 from flask import Blueprint, Flask, Response, current_app, json, request
@@ -193,7 +193,8 @@ def _accept_token_link() -> Response | None:
         return None
     if not _token_matches(given, token):
         return Response("This is not the token that comgra printed at start.\n", status=401, mimetype="text/plain")
-    response = Response(status=303, headers={"Location": request.path})
+    rest = [(name, value) for name, value in request.args.items(multi=True) if name != "token"]
+    response = Response(status=303, headers={"Location": request.path + (f"?{urlencode(rest)}" if rest else "")})
     response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
     return response
 
