@@ -10,7 +10,7 @@ functions; the training process (``comgra.live.breakpoints``) reads the same fil
 
 What holds against other users of the machine and against a hostile recording: ``live/`` is created
 0700 and every file in it 0600 from the start (an existing ``live/`` open to others is closed);
-``live/`` or a file in it that is a link is never read or written through; a damaged
+``live/`` or a file in it that is a link is never read or written through (``private_files``); a damaged
 ``breakpoints.json`` is a ``ComgraError`` naming it, never silently replaced. The paused run acts
 only on a well-formed line carrying its token (at most ``MAX_LINE_BYTES``, parsed only after that
 bound), serves many clients at once and drops one that is idle for ``CLIENT_TIMEOUT_S``; anything
@@ -25,7 +25,6 @@ the process that published ``run.json`` listens, on this machine.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hmac
 import ipaddress
 import json
@@ -33,13 +32,13 @@ import os
 import secrets
 import selectors
 import socket
-import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from comgra.errors import BreakpointError, ComgraError, NotPaused, StoreError, UnknownBreakpoint, did_you_mean
+from comgra.live import private_files
 from comgra.live.conditions import parse_condition
 
 __all__ = ["ACTIONS", "add_breakpoint", "list_breakpoints", "remove_breakpoint", "run_state", "send_command",
@@ -55,8 +54,6 @@ COMMAND_TIMEOUT_S = 10.0  # how long send_command waits for the paused run's ans
 CLIENT_TIMEOUT_S = 3.0  # a client of the paused run that has not sent its line by then is dropped
 MAX_LINE_BYTES = 1024  # a command is about 80 bytes; nothing longer is parsed
 MAX_CLIENTS = 32  # at once; beyond that the oldest client is dropped
-MAX_DOCUMENT_BYTES = 1024 * 1024  # breakpoints.json, run.json
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def live_dir(trial_dir: str | Path) -> Path:
@@ -467,75 +464,21 @@ def _write_breakpoints(trial_dir: str | Path, document: dict[str, Any]) -> None:
     _write_private(trial_dir, BREAKPOINTS_FILE, document)
 
 
-def _live_folder(trial_dir: str | Path, *, create: bool) -> Path:
-    """``<trial>/live``, refused when it is a link (or not a folder); created 0700, or closed to others."""
-    directory = live_dir(trial_dir)
-    try:
-        info = os.lstat(directory)
-    except FileNotFoundError:
-        if not create:
-            return directory
-        os.mkdir(directory, 0o700)  # the trial folder must exist: one that is gone is never recreated
-        info = os.lstat(directory)
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise StoreError(f"{str(directory)!r} is a link or not a folder; comgra reads and writes nothing through "
-                         "it. Remove it: comgra creates the folder when it needs one.")
-    if create and stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == getattr(os, "getuid", lambda: -1)():
-        os.chmod(directory, 0o700)  # an older comgra's live/ (0755): it holds the token of a paused run
-    return directory
-
-
-def _read_private(trial_dir: str | Path, name: str) -> bytes:
-    """A regular file of live/, never through a link, never blocking on a FIFO, at most MAX_DOCUMENT_BYTES."""
-    path = _live_folder(trial_dir, create=False) / name
-    try:
-        descriptor = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            raise StoreError(f"{str(path)!r} is a link; comgra reads nothing through it. Delete it.") from None
-        raise
-    with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise StoreError(f"{str(path)!r} is not a regular file; delete it.")
-        if info.st_size > MAX_DOCUMENT_BYTES:
-            raise StoreError(f"{str(path)!r} has {info.st_size} bytes, more than {MAX_DOCUMENT_BYTES}; delete it.")
-        return handle.read(MAX_DOCUMENT_BYTES + 1)
-
-
-def _write_private(trial_dir: str | Path, name: str, document: dict[str, Any]) -> None:
-    """Write atomically (readers never see half a file), 0600 from the moment the file exists."""
-    directory = _live_folder(trial_dir, create=True)
-    temporary = directory / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(json.dumps(document, indent=1).encode())
-        os.replace(temporary, directory / name)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
 @contextlib.contextmanager
 def _locked(trial_dir: str | Path) -> Iterator[None]:
     """Serialise read-modify-write of breakpoints.json between the app, the API and the trainer."""
     if not Path(trial_dir).is_dir():
         raise StoreError(f"No trial folder {str(trial_dir)!r}; breakpoints belong to a trial that a recorder created.")
-    directory = _live_folder(trial_dir, create=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: edits are rare and human-paced; the atomic write still protects readers
+    with private_files.locked(live_dir(trial_dir)):
         yield
-        return
-    descriptor = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_private(trial_dir: str | Path, name: str) -> bytes:
+    return private_files.read(live_dir(trial_dir), name)
+
+
+def _write_private(trial_dir: str | Path, name: str, document: dict[str, Any]) -> None:
+    private_files.write(live_dir(trial_dir), name, document)
 
 
 def _process_alive(document: dict[str, Any]) -> bool:
