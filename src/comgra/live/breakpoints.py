@@ -358,7 +358,8 @@ class BreakpointMonitor:
             action = "continue"
         if self._distributed():
             agreed = self._collective(self._broadcast, (action, self._read() if self.lead else None), pause=True)
-            action, entries = agreed if agreed is not None else ("continue", [])
+            # The broadcast failed (breakpoints are off now): rank 0 still obeys its command, the others go on.
+            action, entries = agreed if agreed is not None else (action, [])
             if self.shared:
                 self._load(entries)
         else:
