@@ -30,7 +30,8 @@ MAX_MODULE_LINES = 500
 
 READ_SIDE = ("cli", "server", "service", "analysis", "store")  # each may import those after it
 SHARED = ("errors", "_version", "objects", "config", "native_build")
-CHANNEL = ("comgra.breakpoints.control", "comgra.breakpoints.conditions")
+CHANNEL = ("comgra.breakpoints.control", "comgra.breakpoints.conditions", "comgra.breakpoints.private_files",
+           "comgra.breakpoints.peers")
 MAY_IMPORT = {
     "comgra": {"recorder"},
     "recorder": {"capture", "profiling", "breakpoints", "store"},

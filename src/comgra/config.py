@@ -20,6 +20,8 @@ names it and lists the known ones. Constructor arguments win over the file.
     pause_timeout_s = 0             # 0: a paused run waits until told to continue
     poll_interval_s = 0.5           # how often the training process re-reads breakpoints.json
     sync_every_steps = 10           # torch.distributed: how often rank 0 shares the breakpoints
+    sync_without_breakpoints = false  # torch.distributed: share them also in a run started without any
+    collective_timeout_s = 300      # torch.distributed: a breakpoint collective that takes longer fails
     record_every_rank = true        # torch.distributed: every rank records a paused step in full
     [[breakpoints.set]]
     target = "loss"
@@ -68,6 +70,8 @@ class BreakpointSettings:
     pause_timeout_s: float = 0.0
     poll_interval_s: float = 0.5
     sync_every_steps: int = 10
+    sync_without_breakpoints: bool = False
+    collective_timeout_s: float = 300.0
     record_every_rank: bool = True
     set: tuple[dict[str, Any], ...] = ()
 

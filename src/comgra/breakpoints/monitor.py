@@ -10,13 +10,20 @@ Under torch.distributed the ranks agree on the breakpoints (every ``sync_every_s
 broadcasts the file if it changed), combine their hit flags with one all_reduce per step while
 breakpoints exist (``settle``, before the step's recording is finished, so that every rank can record
 the paused step), and pause and resume together: rank 0 waits for the command and broadcasts it.
+They do so only in a run that starts with breakpoints (the recorder's argument or ``comgra.toml``,
+the same on every rank) or with ``[breakpoints] sync_without_breakpoints = true``: a run without
+them gets no collective of comgra's at all. The collectives run on a gloo group of comgra's own (so
+that they never pair with the user's), carry JSON, not pickles, and wait at most
+``collective_timeout_s`` (a pause: as long as it lasts); one that fails switches breakpoints off on
+that rank, and the other ranks' next one times out and does the same. Training goes on.
 """
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import socket
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,11 +94,23 @@ class BreakpointMonitor:
         self._names_seen: set[str] = set()
         self._checked_targets = False
         self._end_reason: str | None = None
+        # Decided from what every rank has alike (arguments, comgra.toml): whether the ranks share breakpoints.
+        self.shared = world_size > 1 and (bool(initial) or settings.sync_without_breakpoints)
+        self._group: Any = None  # comgra's own gloo group, made at the first shared step
+        self._notice: str | None = None
+        entries: list[dict[str, Any]] = []  # the other ranks get rank 0's at step 1
         if self.lead:
-            if initial is not None:
-                control.replace_breakpoints(trial_dir, initial)
+            if initial is not None:  # (the first poll reads the file again: an edit made meanwhile is not lost)
+                entries = control.replace_breakpoints(trial_dir, initial)
+            else:
+                if world_size == 1:  # read now, not again at the first poll (ranks: rank 0 shares it at step 1)
+                    self._signature = control.breakpoints_signature(trial_dir)
+                entries = self._read()
+            if world_size > 1 and not self.shared:
+                self._unshared(entries)
+                entries = []
             self._publish("running")
-        self._load(control.read_breakpoints(trial_dir) if self.lead else [])  # the others get rank 0's at step 1
+        self._load(entries)
 
     # -- the training step ----------------------------------------------------------------------
     def start_batch(self, training_step: int, type_of_execution: str | None) -> bool:
@@ -99,9 +118,14 @@ class BreakpointMonitor:
         self.step = StepState(training_step, type_of_execution)
         self._steps_seen += 1
         if self._distributed():
-            if (self._steps_seen - 1) % max(1, self.settings.sync_every_steps) == 0:
-                entries = self._broadcast(self._read_if_lead())
-                if entries is not None:  # None: rank 0 saw no change of breakpoints.json
+            if not self.shared:
+                if self.lead:
+                    entries = self._read_if_lead()
+                    if entries is not None:
+                        self._unshared(entries)
+            elif (self._steps_seen - 1) % max(1, self.settings.sync_every_steps) == 0:
+                entries = self._collective(self._broadcast, self._read_if_lead())
+                if entries is not None:  # None: rank 0 saw no change of breakpoints.json (or the broadcast failed)
                     self._load(entries)
         elif time.monotonic() >= self._next_poll:
             self._poll()
@@ -153,8 +177,8 @@ class BreakpointMonitor:
                 self.check_gradients()
             self._warn_unknown_targets()
         hit = self.step.hit
-        if self._distributed() and (self.breakpoints or self.stepping):
-            hit = self.step.hit = self._agree_on_hit()
+        if self._distributed() and self.shared and (self.breakpoints or self.stepping):
+            hit = self.step.hit = self._collective(self._agree_on_hit)
         elif hit is not None:
             self.hits[hit.id] = self.hits.get(hit.id, 0) + 1
         self.step.pausing = hit is not None or self.stepping
@@ -277,24 +301,28 @@ class BreakpointMonitor:
         return self._read()
 
     def _read(self) -> list[dict[str, Any]]:
-        """The breakpoints file; unreadable, it keeps the breakpoints as they were (and says so once)."""
+        """The breakpoints file, checked entry by entry; unreadable or damaged, it keeps the breakpoints as they
+        were (and says so once): a hand-edited file never stops the training."""
         try:
             return control.read_breakpoints(self.trial_dir)
         except (OSError, ComgraError) as error:
-            self.warn("bp-read", f"comgra keeps its breakpoints as they were: {error}")
+            self.warn("bp-read", f"comgra keeps its breakpoints as they were ({len(self.breakpoints)} enabled): "
+                                 f"{error}")
             return [{"id": b.id, "target": b.target, "condition": b.condition.text} for b in self.breakpoints]
 
     def _load(self, entries: list[dict[str, Any]]) -> None:
         loaded = []
-        for entry in entries:
-            if not entry.get("enabled", True):
+        for entry in entries:  # checked by control.read_breakpoints; a peer's broadcast is checked again here
+            if not isinstance(entry, dict) or not entry.get("enabled", True):
                 continue
             try:
-                condition = parse_condition(entry["condition"])
+                checked = control.checked_breakpoint({k: v for k, v in entry.items() if k != "id"})
+                condition = parse_condition(checked["condition"])
             except Exception as error:  # noqa: BLE001 - a bad file must not stop the training
-                self.warn(f"bp-bad:{entry.get('id')}", f"comgra ignores breakpoint {entry.get('id')!r}: {error}")
+                self.warn(f"bp-bad:{str(entry.get('id'))[:40]}",
+                          f"comgra ignores breakpoint {str(entry.get('id'))[:40]!r}: {error}")
                 continue
-            loaded.append(ActiveBreakpoint(str(entry["id"]), str(entry["target"]), condition,
+            loaded.append(ActiveBreakpoint(str(entry.get("id")), checked["target"], condition,
                                            bool(condition.gradient_metrics)))
         self.breakpoints = loaded
         self.by_target = {}
@@ -328,8 +356,11 @@ class BreakpointMonitor:
         else:
             action = "continue"
         if self._distributed():
-            action, entries = self._broadcast((action, self._read() if self.lead else None))
-            self._load(entries)
+            agreed = self._collective(self._broadcast, (action, self._read() if self.lead else None), pause=True)
+            # The broadcast failed (breakpoints are off now): rank 0 still obeys its command, the others go on.
+            action, entries = agreed if agreed is not None else (action, [])
+            if self.shared:
+                self._load(entries)
         else:
             self._signature = None  # the breakpoints may have changed while we waited
             self._poll()
@@ -337,13 +368,14 @@ class BreakpointMonitor:
             self._publish("running")
         return action
 
-    def _agree_on_hit(self) -> ActiveBreakpoint | None:
+    def _agree_on_hit(self, *, timeout: datetime.timedelta) -> ActiveBreakpoint | None:
         """One all_reduce: which breakpoints held on any rank, and whether any rank asks to pause."""
         flags = torch.zeros(len(self.breakpoints) + 1)
         for index, breakpoint in enumerate(self.breakpoints):
             flags[index] = float(breakpoint.id in self.step.held)
         flags[-1] = float(self.stepping)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=self._comgra_group(),
+                                     async_op=True).wait(timeout=timeout)
         hit = None
         for index, breakpoint in enumerate(self.breakpoints):
             if flags[index] > 0:
@@ -354,23 +386,70 @@ class BreakpointMonitor:
     def _distributed(self) -> bool:
         return self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
 
-    def _broadcast(self, payload: Any) -> Any:
-        box = [payload]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
+    def _broadcast(self, payload: Any, *, timeout: datetime.timedelta) -> Any:
+        """Rank 0's ``payload`` on every rank, as JSON (nothing from the wire is unpickled): its length, then its bytes."""
+        group = self._comgra_group()
+        data = json.dumps(payload).encode() if self.lead else b""
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        torch.distributed.broadcast(size, src=0, group=group, async_op=True).wait(timeout=timeout)
+        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if self.lead else \
+            torch.empty(int(size.item()), dtype=torch.uint8)
+        torch.distributed.broadcast(buffer, src=0, group=group, async_op=True).wait(timeout=timeout)
+        return payload if self.lead else json.loads(buffer.numpy().tobytes())
+
+    def _comgra_group(self) -> Any:
+        """A gloo group of comgra's own: its collectives never pair with the user's, whatever the backend."""
+        if self._group is None:
+            self._group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(days=7))
+        return self._group
+
+    def _collective(self, operation: Callable[..., Any], *arguments: Any, pause: bool = False) -> Any:
+        """Run one of comgra's collectives; when it fails (a transfer fault, a peer that stopped taking part:
+        ``collective_timeout_s``), breakpoints are off on this rank for the rest of the run, and None."""
+        if not self.shared:
+            return None
+        timeout = datetime.timedelta(days=7) if pause else \
+            datetime.timedelta(seconds=max(0.001, self.settings.collective_timeout_s))
+        try:
+            return operation(*arguments, timeout=timeout)
+        except Exception as error:  # noqa: BLE001 - comgra's own fault: breakpoints stop, the training never
+            self.switch_off(f"their collective across ranks failed ({type(error).__name__}: {str(error)[:200]})")
+            return None
+
+    def switch_off(self, reason: str) -> None:
+        """No breakpoint and no collective of comgra's on this rank from now on; said once. Training goes on."""
+        self.shared = False
+        self.stepping = self.active = False
+        self._load([])
+        self._notice = f"comgra breakpoints are off for the rest of this run: {reason}. Training goes on."
+        self.warn("bp-off", f"{self._notice} (rank {self.rank})")
+        if self.lead:
+            self._publish("running")
+
+    def _unshared(self, entries: list[dict[str, Any]]) -> None:
+        """A torch.distributed run that started without breakpoints: comgra checks none (that would take a
+        collective); rank 0 says so once when breakpoints.json has enabled ones."""
+        if not any(entry.get("enabled", True) for entry in entries):
+            return
+        self._notice = ("comgra does not check breakpoints in this torch.distributed run: it started without "
+                        "breakpoints, and comgra adds no collective to such a run. Start it with breakpoints "
+                        "(the recorder's breakpoints= or comgra.toml) or with [breakpoints] "
+                        "sync_without_breakpoints = true.")
+        self.warn("bp-unshared", self._notice)
+        self._publish("running")
 
     def _state(self, state: str, **extra: Any) -> dict[str, Any]:
         return {"state": state, "training_step": self.step.training_step if self.step.training_step >= 0 else None,
                 "type_of_execution": self.step.type_of_execution, "iteration": self.step.iteration,
                 "breakpoint": None, "hits": dict(self.hits), "ranks": self.world_size, "pid": os.getpid(),
-                "hostname": socket.gethostname(), **extra}
+                "hostname": socket.gethostname(), "notice": self._notice, **extra}
 
     def _publish(self, state: str, **extra: Any) -> None:
         try:
             control.write_run_state(self.trial_dir, self._state(state, **extra))
         except FileNotFoundError:
             pass  # the trial folder is gone: the writer reports that, and nothing recreates it
-        except OSError as error:  # a full disk must not stop the training
+        except (OSError, ComgraError) as error:  # a full disk, a live/ that is a link: never stop the training
             self.warn("bp-publish", f"comgra cannot publish the run state in {str(self.trial_dir)!r}: {error}")
 
 

@@ -168,10 +168,7 @@ class RecorderBreakpoints:
             self._fault(error)
 
     def _fault(self, error: Exception) -> None:
-        self.monitor.active = False
-        self.monitor.breakpoints, self.monitor.by_target = [], {}
-        self.monitor.warn("bp-fault", f"comgra breakpoints are off after an internal error: "
-                          f"{type(error).__name__}: {error}. Training goes on.")
+        self.monitor.switch_off(f"an internal error: {type(error).__name__}: {error}")
 
     def _flush(self) -> None:
         """Before pausing: the step and its KPIs must be readable in the store while the run waits."""

@@ -7,7 +7,9 @@ parser of ``comgra.breakpoints.conditions``. A bad value is a 4xx whose JSON nam
 
 State-changing calls (POST, PATCH, DELETE) are refused from another web origin, and, when the
 server is bound to a non-loopback address, need the token it prints at start
-(``Authorization: Bearer <token>``).
+(``Authorization: Bearer <token>``, or the cookie that the printed link ``/?token=...`` sets).
+``check_state_change`` is that one check; the app's state-changing callbacks call it too, and take
+their trial through ``trial_folder``, as the routes do.
 
     $ curl http://127.0.0.1:8055/api/v1/trials
     {"trials": ["trial_a"]}
@@ -21,18 +23,21 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 from flask import Blueprint, Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
-from comgra.errors import BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint, did_you_mean
+from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, StoreError, UnknownBreakpoint,
+                           did_you_mean)
 from comgra.server.api_spec import API_PREFIX, openapi_document
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.store import format as fmt
+from comgra.store import validation
 
 TOKEN_CONFIG = "COMGRA_API_TOKEN"  # Flask config key: the token state-changing calls need, or None
+TOKEN_COOKIE = "comgra_token"  # set by the link the server prints (/?token=...); HttpOnly, SameSite=Strict
 INT_LIMIT = 2**62
 _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²" and "٣"
 PHASES = ("forward", "backward")
@@ -135,7 +140,63 @@ def blueprint(service: RecordingService) -> Blueprint:
 def install(server: Flask, service: RecordingService) -> None:
     """Serve the API on ``server`` (the app's Flask server)."""
     server.config.setdefault(TOKEN_CONFIG, None)
+    server.before_request(_accept_token_link)
     server.register_blueprint(blueprint(service))
+
+
+def trial_folder(service: RecordingService, trial: object) -> Path:
+    """The folder of a trial that the recording holds, for breakpoints and run control (REST and app alike).
+
+    A name that is not one of the recording's trials (``../x``, an absolute path) is a SelectionError;
+    a trial folder that is a link out of the recording is a StoreError: nothing outside is read or written.
+    """
+    known = service.trials()
+    if not isinstance(trial, str) or trial not in known:
+        name = str(trial)[:100]
+        raise SelectionError(f"No trial {name!r} in this recording" + did_you_mean(name, known))
+    directory = fmt.trial_dir(service.group.path, trial)
+    if directory.is_symlink() or not validation.inside(directory, service.group.path):
+        raise StoreError(f"Trial {trial!r} is a link to a folder outside the recording; comgra changes nothing "
+                         "through it. Copy the trial in instead.")
+    return directory
+
+
+def check_state_change() -> None:
+    """Raise ApiError (403, 401) unless the current request may change a run: from this page's own origin
+    and, when the server is reachable from other machines, with its token (bearer header or cookie)."""
+    origin = request.headers.get("Origin")
+    if origin and urlsplit(origin).netloc.lower() != request.host.lower():
+        raise ApiError(403, f"A state-changing call from the web origin {origin[:80]!r} is refused.", "Origin")
+    token = current_app.config.get(TOKEN_CONFIG)
+    if token and not _token_matches(_given_token(), token):
+        raise ApiError(401, "This changes the run, and this server is reachable from other machines: open the "
+                            "address with ?token=... that comgra printed at start (the browser keeps the token as a "
+                            "cookie), or send 'Authorization: Bearer <token>'.", "Authorization")
+
+
+def _given_token() -> str:
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer "):
+        return header.removeprefix("Bearer ").strip()
+    return request.cookies.get(TOKEN_COOKIE, "")
+
+
+def _token_matches(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
+
+
+def _accept_token_link() -> Response | None:
+    """``GET /?token=<token>``: keep the token as a cookie for this page's own requests, and drop it from the address."""
+    given = request.args.get("token")
+    token = current_app.config.get(TOKEN_CONFIG)
+    if request.method != "GET" or given is None or not token or request.path.startswith(API_PREFIX):
+        return None
+    if not _token_matches(given, token):
+        return Response("This is not the token that comgra printed at start.\n", status=401, mimetype="text/plain")
+    rest = [(name, value) for name, value in request.args.items(multi=True) if name != "token"]
+    response = Response(status=303, headers={"Location": request.path + (f"?{urlencode(rest)}" if rest else "")})
+    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
+    return response
 
 
 def _known_query_names() -> dict[tuple[str, str], set[str]]:
@@ -166,17 +227,8 @@ def _check_query_names() -> None:
 
 
 def _check_state_change() -> None:
-    if request.method in ("GET", "HEAD", "OPTIONS"):
-        return
-    origin = request.headers.get("Origin")
-    if origin and urlsplit(origin).netloc.lower() != request.host.lower():
-        raise ApiError(403, f"A state-changing call from the web origin {origin[:80]!r} is refused.", "Origin")
-    token = current_app.config.get(TOKEN_CONFIG)
-    if token:
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise ApiError(401, "This call changes the run: send the token the server printed at start as "
-                                "'Authorization: Bearer <token>'.", "Authorization")
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        check_state_change()
 
 
 def _error(error: Exception) -> Response:
@@ -234,7 +286,7 @@ class Routes:
         return trial
 
     def _trial_dir(self, trial: str) -> Path:
-        return fmt.trial_dir(self.service.group.path, self._trial(trial))
+        return trial_folder(self.service, self._trial(trial))
 
     def _rank(self, trial: str) -> int:
         ranks = self.service.ranks(trial)

@@ -187,11 +187,12 @@ def _check_bindable(host: str, port: int) -> None:
 
 def serve(app: Dash, *, host: str = "127.0.0.1", port: int = 8055, allow_hosts: Iterable[str] = ()) -> None:
     server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts)
-    print(f"comgra is serving at {url_of(server)}  (Ctrl+C to stop)", flush=True)
     token = app.server.config.get(api.TOKEN_CONFIG)
+    # Reachable from other machines: the link carries the token, which the browser keeps as a cookie.
+    print(f"comgra is serving at {url_of(server)}{f'?token={token}' if token else ''}  (Ctrl+C to stop)", flush=True)
     if token:
-        print(f"REST API token for state-changing calls: {token}  (send 'Authorization: Bearer <token>')",
-              flush=True)
+        print(f"Token for state-changing calls (the app's Breakpoints tab, the REST API): {token}  "
+              "(REST: send 'Authorization: Bearer <token>')", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -15,8 +15,8 @@ from dash.development.base_component import Component
 
 from comgra.errors import ComgraError
 from comgra.breakpoints import control
+from comgra.server.api import ApiError, check_state_change, trial_folder
 from comgra.service import RecordingService, view_link
-from comgra.store import format as fmt
 
 __all__ = ["panel", "register", "breakpoints_view"]
 
@@ -72,7 +72,7 @@ def breakpoints_view(trial: str, trial_dir: Path) -> dict[str, Any]:
     table = html.Table(className="table table-sm bp-list", children=[
         html.Thead(html.Tr([html.Th(h) for h in ("Id", "Target", "Condition", "Hits", "Enabled", "")])),
         html.Tbody(rows or [html.Tr(html.Td("No breakpoints.", colSpan=6, className="text-muted"))])])
-    shown = [trial, entries, [state.get(k) for k in ("state", "training_step", "breakpoint", "ranks", "type_of_execution")]]
+    shown = [trial, entries, [state.get(k) for k in ("state", "training_step", "breakpoint", "ranks", "type_of_execution", "notice")]]
     return {"table": table, "state": _state_line(trial, state), "fingerprint": json.dumps(shown, sort_keys=True)}
 
 
@@ -87,6 +87,8 @@ def _state_line(trial: str, state: dict[str, Any]) -> list[Component | str]:
         line += [why, " · ", html.A("show the paused step", href=link, className="bp-paused-link")]
     if state.get("ranks", 1) > 1:
         line.append(f" ({state['ranks']} ranks)")
+    if state.get("notice"):  # e.g. breakpoints that a torch.distributed run does not check
+        line.append(html.Div(str(state["notice"])[:500], className="bp-notice text-warning small"))
     return line
 
 
@@ -96,7 +98,8 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
     remove, continue, step, abort) shows its result in the same callback that performs it. They are
     separate so that a poll never supersedes an action's answer."""
     def trial_of(trial: Any) -> str | None:
-        return (trial if isinstance(trial, str) else None) or next(iter(service.trials()), None)
+        """The trial the browser names, which must be one the recording holds (None: the first one)."""
+        return trial if trial is not None else next(iter(service.trials()), None)
 
     @app.callback(Output(ID.TABLE, "children"), Output(ID.STATE, "children"), Output(ID.SHOWN, "data"),
                   Input(tabs, "active_tab"), Input(current_trial, "data"), Input(ID.POLL, "n_intervals"),
@@ -107,7 +110,10 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
         trial = trial_of(trial)
         if trial is None:
             return None, "This recording has no trials yet.", None
-        view = breakpoints_view(trial, fmt.trial_dir(service.group.path, trial))
+        try:
+            view = breakpoints_view(trial, trial_folder(service, trial))
+        except ComgraError as error:
+            return None, html.Span(str(error), className="text-danger"), None
         if view["fingerprint"] == shown:
             return no_update, no_update, no_update
         return view["table"], view["state"], view["fingerprint"]
@@ -122,9 +128,16 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
         trial, target, condition = trial_of(arguments[-3]), arguments[-2], arguments[-1]
         if trial is None or not ctx.triggered or not ctx.triggered[0]["value"]:
             return no_update, no_update, no_update, no_update  # a re-rendered button, not a click
-        trial_dir = fmt.trial_dir(service.group.path, trial)
+        try:  # the same authorisation and the same trial check as the REST API's state-changing calls
+            check_state_change()
+            trial_dir = trial_folder(service, trial)
+        except (ApiError, ComgraError) as error:
+            return no_update, no_update, no_update, html.Span(str(error), className="text-danger")
         message = _act(trial_dir, ctx.triggered_id, target, condition)
-        view = breakpoints_view(trial, trial_dir)
+        try:
+            view = breakpoints_view(trial, trial_dir)
+        except ComgraError as error:  # a damaged breakpoints.json: say so, where the panel shows its table
+            return None, html.Span(str(error), className="text-danger"), None, message if message is not None else no_update
         return view["table"], view["state"], view["fingerprint"], message if message is not None else no_update
 
 
