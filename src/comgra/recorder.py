@@ -13,9 +13,11 @@ not recorded every call returns after a flag check.
 from __future__ import annotations
 
 import atexit
+import functools
 import re
+import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,44 @@ from comgra.objects import DecisionMakerForRecordings
 __all__ = ["ComgraRecorder"]
 
 _TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9\-_]+$")
+_is_compiling = torch.compiler.is_compiling  # True while TorchDynamo traces; a constant in the traced code
+# The recorder's methods wrapped in torch.compiler.disable, made when first wanted (see _never_traced).
+_UNTRACED: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def _untraced(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` run outside any graph TorchDynamo traces: called from a compiled forward, Dynamo stops its
+    graph there and runs comgra eagerly on the real tensors. Inside the trace comgra would see fake tensors
+    (its C kernel read them as memory: SIGSEGV), guard and recompile on its own state. Importing torch._dynamo
+    costs about a second, so the wrappers are made only where it is imported already (start_batch), or in the
+    trace itself."""
+    untraced = _UNTRACED.get(method)
+    if untraced is None:
+        untraced = _UNTRACED[method] = torch.compiler.disable(method, recursive=True)
+    return untraced
+
+
+def _never_traced(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A public method that leaves a traced frame (see _untraced) before it does anything; outside a trace it
+    costs a flag check."""
+    @functools.wraps(method)
+    def entry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return _untraced(method)(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+    entry.untraced = method  # type: ignore[attr-defined]
+    return entry
+
+
+def _prepare_untraced() -> None:
+    """Make the wrappers of every entry point while no trace runs, once torch.compile was imported (so that a
+    trace does not stop a second time to make them)."""
+    if "torch._dynamo" in sys.modules and len(_UNTRACED) < len(_ENTRY_POINTS):
+        for name in _ENTRY_POINTS:
+            method = getattr(ComgraRecorder, name)
+            _untraced(getattr(method, "untraced", method))
+
+
 _STAGES_FOR = {
     "start_iteration": ("started", "after_iteration"),
     "finish_iteration": ("forward",),
@@ -135,6 +175,7 @@ class ComgraRecorder:
         self._recording_step = value
 
     # -- setup ---------------------------------------------------------------------------------
+    @_never_traced
     def track_module(self, module_name: str, module: torch.nn.Module, profile: bool | None = None) -> None:
         """Track the parameters of ``module`` and its submodules under ``module_name``.
 
@@ -157,6 +198,7 @@ class ComgraRecorder:
     def get_name_of_module(self, module: torch.nn.Module) -> str:
         return self.modules.name_of(module)
 
+    @_never_traced
     def add_note(self, note: Any) -> None:
         """Log a line for the Notes tab, whether or not the step is recorded."""
         if self.session is not None:
@@ -169,12 +211,14 @@ class ComgraRecorder:
         self._all_types_declared = True
 
     # -- training steps ---------------------------------------------------------------------------
+    @_never_traced
     def start_batch(self, training_step: int, current_batch_size: int,
                     type_of_execution: str | None = "main_execution_type",
                     record_all_tensors_per_batch_index_by_default: bool = True,
                     override__recording_is_active: bool | None = None) -> None:
         if not self.comgra_is_active:
             return
+        _prepare_untraced()
         if self.current_stage != "inactive":
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
                                  "is still open; call finish_batch() at the end of each training step.")
@@ -208,6 +252,7 @@ class ComgraRecorder:
             return not self._all_types_declared or any(policy.is_record_on_this_step(step, t) for t in self._types_seen)
         return policy.is_record_on_this_step(step, type_of_execution)
 
+    @_never_traced
     def start_iteration(self) -> None:
         if not self.comgra_is_active:
             return
@@ -226,6 +271,10 @@ class ComgraRecorder:
         """Name a tensor of the current iteration (or, with ``is_initial_value``, of none yet)."""
         if not self.comgra_is_active:
             return
+        if _is_compiling():  # in a compiled forward: see _untraced (inline here: the most frequent call)
+            return _untraced(ComgraRecorder.register_tensor)(  # type: ignore[no-any-return]
+                self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
+                recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
         expected = ("started",) if is_initial_value else ("forward",)
         if self.current_stage not in expected:
             where = "between start_batch() and the first start_iteration()" if is_initial_value else \
@@ -245,6 +294,7 @@ class ComgraRecorder:
         if self._recording:
             self.session.register(tensor_name, tensor, **arguments)  # type: ignore[union-attr]
 
+    @_never_traced
     def add_tensor_connection(self, src: torch.Tensor | str, sink: torch.Tensor | str) -> None:
         """Draw an edge the autograd graph does not show (after detach(), or through integer tensors)."""
         if self._breakpoints is not None:
@@ -252,6 +302,7 @@ class ComgraRecorder:
         if self._recording:
             self.session.step.connect(src, sink)  # type: ignore[union-attr]
 
+    @_never_traced
     def detach_while_keeping_connection(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor.detach()``, still connected to ``tensor`` in the dependency graph."""
         result = tensor.detach()
@@ -261,6 +312,7 @@ class ComgraRecorder:
             self.session.step.connect(tensor, result)  # type: ignore[union-attr]
         return result
 
+    @_never_traced
     def record_current_gradients(self, name_of_loss_group: str,
                                  set_gradients_to_zero_if_not_a_parameter: bool = False) -> None:
         """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group``."""
@@ -274,6 +326,7 @@ class ComgraRecorder:
         self._guarded(lambda session: session.step.record_gradients(
             name_of_loss_group, set_gradients_to_zero_if_not_a_parameter))
 
+    @_never_traced
     def finish_iteration(self) -> None:
         if not self.comgra_is_active:
             return
@@ -284,6 +337,7 @@ class ComgraRecorder:
         if self._recording:
             self._guarded(lambda session: session.finish_iteration())
 
+    @_never_traced
     def decide_recording_of_batch(self, type_of_execution: str | None, category_per_sample: list[Any]) -> None:
         """For dynamic recordings (``start_batch(..., type_of_execution=None)``): decide at the end."""
         if not self.comgra_is_active:
@@ -310,6 +364,7 @@ class ComgraRecorder:
         if self._recording:
             self._recording = self.session.decide(wanted, type_of_execution, list(category_per_sample))  # type: ignore[union-attr]
 
+    @_never_traced
     def finish_batch(self) -> None:
         if not self.comgra_is_active:
             return
@@ -329,6 +384,7 @@ class ComgraRecorder:
         if self._breakpoints is not None:  # pauses here when a breakpoint held; raises TrainingAborted on abort
             self._breakpoints.finish_batch()
 
+    @_never_traced
     def finalize(self) -> None:
         """Write everything still buffered. Safe to call more than once."""
         if self.session is not None:
@@ -338,6 +394,7 @@ class ComgraRecorder:
         if self._breakpoints is not None:
             self._breakpoints.close()
 
+    @_never_traced
     def flush(self, timeout: float | None = 60.0) -> None:
         """Write the steps recorded so far and the KPI points and notes given so far, and wait (at most
         ``timeout`` seconds) until a reader can see them. Ours; the original wrote at ``finalize`` only.
@@ -356,6 +413,7 @@ class ComgraRecorder:
         self.session.flush(timeout)
 
     # -- KPIs -----------------------------------------------------------------------------------
+    @_never_traced
     def record_kpi_in_graph(self, kpi_group: str, kpi_name: str, val: Any, timepoint: int | None = None,
                             record_even_if_recording_is_inactive: bool = False) -> None:
         """A scalar for the Graphs tab. Tensors are moved to the host in batches, not one by one."""
@@ -395,6 +453,11 @@ def _profile_options(settings: Any, history: int | None, flops_every: int | None
     return ProfileOptions(settings.history.layer_executions if history is None else history,
                           flops_every if flops_every is not None or not configured_flops else configured_flops,
                           every)
+
+
+# The entry points that leave a traced frame (register_tensor does it inline).
+_ENTRY_POINTS = tuple(name for name, value in vars(ComgraRecorder).items() if hasattr(value, "untraced")) + (
+    "register_tensor",)
 
 
 def _check_type(type_of_execution: str) -> None:

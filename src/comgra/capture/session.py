@@ -111,7 +111,7 @@ class Session:
             return False
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
         self.step = StepRecording(training_step, batch_size, type_of_execution, options,
-                                  parameter_aliases=modules.aliases)
+                                  parameter_aliases=modules.aliases, report=self.warn_once)
         self.per_sample_default = per_sample_default
         names = self.parameter_names  # a tied parameter once, under its first name
         self.step.register_parameters([Registration(name, -1, names[name][0], name, "parameter", "neuron", None, False,
