@@ -194,6 +194,24 @@ def _assert_sums(sums: np.ndarray, values: np.ndarray) -> None:
                                rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.parametrize("kind", ["functional", "fake", "dtensor"])
+def test_the_kernel_never_reads_a_tensor_without_memory_of_its_own(kind: str) -> None:
+    """Each of these killed the process with SIGSEGV in the kernel: a null pointer, or the memory of another tensor."""
+    if not fused.ensure_built():
+        pytest.skip("no C compiler here: there is no kernel to feed")
+    code = ("import runpy, warnings, torch\n"
+            "warnings.simplefilter('ignore')\n"
+            "from comgra.capture import fused\n"
+            "assert fused.ensure_built()\n"
+            f"make = runpy.run_path({str(HERE)!r})['KERNEL_KINDS'][{kind!r}][0]\n"
+            "values = make(torch.randn(2, 3000))\n"
+            "many = fused.many_row_sums([values])\n"
+            "print(many[1], fused.read_rows([values], 2, [4]), fused.row_sums(values))\n")
+    result = _child(code)
+    _assert_survived(result)
+    assert result.stdout.split() == ["[0]", "None", "None"]
+
+
 def test_the_kernel_reads_only_what_it_can_over_tensor_kinds() -> None:
     if not fused.ensure_built():
         pytest.skip("no C compiler here: there is no kernel to feed")
