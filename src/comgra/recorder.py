@@ -63,7 +63,7 @@ def _untraced(method: Callable[..., Any]) -> Callable[..., Any]:
 def _never_traced(method: Callable[..., Any]) -> Callable[..., Any]:
     """A public method that leaves a traced frame (see _untraced) before it does anything: for the calls made once
     or rarely. The calls of every step check inline, where a wrapper's frame (0.25 us) would cost more than the
-    check (0.04 us)."""
+    check (0.03 us)."""
     @functools.wraps(method)
     def entry(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _is_compiling():

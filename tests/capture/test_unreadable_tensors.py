@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from comgra.capture import fused  # noqa: E402
@@ -248,10 +248,16 @@ RECORDER_KINDS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable
     "sparse": (lambda x: x.to_sparse(), None),
     "meta": (lambda x: torch.empty(x.shape, device="meta"), None),
     "functional": (lambda x: torch._to_functional_tensor(x), None),
+    "nested": (lambda x: torch.nested.nested_tensor(list(x.unbind(0))), None),  # .shape raised in register_tensor
+    "jagged": (lambda x: torch.nested.nested_tensor(list(x.unbind(0)), layout=torch.jagged), None),
+    "mkldnn": (lambda x: x.to_mkldnn(), None),
 }
 
 
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@example(kind="nested", batch_dim=0, width=3, seed=0)  # raised RuntimeError out of register_tensor
+@example(kind="negative view", batch_dim=0, width=20_000, seed=0)  # stopped the recording (NumPy refused it)
+@example(kind="functional", batch_dim=None, width=20_000, seed=0)
 @given(kind=st.sampled_from(sorted(RECORDER_KINDS)), batch_dim=st.sampled_from([0, None]),
        width=st.sampled_from([3, 40, 20_000]), seed=st.integers(0, 99))
 def test_the_recorder_records_or_skips_and_reports_every_tensor_kind(kind: str, batch_dim: int | None, width: int,
