@@ -118,12 +118,22 @@ def _fake(x: torch.Tensor) -> torch.Tensor:
     return FakeTensorMode().from_tensor(x)
 
 
+class LibraryParameter(torch.nn.Parameter):
+    """A Parameter subclass of a library, without __torch_dispatch__: its values are its own."""
+
+
+class Tagged(torch.Tensor):
+    """A tensor tagged with ``as_subclass``, without __torch_dispatch__."""
+
+
 # name -> (make a tensor of the same (rows, width) from a float32 one, what the kernel may do with it):
 # "read": its values; "rows": strided rows (many_row_sums reads them, read_rows wants contiguous values);
 # "refuse": it must never read it.
 KERNEL_KINDS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], str]] = {
     "plain": (lambda x: x, "read"),
     "parameter": (lambda x: torch.nn.Parameter(x), "read"),
+    "parameter subclass": (lambda x: LibraryParameter(x), "read"),
+    "tagged": (lambda x: x.as_subclass(Tagged), "read"),
     "strided rows": (lambda x: torch.cat([x, x], 1)[:, : x.shape[1]], "rows"),
     "transposed": (lambda x: x.t().contiguous().t(), "refuse"),
     "negative view": (lambda x: torch._neg_view(x), "refuse"),
@@ -237,6 +247,7 @@ def _quantized(x: torch.Tensor) -> torch.Tensor:
 # name -> (make a tensor from a float32 (B, D) one, the values comgra must record, or None: skipped with a warning)
 RECORDER_KINDS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], Any] | None]] = {
     "plain": (lambda x: x * 1, lambda x: x),
+    "tagged": (lambda x: (x * 1).as_subclass(Tagged), lambda x: x),
     "float64": (lambda x: x.double(), lambda x: x.double()),
     "float16": (lambda x: x.half(), lambda x: x.half()),
     "bfloat16": (lambda x: x.bfloat16(), lambda x: x.bfloat16()),
@@ -258,6 +269,7 @@ RECORDER_KINDS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable
 @example(kind="nested", batch_dim=0, width=3, seed=0)  # raised RuntimeError out of register_tensor
 @example(kind="negative view", batch_dim=0, width=20_000, seed=0)  # stopped the recording (NumPy refused it)
 @example(kind="functional", batch_dim=None, width=20_000, seed=0)
+@example(kind="tagged", batch_dim=0, width=20_000, seed=0)  # a subclass with its own values: recorded
 @given(kind=st.sampled_from(sorted(RECORDER_KINDS)), batch_dim=st.sampled_from([0, None]),
        width=st.sampled_from([3, 40, 20_000]), seed=st.integers(0, 99))
 def test_the_recorder_records_or_skips_and_reports_every_tensor_kind(kind: str, batch_dim: int | None, width: int,

@@ -310,17 +310,19 @@ def ready() -> bool:
 
 
 def _reads(values: torch.Tensor) -> bool:
-    """Whether the kernel may read ``values``' memory at all: a plain tensor (not a subclass: a DTensor, a FakeTensor
-    or a FunctionalTensor has no memory of its own there, or someone else's), float32 in the CPU's memory, dense,
+    """Whether the kernel may read ``values``' memory at all: a plain tensor or a subclass without __torch_dispatch__
+    (a DTensor, a FakeTensor or a FunctionalTensor has no memory of its own there, or someone else's), float32 in the CPU's memory, dense,
     with no lazy negation, not a wrapper of functionalization or torch.func (vmap, grad), whose pointer is null
     or whose ``data_ptr()`` raises. The callers also refuse a null pointer. A few attribute reads per tensor."""
     # is_cpu, not device.type: a step checks a hundred tensors, and making a device object costs 0.4 us.
     kind = type(values)
-    return ((kind is torch.Tensor or kind is torch.nn.Parameter) and values.dtype is torch.float32 and values.is_cpu
+    return ((kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH)
+            and values.dtype is torch.float32 and values.is_cpu
             and values.layout is torch.strided and not values.is_neg() and not values.is_nested
             and not _is_functional(values) and not _is_functorch_wrapped(values))
 
 
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # a subclass without __torch_dispatch__ holds its own values
 _is_functional = torch._is_functional_tensor
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 # True while TorchDynamo traces (torch.compile): a constant in the traced code, so that the kernel's calls are
