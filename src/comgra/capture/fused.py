@@ -188,13 +188,14 @@ def many_row_sums(tensors: list[torch.Tensor], *, share: bool = False) -> tuple[
     ``share``: above SHARE_FROM values, a helper thread reads about half of them meanwhile (for a
     caller that waits for the result; never from a thread that should leave the other cores alone)."""
     kernel = _kernel()
-    if kernel is None or not tensors:
+    if kernel is None or not tensors or _is_compiling():
         return None
     rows = tensors[0].shape[0] if tensors[0].dim() == 2 else 0
     pointers, widths, strides, index, skipped = [], [], [], [], []
     for i, values in enumerate(tensors):
-        if _readable(values, rows):
-            pointers.append(values.data_ptr())
+        pointer = values.data_ptr() if _readable(values, rows) else 0
+        if pointer:
+            pointers.append(pointer)
             widths.append(values.shape[1])
             strides.append(values.stride(0))
             index.append(i)
@@ -251,15 +252,17 @@ def read_rows(tensors: list[torch.Tensor], rows: int, caps: list[int], *,
     objects that the garbage collector counts), and a NumPy slice per tensor for its first values costs as
     much again; here it is two calls for all of them."""
     kernel = _kernel()
-    if kernel is None or not tensors or rows <= 0:
+    if kernel is None or not tensors or rows <= 0 or _is_compiling():
         return None
     pointers, widths = [], []
     for values in tensors:
-        count = values.numel()
-        if (values.dtype is not torch.float32 or not values.is_cpu or values.layout is not torch.strided
-                or not count or count % rows or values.is_neg() or not values.is_contiguous()):
+        if not _reads(values):
             return None
-        pointers.append(values.data_ptr())
+        count = values.numel()
+        pointer = values.data_ptr() if count and not count % rows and values.is_contiguous() else 0
+        if not pointer:
+            return None
+        pointers.append(pointer)
         widths.append(count // rows)
     sums = np.empty((len(tensors), 6, rows))
     _shared_call(kernel[1], pointers, widths, widths, rows, sums, share)
@@ -281,7 +284,7 @@ def finish(sums: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray
     finishing in stats.py, with the same arithmetic, so the same values to the bit (tests/capture/test_fused.py);
     a step of ResNet-18 finishes six groups of tensors, each 50-250 us in NumPy."""
     kernel = _kernel()
-    if kernel is None:
+    if kernel is None or _is_compiling():
         return None
     count, _, rows = sums.shape
     sums = np.ascontiguousarray(sums, dtype=np.float64)
@@ -306,14 +309,33 @@ def ready() -> bool:
     return _kernel() is not None
 
 
+def _reads(values: torch.Tensor) -> bool:
+    """Whether the kernel may read ``values``' memory at all: a plain tensor or a subclass without __torch_dispatch__
+    (a DTensor, a FakeTensor or a FunctionalTensor has no memory of its own there, or someone else's), float32 in the CPU's memory, dense,
+    with no lazy negation, not a wrapper of functionalization or torch.func (vmap, grad), whose pointer is null
+    or whose ``data_ptr()`` raises. The callers also refuse a null pointer. A few attribute reads per tensor."""
+    # is_cpu, not device.type: a step checks a hundred tensors, and making a device object costs 0.4 us.
+    kind = type(values)
+    return ((kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH)
+            and values.dtype is torch.float32 and values.is_cpu
+            and values.layout is torch.strided and not values.is_neg() and not values.is_nested
+            and not _is_functional(values) and not _is_functorch_wrapped(values))
+
+
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl  # a subclass without __torch_dispatch__ holds its own values
+_is_functional = torch._is_functional_tensor
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+# True while TorchDynamo traces (torch.compile): a constant in the traced code, so that the kernel's calls are
+# never part of a traced frame (recorder.py keeps comgra's entry points out of traced frames; this is the last guard).
+_is_compiling = torch.compiler.is_compiling
+
+
 def _readable(values: torch.Tensor, rows: int) -> bool:
     """What the kernel reads: float32 rows of contiguous values in the CPU's memory, nothing lazy."""
-    # is_cpu, not device.type: a step checks a hundred tensors, and making a device object costs 0.4 us.
-    if values.dtype is not torch.float32 or not values.is_cpu or values.layout is not torch.strided:
+    if not _reads(values):
         return False
     shape = values.shape
-    return (len(shape) == 2 and shape[0] == rows > 0 and shape[1] > 0 and not values.is_neg()
-            and (shape[1] == 1 or values.stride(1) == 1))
+    return len(shape) == 2 and shape[0] == rows > 0 and shape[1] > 0 and (shape[1] == 1 or values.stride(1) == 1)
 
 
 def _kernel() -> Any:

@@ -111,7 +111,7 @@ class Session:
             return False
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
         self.step = StepRecording(training_step, batch_size, type_of_execution, options,
-                                  parameter_aliases=modules.aliases)
+                                  parameter_aliases=modules.aliases, report=self.warn_once)
         self.per_sample_default = per_sample_default
         names = self.parameter_names  # a tied parameter once, under its first name
         self.step.register_parameters([Registration(name, -1, names[name][0], name, "parameter", "neuron", None, False,
@@ -318,6 +318,9 @@ def _registration(step: StepRecording, tensor_name: str, tensor: torch.Tensor, b
     tensor_type = kinds[0][3:] if kinds else ("initial_value" if flags["is_initial_value"] else "calculated")
     if tensor_type in ("loss", "parameter"):
         recording_type, batch_dim = ("single_value" if tensor_type == "loss" else recording_type or "kpis"), None
+    shape = _shape(tensor)
+    if shape is None:  # a nested tensor: no batch dimension to check; its values are not summarised (summaries.py)
+        shape, batch_dim = (), None
     if batch_dim is not None:
         if not -tensor.dim() <= batch_dim < tensor.dim():
             raise RecordingError(f"register_tensor({tensor_name!r}): index_of_batch_dimension={batch_dim} does not "
@@ -331,7 +334,19 @@ def _registration(step: StepRecording, tensor_name: str, tensor: torch.Tensor, b
                                  "if the tensor has no batch dimension.")
     iteration = -1 if flags["is_initial_value"] else step.iteration
     return Registration(tensor_name, iteration, node_name or tensor_name, role_within_node or tensor_name, tensor_type,
-                        recording_type or "neuron", batch_dim, per_sample, tuple(tensor.shape), None)
+                        recording_type or "neuron", batch_dim, per_sample, shape, None)
+
+
+def _shape(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The tensor's shape, or None where it has no fixed sizes: a nested tensor (raises at ``.shape``, or has a
+    ragged size that is not an int)."""
+    if not tensor.is_nested:
+        return tuple(tensor.shape)
+    try:
+        shape = tuple(tensor.shape)
+    except RuntimeError:
+        return None
+    return shape if all(type(size) is int for size in shape) else None
 
 
 def _balanced_choice(categories: list[str], limit: int | None) -> SampleChoice:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ import torch
 from comgra.capture import background
 from comgra.capture import graph as graphs
 from comgra.capture.registry import Registration
-from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table
+from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table, unsummarisable
 from comgra.errors import RecordingError, did_you_mean
 from comgra.store import format as fmt
 
@@ -90,6 +90,8 @@ class StepRecording:
     _by_node_role: dict[tuple[str, str], list[Registration]] = field(default_factory=dict)
     parameter_aliases: dict[str, list[str]] = field(default_factory=dict)  # tied parameters: first name -> others
     _parameter_job: background.Job | None = None  # the parameters' statistics, on the worker (CPU only)
+    # report(key, message): a warning once per key (Session.warn_once); None: nobody to tell (tests)
+    report: Callable[[str, str], None] | None = None
 
     # -- registration -----------------------------------------------------------------------
     def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False) -> None:
@@ -119,7 +121,11 @@ class StepRecording:
         self.latest_by_name[registration.tensor_name] = key
         self._by_tensor_id.setdefault(id(tensor), key)
         registration.grad_fn = tensor.grad_fn
-        self._capture_value(registration, tensor, live)
+        reason = unsummarisable(tensor)
+        if reason is None:
+            self._capture_value(registration, tensor, live)
+        else:  # still a node of the graph, with no rows
+            self._skip(registration, "values", reason)
         if tensor.grad_fn is not None:
             self.connections.by_grad_fn.setdefault(tensor.grad_fn, key)
         else:
@@ -138,7 +144,11 @@ class StepRecording:
             self._by_node_role[(registration.node, registration.role)] = [registration]
             self.latest_by_name[registration.tensor_name] = key
             self._by_tensor_id.setdefault(id(tensor), key)
-            self._pending_forward.append((registration, tensor))  # type: ignore[arg-type]
+            reason = unsummarisable(tensor)  # type: ignore[arg-type]
+            if reason is None:
+                self._pending_forward.append((registration, tensor))  # type: ignore[arg-type]
+            else:  # an FSDP2 parameter (a DTensor), whose .grad is one too: a node of the graph with no rows
+                self._skip(registration, "values and gradients", reason)
             registration.grad_fn = tensor.grad_fn  # type: ignore[union-attr]
             if registration.grad_fn is not None:  # a non-leaf "parameter" (a tensor the user tracked so)
                 self.connections.by_grad_fn.setdefault(registration.grad_fn, key)
@@ -155,6 +165,15 @@ class StepRecording:
         else:
             self._pending_forward.append((registration, tensor.detach().clone()))
 
+    def _skip(self, registration: Registration, what: str, reason: str) -> None:
+        """Leave out a value comgra cannot summarise, and say so once per tensor name: never a crash in the
+        kernel, never a stop of the recording, never a wrong number recorded in silence."""
+        if self.report is not None:
+            self.report(f"unsummarisable:{registration.tensor_name}",
+                        f"comgra cannot summarise the {what} of tensor {registration.tensor_name!r} {reason}; they "
+                        "are left out of the recording (no rows), the rest of the step is recorded and training "
+                        "goes on. This warning is given once per tensor name.")
+
     def add_gradient(self, tensor_name: str, grad: torch.Tensor) -> None:
         """Give the latest tensor registered as ``tensor_name`` a gradient that arrived outside its hook.
 
@@ -163,10 +182,12 @@ class StepRecording:
         self._gradient_hook(self.latest_by_name[tensor_name])(grad)
 
     def _gradient_hook(self, key: tuple[int, str]) -> Any:
-        def hook(grad: torch.Tensor) -> None:
+        def hook(grad: torch.Tensor | None) -> None:
             if self._parameter_job is not None:  # the first hook of the backward pass
                 background.wait_at_end_of_backward(self._parameter_job)
                 self._parameter_job = None
+            if grad is None:  # an output the loss does not use, of a node with several (DDP's find_unused_parameters)
+                return
             previous = self._grads.get(key)
             self._grads[key] = grad.detach() if previous is None else previous + grad.detach()
         return hook
@@ -249,8 +270,13 @@ class StepRecording:
                 grad = registration.tensor.grad if registration.tensor is not None else None
             else:
                 grad = self._grads.get(key)
-            if grad is not None:
+            if grad is None:
+                continue
+            reason = unsummarisable(grad)
+            if reason is None:
                 items.append((registration, grad))
+            else:  # the gradient of an FSDP2 parameter is a DTensor too
+                self._skip(registration, f"gradients ({kind!r})", reason)
         # All gradients here, from their values now, in one batched call. The user holds the parameters'
         # (a later backward pass, clip_grad_norm_ or zero_grad(set_to_none=False) would change them in
         # place, through .data with no version counter to tell), so they cannot wait for a worker. Starting

@@ -39,6 +39,8 @@ def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], 
         batch_dim = registration.batch_dim
         if batch_dim:  # detached first: a view of a parameter would otherwise get an autograd node of its own
             value = registration.batch_first(value.detach())
+        if value.is_neg():  # a lazy negation (torch._neg_view, the imaginary part of a conjugate): NumPy cannot read it
+            value = value.detach().resolve_neg()
         size = value.shape[0] if batch_dim is not None else None
         # is_cpu first: making a device object costs more than the rest of this loop's body
         key = ("cpu" if value.is_cpu else value.device, size)
@@ -54,6 +56,56 @@ def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], 
                                          for r in registrations])
         blocks.append(Block(kind, registrations, summary, size is not None, _svd(kind, registrations, values, with_svd)))
     return blocks
+
+
+def unsummarisable(tensor: torch.Tensor) -> str | None:
+    """Why comgra cannot summarise ``tensor``'s values, as the end of a sentence, or None where it can.
+
+    comgra summarises dense real tensors of ``torch.Tensor``, ``nn.Parameter`` and their subclasses without a
+    ``__torch_dispatch__`` of their own, on any device and with any strides. Anything else is left out with a warning (capture/step.py) rather than reaching a kernel that
+    cannot read it (the C kernel of capture/fused.py would read a null or foreign pointer: SIGSEGV) or a
+    conversion that would record a wrong number (a DTensor's local shard under the whole tensor's name, the real
+    part of a complex tensor). Checked for each tensor of a recorded step: a few attribute reads."""
+    kind = type(tensor)
+    if ((kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH)
+            and tensor.layout is torch.strided
+            and not tensor.is_complex() and not tensor.is_quantized and not tensor.is_meta and not tensor.is_nested
+            and not _is_functional(tensor) and not _is_functorch_wrapped(tensor)):
+        return None
+    return _reason(tensor)
+
+
+# A subclass without __torch_dispatch__ (a Parameter subclass of a library, ``as_subclass`` for a tag) holds its own
+# values like a tensor; one with it (DTensor, FakeTensor, FunctionalTensor, the jagged NestedTensor, Float8 tensors)
+# stands for values held elsewhere, or none.
+_NO_DISPATCH = torch._C._disabled_torch_dispatch_impl
+_is_functional = torch._is_functional_tensor  # functionalization's wrapper (torch.compile, torch.export)
+_is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # inside torch.func.vmap, grad, ...
+
+
+def _reason(tensor: torch.Tensor) -> str:
+    kind = type(tensor)
+    if kind.__name__ == "DTensor":
+        return ("because it is a DTensor (FSDP2's fully_shard, tensor parallelism): this rank holds only a shard, "
+                "and the shard's statistics recorded under the whole tensor's name would be wrong")
+    if kind.__name__ in ("FakeTensor", "FunctionalTensor"):
+        return f"because it is a {kind.__name__} of a graph being traced (torch.compile, torch.export): it has no values"
+    if kind.__torch_dispatch__ is not _NO_DISPATCH:
+        return (f"because it is a {kind.__module__}.{kind.__qualname__}, a tensor subclass with its own "
+                "__torch_dispatch__, whose values comgra does not read")
+    if tensor.layout is not torch.strided:
+        return f"because its layout is {tensor.layout}; register tensor.to_dense() to record it"
+    if tensor.is_complex():
+        return (f"because it is complex ({tensor.dtype}): its statistics would drop the imaginary part; register "
+                "tensor.abs() or torch.view_as_real(tensor) to record it")
+    if tensor.is_quantized:
+        return f"because it is quantized ({tensor.dtype}); register tensor.dequantize() to record it"
+    if tensor.is_meta:
+        return "because it is on the meta device: it has no values"
+    if tensor.is_nested:
+        return "because it is a nested tensor"
+    return ("because it is a wrapper of torch.func (vmap, grad) or of functionalization, with no values of its own "
+            "(register it outside the transformed function)")
 
 
 def _svd(kind: str, registrations: list[Registration], values: list[torch.Tensor], with_svd: bool) -> torch.Tensor | None:
