@@ -31,7 +31,7 @@ from comgra.capture.session import Session, report_fault
 from comgra.capture.step import garbage_collector_paused
 from comgra.capture.modules import ModuleTracker
 from comgra.profiling.instruments import Instruments
-from comgra.profiling.profiler import ProfileOptions
+from comgra.profiling import profiler
 from comgra.profiling.resources import FROM_CONFIG, resolve_interval
 from comgra.config import load_settings
 from comgra.errors import ConfigError, RecordingError
@@ -140,7 +140,7 @@ class ComgraRecorder:
             max_neurons=max_num_neurons_to_record, flush_seconds=flush_seconds, record_ranks=record_ranks,
         )
         # Checked before any folder is made: a bad value leaves nothing behind.
-        profile_options = _profile_options(self.settings, profile_history, profile_flops_every, profile_every)
+        profile_options = profiler.profile_options(self.settings, profile_history, profile_flops_every, profile_every)
         resource_seconds = resolve_interval(resource_seconds, self.settings.profiling.resource_interval_s)
         self.rank_info = discover_rank()
         # A rank that does not record is a recorder switched off: no folder, no cost.
@@ -457,18 +457,6 @@ class ComgraRecorder:
         except Exception as error:  # noqa: BLE001
             report_fault(self.session, error)  # type: ignore[arg-type]
             self._recording = False
-
-
-def _profile_options(settings: Any, history: int | None, flops_every: int | None, every: int) -> ProfileOptions:
-    """Constructor arguments first, then comgra.toml: ``[history] layer_executions`` and, where it is set
-    (> 0), ``[profiling] flops_every_steps``."""
-    configured_flops = settings.profiling.flops_every_steps
-    if history is None and settings.history.layer_executions < 1:
-        raise ConfigError(f"{settings.source}: history.layer_executions={settings.history.layer_executions!r} must be "
-                          f"at least 1 (the executions of each profiled layer kept in memory), e.g. 100.")
-    return ProfileOptions(settings.history.layer_executions if history is None else history,
-                          flops_every if flops_every is not None or not configured_flops else configured_flops,
-                          every)
 
 
 # The entry points that leave a traced frame: the rare ones through _never_traced, the others inline.

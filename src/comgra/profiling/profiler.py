@@ -74,6 +74,18 @@ class ProfileOptions:
                               "or an int >= 1 (every n-th step).")
 
 
+def profile_options(settings: Any, history: int | None, flops_every: int | None, every: int) -> ProfileOptions:
+    """The recorder's profiling options: its constructor arguments first, then comgra.toml's
+    ``[history] layer_executions`` and, where it is set (> 0), ``[profiling] flops_every_steps``."""
+    configured_flops = settings.profiling.flops_every_steps
+    if history is None and settings.history.layer_executions < 1:
+        raise ConfigError(f"{settings.source}: history.layer_executions={settings.history.layer_executions!r} must be "
+                          f"at least 1 (the executions of each profiled layer kept in memory), e.g. 100.")
+    return ProfileOptions(settings.history.layer_executions if history is None else history,
+                          flops_every if flops_every is not None or not configured_flops else configured_flops,
+                          every)
+
+
 class Profiler:
     """Hooks on the profiled modules while a recorder is alive; ``close()`` removes every one.
 
