@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import numbers
+import os
+import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
@@ -104,6 +106,8 @@ class TrialReader:
         self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
         self._local = threading.local()
         self._series_reader = SeriesReader()
+        # (path, size, mtime) of a chunk -> the columns whose pages passed their checksums (its schema too)
+        self._checked: dict[tuple[str, int, int], frozenset[str]] = {}
 
     # -- ranks of a torch.distributed run ---------------------------------------------------------
     def ranks(self) -> list[int]:
@@ -224,7 +228,7 @@ class TrialReader:
         try:
             return self._series_reader.read(files, columns, filters, _TENSORS.empty_table().select(columns),
                                             cancelled)
-        except (OSError, ValueError, pa.ArrowException) as error:
+        except (OSError, ValueError, pa.ArrowException) as error:  # a failing checksum or schema too
             log.debug("comgra: series read through DuckDB after %r", error)
             return self._query(files, columns, filters)
 
@@ -232,6 +236,18 @@ class TrialReader:
         """The visible tensors chunks (a merged chunk hides its parts), sorted: for a scan of a whole
         trial that reads every chunk once and keeps what it found per chunk (chunks are immutable)."""
         return self._files("tensors", rank)
+
+    def has_tensor_schema(self, path: Path) -> bool:
+        """Whether a tensors chunk has the table's columns and types (from its footer, once per chunk version); one
+        that does not is listed in ``problems``. For callers that read a chunk with pyarrow themselves."""
+        try:
+            self._verify("tensors", path, frozenset())
+        except FileNotFoundError:
+            return False
+        except Exception as error:  # noqa: BLE001 - any failure to parse means the chunk is unusable
+            self._report_problem(path, _damage_reason(error))
+            return False
+        return True
 
     def read_tensor_chunk(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """Every row of one tensors chunk; a damaged one is listed in ``problems`` and reads as empty,
@@ -241,10 +257,12 @@ class TrialReader:
         return self._query([path], columns, {})
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
-        if not files:
-            return _TENSORS.empty_table().select(columns or _TENSORS.names)
         active = {k: v for k, v in filters.items() if v is not None}
         _check_filter_values(active, sets=True)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
+        # DuckDB checks no page checksums: every column it reads or filters on is checked here first, once per chunk.
+        files = self._verified("tensors", files, [*(columns or _TENSORS.names), *active])
+        if not files:
+            return _TENSORS.empty_table().select(columns or _TENSORS.names)
         # A list is a set of values (steps read together); the parameters are its items, one each.
         where = " AND ".join(f'"{k}" IN ({", ".join("?" * len(v))})' if isinstance(v, list) else f'"{k}" = ?'
                              for k, v in active.items()) or "TRUE"
@@ -285,14 +303,70 @@ class TrialReader:
         return visible if rank is None else [p for p in visible if fmt.rank_of(p.name) in (rank, None)]
 
     def _is_own_chunk(self, path: Path) -> bool:
-        """A file named as the writer names chunks, inside this trial; any other is skipped and reported."""
+        """A regular file named as the writer names chunks, inside this trial; any other is skipped and reported.
+
+        Never opened otherwise: a FIFO would block its reader forever, a link to itself recurse."""
         if not fmt.is_chunk_name(path.name):
             self._report_problem(path, "not named as comgra names chunks (a foreign file)")
             return False
-        if (path.is_symlink() or path.parent.is_symlink()) and not validation.inside(path, self.directory):
-            self._report_problem(path, "a link to a file outside the trial")
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return False  # merged away by a live writer since the listing
+        if stat.S_ISLNK(info.st_mode) or path.parent.is_symlink():
+            if not validation.inside(path, self.directory):
+                self._report_problem(path, "a link to a file outside the trial")
+                return False
+            try:
+                info = os.stat(path)
+            except OSError:
+                self._report_problem(path, "a link that leads nowhere or to itself")
+                return False
+        if not stat.S_ISREG(info.st_mode):
+            self._report_problem(path, "not a regular file (a FIFO, a device or a folder): never opened")
             return False
         return True
+
+    def _verified(self, table: str, files: list[Path], columns: Iterable[str] | None = None) -> list[Path]:
+        """``files`` less the chunks whose schema is not ``table``'s or whose pages of ``columns`` (None: all) fail
+        their checksums; those are reported. What passed is kept per chunk version (chunks are immutable), so a
+        chunk's pages are checked once per process, not on every query."""
+        wanted = frozenset(columns or fmt.SCHEMAS[table].names)
+        good = []
+        for path in files:
+            try:
+                self._verify(table, path, wanted)
+            except FileNotFoundError:
+                pass  # merged away meanwhile: the query lists again
+            except Exception as error:  # noqa: BLE001 - any failure to decode means the chunk is unusable
+                self._report_problem(path, _damage_reason(error))
+                log.debug("comgra: skipped %s", path, exc_info=error)
+                continue
+            good.append(path)
+        return good
+
+    def _verify(self, table: str, path: Path, wanted: frozenset[str]) -> None:
+        info = os.stat(path)
+        key = (str(path), info.st_size, info.st_mtime_ns)
+        with self._lock:
+            done = self._checked.get(key)
+        if done is not None and wanted <= done:
+            return
+        with pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True) as parquet:
+            if done is None:
+                validation.check_chunk_schema(parquet.schema_arrow, fmt.SCHEMAS[table], rank_optional=self._format_1)
+                done = frozenset()
+            missing = sorted((wanted - done) & set(parquet.schema_arrow.names))
+            for group in range(parquet.num_row_groups if missing else 0):  # one row group in memory at a time
+                parquet.read_row_group(group, columns=missing, use_threads=False)
+        with self._lock:
+            if len(self._checked) > _CHECKED_KEPT:  # versions of chunks merged away by a live writer
+                self._checked = {k: v for k, v in self._checked.items() if os.path.exists(k[0])}
+            self._checked[key] = done | wanted
+
+    @property
+    def _format_1(self) -> bool:
+        return bool(self.metadata.get("format_version", fmt.FORMAT_VERSION) < 2)
 
     def _refreshed(self, files: list[Path]) -> list[Path]:
         """The current chunks that hold the steps ``files`` held."""
@@ -345,18 +419,21 @@ class TrialReader:
             key = (table, path.name)
             if key not in self._cache:
                 try:
+                    validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table],
+                                                  rank_optional=self._format_1)
                     self._cache[key] = _complete(table, _with_rank_of_format_1(
-                        pq.read_table(path, schema=fmt.SCHEMAS[table])))
+                        pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True)))
                 except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
                     if not path.exists():
                         return None  # merged away meanwhile
-                    self._report_problem(path, "damaged, or not a comgra chunk of this table")
+                    self._report_problem(path, _damage_reason(error, "damaged, or not a comgra chunk of this table"))
                     log.debug("comgra: skipped %s", path, exc_info=error)
                     continue
             parts.append(self._cache[key])
         return parts
 
 
+_CHECKED_KEPT = 4096  # chunk versions whose checks are kept before those of vanished files are let go
 _STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight listings in a row cannot all be stale
 
 
@@ -372,6 +449,15 @@ def _with_rank_of_format_1(table: pa.Table) -> pa.Table:
 # and searched by them, so a null there is damage, not a value.
 _REQUIRED_COLUMNS = {"steps": ("training_step", "iteration", "type_of_execution", "graph"),
                      "kpis": ("kpi_group", "timepoint"), "notes": ()}
+
+
+def _damage_reason(error: BaseException, default: str = "damaged: not a readable Parquet file") -> str:
+    """What is wrong with a chunk, in words for the problems list."""
+    if isinstance(error, validation.ChunkDamaged):
+        return error.reason
+    if "checksum" in str(error).lower():
+        return "damaged: a page fails its checksum (its values would be wrong)"
+    return default
 
 
 def _complete(table_name: str, table: pa.Table) -> pa.Table:
@@ -401,4 +487,7 @@ def _covers(name: str, training_step: int) -> bool:
 
 def _read_metadata(directory: Path) -> dict[str, Any]:
     path = directory / fmt.TRIAL_META
+    if not validation.inside(path, directory):
+        raise StoreError(f"Trial metadata {str(path)!r} is a link to a file outside the trial; comgra reads nothing "
+                         "outside the recording. Copy the file in instead.")
     return validation.check_metadata(validation.load_json(path, "Trial metadata"), path, fmt.FORMAT_VERSION)
