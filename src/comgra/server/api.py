@@ -258,6 +258,18 @@ class Routes:
                                 f"{[r['iteration'] for r in rows]}.", "iteration")
         return row
 
+    def _answer(self, trial: str, data: dict[str, Any]) -> Response:
+        """An answer built from ``trial``, with the files left out of it (``problems``), as the app's banner says.
+        Asked after the data was read: damage is found by reading."""
+        return answer({**data, "problems": self._problems(trial)})
+
+    def _problems(self, trial: str) -> list[str]:
+        try:
+            reasons = self.service.trial(trial).problem_reasons()
+        except ComgraError as error:
+            return [str(error)]
+        return [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in reasons.items()]
+
     def _steps_filter(self) -> dict[str, int | None]:
         return {"first_step": int_arg("first_step"), "last_step": int_arg("last_step")}
 
@@ -278,15 +290,15 @@ class Routes:
         self._trial(trial)
         rank = self._rank(trial)
         rows = self.service.step_index(trial, rank).table.to_pylist()
-        return answer({"trial": trial, "rank": rank, "steps": rows})
+        return self._answer(trial, {"trial": trial, "rank": rank, "steps": rows})
 
     def graph(self, trial: str) -> Response:
         self._trial(trial)
         rank = self._rank(trial)
         step, rows = self._step_rows(trial, rank)
         row = self._iteration_row(rows)
-        return answer({"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
-                       "graph": self.service.trial(trial).graph(row["graph"])})
+        return self._answer(trial, {"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
+                                    "graph": self.service.trial(trial).graph(row["graph"])})
 
     def values(self, trial: str) -> Response:
         self._trial(trial)
@@ -315,7 +327,7 @@ class Routes:
         self._check_met(selection, role=role, kind=wanted["kind"], aggregation=wanted["aggregation"])
         link = view_link(trial, training_step=step, iteration=iteration, node_id=selection.node_id,  # type: ignore[union-attr]
                          role=selection.role, kind=selection.kind, aggregation=selection.aggregation, rank=rank)  # type: ignore[union-attr]
-        return answer({"selection": selection.to_dict(), "values": view.row, "app_link": link})  # type: ignore[union-attr]
+        return self._answer(trial, {"selection": selection.to_dict(), "values": view.row, "app_link": link})  # type: ignore[union-attr]
 
     @staticmethod
     def _check_met(selection: Any, **asked: str | None) -> None:
@@ -332,20 +344,20 @@ class Routes:
             node=str_arg("node", required=True), role=str_arg("role", required=True),  # type: ignore[arg-type]
             kind=str_arg("kind", default=fmt.FORWARD), iteration=int_arg("iteration", default=0),  # type: ignore[arg-type]
             aggregation=aggregation, sample=sample, statistic=statistic, rank=self._rank(trial))  # type: ignore[arg-type]
-        return answer({"trial": trial, "statistic": statistic, "training_step": table["training_step"].to_pylist(),
-                       "value": table["value"].to_pylist()})
+        return self._answer(trial, {"trial": trial, "statistic": statistic,
+                                    "training_step": table["training_step"].to_pylist(), "value": table["value"].to_pylist()})
 
     def kpis(self, trial: str) -> Response:
-        return answer({"trial": trial, "kpis": self.service.kpis(self._trial(trial)).to_pylist()})
+        return self._answer(trial, {"trial": trial, "kpis": self.service.kpis(self._trial(trial)).to_pylist()})
 
     def notes(self, trial: str) -> Response:
-        return answer({"trial": trial, "notes": self.service.notes(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, "notes": self.service.notes(self._trial(trial))})
 
     def modules(self, trial: str) -> Response:
-        return answer({"trial": trial, "modules": self.service.modules(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, "modules": self.service.modules(self._trial(trial))})
 
     def layers(self, trial: str) -> Response:
-        return answer({"trial": trial, "layers": self.service.layers(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, "layers": self.service.layers(self._trial(trial))})
 
     def layer(self, trial: str, module: str) -> Response:
         self._trial(trial)
@@ -353,31 +365,33 @@ class Routes:
         try:
             rows = self.service.layer_history(trial, module, limit=limit)  # type: ignore[arg-type]
         except SelectionError as error:
-            raise ApiError(404, str(error), "module") from None
-        return answer({"trial": trial, "module": module, "executions": rows})
+            problems = self._problems(trial)  # a module's rows may be in a chunk that was left out
+            raise ApiError(404, str(error) + (f" Left out as damaged: {problems}." if problems else ""),
+                           "module") from None
+        return self._answer(trial, {"trial": trial, "module": module, "executions": rows})
 
     def profile(self, trial: str) -> Response:
         self._trial(trial)
         phase = str_arg("phase", default="forward", choices=PHASES)
         limit = int_arg("limit", minimum=1)
-        return answer({"trial": trial, "phase": phase, "layers": self.service.profile_summary(
+        return self._answer(trial, {"trial": trial, "phase": phase, "layers": self.service.profile_summary(
             trial, phase, limit=limit, **self._steps_filter())})  # type: ignore[arg-type]
 
     def flamegraph(self, trial: str) -> Response:
         self._trial(trial)
         phase = str_arg("phase", default="forward", choices=PHASES)
-        return answer({"trial": trial, "phase": phase,
-                       "nodes": self.service.flame_graph(trial, phase, **self._steps_filter())})  # type: ignore[arg-type]
+        return self._answer(trial, {"trial": trial, "phase": phase,
+                                    "nodes": self.service.flame_graph(trial, phase, **self._steps_filter())})  # type: ignore[arg-type]
 
     def trace(self, trial: str) -> Response:
         self._trial(trial)
-        response = answer(self.service.chrome_trace(trial, **self._steps_filter()))
+        response = self._answer(trial, self.service.chrome_trace(trial, **self._steps_filter()))  # viewers ignore the key
         if str_arg("download", default="false", choices=("true", "false", "1", "0")) in ("true", "1"):
             response.headers["Content-Disposition"] = f'attachment; filename="comgra-trace-{_file_safe(trial)}.json"'
         return response
 
     def resources(self, trial: str) -> Response:
-        return answer({"trial": trial, **self.service.resources(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, **self.service.resources(self._trial(trial))})
 
     def findings(self) -> Response:
         trial = str_arg("trial")
@@ -386,7 +400,13 @@ class Routes:
         if find is None:
             return answer({"available": False, "findings": [],
                            "message": "This comgra has no findings analysis."})
-        return answer({"available": True, "findings": [{"trial": t, "findings": find(t)} for t in trials]})
+        entries = []
+        for t in trials:
+            found = find(t)
+            scan_problems = self.service.findings_progress(t).problems  # unreadable chunks and graphs, failed detectors
+            entries.append({"trial": t, "findings": found, "problems": list(dict.fromkeys(
+                [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
+        return answer({"available": True, "findings": entries})
 
     def breakpoints(self, trial: str) -> Response:
         from comgra.live import control
