@@ -79,7 +79,10 @@ def str_arg(name: str, *, default: str | None = None, required: bool = False,
 
 
 def json_body(allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    body = request.get_json(silent=True, force=True) if request.content_length else None
+    try:
+        body = request.get_json(silent=True, force=True) if request.content_length else None
+    except RecursionError:  # silent=True catches what the parser raises for bad JSON, not this
+        raise ApiError(400, "The request body is nested too deeply to be a breakpoint.", "body") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object with {list(allowed)}.", "body")
     unknown = sorted(str(k) for k in body if k not in allowed)

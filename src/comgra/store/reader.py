@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -98,6 +99,7 @@ class TrialReader:
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
         self._problems: dict[str, str] = {}
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
+        self._keep_readable_modules()
         self._cache: dict[tuple[str, str], pa.Table] = {}
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
@@ -108,6 +110,21 @@ class TrialReader:
         self._series_reader = SeriesReader()
         # (path, size, mtime) of a chunk -> the columns whose pages passed their checksums (its schema too)
         self._checked: dict[tuple[str, int, int], frozenset[str]] = {}
+
+    def _keep_readable_modules(self) -> None:
+        """Module trees not of the shape the recorder writes are left out of ``metadata`` and reported, so that
+        whoever shows the trees (the app's panel, the REST API) meets only the shape it knows."""
+        trees = self.metadata.get("modules") or []
+        readable = []
+        for index, tree in enumerate(trees):
+            problem = validation.module_tree_problem(tree)
+            if problem is None:
+                readable.append(tree)
+            else:
+                self._report_problem(self.directory / fmt.TRIAL_META,
+                                     f"its modules entry {index} is not a module tree ({problem}); left out")
+        if len(readable) != len(trees):
+            self.metadata = {**self.metadata, "modules": readable}
 
     # -- ranks of a torch.distributed run ---------------------------------------------------------
     def ranks(self) -> list[int]:
@@ -409,10 +426,25 @@ class TrialReader:
             parts = []
         if not parts:
             return fmt.SCHEMAS[table].empty_table()
-        merged = pa.concat_tables(parts)
+        merged = pa.concat_tables([part for _, part in parts])
+        if table == "steps":
+            merged = self._each_step_once(parts, merged)
         return merged if rank is None else merged.filter(pc.equal(merged["rank"], rank))
 
-    def _read_listed(self, table: str, rank: int | None) -> list[pa.Table] | None:
+    def _each_step_once(self, parts: list[tuple[Path, pa.Table]], merged: pa.Table) -> pa.Table:
+        """The step index with each (rank, training_step, iteration) once: the writer writes each once, so a row
+        seen again (a chunk copied, or holding its rows twice) is no other step. The chunk it came from is reported."""
+        first = _first_rows(merged, _STEP_KEY)
+        if first is None:
+            return merged
+        repeated = np.ones(merged.num_rows, dtype=bool)
+        repeated[first] = False
+        ends = np.cumsum([part.num_rows for _, part in parts])
+        for index in sorted(set(np.searchsorted(ends, np.flatnonzero(repeated), side="right").tolist())):
+            self._report_problem(parts[index][0], "holds steps of the index a second time; each step is listed once")
+        return merged.take(pa.array(np.sort(first)))
+
+    def _read_listed(self, table: str, rank: int | None) -> list[tuple[Path, pa.Table]] | None:
         """The chunks of one listing of ``table``; None when one of them vanished before it was read."""
         parts = []
         for path in self._files(table, rank):
@@ -429,7 +461,7 @@ class TrialReader:
                     self._report_problem(path, _damage_reason(error, "damaged, or not a comgra chunk of this table"))
                     log.debug("comgra: skipped %s", path, exc_info=error)
                     continue
-            parts.append(self._cache[key])
+            parts.append((path, self._cache[key]))
         return parts
 
 
@@ -449,6 +481,18 @@ def _with_rank_of_format_1(table: pa.Table) -> pa.Table:
 # and searched by them, so a null there is damage, not a value.
 _REQUIRED_COLUMNS = {"steps": ("training_step", "iteration", "type_of_execution", "graph"),
                      "kpis": ("kpi_group", "timepoint"), "notes": ()}
+
+
+_STEP_KEY = ("rank", "training_step", "iteration")
+
+
+def _first_rows(table: pa.Table, keys: tuple[str, ...]) -> np.ndarray | None:
+    """The index of the first row of each distinct key, or None when every key is distinct (the usual case)."""
+    if table.num_rows < 2:
+        return None
+    columns = np.stack([table[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in keys], axis=1)
+    _, first = np.unique(columns, axis=0, return_index=True)
+    return None if len(first) == table.num_rows else first
 
 
 def _damage_reason(error: BaseException, default: str = "damaged: not a readable Parquet file") -> str:

@@ -193,3 +193,33 @@ def _same_type(found: pa.DataType, wanted: pa.DataType) -> bool:
     if pa.types.is_list(wanted):
         return pa.types.is_list(found) and _same_type(found.value_type, wanted.value_type)
     return found.equals(wanted)
+
+
+MODULE_DEPTH = 64  # deeper than any real network's module tree; a hostile tree ends here
+
+
+def module_tree_problem(tree: Any, depth: int = 0) -> str | None:
+    """What is wrong with one tracked module tree of ``trial.json`` (as ``capture.modules`` writes it), or None."""
+    if depth > MODULE_DEPTH:
+        return f"nested deeper than {MODULE_DEPTH} levels"
+    if not isinstance(tree, dict):
+        return f"{_short(tree)} is not an object"
+    if not all(isinstance(tree.get(k, ""), str) for k in ("name", "full_name", "type")):
+        return f"the module {_short(tree.get('name'))} has a name or type that is not a string"
+    if not _is_int(tree.get("num_parameters", 0)):
+        return f"the module {_short(tree.get('name'))} has a num_parameters that is not an integer"
+    parameters, submodules = tree.get("parameters") or [], tree.get("submodules") or []
+    if not isinstance(parameters, list) or not isinstance(submodules, list):
+        return f"the module {_short(tree.get('name'))} has parameters or submodules that are not a list"
+    for parameter in parameters:
+        if not isinstance(parameter, dict) or not all(isinstance(parameter.get(k, ""), str)
+                                                      for k in ("name", "full_name", "tied_to")):
+            return f"the parameter {_short(parameter)} is not an object with string names"
+        shape = parameter.get("shape") or []
+        if not (_is_int(parameter.get("numel", 0)) and isinstance(shape, list) and all(_is_int(d) for d in shape)):
+            return f"the parameter {_short(parameter.get('name'))} has a numel or shape that is not integers"
+    for child in submodules:
+        problem = module_tree_problem(child, depth + 1)
+        if problem:
+            return problem
+    return None
