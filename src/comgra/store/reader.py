@@ -269,9 +269,24 @@ class TrialReader:
     def read_tensor_chunk(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """Every row of one tensors chunk; a damaged one is listed in ``problems`` and reads as empty,
         and so does one a live writer merged away meanwhile (its rows are in the merged chunk)."""
-        if not path.exists():
-            return _TENSORS.empty_table().select(columns or _TENSORS.names)
-        return self._query([path], columns, {})
+        wanted = list(columns or _TENSORS.names)
+        empty = _TENSORS.empty_table().select(wanted)
+        if str(path) in self.problems or not self.has_tensor_schema(path):
+            return empty
+        try:
+            # Read by pyarrow, every page checked as it is decoded: one pass, where DuckDB's route would check
+            # the pages first and then decode them again.
+            with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+                table = parquet.read(columns=[c for c in wanted if c in parquet.schema_arrow.names])
+        except FileNotFoundError:
+            return empty  # merged away meanwhile: its rows are in the merged chunk
+        except Exception as error:  # noqa: BLE001 - any failure to decode means the chunk is unusable
+            self._report_problem(path, _damage_reason(error))
+            log.debug("comgra: skipped %s", path, exc_info=error)
+            return empty
+        if "rank" in wanted and "rank" not in table.column_names:  # format 1: every row is rank 0's
+            table = table.append_column(fmt.RANK_FIELD, pa.array(np.zeros(table.num_rows, np.int32)))
+        return table.select(wanted)
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
         active = {k: v for k, v in filters.items() if v is not None}
@@ -426,25 +441,10 @@ class TrialReader:
             parts = []
         if not parts:
             return fmt.SCHEMAS[table].empty_table()
-        merged = pa.concat_tables([part for _, part in parts])
-        if table == "steps":
-            merged = self._each_step_once(parts, merged)
+        merged = pa.concat_tables(parts)
         return merged if rank is None else merged.filter(pc.equal(merged["rank"], rank))
 
-    def _each_step_once(self, parts: list[tuple[Path, pa.Table]], merged: pa.Table) -> pa.Table:
-        """The step index with each (rank, training_step, iteration) once: the writer writes each once, so a row
-        seen again (a chunk copied, or holding its rows twice) is no other step. The chunk it came from is reported."""
-        first = _first_rows(merged, _STEP_KEY)
-        if first is None:
-            return merged
-        repeated = np.ones(merged.num_rows, dtype=bool)
-        repeated[first] = False
-        ends = np.cumsum([part.num_rows for _, part in parts])
-        for index in sorted(set(np.searchsorted(ends, np.flatnonzero(repeated), side="right").tolist())):
-            self._report_problem(parts[index][0], "holds steps of the index a second time; each step is listed once")
-        return merged.take(pa.array(np.sort(first)))
-
-    def _read_listed(self, table: str, rank: int | None) -> list[tuple[Path, pa.Table]] | None:
+    def _read_listed(self, table: str, rank: int | None) -> list[pa.Table] | None:
         """The chunks of one listing of ``table``; None when one of them vanished before it was read."""
         parts = []
         for path in self._files(table, rank):
@@ -453,16 +453,28 @@ class TrialReader:
                 try:
                     validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table],
                                                   rank_optional=self._format_1)
-                    self._cache[key] = _complete(table, _with_rank_of_format_1(
+                    read = _complete(table, _with_rank_of_format_1(
                         pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True)))
+                    self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
                 except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
                     if not path.exists():
                         return None  # merged away meanwhile
                     self._report_problem(path, _damage_reason(error, "damaged, or not a comgra chunk of this table"))
                     log.debug("comgra: skipped %s", path, exc_info=error)
                     continue
-            parts.append((path, self._cache[key]))
+            parts.append(self._cache[key])
         return parts
+
+    def _each_step_once(self, path: Path, table: pa.Table) -> pa.Table:
+        """A steps chunk with each (rank, training_step, iteration) once, reported if it held one twice: the writer
+        writes a step once per chunk, so a row repeated within a chunk is damage, not another step. (Across chunks
+        a step may repeat: a run resumed into the same trial records it again, and both are kept.)"""
+        first = _first_rows(table, _STEP_KEY)
+        if first is None:
+            return table
+        self._report_problem(path, f"holds {table.num_rows - len(first)} row(s) of the step index twice; "
+                                   "each step is listed once")
+        return table.take(pa.array(np.sort(first)))
 
 
 _CHECKED_KEPT = 4096  # chunk versions whose checks are kept before those of vanished files are let go
