@@ -14,6 +14,10 @@ printed side by side with their ratio:
   every column the query reads, once per chunk), then a second step of the same chunk (checked already);
 - series: a fresh reader's first series of one node across every chunk (pages it reads are checked);
 - scan load: ``ChunkCache().load`` of the whole trial, what ``comgra scan`` reads.
+
+Each figure is the median of REPEATS in the process (a fresh reader each time, the OS's file cache warm),
+and the median of those over the rounds. Run it on an otherwise idle machine: other load moves these
+figures by 2x and more.
 """
 from __future__ import annotations
 
@@ -26,16 +30,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BEFORE = "d1b15d1"
+REPEATS = 5  # per figure, in each process: the median
 
 
 def worker(nodes: int, scale: float, folder: Path) -> dict[str, float]:
     """Runs in the version's own process (its src first on sys.path)."""
     sys.path.insert(0, str(HERE))
-    import pyarrow as pa
     import synthetic_recording as synthetic
 
     from comgra.analysis.loading import ChunkCache
@@ -49,7 +54,11 @@ def worker(nodes: int, scale: float, folder: Path) -> dict[str, float]:
     synthetic.write_trial(group, "trial", 0, options)
     trial = GroupReader(group).trial("trial")
     chunks = trial.tensor_chunks()
-    table = pa.concat_tables([trial.read_tensor_chunk(chunks[0])]).drop_columns(["rank"])
+    # The same Arrow layout in both versions (how a reader returns a chunk differs between them, and an encoder's
+    # speed depends on it): one contiguous table, as the recorder hands the writer.
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(chunks[0]).drop_columns(["rank"]).combine_chunks()
     figures: dict[str, float] = {}
     for name, compression in (("encode fresh (lz4)", writer.FRESH_COMPRESSION),
                               ("encode merged (zstd)", writer.MERGED_COMPRESSION)):
@@ -62,27 +71,39 @@ def worker(nodes: int, scale: float, folder: Path) -> dict[str, float]:
             path.unlink()
         figures[f"{name}, ms"] = statistics.median(times) * 1e3
     steps = trial.steps()["training_step"].to_pylist()
-    first_chunk = [s for s in steps if fmt.step_range_of(chunks[0].name)[0] <= s <= fmt.step_range_of(chunks[0].name)[1]]
-    fresh = GroupReader(group).trial("trial")
-    start = time.perf_counter()
-    fresh.selection(training_step=first_chunk[0])
-    figures["first selection (cold chunk), ms"] = (time.perf_counter() - start) * 1e3
-    start = time.perf_counter()
-    fresh.selection(training_step=first_chunk[1])
-    figures["second step, same chunk, ms"] = (time.perf_counter() - start) * 1e3
+    low, high = fmt.step_range_of(chunks[0].name)
+    first_chunk = [s for s in steps if low <= s <= high]
     node = trial.selection(training_step=steps[0], columns=["node", "role"]).to_pylist()[0]
-    fresh = GroupReader(group).trial("trial")
-    start = time.perf_counter()
-    fresh.series(node=node["node"], role=node["role"], iteration=0)
-    figures["first series, ms"] = (time.perf_counter() - start) * 1e3
-    fresh = GroupReader(group).trial("trial")
-    start = time.perf_counter()
-    ChunkCache().load(fresh)
-    figures["scan load, ms"] = (time.perf_counter() - start) * 1e3
+
+    def fresh() -> Any:  # a new reader: nothing checked or cached yet (the OS's file cache is warm)
+        return GroupReader(group).trial("trial")
+
+    def cold_then_warm() -> tuple[float, float]:
+        reader = fresh()
+        start = time.perf_counter()
+        reader.selection(training_step=first_chunk[0])
+        middle = time.perf_counter()
+        reader.selection(training_step=first_chunk[1])
+        return middle - start, time.perf_counter() - middle
+
+    pairs = [cold_then_warm() for _ in range(REPEATS)]
+    figures["first selection (cold chunk), ms"] = statistics.median(p[0] for p in pairs) * 1e3
+    figures["second step, same chunk, ms"] = statistics.median(p[1] for p in pairs) * 1e3
+    figures["first series, ms"] = _median_ms(lambda: fresh().series(node=node["node"], role=node["role"], iteration=0))
+    figures["scan load, ms"] = _median_ms(lambda: ChunkCache().load(fresh()))
     figures["chunks"] = len(chunks)
     figures["tensor MB on disk"] = sum(p.stat().st_size for p in chunks) / 2**20
-    assert not fresh.problems, fresh.problems
+    assert not fresh().problems
     return figures
+
+
+def _median_ms(call: Any) -> float:
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def run_version(src: Path, args: argparse.Namespace) -> dict[str, float]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from comgra.errors import BreakpointError, ComgraError, NotPaused, StoreError, UnknownBreakpoint, did_you_mean
 from comgra.live.conditions import parse_condition
+from comgra.store import validation
 
 __all__ = ["ACTIONS", "add_breakpoint", "list_breakpoints", "remove_breakpoint", "run_state", "send_command",
            "update_breakpoint", "live_dir", "replace_breakpoints", "write_run_state", "read_run_document",
@@ -49,7 +50,7 @@ def live_dir(trial_dir: str | Path) -> Path:
 def list_breakpoints(trial_dir: str | Path) -> list[dict[str, Any]]:
     """Every breakpoint of the trial with its hit count (hits are counted by the training process)."""
     hits = read_run_document(trial_dir).get("hits", {})
-    return [{**entry, "hits": int(hits.get(entry["id"], 0))} for entry in _read_breakpoints(trial_dir)["breakpoints"]]
+    return [{**entry, "hits": hits.get(entry["id"], 0)} for entry in _read_breakpoints(trial_dir)["breakpoints"]]
 
 
 def add_breakpoint(trial_dir: str | Path, target: object, condition: object, enabled: object = True) -> dict[str, Any]:
@@ -168,11 +169,29 @@ def send_command(trial_dir: str | Path, action: str) -> dict[str, Any]:
 
 
 def read_run_document(trial_dir: str | Path) -> dict[str, Any]:
+    """run.json as the training process writes it; {} ("unknown") for one that is damaged (unreadable, not a
+    regular file, nested too deep), and a paused state without a usable token and port is no pause."""
     try:
-        document = json.loads((live_dir(trial_dir) / RUN_FILE).read_text())
+        document = _read_live_json(live_dir(trial_dir) / RUN_FILE)
     except (OSError, ValueError):
         return {}
-    return document if isinstance(document, dict) else {}
+    if not isinstance(document, dict):
+        return {}
+    hits = document.get("hits", {})
+    document["hits"] = {k: v for k, v in hits.items() if type(v) is int} if isinstance(hits, dict) else {}  # noqa: E721
+    if document.get("state") == "paused" and not (isinstance(document.get("token"), str)
+                                                  and type(document.get("port")) is int):  # noqa: E721
+        document["state"] = "unknown"
+    return document
+
+
+def _read_live_json(path: Path) -> Any:
+    """A document of live/: only a regular file is opened (a FIFO would block the app's request), and JSON
+    nested deeper than Python parses is a ValueError like any other damage."""
+    try:
+        return json.loads(validation.read_regular_file(path))
+    except RecursionError:
+        raise ValueError(f"{str(path)!r} is nested too deeply") from None
 
 
 def write_run_state(trial_dir: str | Path, document: dict[str, Any]) -> None:
@@ -267,7 +286,7 @@ def _find(document: dict[str, Any], breakpoint_id: str) -> dict[str, Any]:
 
 def _read_breakpoints(trial_dir: str | Path) -> dict[str, Any]:
     try:
-        document = json.loads((live_dir(trial_dir) / BREAKPOINTS_FILE).read_text())
+        document = _read_live_json(live_dir(trial_dir) / BREAKPOINTS_FILE)
     except FileNotFoundError:
         return {"next_id": 1, "breakpoints": []}
     except (OSError, ValueError) as error:
@@ -275,6 +294,10 @@ def _read_breakpoints(trial_dir: str | Path) -> dict[str, Any]:
                           "delete it to start without breakpoints.") from None
     if not isinstance(document, dict) or not isinstance(document.get("breakpoints"), list):
         return {"next_id": 1, "breakpoints": []}
+    entries = document["breakpoints"]
+    if not all(isinstance(e, dict) and isinstance(e.get("id"), str) for e in entries):
+        raise ComgraError(f"{str(live_dir(trial_dir) / BREAKPOINTS_FILE)!r} holds entries that are not breakpoints "
+                          "(each is an object with a string 'id'); delete the file to start without breakpoints.")
     return document
 
 

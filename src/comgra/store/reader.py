@@ -19,6 +19,7 @@ import numbers
 import os
 import stat
 import threading
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
@@ -108,8 +109,8 @@ class TrialReader:
         self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
         self._local = threading.local()
         self._series_reader = SeriesReader()
-        # (path, size, mtime) of a chunk -> the columns whose pages passed their checksums (its schema too)
-        self._checked: dict[tuple[str, int, int], frozenset[str]] = {}
+        # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
+        self._checked: dict[tuple[str, int, int], _Checked] = {}
 
     def _keep_readable_modules(self) -> None:
         """Module trees not of the shape the recorder writes are left out of ``metadata`` and reported, so that
@@ -292,7 +293,7 @@ class TrialReader:
         active = {k: v for k, v in filters.items() if v is not None}
         _check_filter_values(active, sets=True)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
         # DuckDB checks no page checksums: every column it reads or filters on is checked here first, once per chunk.
-        files = self._verified("tensors", files, [*(columns or _TENSORS.names), *active])
+        files = self._verified("tensors", files, [*(columns or _TENSORS.names), *active], active.get("node"))
         if not files:
             return _TENSORS.empty_table().select(columns or _TENSORS.names)
         # A list is a set of values (steps read together); the parameters are its items, one each.
@@ -359,15 +360,17 @@ class TrialReader:
             return False
         return True
 
-    def _verified(self, table: str, files: list[Path], columns: Iterable[str] | None = None) -> list[Path]:
+    def _verified(self, table: str, files: list[Path], columns: Iterable[str] | None = None,
+                  node: Any = None) -> list[Path]:
         """``files`` less the chunks whose schema is not ``table``'s or whose pages of ``columns`` (None: all) fail
-        their checksums; those are reported. What passed is kept per chunk version (chunks are immutable), so a
-        chunk's pages are checked once per process, not on every query."""
+        their checksums; those are reported. With ``node`` (a tensors query for one node), only the row groups that
+        can hold it are checked: those DuckDB reads. What passed is kept per chunk version (chunks are immutable), so
+        a page is checked once per process, not on every query."""
         wanted = frozenset(columns or fmt.SCHEMAS[table].names)
         good = []
         for path in files:
             try:
-                self._verify(table, path, wanted)
+                self._verify(table, path, wanted, node if isinstance(node, str) else None)
             except FileNotFoundError:
                 pass  # merged away meanwhile: the query lists again
             except Exception as error:  # noqa: BLE001 - any failure to decode means the chunk is unusable
@@ -377,24 +380,33 @@ class TrialReader:
             good.append(path)
         return good
 
-    def _verify(self, table: str, path: Path, wanted: frozenset[str]) -> None:
+    def _verify(self, table: str, path: Path, wanted: frozenset[str], node: str | None = None) -> None:
         info = os.stat(path)
         key = (str(path), info.st_size, info.st_mtime_ns)
         with self._lock:
-            done = self._checked.get(key)
-        if done is not None and wanted <= done:
+            checked = self._checked.get(key)
+        if checked is not None and checked.covers(self._row_groups(table, path, node, checked), wanted):
             return
         with pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True) as parquet:
-            if done is None:
+            if checked is None:
                 validation.check_chunk_schema(parquet.schema_arrow, fmt.SCHEMAS[table], rank_optional=self._format_1)
-                done = frozenset()
-            missing = sorted((wanted - done) & set(parquet.schema_arrow.names))
-            for group in range(parquet.num_row_groups if missing else 0):  # one row group in memory at a time
-                parquet.read_row_group(group, columns=missing, use_threads=False)
+                checked = _Checked(parquet.num_row_groups, frozenset(parquet.schema_arrow.names), {})
+            done = dict(checked.done)
+            for group in self._row_groups(table, path, node, checked):  # one row group in memory at a time
+                missing = sorted((wanted & checked.names) - done.get(group, frozenset()))
+                if missing:
+                    parquet.read_row_group(group, columns=missing, use_threads=False)
+                    done[group] = done.get(group, frozenset()) | frozenset(missing)
         with self._lock:
             if len(self._checked) > _CHECKED_KEPT:  # versions of chunks merged away by a live writer
                 self._checked = {k: v for k, v in self._checked.items() if os.path.exists(k[0])}
-            self._checked[key] = done | wanted
+            self._checked[key] = _Checked(checked.num_row_groups, checked.names, done)
+
+    def _row_groups(self, table: str, path: Path, node: str | None, checked: _Checked) -> list[int]:
+        """The row groups a query reads: for one node of a tensors chunk, those its footer's bounds allow."""
+        if node is None or table != "tensors" or self._format_1:
+            return list(range(checked.num_row_groups))
+        return self._series_reader.row_groups_of(path, node)
 
     @property
     def _format_1(self) -> bool:
@@ -475,6 +487,19 @@ class TrialReader:
         self._report_problem(path, f"holds {table.num_rows - len(first)} row(s) of the step index twice; "
                                    "each step is listed once")
         return table.take(pa.array(np.sort(first)))
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What was checked of one chunk version: its schema (always, once it is here) and pages per row group."""
+
+    num_row_groups: int
+    names: frozenset[str]  # its columns
+    done: dict[int, frozenset[str]]  # row group -> the columns whose pages passed their checksums
+
+    def covers(self, groups: list[int], wanted: frozenset[str]) -> bool:
+        needed = wanted & self.names
+        return all(needed <= self.done.get(group, frozenset()) for group in groups)
 
 
 _CHECKED_KEPT = 4096  # chunk versions whose checks are kept before those of vanished files are let go

@@ -122,6 +122,10 @@ class SeriesReader:
                 parts.append(rows.filter(condition).select(columns))
         return pa.concat_tables(parts) if parts else empty
 
+    def row_groups_of(self, path: Path, node: str) -> list[int]:
+        """The row groups of a chunk that can hold ``node`` (all of them where its footer cannot tell)."""
+        return self._footer_of(path)[0].row_groups(node)
+
     def _footer_of(self, path: Path) -> tuple[_Bounds, pq.FileMetaData | None]:
         """The chunk's bounds, and its parsed footer where it is kept or parsed now (None: ParquetFile
         parses it again)."""
