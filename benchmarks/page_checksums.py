@@ -12,6 +12,8 @@ printed side by side with their ratio:
 - encode: one flushed tensors chunk (the writer's ``_encode``, lz4) and one merged one (zstd), in ms;
 - first selection: a fresh reader's first ``selection(training_step=...)`` (after: checks the pages of
   every column the query reads, once per chunk), then a second step of the same chunk (checked already);
+  the same for one node of a step (only the row groups that can hold the node are checked), and for the
+  app's read of a whole step (``steps_selection``);
 - series: a fresh reader's first series of one node across every chunk (pages it reads are checked);
 - scan load: ``ChunkCache().load`` of the whole trial, what ``comgra scan`` reads.
 
@@ -89,6 +91,10 @@ def worker(nodes: int, scale: float, folder: Path) -> dict[str, float]:
     pairs = [cold_then_warm() for _ in range(REPEATS)]
     figures["first selection (cold chunk), ms"] = statistics.median(p[0] for p in pairs) * 1e3
     figures["second step, same chunk, ms"] = statistics.median(p[1] for p in pairs) * 1e3
+    figures["first node of a step (cold chunk), ms"] = _median_ms(
+        lambda: fresh().selection(training_step=first_chunk[0], node=node["node"]))
+    figures["app's whole-step read (cold chunk), ms"] = _median_ms(
+        lambda: fresh().steps_selection([first_chunk[0]]))
     figures["first series, ms"] = _median_ms(lambda: fresh().series(node=node["node"], role=node["role"], iteration=0))
     figures["scan load, ms"] = _median_ms(lambda: ChunkCache().load(fresh()))
     figures["chunks"] = len(chunks)
