@@ -463,8 +463,9 @@ class TrialReader:
             key = (table, path.name)
             if key not in self._cache:
                 try:
-                    validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table],
-                                                  rank_optional=self._format_1)
+                    # Without a rank column a small table's rows are rank 0's (format 1, and tools that write
+                    # chunks of the *_SCHEMA the recorder hands its writer), as they always were.
+                    validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table], rank_optional=True)
                     read = _complete(table, _with_rank_of_format_1(
                         pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True)))
                     self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
