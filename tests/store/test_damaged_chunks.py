@@ -408,3 +408,34 @@ def test_random_flipped_bytes_are_exact_or_reported(recorded: Path, tmp_path_fac
         data[min(start + offset, len(data) - 1)] ^= mask
     path.write_bytes(bytes(data))
     assert_exact_or_reported(path, group_dir, intact)
+
+
+KINDS = [pa.int8(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string(), pa.bool_(),
+         pa.list_(pa.float32()), pa.list_(pa.int64())]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(table=st.sampled_from(["tensors", "steps", "kpis"]), pick=st.integers(0, 100), kind=st.sampled_from(KINDS))
+def test_any_column_retyped_is_exact_or_reported(recorded: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                 table: str, pick: int, kind: pa.DataType) -> None:
+    """Any column of any chunk rewritten as another type: the reader, scan loader and service answer exactly
+    what was recorded or leave the chunk out and list it; never a raw exception."""
+    import shutil
+
+    group_dir = tmp_path_factory.mktemp("retyped") / GROUP
+    shutil.copytree(recorded, group_dir)
+    intact = every_answer(open_trial(group_dir))
+    path = chunk(group_dir, table)
+    data = pq.read_table(path)
+    column = data.column_names[pick % data.num_columns]
+    if data.schema.field(column).type.equals(kind):
+        return
+    try:
+        values = pc.cast(data[column], kind, safe=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        values = pa.nulls(data.num_rows, kind)
+    pq.write_table(data.set_column(data.schema.get_field_index(column), pa.field(column, kind), values), path)
+    assert_exact_or_reported(path, group_dir, intact)
+    trial = open_trial(group_dir)
+    every_answer(trial)
+    assert trial.problems == [str(path)]
