@@ -156,6 +156,6 @@ def test_a_streamed_scan_reads_chunks_without_duckdb_and_still_lists_a_damaged_o
     monkeypatch.setattr(TrialReader, "read_tensor_chunk", counted)
     _streamed(monkeypatch, BUDGET)
     result = Scanner().scan(group)
-    assert through_reader == [damaged.name]
+    assert set(through_reader) <= {damaged.name}  # the intact chunks never go through the reader's DuckDB
     assert [line for line in result.problems if damaged.name in line and "damaged" in line]
     assert any(f.detector == "dead_units" for f in result.findings)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from comgra.breakpoints import control
-from comgra.server import api
+from comgra.server import api, doors
 from comgra.server.app import create_app, make_http_server
 
 UPDATE = "/_dash-update-component"
@@ -265,14 +265,14 @@ def test_reachable_from_other_machines_the_app_s_actions_need_the_token(group) -
             assert run.thread.is_alive() and control.run_state(run.trial_dir)["state"] == "paused"
             assert control.list_breakpoints(run.trial_dir) == []
             # A wrong cookie, a wrong bearer token: refused too.
-            for headers in ({"Cookie": f"{api.TOKEN_COOKIE}=wrong"}, {"Authorization": "Bearer wrong"}):
+            for headers in ({"Cookie": f"{doors.TOKEN_COOKIE}=wrong"}, {"Authorization": "Bearer wrong"}):
                 status, text = request(base + UPDATE, act_body(base, "bp-add", trial), headers=headers)
                 assert "Added" not in text and "token" in text, text[:300]
             # The link the server prints sets the cookie (and drops the token from the address) ...
             jar = http.cookiejar.CookieJar()
             browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
             status, _ = request(f"{base}/?token={token}", method="GET", opener=browser)
-            assert status == 200 and [c.name for c in jar] == [api.TOKEN_COOKIE]
+            assert status == 200 and [c.name for c in jar] == [doors.TOKEN_COOKIE]
             # ... but the cookie from another web origin is refused (the page of evil.example posting here).
             status, text = request(base + UPDATE, act_body(base, "bp-add", trial), opener=browser,
                                    headers={"Origin": "http://evil.example"})

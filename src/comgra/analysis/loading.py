@@ -19,6 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from comgra.errors import ComgraError
 from comgra.store import format as fmt
 from comgra.store.reader import TrialReader
 
@@ -250,14 +251,16 @@ def trial_context(trial: TrialReader) -> TrialContext:
         "graph": steps["graph"].to_pylist(),
     })
     graphs: dict[str, dict[str, Any]] = {}
-    for graph_hash in dict.fromkeys(steps_frame["graph"]):
+    unreadable: list[str] = []
+    for graph_hash in sorted(dict.fromkeys(steps_frame["graph"])):
         try:
             graphs[graph_hash] = dict(trial.graph(graph_hash))
-        except Exception:  # noqa: BLE001 - a damaged graph document: scan the rest; the reader reports it
-            continue
+        except ComgraError as error:  # a damaged graph document: scan the rest, and say which one and what it costs
+            unreadable.append(f"graphs/{graph_hash}.json: unreadable, so no finding of the steps it describes names "
+                              f"where a problem starts ({error})")
     known = set(steps_frame["training_step"].tolist())
     problems = [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in trial.problem_reasons().items()]
-    return TrialContext(trial.trial_id, steps_frame, graphs, known, problems)
+    return TrialContext(trial.trial_id, steps_frame, graphs, known, problems + unreadable)
 
 
 def _concat(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:

@@ -39,8 +39,10 @@ def _origin_and_spread(data: TrialData, facts: graph_tools.GraphFacts, rows: pd.
                        first: int, forward_first: int | None) -> list[Finding]:
     at = rows[rows["training_step"] == first]
     located: set[Located] = set(zip(at["node"], at["iteration"].astype(int)))
-    dependencies, documents = _step_graph(data, first)
+    dependencies, documents, unreadable = _step_graph(data, first)
     forward = kind == fmt.FORWARD
+    if unreadable:
+        return [_origin_unknown(data, facts, rows, at, kind, first, located, unreadable)]
     if forward:
         candidates = [n for n in located if not (dependencies.get(n, set()) & located)]
     else:
@@ -50,8 +52,9 @@ def _origin_and_spread(data: TrialData, facts: graph_tools.GraphFacts, rows: pd.
                 dependents.setdefault(source, set()).add(target)
         candidates = [n for n in located if not (dependents.get(n, set()) & located)]
 
-    def order(n: Located) -> tuple[int, int, int]:
-        return graph_tools.order_key(documents.get(n[0]), n[1])
+    def order(n: Located) -> tuple[int, int, int, str]:
+        # The name last: nodes at the same place are ordered the same way in every run (a set's order is not).
+        return (*graph_tools.order_key(documents.get(n[0]), n[1]), n[0])
 
     ordered = sorted(located, key=order, reverse=not forward)
     origin = min(candidates or ordered, key=order) if forward else max(candidates or ordered, key=order)
@@ -103,20 +106,49 @@ def _origin_and_spread(data: TrialData, facts: graph_tools.GraphFacts, rows: pd.
     return findings
 
 
-def _step_graph(data: TrialData, step: int) -> tuple[dict[Located, set[Located]], dict[str, dict[str, Any]]]:
-    """The dependencies of every iteration of one step, merged, and the node documents by name."""
+def _origin_unknown(data: TrialData, facts: graph_tools.GraphFacts, rows: pd.DataFrame, at: pd.DataFrame, kind: str,
+                    first: int, located: set[Located], unreadable: list[str]) -> Finding:
+    """Where a problem starts is read from the step's graph: without it, say where it shows and that the origin is
+    not known, rather than guess one."""
+    nodes = sorted(located, key=lambda n: (n[1], n[0]))
+    node, iteration = nodes[0]
+    node_rows = at[(at["node"] == node) & (at["iteration"] == iteration)]
+    row = _pick_row(node_rows)
+    nan_count, inf_count = float(at["nan_count"].max()), float(at["inf_count"].max())
+    listed = ", ".join(f"{n} (iteration {i})" for n, i in nodes[:6]) + (", ..." if len(nodes) > 6 else "")
+    what = "NaN" if nan_count > 0 else "infinite"
+    where = "in the forward pass" if kind == fmt.FORWARD else f"gradient ({kind})"
+    graphs = ", ".join(f"graphs/{h}.json" for h in unreadable)
+    return Finding(
+        detector="non_finite", severity="error" if kind == fmt.FORWARD else "warning", score=0.5, trial=data.trial,
+        node=node, role=row["role"], kind=kind, training_step=first,
+        steps=sorted(rows["training_step"].unique().tolist()), iteration=_view_iteration(data, first, iteration),
+        message=(f"First {what} value {where} at step {first}, in {listed}. Where it starts is not known: the graph "
+                 f"of this step could not be read ({graphs})."),
+        evidence={"nan_count": nan_count, "inf_count": inf_count, "nodes": [f"{n}@{i}" for n, i in nodes],
+                  "origin_unknown": True, "unreadable_graphs": list(unreadable),
+                  "steps_with_non_finite": int(rows["training_step"].nunique())},
+        aggregation=_aggregation_of(row), statistic="nan_count" if nan_count > 0 else "inf_count", origin=False,
+        column=facts.column.get(node, 0))
+
+
+def _step_graph(data: TrialData, step: int) -> tuple[dict[Located, set[Located]], dict[str, dict[str, Any]], list[str]]:
+    """The dependencies of every iteration of one step, merged, the node documents by name, and the hashes of
+    the step's graphs that could not be read."""
     dependencies: dict[Located, set[Located]] = {}
     documents: dict[str, dict[str, Any]] = {}
+    unreadable: list[str] = []
     rows = data.steps[data.steps["training_step"] == step]
     for iteration, graph_hash in zip(rows["iteration"].astype(int), rows["graph"]):
         graph = data.graphs.get(graph_hash)
         if graph is None:
+            unreadable.append(str(graph_hash))
             continue
         for key, sources in graph_tools.dependencies(graph, iteration).items():
             dependencies.setdefault(key, set()).update(sources)
         for node in graph.get("nodes", []):
             documents.setdefault(node["node"], node)
-    return dependencies, documents
+    return dependencies, documents, sorted(set(unreadable))
 
 
 def _view_iteration(data: TrialData, step: int, iteration: int) -> int:

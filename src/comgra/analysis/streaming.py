@@ -170,8 +170,10 @@ def _chunk_parts(trial: TrialReader, path: Path) -> Iterator[pa.Table]:
     of the scan. A chunk pyarrow cannot open (damaged, merged away by a live writer, an older layout) goes
     to the reader, which lists a damaged one and reads the others as always; damage further in is caught
     by the caller, which keeps the rows before it."""
+    if not trial.has_tensor_schema(path):  # reported by the reader: a retyped column is junk, not values
+        return
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path, page_checksum_verification=True)  # a failing page raises: caught by the caller
         batches = parquet.iter_batches(batch_size=BATCH_ROWS, columns=loading.COLUMNS)
     except (OSError, ValueError, KeyError, pa.ArrowException):
         table = trial.read_tensor_chunk(path, loading.COLUMNS)

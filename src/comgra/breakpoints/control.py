@@ -209,12 +209,20 @@ def _checked_peer(trial_dir: str | Path, document: dict[str, Any]) -> tuple[int,
 
 
 def read_run_document(trial_dir: str | Path) -> dict[str, Any]:
-    """run.json as published, or {} when there is none or it cannot be read (never through a link)."""
+    """run.json as published; {} ("unknown") when there is none or it is damaged (never read through a link);
+    hit counts that are not integers are left out, and a paused state without a usable token and port is none."""
     try:
         document = _parse(_read_private(trial_dir, RUN_FILE))
     except (OSError, ValueError, RecursionError, ComgraError):
         return {}
-    return document if isinstance(document, dict) else {}
+    if not isinstance(document, dict):
+        return {}
+    hits = document.get("hits", {})
+    document["hits"] = {k: v for k, v in hits.items() if type(v) is int} if isinstance(hits, dict) else {}  # noqa: E721
+    if document.get("state") == "paused" and not (isinstance(document.get("token"), str)
+                                                  and type(document.get("port")) is int):  # noqa: E721
+        document["state"] = "unknown"
+    return document
 
 
 def write_run_state(trial_dir: str | Path, document: dict[str, Any]) -> None:

@@ -217,9 +217,18 @@ class Session:
             report_fault(self, self.writer.error)
 
     def warn_once(self, key: str, message: str) -> None:
+        if key in _FAULTS_OF_THE_TRIAL_FOLDER:
+            # The run state goes to the trial folder, as the chunks do: a full disk or a read-only folder is one
+            # fault, reported once (by whichever meets it first) and it ends the recording.
+            report_fault(self, OSError(message))
+            return
         if key not in self.warned:
             self.warned.add(key)
             _warn(message)
+
+
+# warn_once keys of failures to write into the trial folder outside the writer (live.breakpoints publishes run.json).
+_FAULTS_OF_THE_TRIAL_FOLDER = frozenset({"bp-publish"})
 
 
 def report_fault(session: Session, error: BaseException) -> None:

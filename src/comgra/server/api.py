@@ -8,7 +8,7 @@ parser of ``comgra.breakpoints.conditions``. A bad value is a 4xx whose JSON nam
 State-changing calls (POST, PATCH, DELETE) are refused from another web origin, and, when the
 server is bound to a non-loopback address, need the token it prints at start
 (``Authorization: Bearer <token>``, or the cookie that the printed link ``/?token=...`` sets).
-``check_state_change`` is that one check; the app's state-changing callbacks call it too, and take
+``doors.check_state_change`` is that one check; the app's state-changing callbacks call it too, and take
 their trial through ``trial_folder``, as the routes do.
 
     $ curl http://127.0.0.1:8055/api/v1/trials
@@ -17,38 +17,28 @@ their trial through ``trial_folder``, as the routes do.
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
 
 import numpy as np
 from flask import Blueprint, Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
-from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, StoreError, UnknownBreakpoint,
+from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint,
                            did_you_mean)
 from comgra.server.api_spec import API_PREFIX, openapi_document
+from comgra.server.doors import TOKEN_CONFIG, ApiError, accept_token_link, check_state_change, trial_folder
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.store import format as fmt
-from comgra.store import validation
 
-TOKEN_CONFIG = "COMGRA_API_TOKEN"  # Flask config key: the token state-changing calls need, or None
-TOKEN_COOKIE = "comgra_token"  # set by the link the server prints (/?token=...); HttpOnly, SameSite=Strict
 INT_LIMIT = 2**62
 _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²" and "٣"
 PHASES = ("forward", "backward")
 AGGREGATIONS = ("mean", "std", "abs_max", "none", "sample")
 RUN_ACTIONS = ("continue", "step", "abort")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
 
 
 # -- reading what was sent --------------------------------------------------------------------------
@@ -84,7 +74,10 @@ def str_arg(name: str, *, default: str | None = None, required: bool = False,
 
 
 def json_body(allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    body = request.get_json(silent=True, force=True) if request.content_length else None
+    try:
+        body = request.get_json(silent=True, force=True) if request.content_length else None
+    except RecursionError:  # silent=True catches what the parser raises for bad JSON, not this
+        raise ApiError(400, "The request body is nested too deeply to be a breakpoint.", "body") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"The request body must be a JSON object with {list(allowed)}.", "body")
     unknown = sorted(str(k) for k in body if k not in allowed)
@@ -140,63 +133,8 @@ def blueprint(service: RecordingService) -> Blueprint:
 def install(server: Flask, service: RecordingService) -> None:
     """Serve the API on ``server`` (the app's Flask server)."""
     server.config.setdefault(TOKEN_CONFIG, None)
-    server.before_request(_accept_token_link)
+    server.before_request(accept_token_link)
     server.register_blueprint(blueprint(service))
-
-
-def trial_folder(service: RecordingService, trial: object) -> Path:
-    """The folder of a trial that the recording holds, for breakpoints and run control (REST and app alike).
-
-    A name that is not one of the recording's trials (``../x``, an absolute path) is a SelectionError;
-    a trial folder that is a link out of the recording is a StoreError: nothing outside is read or written.
-    """
-    known = service.trials()
-    if not isinstance(trial, str) or trial not in known:
-        name = str(trial)[:100]
-        raise SelectionError(f"No trial {name!r} in this recording" + did_you_mean(name, known))
-    directory = fmt.trial_dir(service.group.path, trial)
-    if directory.is_symlink() or not validation.inside(directory, service.group.path):
-        raise StoreError(f"Trial {trial!r} is a link to a folder outside the recording; comgra changes nothing "
-                         "through it. Copy the trial in instead.")
-    return directory
-
-
-def check_state_change() -> None:
-    """Raise ApiError (403, 401) unless the current request may change a run: from this page's own origin
-    and, when the server is reachable from other machines, with its token (bearer header or cookie)."""
-    origin = request.headers.get("Origin")
-    if origin and urlsplit(origin).netloc.lower() != request.host.lower():
-        raise ApiError(403, f"A state-changing call from the web origin {origin[:80]!r} is refused.", "Origin")
-    token = current_app.config.get(TOKEN_CONFIG)
-    if token and not _token_matches(_given_token(), token):
-        raise ApiError(401, "This changes the run, and this server is reachable from other machines: open the "
-                            "address with ?token=... that comgra printed at start (the browser keeps the token as a "
-                            "cookie), or send 'Authorization: Bearer <token>'.", "Authorization")
-
-
-def _given_token() -> str:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header.removeprefix("Bearer ").strip()
-    return request.cookies.get(TOKEN_COOKIE, "")
-
-
-def _token_matches(given: str, token: str) -> bool:
-    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), token.encode())
-
-
-def _accept_token_link() -> Response | None:
-    """``GET /?token=<token>``: keep the token as a cookie for this page's own requests, and drop it from the address."""
-    given = request.args.get("token")
-    token = current_app.config.get(TOKEN_CONFIG)
-    if request.method != "GET" or given is None or not token or request.path.startswith(API_PREFIX):
-        return None
-    if not _token_matches(given, token):
-        return Response("This is not the token that comgra printed at start.\n", status=401, mimetype="text/plain")
-    rest = [(name, value) for name, value in request.args.items(multi=True) if name != "token"]
-    response = Response(status=303, headers={"Location": request.path + (f"?{urlencode(rest)}" if rest else "")})
-    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict", path="/")
-    return response
 
 
 def _known_query_names() -> dict[tuple[str, str], set[str]]:
@@ -310,6 +248,18 @@ class Routes:
                                 f"{[r['iteration'] for r in rows]}.", "iteration")
         return row
 
+    def _answer(self, trial: str, data: dict[str, Any]) -> Response:
+        """An answer built from ``trial``, with the files left out of it (``problems``), as the app's banner says.
+        Asked after the data was read: damage is found by reading."""
+        return answer({**data, "problems": self._problems(trial)})
+
+    def _problems(self, trial: str) -> list[str]:
+        try:
+            reasons = self.service.trial(trial).problem_reasons()
+        except ComgraError as error:
+            return [str(error)]
+        return [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in reasons.items()]
+
     def _steps_filter(self) -> dict[str, int | None]:
         return {"first_step": int_arg("first_step"), "last_step": int_arg("last_step")}
 
@@ -330,15 +280,15 @@ class Routes:
         self._trial(trial)
         rank = self._rank(trial)
         rows = self.service.step_index(trial, rank).table.to_pylist()
-        return answer({"trial": trial, "rank": rank, "steps": rows})
+        return self._answer(trial, {"trial": trial, "rank": rank, "steps": rows})
 
     def graph(self, trial: str) -> Response:
         self._trial(trial)
         rank = self._rank(trial)
         step, rows = self._step_rows(trial, rank)
         row = self._iteration_row(rows)
-        return answer({"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
-                       "graph": self.service.trial(trial).graph(row["graph"])})
+        return self._answer(trial, {"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
+                                    "graph": self.service.trial(trial).graph(row["graph"])})
 
     def values(self, trial: str) -> Response:
         self._trial(trial)
@@ -367,7 +317,7 @@ class Routes:
         self._check_met(selection, role=role, kind=wanted["kind"], aggregation=wanted["aggregation"])
         link = view_link(trial, training_step=step, iteration=iteration, node_id=selection.node_id,  # type: ignore[union-attr]
                          role=selection.role, kind=selection.kind, aggregation=selection.aggregation, rank=rank)  # type: ignore[union-attr]
-        return answer({"selection": selection.to_dict(), "values": view.row, "app_link": link})  # type: ignore[union-attr]
+        return self._answer(trial, {"selection": selection.to_dict(), "values": view.row, "app_link": link})  # type: ignore[union-attr]
 
     @staticmethod
     def _check_met(selection: Any, **asked: str | None) -> None:
@@ -384,20 +334,20 @@ class Routes:
             node=str_arg("node", required=True), role=str_arg("role", required=True),  # type: ignore[arg-type]
             kind=str_arg("kind", default=fmt.FORWARD), iteration=int_arg("iteration", default=0),  # type: ignore[arg-type]
             aggregation=aggregation, sample=sample, statistic=statistic, rank=self._rank(trial))  # type: ignore[arg-type]
-        return answer({"trial": trial, "statistic": statistic, "training_step": table["training_step"].to_pylist(),
-                       "value": table["value"].to_pylist()})
+        return self._answer(trial, {"trial": trial, "statistic": statistic,
+                                    "training_step": table["training_step"].to_pylist(), "value": table["value"].to_pylist()})
 
     def kpis(self, trial: str) -> Response:
-        return answer({"trial": trial, "kpis": self.service.kpis(self._trial(trial)).to_pylist()})
+        return self._answer(trial, {"trial": trial, "kpis": self.service.kpis(self._trial(trial)).to_pylist()})
 
     def notes(self, trial: str) -> Response:
-        return answer({"trial": trial, "notes": self.service.notes(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, "notes": self.service.notes(self._trial(trial))})
 
     def modules(self, trial: str) -> Response:
-        return answer({"trial": trial, "modules": self.service.modules(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, "modules": self.service.modules(self._trial(trial))})
 
     def layers(self, trial: str) -> Response:
-        return answer({"trial": trial, "layers": self.service.layers(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, "layers": self.service.layers(self._trial(trial))})
 
     def layer(self, trial: str, module: str) -> Response:
         self._trial(trial)
@@ -405,31 +355,33 @@ class Routes:
         try:
             rows = self.service.layer_history(trial, module, limit=limit)  # type: ignore[arg-type]
         except SelectionError as error:
-            raise ApiError(404, str(error), "module") from None
-        return answer({"trial": trial, "module": module, "executions": rows})
+            problems = self._problems(trial)  # a module's rows may be in a chunk that was left out
+            raise ApiError(404, str(error) + (f" Left out as damaged: {problems}." if problems else ""),
+                           "module") from None
+        return self._answer(trial, {"trial": trial, "module": module, "executions": rows})
 
     def profile(self, trial: str) -> Response:
         self._trial(trial)
         phase = str_arg("phase", default="forward", choices=PHASES)
         limit = int_arg("limit", minimum=1)
-        return answer({"trial": trial, "phase": phase, "layers": self.service.profile_summary(
+        return self._answer(trial, {"trial": trial, "phase": phase, "layers": self.service.profile_summary(
             trial, phase, limit=limit, **self._steps_filter())})  # type: ignore[arg-type]
 
     def flamegraph(self, trial: str) -> Response:
         self._trial(trial)
         phase = str_arg("phase", default="forward", choices=PHASES)
-        return answer({"trial": trial, "phase": phase,
-                       "nodes": self.service.flame_graph(trial, phase, **self._steps_filter())})  # type: ignore[arg-type]
+        return self._answer(trial, {"trial": trial, "phase": phase,
+                                    "nodes": self.service.flame_graph(trial, phase, **self._steps_filter())})  # type: ignore[arg-type]
 
     def trace(self, trial: str) -> Response:
         self._trial(trial)
-        response = answer(self.service.chrome_trace(trial, **self._steps_filter()))
+        response = self._answer(trial, self.service.chrome_trace(trial, **self._steps_filter()))  # viewers ignore the key
         if str_arg("download", default="false", choices=("true", "false", "1", "0")) in ("true", "1"):
             response.headers["Content-Disposition"] = f'attachment; filename="comgra-trace-{_file_safe(trial)}.json"'
         return response
 
     def resources(self, trial: str) -> Response:
-        return answer({"trial": trial, **self.service.resources(self._trial(trial))})
+        return self._answer(trial, {"trial": trial, **self.service.resources(self._trial(trial))})
 
     def findings(self) -> Response:
         trial = str_arg("trial")
@@ -438,7 +390,13 @@ class Routes:
         if find is None:
             return answer({"available": False, "findings": [],
                            "message": "This comgra has no findings analysis."})
-        return answer({"available": True, "findings": [{"trial": t, "findings": find(t)} for t in trials]})
+        entries = []
+        for t in trials:
+            found = find(t)
+            scan_problems = self.service.findings_progress(t).problems  # unreadable chunks and graphs, failed detectors
+            entries.append({"trial": t, "findings": found, "problems": list(dict.fromkeys(
+                [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
+        return answer({"available": True, "findings": entries})
 
     def breakpoints(self, trial: str) -> Response:
         from comgra.breakpoints import control

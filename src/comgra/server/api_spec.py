@@ -31,6 +31,17 @@ def _object(required: dict[str, Any]) -> dict[str, Any]:
     return {"type": "object", "required": list(required), "properties": required}
 
 
+# What was left out of an answer built from a trial: files skipped as damaged, foreign or outside the trial,
+# each "<folder>/<file>: <what is wrong>". Empty when the answer holds everything recorded.
+_PROBLEMS = {"type": "array", "items": {"type": "string"},
+             "description": "Files of the trial that were left out (damaged, foreign, outside it), with the reason."}
+
+
+def _from_trial(required: dict[str, Any]) -> dict[str, Any]:
+    """An answer built from a trial's files: it lists what it had to leave out (``problems``)."""
+    return _object({**required, "problems": _PROBLEMS})
+
+
 def _query(name: str, schema: dict[str, Any], description: str, required: bool = False) -> dict[str, Any]:
     if schema.get("type") == "string":  # an empty value is refused (api.str_arg): leave a parameter out instead
         schema = {**schema, "minLength": 1, "maxLength": 1000}
@@ -78,15 +89,15 @@ def _paths() -> dict[str, Any]:
         "/trials": {"get": _operation("The trials of the recording.", _object({"trials": {
             "type": "array", "items": {"type": "string"}}}), errors=())},
         f"{t}/steps": {"get": _operation("The recorded training steps (one row per step and iteration).",
-                                         _object({"trial": {"type": "string"}, "steps": _ROWS}),
+                                         _from_trial({"trial": {"type": "string"}, "steps": _ROWS}),
                                          parameters=[_TRIAL, _RANK])},
         f"{t}/graph": {"get": _operation("The dependency graph of one step and iteration.",
-                                         _object({"graph": _ANY_OBJECT, "training_step": _INT, "iteration": _INT}),
+                                         _from_trial({"graph": _ANY_OBJECT, "training_step": _INT, "iteration": _INT}),
                                          parameters=[_TRIAL, _query("step", _INT, "A recorded training step.", True),
                                                      _query("iteration", _INT, "Default: the first."), _RANK])},
         f"{t}/values": {"get": _operation(
             "What the values panel shows for one tensor: its statistics and its first values.",
-            _object({"selection": _ANY_OBJECT, "values": _ANY_OBJECT, "app_link": {"type": "string"}}),
+            _from_trial({"selection": _ANY_OBJECT, "values": _ANY_OBJECT, "app_link": {"type": "string"}}),
             parameters=[_TRIAL, _query("step", _INT, "A recorded training step.", True),
                         _query("iteration", _INT, "Default: the first."),
                         _query("node", {"type": "string"}, "A node id of the graph (default: the first)."),
@@ -96,7 +107,7 @@ def _paths() -> dict[str, Any]:
                         _query("sample", {**_INT, "minimum": -1}, "The sample for aggregation=sample."), _RANK])},
         f"{t}/series": {"get": _operation(
             "One statistic of one tensor across every recorded step.",
-            _object({"training_step": {"type": "array", "items": _INT}, "value": _NUMBERS}),
+            _from_trial({"training_step": {"type": "array", "items": _INT}, "value": _NUMBERS}),
             parameters=[_TRIAL, _query("node", {"type": "string"}, "The node's name.", True),
                         _query("role", {"type": "string"}, "Its role.", True),
                         _query("kind", {"type": "string"}, "Default forward."),
@@ -105,41 +116,43 @@ def _paths() -> dict[str, Any]:
                         _query("statistic", {"enum": ["mean", "abs_mean", "std", "min", "max", "abs_max",
                                                       "nan_count", "inf_count", "svd_max"]}, "Default mean."),
                         _RANK])},
-        f"{t}/kpis": {"get": _operation("The KPIs (record_kpi_in_graph).", _object({"kpis": _ROWS}),
+        f"{t}/kpis": {"get": _operation("The KPIs (record_kpi_in_graph).", _from_trial({"kpis": _ROWS}),
                                         parameters=trial_only)},
-        f"{t}/notes": {"get": _operation("The notes (add_note).", _object({"notes": {
+        f"{t}/notes": {"get": _operation("The notes (add_note).", _from_trial({"notes": {
             "type": "array", "items": {"type": "string"}}}), parameters=trial_only)},
-        f"{t}/modules": {"get": _operation("The tracked module trees.", _object({"modules": _ROWS}),
+        f"{t}/modules": {"get": _operation("The tracked module trees.", _from_trial({"modules": _ROWS}),
                                            parameters=trial_only)},
         f"{t}/layers": {"get": _operation("The profiled modules (track_module(..., profile=True)).",
-                                          _object({"layers": _ROWS}), parameters=trial_only)},
+                                          _from_trial({"layers": _ROWS}), parameters=trial_only)},
         f"{t}/layers/{{module}}": {"get": _operation(
             "The last executions of one profiled module: times, memory, FLOPs, statistics.",
-            _object({"module": {"type": "string"}, "executions": _ROWS}),
+            _from_trial({"module": {"type": "string"}, "executions": _ROWS}),
             parameters=[_TRIAL, _path("module", "A dotted module name, e.g. net.b1.attn."),
                         _query("limit", {"type": "integer", "minimum": 1, "maximum": 2**62 - 1}, "How many (default 100).")])},
         f"{t}/profile": {"get": _operation(
             "The slowest layers: total, calls, mean, min and max time in seconds.",
-            _object({"phase": {"type": "string"}, "layers": {"type": "array", "items": _object({
+            _from_trial({"phase": {"type": "string"}, "layers": {"type": "array", "items": _object({
                 "module": {"type": "string"}, "calls": _INT, "total": {"type": "number"},
                 "mean": {"type": "number"}, "min": {"type": "number"}, "max": {"type": "number"}})}}),
             parameters=[_TRIAL, _PHASE, _query("limit", {"type": "integer", "minimum": 1, "maximum": 2**62 - 1}, "At most this many."),
                         *_STEP_RANGE])},
         f"{t}/flamegraph": {"get": _operation(
             "Nested time by module hierarchy: a node's value contains its children's.",
-            _object({"nodes": {"type": "array", "items": _object({
+            _from_trial({"nodes": {"type": "array", "items": _object({
                 "name": {"type": "string"}, "parent": {"type": "string"}, "value": {"type": "number"},
                 "self_value": {"type": "number"}})}}),
             parameters=[_TRIAL, _PHASE, *_STEP_RANGE])},
         f"{t}/trace": {"get": _operation(
             "The executions as a Chrome trace (opens in Perfetto and chrome://tracing).",
-            _object({"traceEvents": _ROWS}),
+            _from_trial({"traceEvents": _ROWS}),
             parameters=[_TRIAL, *_STEP_RANGE, _query("download", {"enum": ["true", "false", "1", "0"]}, "true: as a file to save.")])},
         f"{t}/resources": {"get": _operation(
             "CPU, memory and GPU samples over time; gpu says 'no GPU: ...' where there is none.",
-            _object({"gpu": {"type": "string"}, "status": _ROWS, "series": _ROWS}), parameters=trial_only)},
+            _from_trial({"gpu": {"type": "string"}, "status": _ROWS, "series": _ROWS}), parameters=trial_only)},
         "/findings": {"get": _operation("The findings of the analysis, per trial.",
-                                        _object({"available": {"type": "boolean"}, "findings": _ROWS}),
+                                        _object({"available": {"type": "boolean"}, "findings": {
+                                            "type": "array", "items": _from_trial({
+                                                "trial": {"type": "string"}, "findings": _ROWS})}}),
                                         parameters=[_query("trial", {"type": "string"}, "Only this trial.")])},
         f"{t}/breakpoints": {
             "get": _operation("The breakpoints with their hit counts.",

@@ -102,6 +102,12 @@ def _host_name(host_header: str) -> str:
 def _error_response(error: Exception) -> Response | HTTPException:
     if isinstance(error, HTTPException):
         return error  # 400, 404, 413, ... as Werkzeug words them, without a traceback
+    from dash.exceptions import DependencyException
+
+    if isinstance(error, DependencyException):  # /_dash-component-suites/ of no file Dash serves (../.., a typo)
+        return Response("Not found: Dash serves no such file.\n", status=404, mimetype="text/plain")
+    if isinstance(error, RecursionError):  # a request body nested deeper than any parser goes: bad input, not a fault
+        return Response("Bad request: the body is nested too deeply.\n", status=400, mimetype="text/plain")
     log.error("comgra: a request failed: %s %s", request.method, request.path, exc_info=error)
     if request.path.endswith("/_dash-update-component"):  # callbacks have on_error: the request itself is bad
         return Response("Bad request: comgra could not read this callback request.\n", status=400,

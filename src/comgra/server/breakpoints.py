@@ -15,7 +15,7 @@ from dash.development.base_component import Component
 
 from comgra.errors import ComgraError
 from comgra.breakpoints import control
-from comgra.server.api import ApiError, check_state_change, trial_folder
+from comgra.server.doors import ApiError, check_state_change, trial_folder
 from comgra.service import RecordingService, view_link
 
 __all__ = ["panel", "register", "breakpoints_view"]

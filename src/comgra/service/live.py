@@ -88,8 +88,8 @@ class LiveQuestions:
             if not validation.inside(path, trial.directory):
                 continue
             try:
-                document = json.loads(path.read_text())
-            except (OSError, ValueError):
+                document = json.loads(validation.read_regular_file(path))  # a FIFO is refused, never waited on
+            except (OSError, ValueError, RecursionError):
                 continue  # a damaged status file: the samples still speak for themselves
             if isinstance(document, dict):
                 rank = path.stem.rsplit("-r", 1)[-1]
@@ -111,6 +111,6 @@ class LiveQuestions:
 
     def resources(self, trial_id: str) -> dict[str, Any]:
         status = self.resource_status(trial_id)
-        gpu = [s.get("gpu_status") for s in status if s.get("gpu_status")]
+        gpu = [s["gpu_status"] for s in status if isinstance(s.get("gpu_status"), str) and s["gpu_status"]]
         return {"status": status, "gpu": gpu[0] if gpu else "unknown: no resource samples were recorded",
                 "series": self.resource_series(trial_id)}

@@ -304,12 +304,17 @@ def json_text(document: dict[str, Any]) -> str:
     return json.dumps(document, separators=(",", ":"))
 
 
+# Every page carries a CRC-32 of its bytes (``write_page_checksum``), checked on every read
+# (``page_checksum_verification``): without it a flipped bit in a compressed page can decode to other
+# values with no error at all. Chunks of older comgra have no checksums and still read (nothing to check).
+PAGE_CHECKSUMS = True
+
 def write_parquet_atomic(path: Path, table: pa.Table, row_group_size: int = 4096) -> None:
     _write_atomic(
         path,
         lambda tmp: pq.write_table(
             table, tmp, compression="zstd", row_group_size=row_group_size, write_statistics=True,
-            use_dictionary=dictionary_columns(table.schema),
+            use_dictionary=dictionary_columns(table.schema), write_page_checksum=PAGE_CHECKSUMS,
         ),
     )
 

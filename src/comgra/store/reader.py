@@ -17,18 +17,19 @@ from __future__ import annotations
 import logging
 import numbers
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, cast
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
-from comgra.store import validation
+from comgra.store import chunk_checks, validation
 from comgra.store.series_read import SeriesReader
 
 _TENSORS = fmt.SCHEMAS["tensors"]
@@ -96,6 +97,7 @@ class TrialReader:
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
         self._problems: dict[str, str] = {}
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
+        self._keep_readable_modules()
         self._cache: dict[tuple[str, str], pa.Table] = {}
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
@@ -104,6 +106,23 @@ class TrialReader:
         self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
         self._local = threading.local()
         self._series_reader = SeriesReader()
+        # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
+        self._checks = chunk_checks.ChunkChecks()
+
+    def _keep_readable_modules(self) -> None:
+        """Module trees not of the shape the recorder writes are left out of ``metadata`` and reported, so that
+        whoever shows the trees (the app's panel, the REST API) meets only the shape it knows."""
+        trees = self.metadata.get("modules") or []
+        readable = []
+        for index, tree in enumerate(trees):
+            problem = validation.module_tree_problem(tree)
+            if problem is None:
+                readable.append(tree)
+            else:
+                self._report_problem(self.directory / fmt.TRIAL_META,
+                                     f"its modules entry {index} is not a module tree ({problem}); left out")
+        if len(readable) != len(trees):
+            self.metadata = {**self.metadata, "modules": readable}
 
     # -- ranks of a torch.distributed run ---------------------------------------------------------
     def ranks(self) -> list[int]:
@@ -224,7 +243,7 @@ class TrialReader:
         try:
             return self._series_reader.read(files, columns, filters, _TENSORS.empty_table().select(columns),
                                             cancelled)
-        except (OSError, ValueError, pa.ArrowException) as error:
+        except (OSError, ValueError, pa.ArrowException) as error:  # a failing checksum or schema too
             log.debug("comgra: series read through DuckDB after %r", error)
             return self._query(files, columns, filters)
 
@@ -233,18 +252,47 @@ class TrialReader:
         trial that reads every chunk once and keeps what it found per chunk (chunks are immutable)."""
         return self._files("tensors", rank)
 
+    def has_tensor_schema(self, path: Path) -> bool:
+        """Whether a tensors chunk has the table's columns and types (from its footer, once per chunk version); one
+        that does not is listed in ``problems``. For callers that read a chunk with pyarrow themselves."""
+        try:
+            self._verify("tensors", path, frozenset())
+        except FileNotFoundError:
+            return False
+        except Exception as error:  # noqa: BLE001 - any failure to parse means the chunk is unusable
+            self._report_problem(path, chunk_checks.damage_reason(error))
+            return False
+        return True
+
     def read_tensor_chunk(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """Every row of one tensors chunk; a damaged one is listed in ``problems`` and reads as empty,
         and so does one a live writer merged away meanwhile (its rows are in the merged chunk)."""
-        if not path.exists():
-            return _TENSORS.empty_table().select(columns or _TENSORS.names)
-        return self._query([path], columns, {})
+        wanted = list(columns or _TENSORS.names)
+        empty = _TENSORS.empty_table().select(wanted)
+        if str(path) in self.problems or not self.has_tensor_schema(path):
+            return empty
+        try:
+            # Read by pyarrow, every page checked as it is decoded: one pass, where DuckDB's route would check
+            # the pages first and then decode them again.
+            with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
+                table = parquet.read(columns=[c for c in wanted if c in parquet.schema_arrow.names])
+        except FileNotFoundError:
+            return empty  # merged away meanwhile: its rows are in the merged chunk
+        except Exception as error:  # noqa: BLE001 - any failure to decode means the chunk is unusable
+            self._report_problem(path, chunk_checks.damage_reason(error))
+            log.debug("comgra: skipped %s", path, exc_info=error)
+            return empty
+        if "rank" in wanted and "rank" not in table.column_names:  # format 1: every row is rank 0's
+            table = table.append_column(fmt.RANK_FIELD, pa.array(np.zeros(table.num_rows, np.int32)))
+        return table.select(wanted)
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
-        if not files:
-            return _TENSORS.empty_table().select(columns or _TENSORS.names)
         active = {k: v for k, v in filters.items() if v is not None}
         _check_filter_values(active, sets=True)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
+        # DuckDB checks no page checksums: every column it reads or filters on is checked here first, once per chunk.
+        files = self._verified("tensors", files, [*(columns or _TENSORS.names), *active], active.get("node"))
+        if not files:
+            return _TENSORS.empty_table().select(columns or _TENSORS.names)
         # A list is a set of values (steps read together); the parameters are its items, one each.
         where = " AND ".join(f'"{k}" IN ({", ".join("?" * len(v))})' if isinstance(v, list) else f'"{k}" = ?'
                              for k, v in active.items()) or "TRUE"
@@ -280,19 +328,49 @@ class TrialReader:
     def _files(self, table: str, rank: int | None = None) -> list[Path]:
         """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
         bad = set(self.problems)
-        paths = [p for p in fmt.chunk_files(self.directory / table) if str(p) not in bad and self._is_own_chunk(p)]
+        paths = [p for p in fmt.chunk_files(self.directory / table) if str(p) not in bad and self._own_chunk(p)]
         visible = fmt.visible_chunks(paths)
         return visible if rank is None else [p for p in visible if fmt.rank_of(p.name) in (rank, None)]
 
-    def _is_own_chunk(self, path: Path) -> bool:
-        """A file named as the writer names chunks, inside this trial; any other is skipped and reported."""
-        if not fmt.is_chunk_name(path.name):
-            self._report_problem(path, "not named as comgra names chunks (a foreign file)")
-            return False
-        if (path.is_symlink() or path.parent.is_symlink()) and not validation.inside(path, self.directory):
-            self._report_problem(path, "a link to a file outside the trial")
-            return False
-        return True
+    def _own_chunk(self, path: Path) -> bool:
+        problem = chunk_checks.not_own_chunk(path, self.directory)
+        if problem:
+            self._report_problem(path, problem)
+        return problem is None
+
+    def _verified(self, table: str, files: list[Path], columns: Iterable[str] | None = None,
+                  node: Any = None) -> list[Path]:
+        """``files`` less the chunks whose schema is not ``table``'s or whose pages of ``columns`` (None: all) fail
+        their checksums; those are reported. With ``node`` (a tensors query for one node), only the row groups that
+        can hold it are checked: those DuckDB reads. What passed is kept per chunk version (chunks are immutable), so
+        a page is checked once per process, not on every query."""
+        wanted = frozenset(columns or fmt.SCHEMAS[table].names)
+        good = []
+        for path in files:
+            try:
+                self._verify(table, path, wanted, node if isinstance(node, str) else None)
+            except FileNotFoundError:
+                pass  # merged away meanwhile: the query lists again
+            except Exception as error:  # noqa: BLE001 - any failure to decode means the chunk is unusable
+                self._report_problem(path, chunk_checks.damage_reason(error))
+                log.debug("comgra: skipped %s", path, exc_info=error)
+                continue
+            good.append(path)
+        return good
+
+    def _verify(self, table: str, path: Path, wanted: frozenset[str], node: str | None = None) -> None:
+        self._checks.verify(table, path, wanted, lambda count: self._row_groups(table, path, node, count),
+                            rank_optional=self._format_1)
+
+    def _row_groups(self, table: str, path: Path, node: str | None, count: int) -> list[int]:
+        """The row groups a query reads: for one node of a tensors chunk, those its footer's bounds allow."""
+        if node is None or table != "tensors" or self._format_1:
+            return list(range(count))
+        return self._series_reader.row_groups_of(path, node)
+
+    @property
+    def _format_1(self) -> bool:
+        return bool(self.metadata.get("format_version", fmt.FORMAT_VERSION) < 2)
 
     def _refreshed(self, files: list[Path]) -> list[Path]:
         """The current chunks that hold the steps ``files`` held."""
@@ -345,40 +423,35 @@ class TrialReader:
             key = (table, path.name)
             if key not in self._cache:
                 try:
-                    self._cache[key] = _complete(table, _with_rank_of_format_1(
-                        pq.read_table(path, schema=fmt.SCHEMAS[table])))
+                    # Without a rank column a small table's rows are rank 0's (format 1, and tools that write
+                    # chunks of the *_SCHEMA the recorder hands its writer), as they always were.
+                    validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table], rank_optional=True)
+                    read = chunk_checks.complete(table, chunk_checks.with_rank_of_format_1(
+                        pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True)))
+                    self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
                 except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
                     if not path.exists():
                         return None  # merged away meanwhile
-                    self._report_problem(path, "damaged, or not a comgra chunk of this table")
+                    reason = chunk_checks.damage_reason(error, "damaged, or not a comgra chunk of this table")
+                    self._report_problem(path, reason)
                     log.debug("comgra: skipped %s", path, exc_info=error)
                     continue
             parts.append(self._cache[key])
         return parts
 
+    def _each_step_once(self, path: Path, table: pa.Table) -> pa.Table:
+        """A steps chunk with each (rank, training_step, iteration) once, reported if it held one twice: the writer
+        writes a step once per chunk, so a row repeated within a chunk is damage, not another step. (Across chunks
+        a step may repeat: a run resumed into the same trial records it again, and both are kept.)"""
+        first = chunk_checks.first_rows(table, chunk_checks.STEP_KEY)
+        if first is None:
+            return table
+        self._report_problem(path, f"holds {table.num_rows - len(first)} row(s) of the step index twice; "
+                                   "each step is listed once")
+        return table.take(pa.array(np.sort(first)))
+
 
 _STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight listings in a row cannot all be stale
-
-
-def _with_rank_of_format_1(table: pa.Table) -> pa.Table:
-    """A format-1 chunk has no rank column (read back as nulls): its rows are rank 0's."""
-    if table["rank"].null_count == 0:
-        return table
-    index = table.schema.get_field_index("rank")
-    return table.set_column(index, fmt.RANK_FIELD, pc.fill_null(table["rank"], pa.scalar(0, pa.int32())))
-
-
-# Columns every row of a small table has (the writer never leaves them empty): the step index is sorted
-# and searched by them, so a null there is damage, not a value.
-_REQUIRED_COLUMNS = {"steps": ("training_step", "iteration", "type_of_execution", "graph"),
-                     "kpis": ("kpi_group", "timepoint"), "notes": ()}
-
-
-def _complete(table_name: str, table: pa.Table) -> pa.Table:
-    empty = [c for c in _REQUIRED_COLUMNS.get(table_name, ()) if table[c].null_count]
-    if empty:
-        raise ValueError(f"null values in {empty}")
-    return table
 
 
 def _check_filter_values(filters: dict[str, Any], *, sets: bool = False) -> None:
@@ -401,4 +474,7 @@ def _covers(name: str, training_step: int) -> bool:
 
 def _read_metadata(directory: Path) -> dict[str, Any]:
     path = directory / fmt.TRIAL_META
+    if not validation.inside(path, directory):
+        raise StoreError(f"Trial metadata {str(path)!r} is a link to a file outside the trial; comgra reads nothing "
+                         "outside the recording. Copy the file in instead.")
     return validation.check_metadata(validation.load_json(path, "Trial metadata"), path, fmt.FORMAT_VERSION)

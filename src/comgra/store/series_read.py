@@ -27,6 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from comgra.store import format as fmt
+from comgra.store import validation
+
 
 class ReadCancelled(Exception):
     """The caller's ``cancelled()`` said so between two chunks: nobody waits for this read any more."""
@@ -112,10 +115,16 @@ class SeriesReader:
             bounds, metadata = self._footer_of(path)
             groups = bounds.row_groups(active["node"])
             if groups:
-                rows = pq.ParquetFile(path, metadata=metadata).read_row_groups(
+                # Each page read is checked against its checksum: a failure sends the caller to the reader's
+                # own route, which reports the chunk.
+                rows = pq.ParquetFile(path, metadata=metadata, page_checksum_verification=True).read_row_groups(
                     groups, columns=needed, use_threads=False)
                 parts.append(rows.filter(condition).select(columns))
         return pa.concat_tables(parts) if parts else empty
+
+    def row_groups_of(self, path: Path, node: str) -> list[int]:
+        """The row groups of a chunk that can hold ``node`` (all of them where its footer cannot tell)."""
+        return self._footer_of(path)[0].row_groups(node)
 
     def _footer_of(self, path: Path) -> tuple[_Bounds, pq.FileMetaData | None]:
         """The chunk's bounds, and its parsed footer where it is kept or parsed now (None: ParquetFile
@@ -127,6 +136,8 @@ class SeriesReader:
         if bounds is not None:
             return bounds, metadata
         metadata = pq.read_metadata(path)
+        # A column of the right name and another type is junk, not values (raises validation.ChunkDamaged).
+        validation.check_chunk_schema(metadata.schema.to_arrow_schema(), fmt.SCHEMAS["tensors"], rank_optional=False)
         bounds = _bounds(metadata)
         with self._lock:
             if key not in self._bounds:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from comgra.errors import StoreError
 
@@ -54,13 +57,34 @@ def inside(path: Path, folder: Path) -> bool:
 
 
 def load_json(path: Path, what: str) -> Any:
-    """A JSON document, or a StoreError naming the file (unreadable, not JSON, nested too deep)."""
+    """A JSON document, or a StoreError naming the file (unreadable, not a regular file, not JSON, nested too deep)."""
     try:
-        return json.loads(path.read_bytes())
+        return json.loads(read_regular_file(path))
+    except NotRegularFile:
+        raise StoreError(f"{what} {str(path)!r} is not a regular file (a FIFO, a device or a folder); comgra opens "
+                         "only regular files. Replace it with the file the recorder wrote.") from None
     except RecursionError:
         raise StoreError(f"{what} {str(path)!r} is nested too deeply to be a comgra document.") from None
     except (OSError, ValueError) as error:
         raise StoreError(f"{what} {str(path)!r} is unreadable ({error}).") from error
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a device, a socket or a folder: reading it could block forever."""
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The bytes of a regular file; ``NotRegularFile`` for anything else, found without blocking (a FIFO is
+    opened non-blocking, then refused). A link to itself raises OSError (ELOOP), as opening it does."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise NotRegularFile(f"{str(path)!r} is not a regular file")
+        os.set_blocking(descriptor, True)
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            return handle.read()
+    finally:
+        os.close(descriptor)
 
 
 def check_metadata(metadata: Any, path: Path, newest_version: int) -> dict[str, Any]:
@@ -136,3 +160,66 @@ def _is_int(value: Any, *, none: bool = False) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+class ChunkDamaged(ValueError):
+    """A chunk that must not be used: ``reason`` says why, in words for the problems list."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def check_chunk_schema(actual: pa.Schema, expected: pa.Schema, *, rank_optional: bool) -> None:
+    """Raise ``ChunkDamaged`` unless a chunk has exactly the columns of its table, each of its type.
+
+    Names alone are not enough: a column of the right name and another type is read as junk (a string
+    cast to a number, an int64 step read as a float) or fails deep inside a query. ``rank_optional``:
+    format 1 has no ``rank`` column.
+    """
+    names = [n for n in expected.names if not (rank_optional and n == "rank" and n not in actual.names)]
+    if sorted(actual.names) != sorted(names) or len(set(actual.names)) != len(actual.names):
+        missing = sorted(set(names) - set(actual.names))
+        extra = sorted(set(actual.names) - set(names))
+        raise ChunkDamaged(f"not a chunk of this table: columns missing {missing[:5]}, unknown {extra[:5]}")
+    for name in names:
+        found, wanted = actual.field(name).type, expected.field(name).type
+        if not _same_type(found, wanted):
+            raise ChunkDamaged(f"not a chunk of this table: column {name!r} is {found}, not {wanted}")
+
+
+def _same_type(found: pa.DataType, wanted: pa.DataType) -> bool:
+    """Equal types; a list's item may be named by its writer (``item``, ``element``)."""
+    if pa.types.is_list(wanted):
+        return pa.types.is_list(found) and _same_type(found.value_type, wanted.value_type)
+    return found.equals(wanted)
+
+
+MODULE_DEPTH = 64  # deeper than any real network's module tree; a hostile tree ends here
+
+
+def module_tree_problem(tree: Any, depth: int = 0) -> str | None:
+    """What is wrong with one tracked module tree of ``trial.json`` (as ``capture.modules`` writes it), or None."""
+    if depth > MODULE_DEPTH:
+        return f"nested deeper than {MODULE_DEPTH} levels"
+    if not isinstance(tree, dict):
+        return f"{_short(tree)} is not an object"
+    if not all(isinstance(tree.get(k, ""), str) for k in ("name", "full_name", "type")):
+        return f"the module {_short(tree.get('name'))} has a name or type that is not a string"
+    if not _is_int(tree.get("num_parameters", 0)):
+        return f"the module {_short(tree.get('name'))} has a num_parameters that is not an integer"
+    parameters, submodules = tree.get("parameters") or [], tree.get("submodules") or []
+    if not isinstance(parameters, list) or not isinstance(submodules, list):
+        return f"the module {_short(tree.get('name'))} has parameters or submodules that are not a list"
+    for parameter in parameters:
+        if not isinstance(parameter, dict) or not all(isinstance(parameter.get(k, ""), str)
+                                                      for k in ("name", "full_name", "tied_to")):
+            return f"the parameter {_short(parameter)} is not an object with string names"
+        shape = parameter.get("shape") or []
+        if not (_is_int(parameter.get("numel", 0)) and isinstance(shape, list) and all(_is_int(d) for d in shape)):
+            return f"the parameter {_short(parameter.get('name'))} has a numel or shape that is not integers"
+    for child in submodules:
+        problem = module_tree_problem(child, depth + 1)
+        if problem:
+            return problem
+    return None

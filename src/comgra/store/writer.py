@@ -350,7 +350,8 @@ def _read_part(path: Path) -> pa.Table:
     ``use_threads=False``: the pages its buffers came from then stay cached in those idle threads' heaps,
     where releasing on this thread never reaches them, and RSS kept each merge's high-water mark.
     """
-    with pq.ParquetFile(path, pre_buffer=False) as part:
+    # Checked: a part whose pages fail their checksums must not be merged into a chunk with fresh, valid ones.
+    with pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True) as part:
         return part.read(use_threads=False)
 
 
@@ -402,7 +403,7 @@ def _encode_temporary(name: str, path: Path, table: pa.Table, compression: str) 
 
 def _encode(name: str, tmp: Path, table: pa.Table, compression: str) -> None:
     pq.write_table(table, tmp, compression=compression, row_group_size=_ROW_GROUP.get(name, 4096),
-                   write_statistics=True, use_dictionary=_DICTIONARY[name])
+                   write_statistics=True, use_dictionary=_DICTIONARY[name], write_page_checksum=fmt.PAGE_CHECKSUMS)
 
 
 def _sorted(name: str, table: pa.Table) -> pa.Table:

@@ -1,0 +1,131 @@
+"""Whether a chunk of a trial may be used: a regular file named as the writer names chunks, inside the trial
+(never opened otherwise: a FIFO would block its reader forever, a link to itself recurse), whose schema is
+its table's and whose pages pass their checksums. What passed is kept per chunk version (chunks are
+immutable), so a page is checked once per process, not on every query. Used by ``reader.TrialReader``.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from comgra.store import format as fmt
+from comgra.store import validation
+
+CHECKED_KEPT = 4096  # chunk versions whose checks are kept before those of vanished files are let go
+
+
+def not_own_chunk(path: Path, trial_dir: Path) -> str | None:
+    """None for a chunk that may be opened; else why not ("" for one merged away since the listing: no problem)."""
+    if not fmt.is_chunk_name(path.name):
+        return "not named as comgra names chunks (a foreign file)"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return ""  # merged away by a live writer since the listing
+    if stat.S_ISLNK(info.st_mode) or path.parent.is_symlink():
+        if not validation.inside(path, trial_dir):
+            return "a link to a file outside the trial"
+        try:
+            info = os.stat(path)
+        except OSError:
+            return "a link that leads nowhere or to itself"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file (a FIFO, a device or a folder): never opened"
+    return None
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What was checked of one chunk version: its schema (always, once it is here) and pages per row group."""
+
+    num_row_groups: int
+    names: frozenset[str]  # its columns
+    done: dict[int, frozenset[str]]  # row group -> the columns whose pages passed their checksums
+
+    def covers(self, groups: list[int], wanted: frozenset[str]) -> bool:
+        needed = wanted & self.names
+        return all(needed <= self.done.get(group, frozenset()) for group in groups)
+
+
+class ChunkChecks:
+    """The schema and page checks of the chunks of one trial, each chunk version checked once. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._checked: dict[tuple[str, int, int], Checked] = {}
+        self._lock = threading.Lock()
+
+    def verify(self, table: str, path: Path, wanted: frozenset[str], row_groups: Callable[[int], list[int]], *,
+               rank_optional: bool) -> None:
+        """Raise where the chunk's schema is not ``table``'s or a page of ``wanted`` in the row groups
+        ``row_groups(count)`` picks fails its checksum."""
+        info = os.stat(path)
+        key = (str(path), info.st_size, info.st_mtime_ns)
+        with self._lock:
+            checked = self._checked.get(key)
+        if checked is not None and checked.covers(row_groups(checked.num_row_groups), wanted):
+            return
+        with pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True) as parquet:
+            if checked is None:
+                validation.check_chunk_schema(parquet.schema_arrow, fmt.SCHEMAS[table], rank_optional=rank_optional)
+                checked = Checked(parquet.num_row_groups, frozenset(parquet.schema_arrow.names), {})
+            done = dict(checked.done)
+            for group in row_groups(checked.num_row_groups):  # one row group in memory at a time
+                missing = sorted((wanted & checked.names) - done.get(group, frozenset()))
+                if missing:
+                    parquet.read_row_group(group, columns=missing, use_threads=False)
+                    done[group] = done.get(group, frozenset()) | frozenset(missing)
+        with self._lock:
+            if len(self._checked) > CHECKED_KEPT:  # versions of chunks merged away by a live writer
+                self._checked = {k: v for k, v in self._checked.items() if os.path.exists(k[0])}
+            self._checked[key] = Checked(checked.num_row_groups, checked.names, done)
+
+
+def with_rank_of_format_1(table: pa.Table) -> pa.Table:
+    """A format-1 chunk has no rank column (read back as nulls): its rows are rank 0's."""
+    if table["rank"].null_count == 0:
+        return table
+    index = table.schema.get_field_index("rank")
+    return table.set_column(index, fmt.RANK_FIELD, pc.fill_null(table["rank"], pa.scalar(0, pa.int32())))
+
+
+# Columns every row of a small table has (the writer never leaves them empty): the step index is sorted
+# and searched by them, so a null there is damage, not a value.
+REQUIRED_COLUMNS = {"steps": ("training_step", "iteration", "type_of_execution", "graph"),
+                     "kpis": ("kpi_group", "timepoint"), "notes": ()}
+
+
+STEP_KEY = ("rank", "training_step", "iteration")
+
+
+def first_rows(table: pa.Table, keys: tuple[str, ...]) -> np.ndarray | None:
+    """The index of the first row of each distinct key, or None when every key is distinct (the usual case)."""
+    if table.num_rows < 2:
+        return None
+    columns = np.stack([table[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in keys], axis=1)
+    _, first = np.unique(columns, axis=0, return_index=True)
+    return None if len(first) == table.num_rows else first
+
+
+def damage_reason(error: BaseException, default: str = "damaged: not a readable Parquet file") -> str:
+    """What is wrong with a chunk, in words for the problems list."""
+    if isinstance(error, validation.ChunkDamaged):
+        return error.reason
+    if "checksum" in str(error).lower():
+        return "damaged: a page fails its checksum (its values would be wrong)"
+    return default
+
+
+def complete(table_name: str, table: pa.Table) -> pa.Table:
+    empty = [c for c in REQUIRED_COLUMNS.get(table_name, ()) if table[c].null_count]
+    if empty:
+        raise ValueError(f"null values in {empty}")
+    return table
