@@ -201,8 +201,8 @@ def _checked_peer(trial_dir: str | Path, document: dict[str, Any]) -> tuple[int,
     if host is not None and not peers.is_loopback_address(host):
         raise ComgraError(f"comgra refuses to send a command to host {str(host)[:60]!r} named in {where}: "
                           "a paused run listens on 127.0.0.1 only.")
-    if peers.listens_on(pid, port) is False:
-        raise ComgraError(f"comgra refuses to send a command to port {port}: the process {pid} that {where} names "
+    if peers.listens_on(pid, port) is False:  # no one waits there: the run is not (or no longer) paused
+        raise NotPaused(f"comgra refuses to send a command to port {port}: the process {pid} that {where} names "
                           "does not listen there (it may have resumed, or the file did not come from a run of "
                           "this machine).")
     return port, token
