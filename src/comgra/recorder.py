@@ -116,6 +116,7 @@ class ComgraRecorder:
         self._batch_size = 0
         self._iteration_serial = 0  # start_iteration calls: comgra.watch counts a module's calls per iteration
         self._on_finalize: list[Any] = []  # callables, e.g. removing comgra.watch's hooks
+        self._step_listeners: list[Any] = []  # told at start_batch whether the step takes tensors, at finish_batch
         self.session: Session | None = None
         if comgra_is_active:
             self.session = Session.open(self.options, __version__, self.rank_info)
@@ -201,6 +202,10 @@ class ComgraRecorder:
             self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
                                                             record_all_tensors_per_batch_index_by_default)
         self.instruments.start_step(training_step, self._recording)
+        if self._step_listeners:  # comgra.watch puts its hooks on for a recorded step only
+            wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
+            for listener in list(self._step_listeners):
+                listener(wanted)
 
     def _decide(self, step: int, type_of_execution: str | None, override: bool | None) -> bool:
         if self.session is None or self.session.broken:
@@ -323,6 +328,8 @@ class ComgraRecorder:
             raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
                                  "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
         self.current_stage = "inactive"
+        for listener in list(self._step_listeners):
+            listener(False)
         if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
             self._breakpoints.settle()
         if self._recording:

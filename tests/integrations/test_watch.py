@@ -215,27 +215,44 @@ def test_which_modules_are_watched(make_recorder, tiny_gpt2, options: dict, expe
         assert not any(p.endswith("dropout") or ".attn." in p for p in handle.modules)
 
 
-def test_hooks_come_off_with_remove_and_with_finalize(make_recorder, tiny_gpt2) -> None:
+def test_hooks_are_on_during_recorded_steps_only_and_come_off(make_recorder, tiny_gpt2) -> None:
+    """Outside a recorded step the model runs exactly as without comgra: no hook on any module."""
     def hooked(model: Any) -> int:
         return sum(len(m._forward_hooks) for m in model.modules())
 
     model = tiny_gpt2(n_layer=2)
-    recorder = make_recorder()
+    recorder = make_recorder({0, 2})
     handle = comgra.watch(model, recorder=recorder)
-    assert hooked(model) == len(handle.modules) > 30 and handle.active
+    seen = []
+    for step in range(3):
+        recorder.start_batch(step, B)
+        seen.append(hooked(model))
+        recorder.start_iteration()
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        seen.append(hooked(model))
+    assert seen == [len(handle.modules), 0, 0, 0, len(handle.modules), 0] and len(handle.modules) > 30
     handle.remove()
-    assert hooked(model) == 0 and not handle.active
-    with comgra.watch(model, recorder=recorder, track_parameters=False):
-        assert hooked(model) > 30
+    assert not handle.active
+    recorder.start_batch(3, B)  # removed: no hooks, whatever the policy says
     assert hooked(model) == 0
-    comgra.watch(model, recorder=recorder)
-    recorder.finalize()
+    recorder.finish_batch()
+    with comgra.watch(model, recorder=make_recorder({0}, trial_id="t2"), track_parameters=False) as second:
+        second.recorder.start_batch(0, B)
+        assert hooked(model) == len(second.modules)
+    assert hooked(model) == 0 and not second.active  # removed at the end of the with block, mid-step
+    third = make_recorder({0}, trial_id="t3")
+    comgra.watch(model, recorder=third, track_parameters=False)
+    third.start_batch(0, B)
+    third.finalize()
     assert hooked(model) == 0
 
 
 def test_comgra_off_installs_no_hooks(make_recorder, tiny_gpt2) -> None:
     model = tiny_gpt2(n_layer=2)
-    handle = comgra.watch(model, recorder=make_recorder(comgra_is_active=False))
+    recorder = make_recorder(comgra_is_active=False)
+    handle = comgra.watch(model, recorder=recorder)
+    recorder.start_batch(0, B)
     assert not handle.active and sum(len(m._forward_hooks) for m in model.modules()) == 0
 
 

