@@ -128,7 +128,7 @@ class StepRecording:
             owner = self.connections.by_grad_fn.get(tensor.grad_fn)
             if owner is None or takeover:
                 self.connections.by_grad_fn[tensor.grad_fn] = key
-            registration.same_as = owner
+            registration.same_as = owner  # type: ignore[assignment]  # a registration key: (iteration, name)
         else:
             self.connections.by_leaf.setdefault(id(tensor), key)
         if tensor.requires_grad and registration.tensor_type != "parameter":

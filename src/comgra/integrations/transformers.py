@@ -141,7 +141,8 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         if self._driver is not None:
             self._guard.run(self._driver.end_evaluation_run)
 
-    on_predict = on_evaluate
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **kwargs: Any) -> None:
+        self.on_evaluate(args, state, control, **kwargs)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if self.recorder is not None and logs:
