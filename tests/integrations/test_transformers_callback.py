@@ -151,3 +151,19 @@ def test_misuse_is_reported_with_the_fix(tmp_path: Path) -> None:
 
 class _FakeRecorder:
     pass
+
+
+def test_a_fault_of_comgras_own_warns_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from comgra.integrations.steps import IntegrationWarning, StepDriver
+
+    def broken(self: StepDriver) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(StepDriver, "gradients_and_finish", broken)
+    model = _model()
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({0, 1, 2}),
+                              flush_seconds=0.05)
+    with pytest.warns(IntegrationWarning, match=r"Trainer callback stopped recording .* RuntimeError: planted") as caught:
+        trainer = _train(tmp_path, model, _data(12, seed=5), callback)
+    assert len([w for w in caught if issubclass(w.category, IntegrationWarning)]) == 1
+    assert trainer.state.global_step == 3  # every step trained
