@@ -132,3 +132,22 @@ def test_unrecorded_steps_and_the_end_of_fit(tmp_path: Path) -> None:
     finally:
         service.close()
     assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+
+
+def test_gradients_are_recorded_before_clipping(tmp_path: Path) -> None:
+    """gradient_clip_val clips after on_before_optimizer_step: the recorded gradient is the unclipped one, and
+    Lightning's clipping (by the total norm, with torch's 1e-6) turns it into the update SGD applied."""
+    model, train = Regression(), _data(8, seed=5)
+    before = model.layer0.weight.detach().flatten().clone()
+    callback = ComgraCallback(tmp_path / "store", "pl", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    _fit(tmp_path, model, callback, train, max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=1e-2,
+         gradient_clip_algorithm="norm")
+    applied = (before - model.layer0.weight.detach().flatten()) / LR
+    recorded = _neurons(tmp_path / "store", 0, "gradients")
+    total = torch.linalg.vector_norm(torch.cat([torch.tensor(r["neurons"]) for p in (
+        "model.layer0.weight", "model.layer0.bias", "model.layer1.weight", "model.layer1.bias")
+        for r in _rows(tmp_path / "store", 0, node=p, kind="gradients")]))
+    assert float(recorded.norm()) > 10 * float(applied.norm())
+    # atol: the float32 rounding of weight - lr * gradient, in units of the gradient
+    assert torch.allclose(recorded * (1e-2 / (total + 1e-6)), applied, rtol=1e-3, atol=1e-6)
