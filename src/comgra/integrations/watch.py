@@ -39,10 +39,11 @@ _MAX_NESTING = 3  # outputs nested deeper than this (caches of caches) are not l
 
 
 class Watch:
-    """The hooks of one ``comgra.watch`` call.
+    """The hooks of one ``comgra.watch`` call, on the modules during the recorder's recorded steps.
 
-    ``remove()`` takes them off (also as a context manager, at the end of the ``with`` block); the
-    recorder's ``finalize()`` removes them too. ``modules`` lists the watched modules' paths.
+    ``remove()`` stops watching (also as a context manager, at the end of the ``with`` block); the
+    recorder's ``finalize()`` does too. ``modules`` lists the watched modules' paths; ``active`` is False
+    once removed (and from the start where comgra is off).
 
         >>> handle = comgra.watch(model)  # doctest: +SKIP
         >>> handle.remove()  # doctest: +SKIP
