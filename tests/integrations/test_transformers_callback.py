@@ -85,12 +85,15 @@ def test_accumulated_gradients_of_a_ragged_step_are_the_optimizers(tmp_path: Pat
     per_sample = {(r["iteration"], r["aggregation"]) for r in _rows(store, 0, node="model.transformer.h.1")}
     assert (0, "sample") in per_sample and (1, "sample") not in per_sample  # the ragged micro-batch: batch of 2
 
-    # The same step with clipping: the Trainer clips before on_pre_optimizer_step, so the clipped gradient
-    # is recorded (as the README says): the raw one times max_grad_norm / (its total norm + 1e-6).
+    # The same step with clipping: the gradient is read before the Trainer clips it (as the README says):
+    # the raw one again, while SGD applied the clipped one.
     callback = ComgraCallback(tmp_path / "clipped", "hf", "t", DecisionMakerForRecordingsHardcoded({0}),
                               flush_seconds=0.05)
+    before = clipped_model.transformer.h[0].mlp.c_fc.weight.detach().clone()
     _train(tmp_path, clipped_model, train, callback, gradient_accumulation_steps=2, max_grad_norm=1e-3)
-    _assert_statistics(_stored_gradient(tmp_path / "clipped"), applied * (1e-3 / (logged["grad_norm"] + 1e-6)))
+    _assert_statistics(_stored_gradient(tmp_path / "clipped"), applied)
+    clipped = (before - clipped_model.transformer.h[0].mlp.c_fc.weight.detach()) / 0.1
+    assert float(clipped.abs().max()) < float(applied.abs().max()) / 100  # clipping happened, after the reading
 
 
 def test_evaluation_runs_are_their_own_type_of_step(tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ class StepDriver:
         self.open: str | None = None  # TRAINING or EVALUATION while a step is open
         self.evaluation_done = False  # this evaluation run's first batch is recorded
         self._loss_iteration = -1  # the recorder's iteration serial whose loss is registered
+        self.gradients_recorded = False  # in the open step
 
     # -- training ------------------------------------------------------------------------------
     def training_batch(self, batch_size: int) -> None:
@@ -55,10 +56,16 @@ class StepDriver:
         if self.open == TRAINING and self.recorder.current_stage == "forward":
             self.recorder.finish_iteration()
 
-    def gradients_and_finish(self) -> None:
-        """Before the optimizer step: the parameters' gradients, accumulated over the micro-batches."""
-        if self.open == TRAINING:
+    def record_gradients(self) -> None:
+        """The parameters' gradients, accumulated over the micro-batches (once per step: the first call)."""
+        if self.open == TRAINING and not self.gradients_recorded:
+            self.gradients_recorded = True
             self.recorder.record_current_gradients("gradients")
+
+    def gradients_and_finish(self) -> None:
+        """Before the optimizer step: the gradients (unless read already), and the step ends."""
+        if self.open == TRAINING:
+            self.record_gradients()
             self._finish()
 
     def finish_open_step(self) -> None:
@@ -95,6 +102,7 @@ class StepDriver:
     def _start(self, kind: str, batch_size: int) -> None:
         self.number += 1
         self.open = kind
+        self.gradients_recorded = False
         self.recorder.start_batch(self.number, batch_size, type_of_execution=kind)
         self.recorder.start_iteration()
 

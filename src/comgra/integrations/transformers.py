@@ -8,10 +8,13 @@ What is recorded, on the steps the recording policy picks (one in 10 by default)
 (``comgra.watch``) and its gradient per micro-batch, the model's loss (node ``loss``), the parameters
 as they were before the step, and the parameters' gradients once per optimizer step, after all
 micro-batches of gradient accumulation were added up and before the optimizer step. **The Trainer
-clips gradients (``max_grad_norm``, 1.0 by default) before the last callback before the optimizer step
-(``on_pre_optimizer_step``), so the recorded parameter gradients are the clipped ones, as the optimizer
-uses them; with ``max_grad_norm=0`` they are the raw accumulated gradients.** Activation gradients are
-recorded unclipped (per micro-batch, as the backward pass made them). Each micro-batch is an iteration
+clips gradients (``max_grad_norm``, 1.0 by default) before its last callback before the optimizer step
+(``on_pre_optimizer_step``), so the gradients are read earlier: at the end of the backward pass of the
+step's last micro-batch (an autograd end-of-backward callback, queued by a hook on the loss the model
+returned; the last micro-batch is the one for which the Trainer's ``accelerate`` ``GradientState``
+says ``sync_gradients``), before clipping.** Where that cannot be set up (a loss that is not the model's
+output ``loss``), they are read in ``on_pre_optimizer_step``, after clipping. Activation gradients are
+recorded as the backward pass made them, per micro-batch. Each micro-batch is an iteration
 of the step; a micro-batch smaller than the step's first (a ragged last batch) has its tensors recorded
 without per-sample rows. The first batch of each evaluation run is recorded as a step of type
 ``"evaluation"`` (see ``comgra.integrations.steps`` for the step numbers). Every value the Trainer logs
@@ -25,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate.state import GradientState  # the Trainer's: which micro-batch ends an optimizer step
 from transformers import TrainerCallback
 
 import comgra
 from comgra.errors import ConfigError
-from comgra.integrations.steps import Guard, StepDriver, batch_size_of, check_recorder_arguments, loss_of
+from comgra.integrations.steps import TRAINING, Guard, StepDriver, batch_size_of, check_recorder_arguments, loss_of
 from comgra.objects import DecisionMakerForRecordings, DecisionMakerForRecordingsFrequencyPerType
 from comgra.recorder import ComgraRecorder
 
@@ -70,6 +74,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         self._driver: StepDriver | None = None
         self._handles: list[Any] = []
         self._in_training_step = False
+        self._end_of_backward_queued = False  # in this optimizer step
         self._guard = Guard("Trainer callback")
 
     # -- setting up --------------------------------------------------------------------------------
@@ -113,12 +118,30 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
             driver.evaluation_batch(batch_size_of(args, kwargs))
 
     def _after_model(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._driver is not None and self._driver.open is not None:
-            self._guard.run(self._driver.loss, loss_of(output))
+        driver = self._driver
+        if driver is not None and driver.open is not None:
+            loss = loss_of(output)
+            self._guard.run(driver.loss, loss)
+            if driver.open == TRAINING and isinstance(loss, torch.Tensor) and loss.requires_grad \
+                    and not self._end_of_backward_queued and driver.recorder.recording_is_active():
+                self._guard.run(self._read_gradients_after_last_backward, loss)
+
+    def _read_gradients_after_last_backward(self, loss: torch.Tensor) -> None:
+        """On the step's last micro-batch: read the gradients when its backward pass ends, before clipping."""
+        if not GradientState().sync_gradients:
+            return
+        self._end_of_backward_queued = True
+
+        def queue(grad: torch.Tensor) -> None:
+            engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
+            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients))  # type: ignore[union-attr]
+
+        loss.register_hook(queue)
 
     # -- the Trainer's events ----------------------------------------------------------------------
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._in_training_step = True
+        self._end_of_backward_queued = False
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
