@@ -8,7 +8,7 @@ The imports are read with ``ast`` (every ``import`` in a module: at the top, ins
 - the read side: ``cli -> server -> service -> analysis -> store``, each importing only what comes after it
   (and ``cli -> examples``: ``comgra demo`` records the tutorial);
 - the torch side: ``comgra`` (the facade) ``-> recorder -> capture | profiling | breakpoints -> store``, the
-  three middle packages never importing each other; ``examples`` and ``integrations`` use the facade;
+  three middle packages never importing each other; ``examples`` and ``integrations`` use the facade, which imports ``integrations.watch`` when ``comgra.watch`` is called;
 - shared leaves that any package may import: ``errors``, ``_version``, ``objects``, ``config``,
   ``native_build``; they import only each other, except ``config``, which checks breakpoint entries
   with the control channel;
@@ -33,7 +33,7 @@ SHARED = ("errors", "_version", "objects", "config", "native_build")
 CHANNEL = ("comgra.breakpoints.control", "comgra.breakpoints.conditions", "comgra.breakpoints.private_files",
            "comgra.breakpoints.peers")
 MAY_IMPORT = {
-    "comgra": {"recorder"},
+    "comgra": {"recorder", "integrations"},  # comgra.watch, imported when called
     "recorder": {"capture", "profiling", "breakpoints", "store"},
     "capture": {"store"},
     "profiling": {"store"},

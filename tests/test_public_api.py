@@ -12,7 +12,7 @@ import comgra
 import comgra.objects
 
 PUBLIC = {
-    "comgra": ["ComgraError", "TrainingAborted", "__version__", "my_recorder"],
+    "comgra": ["ComgraError", "TrainingAborted", "__version__", "my_recorder", "watch"],
     "comgra.recorder": ["ComgraRecorder"],
     "comgra.objects": ["DecisionMakerForRecordings", "DecisionMakerForRecordingsFrequencyPerType",
                        "DecisionMakerForRecordingsHardcoded"],

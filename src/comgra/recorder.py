@@ -156,6 +156,10 @@ class ComgraRecorder:
         self._all_types_declared = False
         self._types_seen: set[str] = set()
         self._kpis = kpi_buffer.KpiBuffer()
+        self._batch_size = 0
+        self._iteration_serial = 0  # start_iteration calls: comgra.watch counts a module's calls per iteration
+        self._on_finalize: list[Any] = []  # callables, e.g. removing comgra.watch's hooks
+        self._step_listeners: list[Any] = []  # told at start_batch whether the step takes tensors, at finish_batch
         self.session: Session | None = None
         if comgra_is_active:
             self.session = Session.open(self.options, __version__, self.rank_info)
@@ -236,6 +240,7 @@ class ComgraRecorder:
             _check_type(type_of_execution)
             self._types_seen.add(type_of_execution)
         self.training_step, self.type_of_execution = training_step, type_of_execution
+        self._batch_size = current_batch_size
         self.current_stage = "started"
         self._dynamic = type_of_execution is None
         self._recording = self._decide(training_step, type_of_execution, override__recording_is_active)
@@ -247,6 +252,10 @@ class ComgraRecorder:
             self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
                                                             record_all_tensors_per_batch_index_by_default)
         self.instruments.start_step(training_step, self._recording)
+        if self._step_listeners:  # comgra.watch puts its hooks on for a recorded step only
+            wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
+            for listener in list(self._step_listeners):
+                listener(wanted)
 
     def _decide(self, step: int, type_of_execution: str | None, override: bool | None) -> bool:
         if self.session is None or self.session.broken:
@@ -265,6 +274,7 @@ class ComgraRecorder:
             return _untraced(ComgraRecorder.start_iteration)(self)
         self._check_stage("start_iteration")
         self.current_stage = "forward"
+        self._iteration_serial += 1
         if self._breakpoints is not None:
             self._breakpoints.start_iteration()
         if self._recording:
@@ -387,6 +397,8 @@ class ComgraRecorder:
             raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
                                  "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
         self.current_stage = "inactive"
+        for listener in list(self._step_listeners):
+            listener(False)
         if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
             self._breakpoints.settle()
         if self._recording:
@@ -401,6 +413,9 @@ class ComgraRecorder:
     @_never_traced
     def finalize(self) -> None:
         """Write everything still buffered. Safe to call more than once."""
+        on_finalize, self._on_finalize = self._on_finalize, []
+        for action in on_finalize:  # comgra.watch's hooks go first: nothing may register into a closed trial
+            action()
         if self.session is not None:
             self.session.flush_kpis(self._kpis, force=True)
             self.instruments.close()
@@ -440,6 +455,30 @@ class ComgraRecorder:
             raise RecordingError(f"record_kpi_in_graph({kpi_group!r}, {kpi_name!r}, ...) outside a training step "
                                  "needs timepoint=...")
         self._kpis.add(kpi_group, kpi_name, self.type_of_execution, point, val)
+
+    # -- comgra.watch (comgra.integrations): private, not the documented API ------------------------
+    def _takes_watched_tensors(self) -> bool:
+        """Whether a watched module's output would be used now: inside an iteration of a recorded step (or
+        of one a breakpoint watches). comgra.watch's hooks ask this first and return at once on False."""
+        if self.current_stage != "forward":
+            return False
+        return self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
+
+    def _register_watched(self, tensor_name: str, tensor: torch.Tensor, index_of_batch_dimension: int | None,
+                          is_loss: bool = False) -> None:
+        """``register_tensor`` for a module output that comgra.watch found (or a loss a callback found): a second
+        name for a tensor that is already registered (a block returning its last layer's output) takes over as
+        the name its consumers see, and the tensor never gets a warning for having no connection (the user
+        did not pick it)."""
+        arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
+                                         flags=dict(is_input=False, is_parameter=False, is_target=False,
+                                                    is_loss=is_loss, is_initial_value=False),
+                                         recording_type=None, record_per_batch_index=None, node_name=None,
+                                         role_within_node=None, watched=True)
+        if self._breakpoints is not None and self._breakpoints.monitor.active:
+            self._breakpoints.register(tensor_name, tensor, arguments)
+        if self._recording:
+            self._guarded(lambda session: session.register(tensor_name, tensor, **arguments))
 
     # -- internals ------------------------------------------------------------------------------
     def _check_stage(self, call: str) -> None:

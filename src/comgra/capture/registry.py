@@ -27,6 +27,8 @@ class Registration:
     # The autograd node the tensor had when it was registered; an in-place op afterwards replaces the
     # tensor's grad_fn, and the graph must be walked from this one. Dropped with ``tensor``.
     grad_fn: Any = None
+    # The registration of the same tensor under an earlier name, if any: its only source in the graph.
+    same_as: tuple[int, str] | None = None
     # (iteration, tensor_name), made once: a step keeps it in five places per tensor (registrations, names,
     # ids, autograd nodes, the gradient hook), and one tuple instead of five is fewer objects for the garbage
     # collector to count (a recorded step of ResNet-18 holds 90 registrations).

@@ -121,7 +121,8 @@ class Session:
 
     def register(self, tensor_name: str, tensor: torch.Tensor, *, index_of_batch_dimension: int | None,
                  flags: dict[str, bool], recording_type: str | None, record_per_batch_index: bool | None,
-                 node_name: str | None, role_within_node: str | None) -> None:
+                 node_name: str | None, role_within_node: str | None, watched: bool = False) -> None:
+        """``watched``: a module output found by comgra.watch (see ``ComgraRecorder._register_watched``)."""
         step = self.step
         assert step is not None
         registration = _registration(step, tensor_name, tensor, index_of_batch_dimension, flags, recording_type,
@@ -137,7 +138,9 @@ class Session:
                            "are recorded, its gradients are not, and the graph cannot see what it feeds. Connect it with "
                            f"comgra.my_recorder.add_tensor_connection({tensor_name!r}, <tensor computed from it>).")
         registration.tensor = tensor
-        step.register(registration, tensor)
+        if watched:
+            self.warned.add(f"unconnected:{tensor_name}")
+        step.register(registration, tensor, takeover=watched)
 
     def finish_iteration(self) -> None:
         step = self.step

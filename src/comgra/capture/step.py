@@ -94,9 +94,13 @@ class StepRecording:
     report: Callable[[str, str], None] | None = None
 
     # -- registration -----------------------------------------------------------------------
-    def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False) -> None:
+    def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False,
+                 takeover: bool = False) -> None:
         """Remember ``tensor`` under ``registration``; ``live``: summarise the tensor itself at the first
-        start_iteration (tracked parameters) instead of its value now."""
+        start_iteration (tracked parameters) instead of its value now. A tensor registered again under a
+        second name depends on the earlier name only; ``takeover``: the second name is then the one that
+        the tensor's consumers depend on (a block that returns its last layer's output: layer -> block ->
+        next block), else the first name stays that (the user's own registrations, as always)."""
         key = registration.key
         if key in self.registrations:
             raise RecordingError(
@@ -127,7 +131,10 @@ class StepRecording:
         else:  # still a node of the graph, with no rows
             self._skip(registration, "values", reason)
         if tensor.grad_fn is not None:
-            self.connections.by_grad_fn.setdefault(tensor.grad_fn, key)
+            owner = self.connections.by_grad_fn.get(tensor.grad_fn)
+            if owner is None or takeover:
+                self.connections.by_grad_fn[tensor.grad_fn] = key
+            registration.same_as = owner  # type: ignore[assignment]  # a registration key: (iteration, name)
         else:
             self.connections.by_leaf.setdefault(id(tensor), key)
         if tensor.requires_grad and registration.tensor_type != "parameter":
@@ -346,9 +353,8 @@ class StepRecording:
             if tensor is None:
                 continue
             grad_fn = registration.grad_fn  # the one at registration, not one an in-place op made since
-            owner = self.connections.by_grad_fn.get(grad_fn) if grad_fn is not None else None
-            if owner is not None and owner != registration.key:  # the same tensor under a second name
-                sources: frozenset = frozenset([owner])
+            if registration.same_as is not None:  # the same tensor under a second name
+                sources: frozenset = frozenset([registration.same_as])
             else:
                 sources = graphs.dependencies(tensor, grad_fn, self.connections, memo)
             edges |= {(source, registration.key) for source in sources if source != registration.key}

@@ -1,0 +1,218 @@
+"""``comgra.watch(model)``: every module's output recorded under its dotted name, with one call.
+
+A forward hook on each selected module registers the module's output on the steps the recording
+policy picks, as ``register_tensor`` would: the dependency graph is built from autograd as for tensors
+named by hand, and the user's own ``register_tensor`` calls go on working beside it. The hooks are on
+the modules only during a recorded step (``start_batch`` puts them on, ``finish_batch`` takes them off:
+about 0.3 ms per recorded step for a 12-layer GPT-2's 151 modules), so a step that is not recorded runs
+the model exactly as without comgra.
+
+Names: the output of ``model.transformer.h.0`` is ``<name>.transformer.h.0`` (``<name>``: the name the
+model is tracked under, ``"model"`` by default; the model's own output is ``<name>``); an element of a
+tuple, list or dict output (a ``transformers`` ``ModelOutput`` too) gets its key in brackets,
+``<name>.transformer.h.0.attn[0]``, ``<name>[logits]``; a module called again in the same iteration
+gets ``@2``, ``@3``, ... A tensor whose first dimension is the step's batch size (``start_batch``'s
+``current_batch_size``) is recorded per sample; any other (GPT-2's position embeddings, of batch size 1;
+a scalar loss) is recorded without a batch dimension. Integer and boolean outputs (token ids, masks)
+are skipped: they carry no gradient and no edge. An output without autograd history (an evaluation step
+under ``torch.no_grad()``, a frozen module) is recorded by value, without edges, and its
+``requires_grad`` is left alone.
+
+Where one module returns the output of another (BERT's layer returns its last LayerNorm's tensor), the
+outer name follows the inner one in the graph, and what consumes the tensor depends on the outer name:
+``...layer.0.output.LayerNorm -> ...layer.0.output -> ...layer.0 -> ...layer.1.attention.self.query``.
+"""
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from comgra.errors import ConfigError, RecordingError, did_you_mean
+from comgra.recorder import ComgraRecorder
+
+__all__ = ["Watch", "watch_model"]
+
+_MAX_NESTING = 3  # outputs nested deeper than this (caches of caches) are not looked into
+
+
+class Watch:
+    """The hooks of one ``comgra.watch`` call, on the modules during the recorder's recorded steps.
+
+    ``remove()`` stops watching (also as a context manager, at the end of the ``with`` block); the
+    recorder's ``finalize()`` does too. ``modules`` lists the watched modules' paths; ``active`` is False
+    once removed (and from the start where comgra is off).
+
+        >>> handle = comgra.watch(model)  # doctest: +SKIP
+        >>> handle.remove()  # doctest: +SKIP
+    """
+
+    def __init__(self, recorder: ComgraRecorder, model: torch.nn.Module, name: str, modules: dict[str, torch.nn.Module]):
+        self.recorder = recorder
+        self.model = model
+        self.name = name
+        self.modules = list(modules)
+        self._calls: dict[str, int] = {}  # calls of each module in the current iteration
+        self._iteration = -1  # the recorder's iteration serial that _calls counts
+        self._hooks = [(module, self._hook(_tensor_name(name, path))) for path, module in modules.items()]
+        self._handles: list[Any] = []  # the hooks on the modules: during a recorded step only
+        self.active = bool(modules)  # False after remove(), or where there is nothing to watch
+        if self.active:
+            recorder._on_finalize.append(self.remove)
+            recorder._step_listeners.append(self._step)
+            if recorder.current_stage != "inactive":  # watched in the middle of a step
+                self._step(recorder._takes_watched_tensors() or recorder.recording_is_active())
+
+    def remove(self) -> None:
+        """Stop watching: the hooks come off and stay off. Safe to call more than once."""
+        self.active = False
+        self._step(False)
+        for listeners, action in ((self.recorder._on_finalize, self.remove), (self.recorder._step_listeners, self._step)):
+            if action in listeners:
+                listeners.remove(action)
+
+    def _step(self, takes_tensors: bool) -> None:
+        """The recorder's word at start_batch (does this step take tensors?) and at finish_batch (False)."""
+        if takes_tensors and self.active and not self._handles:
+            self._handles = [module.register_forward_hook(hook) for module, hook in self._hooks]
+        elif not takes_tensors and self._handles:
+            handles, self._handles = self._handles, []
+            for handle in handles:
+                handle.remove()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return f"<comgra.Watch {self.name!r}: {len(self._hooks)} modules{'' if self.active else ', removed'}>"
+
+    def _hook(self, tensor_name: str) -> Any:
+        recorder = self.recorder
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if recorder._takes_watched_tensors():  # False outside an iteration, or after a dynamic step said no
+                self._record(tensor_name, output)
+
+        return hook
+
+    def _record(self, base: str, output: Any) -> None:
+        serial = self.recorder._iteration_serial
+        if serial != self._iteration:
+            self._iteration = serial
+            self._calls.clear()
+        count = self._calls[base] = self._calls.get(base, 0) + 1
+        name = base if count == 1 else f"{base}@{count}"
+        batch_size = self.recorder._batch_size
+        for key, tensor in _tensors_of(output, "", 0):
+            if not tensor.is_floating_point():
+                continue  # token ids, masks: no gradient, no edge (see the module's docstring)
+            if tensor.grad_fn is None and not tensor.requires_grad:
+                tensor = tensor.detach()  # recorded by value; the model's own tensor keeps requires_grad=False
+            batch_dim = 0 if tensor.dim() > 0 and tensor.shape[0] == batch_size else None
+            self.recorder._register_watched(name + key, tensor, batch_dim)
+
+
+def watch_model(model: torch.nn.Module, recorder: ComgraRecorder | None, *, name: str | None = None,
+                include: str | Iterable[str] | None = None, exclude: str | Iterable[str] | None = None,
+                max_depth: int | None = None, track_parameters: bool = True) -> Watch:
+    """What ``comgra.watch`` does; see its docstring."""
+    if recorder is None:
+        raise RecordingError("comgra.watch(model) needs a recorder: set comgra.my_recorder = ComgraRecorder(...) "
+                             "first, or pass recorder=...")
+    if not isinstance(recorder, ComgraRecorder):
+        raise RecordingError(f"recorder={recorder!r} is not a ComgraRecorder; pass the recorder that records the run.")
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"comgra.watch(model) needs a torch.nn.Module, got {type(model).__name__}.")
+    if max_depth is not None and (not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 0):
+        raise ConfigError(f"max_depth={max_depth!r} must be None (every level) or an integer >= 0 (0: the model's "
+                          "own output, 1: its children too, ...).")
+    for action in recorder._on_finalize:
+        earlier = getattr(action, "__self__", None)
+        if isinstance(earlier, Watch) and earlier.model is model and earlier.active:
+            raise RecordingError(f"This {type(model).__name__} is already watched as {earlier.name!r}; call remove() "
+                                 "on the first handle before watching it again.")
+    all_modules = dict(model.named_modules())  # a module reused under two paths is hooked once, under the first
+    selected = _select(all_modules, _patterns(include, "include"), _patterns(exclude, "exclude"), max_depth)
+    resolved = _name_of(recorder, model, name, track_parameters)
+    if not recorder.comgra_is_active:
+        selected = {}  # comgra is off: no hooks at all, nothing to pay
+    return Watch(recorder, model, resolved, selected)
+
+
+def _patterns(value: str | Iterable[str] | None, argument: str) -> list[str]:
+    if value is None:
+        return []
+    patterns = [value] if isinstance(value, str) else list(value)
+    for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ConfigError(f"{argument}={value!r} must be a pattern or a list of patterns (strings, as in "
+                              f"fnmatch: 'transformer.h.*'), got an item of type {type(pattern).__name__}.")
+    return patterns
+
+
+def _select(modules: dict[str, torch.nn.Module], include: list[str], exclude: list[str],
+            max_depth: int | None) -> dict[str, torch.nn.Module]:
+    paths = list(modules)
+    for argument, patterns in (("include", include), ("exclude", exclude)):
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(path, pattern) for path in paths):
+                raise ConfigError(f"{argument} pattern {pattern!r} matches no module path of the model (the names "
+                                  "of model.named_modules(), '' for the model itself)"
+                                  + did_you_mean(pattern, [p for p in paths if p]))
+    chosen = {}
+    for path, module in modules.items():
+        depth = 0 if not path else path.count(".") + 1
+        if max_depth is not None and depth > max_depth:
+            continue
+        if include and not any(fnmatch.fnmatchcase(path, p) for p in include):
+            continue
+        if any(fnmatch.fnmatchcase(path, p) for p in exclude):
+            continue
+        chosen[path] = module
+    return chosen
+
+
+def _name_of(recorder: ComgraRecorder, model: torch.nn.Module, name: str | None, track_parameters: bool) -> str:
+    """The prefix of the tensor names: the name the model is tracked under (tracking it first, if asked)."""
+    try:
+        tracked: str | None = recorder.get_name_of_module(model)
+    except RecordingError:
+        tracked = None
+    if tracked is not None:
+        if name is not None and name != tracked:
+            raise ConfigError(f"name={name!r}, but the model is tracked as {tracked!r} (track_module); leave name "
+                              f"out, or pass name={tracked!r}.")
+        return tracked
+    resolved = "model" if name is None else name
+    if not isinstance(resolved, str) or not resolved or any(c in resolved for c in ".*[]@"):
+        raise ConfigError(f"name={name!r} must be a non-empty string without '.', '*', '[', ']' or '@', e.g. 'gpt'.")
+    if track_parameters and recorder.comgra_is_active:
+        if recorder.current_stage != "inactive":
+            raise RecordingError(f"comgra.watch(model) was called inside training step {recorder.training_step}, and "
+                                 "the model's parameters are not tracked yet; call it before the first start_batch(), "
+                                 "or pass track_parameters=False.")
+        recorder.track_module(resolved, model)
+    return resolved
+
+
+def _tensor_name(name: str, path: str) -> str:
+    return f"{name}.{path}" if path else name
+
+
+def _tensors_of(output: Any, key: str, depth: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(key suffix, tensor) for each tensor in a module's output: a tensor, or tuples, lists and mappings of them."""
+    if isinstance(output, torch.Tensor):
+        yield key, output
+    elif depth >= _MAX_NESTING:
+        return
+    elif isinstance(output, Mapping):  # dicts, and transformers' ModelOutput (an OrderedDict without None values)
+        for item_key, value in output.items():
+            yield from _tensors_of(value, f"{key}[{str(item_key).replace('*', '_')}]", depth + 1)
+    elif isinstance(output, (tuple, list)):
+        for index, value in enumerate(output):
+            yield from _tensors_of(value, f"{key}[{index}]", depth + 1)

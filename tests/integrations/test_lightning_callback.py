@@ -1,0 +1,153 @@
+"""ComgraCallback in the real lightning.Trainer: recorded values against values the test computes itself."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+lightning = pytest.importorskip("lightning")
+
+from comgra.integrations.lightning import ComgraCallback
+from comgra.objects import DecisionMakerForRecordingsHardcoded
+from comgra.service import RecordingService
+
+pytestmark = [  # Lightning's advice about this tiny CPU setup (worker processes, logging), not comgra's
+    pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning"),
+    pytest.mark.filterwarnings("ignore:.*GPU available but not used.*:UserWarning"),
+    pytest.mark.filterwarnings(r"ignore:`isinstance\(treespec, LeafSpec\)` is deprecated:FutureWarning"),  # lightning on torch 2.13
+]
+LR = 0.1
+WEIGHT = "model.layer0.weight"
+
+
+class Regression(lightning.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.layer0 = torch.nn.Linear(4, 8)
+            self.layer1 = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer1(torch.tanh(self.layer0(x)))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+def _data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=generator), torch.randn(n, 1, generator=generator)
+
+
+def _loader(x: torch.Tensor, y: torch.Tensor) -> Any:
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4, shuffle=False)
+
+
+def _fit(tmp_path: Path, model: Any, callback: ComgraCallback, train: tuple, validation: tuple | None = None,
+         **arguments: Any) -> Any:
+    trainer = lightning.Trainer(default_root_dir=str(tmp_path / "out"), accelerator="cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                num_sanity_val_steps=0, callbacks=[callback], **arguments)
+    trainer.fit(model, _loader(*train), _loader(*validation) if validation else None)
+    return trainer
+
+
+def _rows(store: Path, step: int, **filters: Any) -> list[dict[str, Any]]:
+    service = RecordingService(store / "pl")
+    try:
+        return service.tensor_rows("t", step, **filters).to_pylist()
+    finally:
+        service.close()
+
+
+def _neurons(store: Path, step: int, kind: str) -> torch.Tensor:
+    (row,) = _rows(store, step, node=WEIGHT, kind=kind)
+    return torch.tensor(row["neurons"])
+
+
+def test_gradients_are_this_steps_accumulated_ones(tmp_path: Path) -> None:
+    """12 samples, batches of 4, accumulate_grad_batches=2: step 0 adds up batches 0 and 1, step 1 is the
+    ragged last one (batch 2 alone). Each recorded gradient is what SGD applied in that step, element by
+    element: (weight before - weight after) / lr, never the previous step's."""
+    model, train = Regression(), _data(12, seed=1)
+    initial = model.layer0.weight.detach().clone()
+    with torch.no_grad():
+        first_loss = float(torch.nn.functional.mse_loss(model(train[0][:4]), train[1][:4])) / 2
+    callback = ComgraCallback(tmp_path / "store", "pl", "t", DecisionMakerForRecordingsHardcoded({0, 1}),
+                              flush_seconds=0.05)
+    _fit(tmp_path, model, callback, train, max_epochs=1, accumulate_grad_batches=2)
+    store = tmp_path / "store"
+    weights = [_neurons(store, 0, "forward"), _neurons(store, 1, "forward"), model.layer0.weight.detach().flatten()]
+    assert torch.allclose(weights[0], initial.flatten())  # the parameters before the step
+    for step in (0, 1):
+        applied = (weights[step] - weights[step + 1]) / LR
+        assert torch.allclose(_neurons(store, step, "gradients"), applied, rtol=1e-3, atol=1e-6), step
+    assert not torch.allclose(_neurons(store, 0, "gradients"), _neurons(store, 1, "gradients"), atol=1e-4)
+    losses = {(r["training_step"], r["iteration"]): r["mean"] for s in (0, 1)
+              for r in _rows(store, s, node="loss", kind="forward")}
+    assert sorted(losses) == [(0, 0), (0, 1), (1, 0)]  # one iteration per batch of the step
+    assert losses[(0, 0)] == pytest.approx(first_loss, rel=1e-5)  # as backpropagated: divided by 2
+    samples = {(r["training_step"], r["aggregation"]) for s in (0, 1) for r in _rows(store, s, node="model.layer0")}
+    assert {(0, "sample"), (1, "sample")} <= samples
+
+
+def test_validation_runs_are_their_own_type_of_step(tmp_path: Path) -> None:
+    model, validation = Regression(), _data(4, seed=3)
+    callback = ComgraCallback(tmp_path / "store", "pl", "t", DecisionMakerForRecordingsHardcoded(range(10)),
+                              flush_seconds=0.05)
+    _fit(tmp_path, model, callback, _data(8, seed=2), validation, max_epochs=2)
+    service = RecordingService(tmp_path / "store" / "pl")
+    try:
+        steps = {(r["training_step"], r["type_of_execution"]) for r in service.group.trial("t").steps().to_pylist()}
+    finally:
+        service.close()
+    assert steps == {(0, "training"), (1, "training"), (2, "evaluation"), (3, "training"), (4, "training"),
+                     (5, "evaluation")}
+    with torch.no_grad():
+        expected = float(torch.nn.functional.mse_loss(model(validation[0]), validation[1]))
+    (recorded,) = _rows(tmp_path / "store", 5, node="loss", kind="forward")
+    assert recorded["mean"] == pytest.approx(expected, rel=1e-5)  # the final weights' validation loss
+    assert {r["kind"] for r in _rows(tmp_path / "store", 5, node="model.layer0")} == {"forward"}
+
+
+def test_unrecorded_steps_and_the_end_of_fit(tmp_path: Path) -> None:
+    model = Regression()
+    callback = ComgraCallback(tmp_path / "store", "pl", "t", DecisionMakerForRecordingsHardcoded({2}),
+                              flush_seconds=0.05)
+    _fit(tmp_path, model, callback, _data(16, seed=4), max_epochs=1)
+    service = RecordingService(tmp_path / "store" / "pl")
+    try:
+        assert {r["training_step"] for r in service.group.trial("t").steps().to_pylist()} == {2}
+    finally:
+        service.close()
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+
+
+def test_gradients_are_recorded_before_clipping(tmp_path: Path) -> None:
+    """gradient_clip_val clips after on_before_optimizer_step: the recorded gradient is the unclipped one, and
+    Lightning's clipping (by the total norm, with torch's 1e-6) turns it into the update SGD applied."""
+    model, train = Regression(), _data(8, seed=5)
+    before = model.layer0.weight.detach().flatten().clone()
+    callback = ComgraCallback(tmp_path / "store", "pl", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    _fit(tmp_path, model, callback, train, max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=1e-2,
+         gradient_clip_algorithm="norm")
+    applied = (before - model.layer0.weight.detach().flatten()) / LR
+    recorded = _neurons(tmp_path / "store", 0, "gradients")
+    total = torch.linalg.vector_norm(torch.cat([torch.tensor(r["neurons"]) for p in (
+        "model.layer0.weight", "model.layer0.bias", "model.layer1.weight", "model.layer1.bias")
+        for r in _rows(tmp_path / "store", 0, node=p, kind="gradients")]))
+    assert float(recorded.norm()) > 10 * float(applied.norm())
+    # atol: the float32 rounding of weight - lr * gradient, in units of the gradient
+    assert torch.allclose(recorded * (1e-2 / (total + 1e-6)), applied, rtol=1e-3, atol=1e-6)

@@ -1,0 +1,172 @@
+"""ComgraCallback in the real transformers.Trainer: recorded values against values the test computes itself."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from comgra.errors import ConfigError
+from comgra.integrations.transformers import ComgraCallback
+from comgra.objects import DecisionMakerForRecordingsHardcoded
+from comgra.service import RecordingService
+
+T = 6
+PARAMETER = "model.transformer.h.0.mlp.c_fc.weight"
+
+
+def _model() -> Any:
+    transformers.utils.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return transformers.GPT2LMHeadModel(config)
+
+
+def _data(n: int, seed: int) -> list[dict[str, Any]]:
+    ids = torch.randint(0, 32, (n, T), generator=torch.Generator().manual_seed(seed))
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+
+def _train(tmp_path: Path, model: Any, train: list, callback: ComgraCallback, **arguments: Any) -> Any:
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
+        num_train_epochs=1, learning_rate=0.1, optim="sgd", lr_scheduler_type="constant", use_cpu=True,
+        report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0, **arguments)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=train,
+                                   eval_dataset=arguments.get("eval_strategy") and _data(4, seed=9),
+                                   callbacks=[callback])
+    trainer.train()
+    return trainer
+
+
+def _rows(store: Path, step: int, **filters: Any) -> list[dict[str, Any]]:
+    service = RecordingService(store / "hf")
+    try:
+        return service.tensor_rows("t", step, **filters).to_pylist()
+    finally:
+        service.close()
+
+
+def _stored_gradient(store: Path) -> dict[str, float]:
+    (row,) = _rows(store, 0, node=PARAMETER, kind="gradients")
+    return row
+
+
+def _assert_statistics(row: dict[str, Any], gradient: torch.Tensor) -> None:
+    assert row["abs_mean"] == pytest.approx(float(gradient.abs().mean()), rel=1e-4)
+    assert row["abs_max"] == pytest.approx(float(gradient.abs().max()), rel=1e-4)
+    assert row["std"] == pytest.approx(float(gradient.std(unbiased=False)), rel=1e-4)
+
+
+def test_accumulated_gradients_of_a_ragged_step_are_the_optimizers(tmp_path: Path) -> None:
+    """6 samples, batches of 4, accumulation 2: one optimizer step of a micro-batch of 4 and one of 2. The
+    recorded parameter gradient is the one plain SGD applied: (weight before - weight after) / lr."""
+    model, train = _model(), _data(6, seed=1)
+    clipped_model = copy.deepcopy(model)
+    before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    trainer = _train(tmp_path, model, train, callback, gradient_accumulation_steps=2, max_grad_norm=0.0)
+    applied = (before - model.transformer.h[0].mlp.c_fc.weight.detach()) / 0.1
+    store = tmp_path / "store"
+    _assert_statistics(_stored_gradient(store), applied)
+    (value,) = _rows(store, 0, node=PARAMETER, kind="forward")
+    assert value["abs_mean"] == pytest.approx(float(before.abs().mean()), rel=1e-5)  # before the optimizer step
+    losses = {r["iteration"]: r["mean"] for r in _rows(store, 0, node="loss", kind="forward")}
+    assert sorted(losses) == [0, 1]  # one iteration per micro-batch
+    (logged,) = [e for e in trainer.state.log_history if "loss" in e]
+    assert sum(losses.values()) == pytest.approx(logged["loss"], rel=1e-5)  # each micro-batch's share
+    per_sample = {(r["iteration"], r["aggregation"]) for r in _rows(store, 0, node="model.transformer.h.1")}
+    assert (0, "sample") in per_sample and (1, "sample") not in per_sample  # the ragged micro-batch: batch of 2
+
+    # The same step with clipping: the gradient is read before the Trainer clips it (as the README says):
+    # the raw one again, while SGD applied the clipped one.
+    callback = ComgraCallback(tmp_path / "clipped", "hf", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    before = clipped_model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+    _train(tmp_path, clipped_model, train, callback, gradient_accumulation_steps=2, max_grad_norm=1e-3)
+    _assert_statistics(_stored_gradient(tmp_path / "clipped"), applied)
+    clipped = (before - clipped_model.transformer.h[0].mlp.c_fc.weight.detach()) / 0.1
+    assert float(clipped.abs().max()) < float(applied.abs().max()) / 100  # clipping happened, after the reading
+
+
+def test_evaluation_runs_are_their_own_type_of_step(tmp_path: Path) -> None:
+    model = _model()
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded(range(10)),
+                              flush_seconds=0.05)
+    trainer = _train(tmp_path, model, _data(8, seed=2), callback, eval_strategy="steps", eval_steps=1)
+    service = RecordingService(tmp_path / "store" / "hf")
+    try:
+        steps = {(r["training_step"], r["type_of_execution"]) for r in service.group.trial("t").steps().to_pylist()}
+        kpis = service.kpis("t").to_pylist()
+    finally:
+        service.close()
+    assert steps == {(0, "training"), (1, "evaluation"), (2, "training"), (3, "evaluation")}
+    evaluations = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e]
+    recorded = [_rows(tmp_path / "store", s, node="loss", kind="forward")[0]["mean"] for s in (1, 3)]
+    assert recorded == pytest.approx(evaluations, rel=1e-5)  # one batch of 4: the run's loss is the batch's
+    assert {r["kind"] for r in _rows(tmp_path / "store", 1, node="model.transformer.h.0")} == {"forward"}
+    logged = {(k["kpi_group"], k["timepoint"]) for k in kpis}
+    assert {("loss", 1), ("loss", 2), ("eval_loss", 1), ("eval_loss", 2)} <= logged
+
+
+def test_unrecorded_steps_leave_no_steps_and_hooks_come_off(tmp_path: Path) -> None:
+    model = _model()
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({1}),
+                              flush_seconds=0.05)
+    _train(tmp_path, model, _data(12, seed=3), callback)
+    service = RecordingService(tmp_path / "store" / "hf")
+    try:
+        assert {r["training_step"] for r in service.group.trial("t").steps().to_pylist()} == {1}
+    finally:
+        service.close()
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
+
+
+def test_comgra_off_adds_no_hooks_and_writes_nothing(tmp_path: Path) -> None:
+    model = _model()
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              comgra_is_active=False)
+    hooks: list[int] = []
+    original = callback.on_step_begin
+
+    def on_step_begin(*arguments: Any, **kwargs: Any) -> Any:
+        hooks.append(sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()))
+        return original(*arguments, **kwargs)
+
+    callback.on_step_begin = on_step_begin
+    _train(tmp_path, model, _data(4, seed=4), callback)
+    assert hooks == [0] and not (tmp_path / "store").exists()
+
+
+def test_misuse_is_reported_with_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"watch='yes' must be True, False or a dict"):
+        ComgraCallback(tmp_path, watch="yes")
+    with pytest.raises(ConfigError, match=r"either recorder=\.\.\. or the arguments to make one \(trial_id\)"):
+        ComgraCallback(recorder=_FakeRecorder(), trial_id="x")
+
+
+class _FakeRecorder:
+    pass
+
+
+def test_a_fault_of_comgras_own_warns_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from comgra.integrations.steps import IntegrationWarning, StepDriver
+
+    def broken(self: StepDriver) -> None:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(StepDriver, "gradients_and_finish", broken)
+    model = _model()
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({0, 1, 2}),
+                              flush_seconds=0.05)
+    with pytest.warns(IntegrationWarning, match=r"Trainer callback stopped recording .* RuntimeError: planted") as caught:
+        trainer = _train(tmp_path, model, _data(12, seed=5), callback)
+    assert len([w for w in caught if issubclass(w.category, IntegrationWarning)]) == 1
+    assert trainer.state.global_step == 3  # every step trained
