@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import re
 import sys
 import weakref
 from collections.abc import Callable, Iterable
@@ -25,6 +24,7 @@ import torch
 
 from comgra._version import __version__
 from comgra.capture import kpis as kpi_buffer
+from comgra.capture import stages
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
@@ -34,13 +34,12 @@ from comgra.profiling.instruments import Instruments
 from comgra.profiling import profiler
 from comgra.profiling.resources import FROM_CONFIG, resolve_interval
 from comgra.config import load_settings
-from comgra.errors import ConfigError, RecordingError
+from comgra.errors import RecordingError
 from comgra.breakpoints.recording import RecorderBreakpoints
 from comgra.objects import DecisionMakerForRecordings
 
 __all__ = ["ComgraRecorder"]
 
-_TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9\-_]+$")
 # True while TorchDynamo traces (a constant in the traced code), False otherwise: a function that returns False,
 # 0.03 us a call (torch.compiler.is_compiling, which also asks TorchScript, 0.07 us).
 _is_compiling = torch.compiler.is_dynamo_compiling
@@ -80,14 +79,6 @@ def _prepare_untraced() -> None:
         for name in _ENTRY_POINTS:
             method = getattr(ComgraRecorder, name)
             _untraced(getattr(method, "untraced", method))
-
-
-_STAGES_FOR = {
-    "start_iteration": ("started", "after_iteration"),
-    "finish_iteration": ("forward",),
-    "finish_batch": ("started", "after_iteration"),
-    "decide_recording_of_batch": ("started", "after_iteration"),
-}
 
 
 class ComgraRecorder:
@@ -237,7 +228,7 @@ class ComgraRecorder:
                                  f"{self.training_step}); pass a step counter that grows by at least 1 per call.")
         known = isinstance(type_of_execution, str) and type_of_execution in self._types_seen
         if type_of_execution is not None and not known:  # a type is checked once, not on every step
-            _check_type(type_of_execution)
+            stages.check_type(type_of_execution)
             self._types_seen.add(type_of_execution)
         self.training_step, self.type_of_execution = training_step, type_of_execution
         self._batch_size = current_batch_size
@@ -292,12 +283,7 @@ class ComgraRecorder:
             return _untraced(ComgraRecorder.register_tensor)(  # type: ignore[no-any-return]
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
-        expected = ("started",) if is_initial_value else ("forward",)
-        if self.current_stage not in expected:
-            where = "between start_batch() and the first start_iteration()" if is_initial_value else \
-                "between start_iteration() and finish_iteration()"
-            raise RecordingError(f"register_tensor({tensor_name!r}) was called {_stage_text(self.current_stage)}; "
-                                 f"call it {where}.")
+        stages.check_registration(tensor_name, self.current_stage, is_initial_value)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
         if not (watched or self._recording):
             return
@@ -341,7 +327,7 @@ class ComgraRecorder:
             self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter)
         if not self._recording:
             return
-        if name_of_loss_group == "forward" or not _TYPE_PATTERN.match(str(name_of_loss_group)):
+        if name_of_loss_group == "forward" or not stages.TYPE_PATTERN.match(str(name_of_loss_group)):
             raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
                                  "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
         self._guarded(lambda session: session.step.record_gradients(
@@ -373,7 +359,7 @@ class ComgraRecorder:
             return
         self._dynamic = False
         if type_of_execution is not None:
-            _check_type(type_of_execution)
+            stages.check_type(type_of_execution)
             if self._all_types_declared and type_of_execution not in self._types_seen:
                 raise RecordingError(f"type_of_execution={type_of_execution!r} appeared after "
                                      "declare_that_all_different_types_of_execution_have_been_encountered(); "
@@ -482,9 +468,7 @@ class ComgraRecorder:
 
     # -- internals ------------------------------------------------------------------------------
     def _check_stage(self, call: str) -> None:
-        if self.current_stage not in _STAGES_FOR[call]:
-            raise RecordingError(f"{call}() was called {_stage_text(self.current_stage)}; the order is start_batch(), "
-                                 "then per iteration start_iteration() ... finish_iteration(), then finish_batch().")
+        stages.check_stage(call, self.current_stage)
 
     def _guarded(self, action: Any) -> None:
         """Run a recording action; a fault of comgra's own stops recording, never the training."""
@@ -502,22 +486,6 @@ class ComgraRecorder:
 _ENTRY_POINTS = tuple(name for name, value in vars(ComgraRecorder).items() if hasattr(value, "untraced")) + (
     "start_batch", "start_iteration", "register_tensor", "add_tensor_connection", "detach_while_keeping_connection",
     "record_current_gradients", "finish_iteration", "decide_recording_of_batch", "finish_batch", "record_kpi_in_graph")
-
-
-def _check_type(type_of_execution: str) -> None:
-    if (not isinstance(type_of_execution, str) or not _TYPE_PATTERN.match(type_of_execution)
-            or type_of_execution == "any_value" or type_of_execution.startswith("__")):
-        raise ConfigError(f"type_of_execution={type_of_execution!r} is not usable; use letters, digits, '-' and '_' "
-                          "(not starting with '__', not 'any_value'), e.g. '05_iterations'.")
-
-
-def _stage_text(stage: str) -> str:
-    return {
-        "inactive": "outside a training step (before start_batch() or after finish_batch())",
-        "started": "after start_batch() but before start_iteration()",
-        "forward": "inside an iteration (after start_iteration(), before finish_iteration())",
-        "after_iteration": "after finish_iteration() but before the next start_iteration() or finish_batch()",
-    }[stage]
 
 
 def _finalize_quietly(reference: weakref.ref) -> None:

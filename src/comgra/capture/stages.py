@@ -1,0 +1,49 @@
+"""The order of a training step's recording calls, and the names a type of step may have: the checks the
+recorder makes of the documented API's use, each raising an error that says what was called when and how
+to fix it."""
+from __future__ import annotations
+
+import re
+
+from comgra.errors import ConfigError, RecordingError
+
+TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9\-_]+$")
+STAGES_FOR = {
+    "start_iteration": ("started", "after_iteration"),
+    "finish_iteration": ("forward",),
+    "finish_batch": ("started", "after_iteration"),
+    "decide_recording_of_batch": ("started", "after_iteration"),
+}
+
+
+def check_stage(call: str, stage: str) -> None:
+    """Raise where ``call`` comes at ``stage`` of the step, out of the documented order."""
+    if stage not in STAGES_FOR[call]:
+        raise RecordingError(f"{call}() was called {_stage_text(stage)}; the order is start_batch(), "
+                             "then per iteration start_iteration() ... finish_iteration(), then finish_batch().")
+
+
+def check_registration(tensor_name: str, stage: str, is_initial_value: bool) -> None:
+    """Raise where ``register_tensor`` comes at ``stage``: an initial value before the first iteration, any
+    other tensor inside one."""
+    expected = ("started",) if is_initial_value else ("forward",)
+    if stage not in expected:
+        where = "between start_batch() and the first start_iteration()" if is_initial_value else \
+            "between start_iteration() and finish_iteration()"
+        raise RecordingError(f"register_tensor({tensor_name!r}) was called {_stage_text(stage)}; call it {where}.")
+
+
+def check_type(type_of_execution: str) -> None:
+    if (not isinstance(type_of_execution, str) or not TYPE_PATTERN.match(type_of_execution)
+            or type_of_execution == "any_value" or type_of_execution.startswith("__")):
+        raise ConfigError(f"type_of_execution={type_of_execution!r} is not usable; use letters, digits, '-' and '_' "
+                          "(not starting with '__', not 'any_value'), e.g. '05_iterations'.")
+
+
+def _stage_text(stage: str) -> str:
+    return {
+        "inactive": "outside a training step (before start_batch() or after finish_batch())",
+        "started": "after start_batch() but before start_iteration()",
+        "forward": "inside an iteration (after start_iteration(), before finish_iteration())",
+        "after_iteration": "after finish_iteration() but before the next start_iteration() or finish_batch()",
+    }[stage]
