@@ -172,3 +172,19 @@ def check_recorder_arguments(recorder: Any, given: dict[str, Any]) -> None:
     if recorder is not None and not isinstance(recorder, ComgraRecorder):
         raise ConfigError(f"recorder={recorder!r} is not a ComgraRecorder; pass one, or leave it out and pass "
                           "comgra_root_path=... to let the callback make it.")
+
+
+def callback_options(recorder: Any, watch: object, *, given: dict[str, Any], default_group: str,
+                     example: str) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
+    """The checked arguments of a callback: (the recorder's arguments with the defaults filled in, the
+    ``comgra.watch`` options or None for parameters only). ``given``: comgra_root_path, group, trial_id,
+    decision_maker_for_recordings and the other recorder options; ``example``: an include pattern for the
+    error message."""
+    check_recorder_arguments(recorder, given)
+    if not isinstance(watch, (bool, Mapping)):
+        raise ConfigError(f"watch={watch!r} must be True, False or a dict of comgra.watch options, "
+                          f"e.g. {{'include': {example!r}}}.")
+    options = dict(given)
+    arguments = (options.pop("comgra_root_path"), options.pop("group") or default_group,
+                 options.pop("trial_id") or "trial", options.pop("decision_maker_for_recordings"), options)
+    return arguments, dict(watch) if isinstance(watch, Mapping) else ({} if watch else None)

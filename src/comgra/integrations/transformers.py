@@ -32,8 +32,7 @@ from accelerate.state import GradientState  # the Trainer's: which micro-batch e
 from transformers import TrainerCallback
 
 import comgra
-from comgra.errors import ConfigError
-from comgra.integrations.steps import TRAINING, Guard, StepDriver, batch_size_of, check_recorder_arguments, loss_of
+from comgra.integrations.steps import TRAINING, Guard, StepDriver, batch_size_of, callback_options, loss_of
 from comgra.objects import DecisionMakerForRecordings, DecisionMakerForRecordingsFrequencyPerType
 from comgra.recorder import ComgraRecorder
 
@@ -57,18 +56,12 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
                  trial_id: str | None = None, decision_maker_for_recordings: DecisionMakerForRecordings | None = None,
                  *, recorder: ComgraRecorder | None = None, watch: bool | Mapping[str, Any] = True,
                  record_evaluation: bool = True, **recorder_options: Any):
-        check_recorder_arguments(recorder, dict(comgra_root_path=comgra_root_path, group=group, trial_id=trial_id,
-                                                decision_maker_for_recordings=decision_maker_for_recordings,
-                                                **recorder_options))
-        if not isinstance(watch, (bool, Mapping)):
-            raise ConfigError(f"watch={watch!r} must be True, False or a dict of comgra.watch options, "
-                              "e.g. {'include': 'transformer.h.*'}.")
+        self._recorder_arguments, self._watch_options = callback_options(
+            recorder, watch, given=dict(comgra_root_path=comgra_root_path, group=group, trial_id=trial_id,
+                                        decision_maker_for_recordings=decision_maker_for_recordings,
+                                        **recorder_options), default_group="trainer", example="transformer.h.*")
         self.recorder = recorder
         self._owns_recorder = recorder is None
-        self._recorder_arguments = (comgra_root_path, group or "trainer", trial_id or "trial",
-                                    decision_maker_for_recordings, recorder_options)
-        self._watch_options: dict[str, Any] | None = dict(watch) if isinstance(watch, Mapping) else \
-            ({} if watch else None)
         self._record_evaluation = record_evaluation
         self.watch: Any = None
         self._driver: StepDriver | None = None
