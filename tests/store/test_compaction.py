@@ -134,3 +134,20 @@ def test_kpis_at_one_repeated_timepoint_are_all_kept(trial_dir: Path) -> None:
         writer.flush()
     writer.close()
     assert sorted(TrialReader(trial_dir).kpis()["value"].to_pylist()) == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_a_reader_lets_go_of_the_small_tables_of_chunks_merged_away(trial_dir: Path) -> None:
+    """A live server reads the KPIs after every flush; what it kept of each flush's chunk must go once the writer
+    merged that chunk away, or the server's memory grows with every chunk the run ever wrote."""
+    writer = ChunkWriter(trial_dir, merge_every=4)
+    reader = TrialReader(trial_dir)
+    for step in range(64):
+        writer.put_table("kpis", pa.table({"kpi_group": ["loss"], "kpi_name": [""], "type_of_execution": [""],
+                                           "timepoint": [step], "value": [float(step)]}, schema=fmt.KPIS_SCHEMA))
+        writer.flush()
+        assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(step + 1))
+    writer.close()
+    assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(64))
+    files = {p.name for p in (trial_dir / "kpis").glob("*.parquet")}
+    assert len(files) == 1
+    assert {name for table, name in reader._cache if table == "kpis"} <= files  # 85 chunk versions were read

@@ -104,6 +104,8 @@ def _demo_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from comgra.server.app import limit_malloc_arenas
+    limit_malloc_arenas()  # before any thread: see there
     path = _test_run_path() if args.use_path_for_test_run else args.path
     group = check_recording(path)
     _repair_closed_trials(group)

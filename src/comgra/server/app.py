@@ -11,8 +11,10 @@ server (the one Flask and Dash use), bound to 127.0.0.1 unless told otherwise.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import ipaddress
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -205,6 +207,30 @@ def serve(app: Dash, *, host: str = "127.0.0.1", port: int = 8055, allow_hosts: 
         pass
     finally:
         server.server_close()
+
+
+SERVER_MALLOC_ARENAS = 2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+
+
+def limit_malloc_arenas(count: int = SERVER_MALLOC_ARENAS) -> bool:
+    """At most ``count`` glibc malloc arenas in this process, unless ``MALLOC_ARENA_MAX`` says otherwise.
+
+    Werkzeug answers each request on a new thread, and glibc gives threads arenas of their own, up to
+    eight per core. Each arena keeps the pages of the largest answers built in it (free blocks between
+    live ones cannot be handed back), and a live run's KPI and step answers grow with the run: under 20
+    REST clients the server's RSS grew by about 12 MiB a minute at 17 arenas (benchmarks/server_memory.py).
+    glibc fixes the limit when a second thread first allocates, so this must run before the process
+    starts a thread (DuckDB, the warm-up, the first request): ``comgra`` calls it first thing when it
+    serves. Importing comgra or building the app changes no allocator. False where nothing was changed
+    (not glibc, or the user's own setting)."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(mallopt(_M_ARENA_MAX, count))
 
 
 def url_of(server: BaseWSGIServer) -> str:

@@ -411,24 +411,34 @@ class TrialReader:
                 break
         else:
             parts = []
+        self._forget_merged_away(table)
         if not parts:
             return fmt.SCHEMAS[table].empty_table()
         merged = pa.concat_tables(parts)
         return merged if rank is None else merged.filter(pc.equal(merged["rank"], rank))
+
+    def _forget_merged_away(self, table: str) -> None:
+        """Let go of the chunks of ``table`` no longer on disk: a live writer merges every flush's chunks away,
+        and a server that kept them all grew with every chunk the run wrote (one scandir; removal is per key,
+        so a request thread adding a chunk meanwhile loses nothing)."""
+        on_disk = set(fmt.chunk_names(self.directory / table))
+        for key in [k for k in list(self._cache) if k[0] == table and k[1] not in on_disk]:
+            self._cache.pop(key, None)
 
     def _read_listed(self, table: str, rank: int | None) -> list[pa.Table] | None:
         """The chunks of one listing of ``table``; None when one of them vanished before it was read."""
         parts = []
         for path in self._files(table, rank):
             key = (table, path.name)
-            if key not in self._cache:
+            kept = self._cache.get(key)  # once: another thread may let go of a chunk merged away meanwhile
+            if kept is None:
                 try:
                     # Without a rank column a small table's rows are rank 0's (format 1, and tools that write
                     # chunks of the *_SCHEMA the recorder hands its writer), as they always were.
                     validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table], rank_optional=True)
                     read = chunk_checks.complete(table, chunk_checks.with_rank_of_format_1(
                         pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True)))
-                    self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
+                    kept = self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
                 except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
                     if not path.exists():
                         return None  # merged away meanwhile
@@ -436,7 +446,7 @@ class TrialReader:
                     self._report_problem(path, reason)
                     log.debug("comgra: skipped %s", path, exc_info=error)
                     continue
-            parts.append(self._cache[key])
+            parts.append(kept)
         return parts
 
     def _each_step_once(self, path: Path, table: pa.Table) -> pa.Table:
