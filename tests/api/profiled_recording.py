@@ -5,8 +5,11 @@ known: ``net.b1.a`` sleeps SLEEP_A, ``net.b1.b`` sleeps SLEEP_B, ``net.b1`` slee
 """
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 SLEEP_A, SLEEP_B, SLEEP_B1 = 0.010, 0.020, 0.005
 GROUP, TRIAL = "group", "trial"
@@ -79,3 +82,32 @@ def record(root: Path, *, steps: int = 4, resource_seconds: float | None = 0.05,
     time.sleep(0.15 if resource_seconds else 0)  # a few resource samples
     recorder.finalize()
     return root / GROUP
+
+
+def record_without_fsync(root: Path, **options: Any) -> Path:
+    """``record`` with the store's fsyncs off (a fixture's recording, copied for each test, never has to
+    survive a power loss); returns the group folder."""
+    from comgra.store import format as fmt
+
+    durable, fmt.DURABLE_WRITES = fmt.DURABLE_WRITES, False
+    try:
+        return record(root, **options)
+    finally:
+        fmt.DURABLE_WRITES = durable
+
+
+def copy_of_group(recorded: Path, folder: Path) -> Path:
+    """A copy of the group folder ``recorded`` in ``folder``, for a test to damage."""
+    shutil.copytree(recorded, folder / GROUP)
+    return folder / GROUP
+
+
+def client_of(group_dir: Path) -> Iterator[Any]:
+    """The app's Flask test client on ``group_dir`` (a generator, for a fixture to ``yield from``)."""
+    from comgra.server.app import create_app
+
+    app = create_app(group_dir, warm_up=False)
+    try:
+        yield app.server.test_client()
+    finally:
+        app.server.config.clear()

@@ -6,7 +6,6 @@ API is asked through the real app's Flask server. Before, ``series`` came back w
 """
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from comgra.store import format as fmt
 
 pytest.importorskip("torch")
 
-from profiled_recording import GROUP, TRIAL, record  # noqa: E402
+from profiled_recording import TRIAL, client_of, copy_of_group, record_without_fsync  # noqa: E402
 
 T = f"/api/v1/trials/{TRIAL}"
 # Every route whose answer is built from the trial's files, with the arguments it needs.
@@ -30,27 +29,12 @@ TRIAL_ROUTES = [f"{T}/steps", f"{T}/graph?step=0", f"{T}/values?step=0", f"{T}/s
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    durable, fmt.DURABLE_WRITES = fmt.DURABLE_WRITES, False
-    try:
-        return record(tmp_path_factory.mktemp("problems") / "store", steps=4)
-    finally:
-        fmt.DURABLE_WRITES = durable
+    return record_without_fsync(tmp_path_factory.mktemp("problems") / "store", steps=4)
 
 
 @pytest.fixture
 def group_dir(recorded: Path, tmp_path: Path) -> Path:
-    shutil.copytree(recorded, tmp_path / GROUP)
-    return tmp_path / GROUP
-
-
-def client_of(group_dir: Path) -> Iterator[Any]:
-    from comgra.server.app import create_app
-
-    app = create_app(group_dir, warm_up=False)
-    try:
-        yield app.server.test_client()
-    finally:
-        app.server.config.clear()
+    return copy_of_group(recorded, tmp_path)
 
 
 @pytest.fixture

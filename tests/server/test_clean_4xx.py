@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from comgra.store import format as fmt
 
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
-from profiled_recording import GROUP, TRIAL, record  # noqa: E402
+from profiled_recording import TRIAL, client_of, copy_of_group, record_without_fsync  # noqa: E402
 
 T = f"/api/v1/trials/{TRIAL}"
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -29,28 +28,17 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    durable, fmt.DURABLE_WRITES = fmt.DURABLE_WRITES, False
-    try:
-        return record(tmp_path_factory.mktemp("clean4xx") / "store", steps=4, resource_seconds=None)
-    finally:
-        fmt.DURABLE_WRITES = durable
+    return record_without_fsync(tmp_path_factory.mktemp("clean4xx") / "store", steps=4, resource_seconds=None)
 
 
 @pytest.fixture
 def group_dir(recorded: Path, tmp_path: Path) -> Path:
-    shutil.copytree(recorded, tmp_path / GROUP)
-    return tmp_path / GROUP
+    return copy_of_group(recorded, tmp_path)
 
 
 @pytest.fixture
 def client(group_dir: Path) -> Iterator[Any]:
-    from comgra.server.app import create_app
-
-    app = create_app(group_dir, warm_up=False)
-    try:
-        yield app.server.test_client()
-    finally:
-        app.server.config.clear()
+    yield from client_of(group_dir)
 
 
 def no_error_logged(caplog: pytest.LogCaptureFixture) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -18,7 +17,7 @@ from comgra.store import format as fmt
 
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
-from profiled_recording import GROUP, TRIAL, record  # noqa: E402
+from profiled_recording import TRIAL, client_of, copy_of_group, record_without_fsync  # noqa: E402
 
 T = f"/api/v1/trials/{TRIAL}"
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -26,28 +25,17 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    durable, fmt.DURABLE_WRITES = fmt.DURABLE_WRITES, False
-    try:
-        return record(tmp_path_factory.mktemp("live") / "store", steps=2)
-    finally:
-        fmt.DURABLE_WRITES = durable
+    return record_without_fsync(tmp_path_factory.mktemp("live") / "store", steps=2)
 
 
 @pytest.fixture
 def group_dir(recorded: Path, tmp_path: Path) -> Path:
-    shutil.copytree(recorded, tmp_path / GROUP)
-    return tmp_path / GROUP
+    return copy_of_group(recorded, tmp_path)
 
 
 @pytest.fixture
 def client(group_dir: Path) -> Iterator[Any]:
-    from comgra.server.app import create_app
-
-    app = create_app(group_dir, warm_up=False)
-    try:
-        yield app.server.test_client()
-    finally:
-        app.server.config.clear()
+    yield from client_of(group_dir)
 
 
 def within(seconds: float, call: Callable[[], Any]) -> Any:
