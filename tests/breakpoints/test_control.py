@@ -64,12 +64,25 @@ def test_no_trial_folder_is_created_for_an_unknown_trial(tmp_path: Path) -> None
     assert not (tmp_path / "nope").exists()
 
 
+def test_a_live_folder_another_process_makes_first_is_used(trial_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes that find no live/ both make it; the one that comes second goes on (it raised
+    FileExistsError, one run in three of the two-process test below)."""
+    real_mkdir = os.mkdir
+
+    def the_other_process_was_first(path: str | Path, mode: int = 0o777) -> None:
+        real_mkdir(path, 0o700)
+        raise FileExistsError(17, "File exists", str(path))
+    monkeypatch.setattr(os, "mkdir", the_other_process_was_first)
+    control.add_breakpoint(trial_dir, "loss", "has_nan")
+    monkeypatch.undo()
+    assert [b["target"] for b in control.list_breakpoints(trial_dir)] == ["loss"]
+
+
 def test_concurrent_edits_from_two_processes_lose_nothing(trial_dir: Path) -> None:
     code = ("import sys; from comgra.breakpoints import control\n"
             "for i in range(15): control.add_breakpoint(sys.argv[1], f'{sys.argv[2]}{i}', 'has_nan')")
     processes = [subprocess.Popen([sys.executable, "-c", code, str(trial_dir), name]) for name in ("a", "b")]
-    for process in processes:
-        assert process.wait(timeout=120) == 0
+    assert [process.wait(timeout=120) for process in processes] == [0, 0]  # both waited for, pass or fail
     listed = control.list_breakpoints(trial_dir)
     assert len(listed) == 30 and len({b["id"] for b in listed}) == 30
     assert {b["target"] for b in listed} == {f"{n}{i}" for n in "ab" for i in range(15)}

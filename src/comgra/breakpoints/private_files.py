@@ -37,7 +37,8 @@ def folder(directory: Path, *, create: bool) -> Path:
     except FileNotFoundError:
         if not create:
             return directory
-        os.mkdir(directory, 0o700)  # the trial folder must exist: one that is gone is never recreated
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile: checked below like any
+            os.mkdir(directory, 0o700)  # the trial folder must exist: one that is gone is never recreated
         info = os.lstat(directory)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         raise StoreError(f"{str(directory)!r} is a link or not a folder; comgra reads and writes nothing through "
