@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from comgra._version import __version__
+from comgra.capture import gradients as scaling
 from comgra.capture import kpis as kpi_buffer
 from comgra.capture import stages
 from comgra.capture.options import RecorderOptions
@@ -317,21 +318,23 @@ class ComgraRecorder:
             self.session.step.connect(tensor, result)  # type: ignore[union-attr]
         return result
 
-    def record_current_gradients(self, name_of_loss_group: str,
-                                 set_gradients_to_zero_if_not_a_parameter: bool = False) -> None:
-        """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group``."""
+    def record_current_gradients(self, name_of_loss_group: str, set_gradients_to_zero_if_not_a_parameter: bool = False,
+                                 *, scaler: Any = None, loss_scale: float | None = None) -> None:
+        """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group`` (again: the last
+        call's are kept), unscaled by ``scaler=`` (a GradScaler) or ``loss_scale=`` (ours; capture/gradients.py)."""
         if self.comgra_is_active and _is_compiling():
-            return _untraced(ComgraRecorder.record_current_gradients)(self, name_of_loss_group,
-                                                                      set_gradients_to_zero_if_not_a_parameter)
-        if self._breakpoints is not None:  # may start recording this step (a gradient condition held)
-            self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter)
-        if not self._recording:
+            return _untraced(ComgraRecorder.record_current_gradients)(
+                self, name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scaler=scaler, loss_scale=loss_scale)
+        watched = self._breakpoints is not None and self._breakpoints.monitor.active
+        if not (watched or self._recording):
             return
-        if name_of_loss_group == "forward" or not stages.TYPE_PATTERN.match(str(name_of_loss_group)):
-            raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
-                                 "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
-        self._guarded(lambda session: session.step.record_gradients(
-            name_of_loss_group, set_gradients_to_zero_if_not_a_parameter))
+        scale = scaling.scale_of(scaler, loss_scale)  # a host read of the scale: on recorded (or watched) steps only
+        if watched:  # may start recording this step (a gradient condition held)
+            self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale)  # type: ignore[union-attr]
+        if self._recording:
+            stages.check_gradient_group(name_of_loss_group)
+            self._guarded(lambda session: session.step.record_gradients(
+                name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale))
 
     def finish_iteration(self) -> None:
         if not self.comgra_is_active:

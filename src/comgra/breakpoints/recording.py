@@ -127,11 +127,12 @@ class RecorderBreakpoints:
             self._gradient_hooks.append(tensor.register_hook(keep))
         return box
 
-    def gradients(self, name_of_loss_group: str, set_to_zero: bool) -> None:
+    def gradients(self, name_of_loss_group: str, set_to_zero: bool, scale: Any = None) -> None:
+        """``scale``: the call's loss scale (capture.gradients.GradientScale), for the replay."""
         if self.monitor.active:
             if self.monitor.check_gradients():
                 self.force_recording()
-            self.keep(("gradients", name_of_loss_group, set_to_zero))
+            self.keep(("gradients", name_of_loss_group, set_to_zero) + (() if scale is None else (scale,)))
 
     def keep(self, call: tuple[Any, ...]) -> None:
         """Remember a recording call of an unrecorded step, in case a breakpoint forces its recording.
@@ -209,7 +210,7 @@ def _replay(session: Any, call: tuple[Any, ...]) -> None:
     elif kind == "finish_iteration":
         session.finish_iteration()
     elif kind == "gradients":
-        session.step.record_gradients(call[1], call[2])
+        session.step.record_gradients(*call[1:])
     elif kind == "connect":
         session.step.connect(call[1], call[2])
 

@@ -33,6 +33,12 @@ def check_registration(tensor_name: str, stage: str, is_initial_value: bool) -> 
         raise RecordingError(f"register_tensor({tensor_name!r}) was called {_stage_text(stage)}; call it {where}.")
 
 
+def check_gradient_group(name_of_loss_group: str) -> None:
+    if name_of_loss_group == "forward" or not TYPE_PATTERN.match(str(name_of_loss_group)):
+        raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
+                             "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
+
+
 def check_type(type_of_execution: str) -> None:
     if (not isinstance(type_of_execution, str) or not TYPE_PATTERN.match(type_of_execution)
             or type_of_execution == "any_value" or type_of_execution.startswith("__")):
