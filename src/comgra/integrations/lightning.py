@@ -103,12 +103,12 @@ class ComgraCallback(lightning.Callback):  # type: ignore[misc]
             self._guard.run(self._driver.training_batch, batch_size_of(batch))
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:
-        if self._driver is not None and self._driver.open is not None:
-            self._guard.run(self._driver.loss, loss)
+        if self._driver is not None and self._driver.open is not None:  # under "16-mixed" the loss comes scaled
+            self._guard.run(self._driver.loss, loss, _scaler_of(trainer))
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         if self._driver is not None:
-            self._guard.run(self._driver.gradients_and_finish)
+            self._guard.run(self._driver.gradients_and_finish, _scaler_of(trainer))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._driver is not None:  # a batch that accumulated without an optimizer step ends its iteration
@@ -133,3 +133,8 @@ class ComgraCallback(lightning.Callback):  # type: ignore[misc]
     def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self._driver is not None:
             self._guard.run(self._driver.end_evaluation_run)
+
+
+def _scaler_of(trainer: Any) -> Any:
+    """The GradScaler of the Trainer's precision plugin (``precision="16-mixed"``), or None."""
+    return getattr(trainer.precision_plugin, "scaler", None)

@@ -68,6 +68,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         self._handles: list[Any] = []
         self._in_training_step = False
         self._end_of_backward_queued = False  # in this optimizer step
+        self._scaler: Any = None  # the GradScaler of this optimizer step (fp16), or None
         self._guard = Guard("Trainer callback")
 
     # -- setting up --------------------------------------------------------------------------------
@@ -127,14 +128,17 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
         def queue(grad: torch.Tensor) -> None:
             engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients))  # type: ignore[union-attr]
+            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients,  # type: ignore[union-attr]
+                                                          self._scaler))
 
         loss.register_hook(queue)
 
     # -- the Trainer's events ----------------------------------------------------------------------
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
         self._in_training_step = True
         self._end_of_backward_queued = False
+        # fp16: accelerate's AcceleratedOptimizer holds the GradScaler that scales each micro-batch's loss
+        self._scaler = getattr(optimizer, "scaler", None)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
@@ -142,7 +146,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
-            self._guard.run(self._driver.gradients_and_finish)
+            self._guard.run(self._driver.gradients_and_finish, self._scaler)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._in_training_step = False
