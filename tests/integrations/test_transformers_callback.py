@@ -159,7 +159,7 @@ class _FakeRecorder:
 def test_a_fault_of_comgras_own_warns_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from comgra.integrations.steps import IntegrationWarning, StepDriver
 
-    def broken(self: StepDriver) -> None:
+    def broken(self: StepDriver, *arguments: Any) -> None:
         raise RuntimeError("planted")
 
     monkeypatch.setattr(StepDriver, "gradients_and_finish", broken)
