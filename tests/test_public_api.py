@@ -43,7 +43,8 @@ RECORDER_METHODS = {
     "detach_while_keeping_connection": ["tensor"],
     "declare_that_all_different_types_of_execution_have_been_encountered": [],
     "decide_recording_of_batch": ["type_of_execution", "category_per_sample"],
-    "record_current_gradients": ["name_of_loss_group", "set_gradients_to_zero_if_not_a_parameter"],
+    "record_current_gradients": ["name_of_loss_group", "set_gradients_to_zero_if_not_a_parameter",
+                                 "scaler", "loss_scale"],  # ours, keyword-only: loss scaling (issue 23)
     "finish_iteration": [],
     "finish_batch": [],
     "finalize": [],
@@ -82,6 +83,8 @@ def test_recorder_methods_match_the_original_api() -> None:
     assert init["max_num_neurons_to_record"].kind is inspect.Parameter.KEYWORD_ONLY
     assert init["flush_seconds"].kind is inspect.Parameter.KEYWORD_ONLY
     assert init["record_ranks"].kind is inspect.Parameter.KEYWORD_ONLY
+    gradients = inspect.signature(cls.record_current_gradients).parameters
+    assert [gradients[n].kind for n in ("scaler", "loss_scale")] == [inspect.Parameter.KEYWORD_ONLY] * 2
 
 
 def test_defaults_match_the_original_api() -> None:

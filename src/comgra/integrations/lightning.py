@@ -9,7 +9,9 @@ of the LightningModule (``comgra.watch``) and its gradient per batch, the loss t
 scales it), the parameters as they were before the step, and the parameters' gradients once per
 optimizer step. **The gradients are read in ``on_before_optimizer_step``: after all batches of gradient
 accumulation were added up, after a mixed-precision scaler unscaled them, before gradient clipping
-(``gradient_clip_val``) and before the optimizer step, so they are those of this step.** (The obvious
+(``gradient_clip_val``) and before the optimizer step, so they are those of this step.** Under
+``precision="16-mixed"`` the activation gradients and the loss (which ``on_before_backward`` gets scaled)
+are divided by the precision plugin's ``GradScaler`` scale. (The obvious
 version, all comgra calls in ``training_step``, reads the ``.grad`` left by the previous step.) Each
 batch of an accumulated step is an iteration of the step; a batch smaller than the step's first (a
 ragged last batch) has its tensors recorded without per-sample rows. The first batch of each

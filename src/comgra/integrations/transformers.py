@@ -12,7 +12,9 @@ clips gradients (``max_grad_norm``, 1.0 by default) before its last callback bef
 (``on_pre_optimizer_step``), so the gradients are read earlier: at the end of the backward pass of the
 step's last micro-batch (an autograd end-of-backward callback, queued by a hook on the loss the model
 returned; the last micro-batch is the one for which the Trainer's ``accelerate`` ``GradientState``
-says ``sync_gradients``), before clipping.** Where that cannot be set up (a loss that is not the model's
+says ``sync_gradients``), before clipping; under ``fp16`` they are still scaled then, and are divided by the
+scale of accelerate's ``GradScaler`` (``AcceleratedOptimizer.scaler``), as the activation gradients are.**
+Where that cannot be set up (a loss that is not the model's
 output ``loss``), they are read in ``on_pre_optimizer_step``, after clipping. Activation gradients are
 recorded as the backward pass made them, per micro-batch. Each micro-batch is an iteration
 of the step; a micro-batch smaller than the step's first (a ragged last batch) has its tensors recorded
