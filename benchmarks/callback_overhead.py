@@ -17,7 +17,9 @@ median over the rounds of (block time / the round's ``none`` block), with the lo
 the median time per step, on the wall clock and on the running thread's CPU clock (comgra writes nothing on
 an unrecorded step, so the training thread is where its cost would be); the median difference to ``none``
 in ms per step; and the time spent inside comgra's callback methods and model hooks, each wrapped in a
-timer (a direct measure of what the callback adds, which the noise of a shared machine does not blur).
+timer (a direct measure of what the callback adds, which the noise of a shared machine does not blur), and
+of that, the mean CPU time of the recorder's polls of its live-control files (time-based: every 0.5 s of
+wall time, so their share per step grows as steps slow down on a loaded machine).
 
     python benchmarks/callback_overhead.py [--framework transformers,lightning] [--rounds 21] [--steps 10]
 """
@@ -40,11 +42,14 @@ from comgra.objects import DecisionMakerForRecordingsFrequencyPerType, DecisionM
 
 
 class Inside:
-    """The time spent inside comgra's callback methods and model hooks (each wrapped in a timer), per block."""
+    """The time spent inside comgra's callback methods and model hooks (each wrapped in a timer), per block;
+    of it, in the recorder's poll of its live-control files (BreakpointMonitor._poll: every
+    ``[breakpoints] poll_interval_s``, 0.5 s by default, of wall time, not per step)."""
 
     def __init__(self) -> None:
-        self.wall = self.cpu = 0.0
+        self.wall = self.cpu = self.poll_cpu = 0.0
         self.blocks: list[tuple[float, float]] = []
+        self.polls: list[float] = []
 
     def wrap(self, callback: Any, names: tuple[str, ...]) -> Any:
         for name in names:
@@ -63,7 +68,29 @@ class Inside:
 
     def end_block(self) -> None:
         self.blocks.append((self.wall, self.cpu))
-        self.wall = self.cpu = 0.0
+        self.polls.append(self.poll_cpu)
+        self.wall = self.cpu = self.poll_cpu = 0.0
+
+
+INSIDE_OF_THREAD: dict[int, Inside] = {}
+
+
+def time_the_polls() -> None:
+    """Wrap BreakpointMonitor._poll in a timer that charges the running variant (by thread)."""
+    from comgra.breakpoints.monitor import BreakpointMonitor
+
+    poll = BreakpointMonitor._poll
+
+    def timed(self: Any) -> None:
+        start = time.thread_time()
+        try:
+            poll(self)
+        finally:
+            inside = INSIDE_OF_THREAD.get(threading.get_ident())
+            if inside is not None:
+                inside.poll_cpu += time.thread_time() - start
+
+    BreakpointMonitor._poll = timed  # type: ignore[method-assign]
 
 
 # What a Trainer calls of each callback on a training step (and the model hooks the Trainer callback adds).
@@ -189,7 +216,8 @@ def measure(framework: str, names: list[str], options: argparse.Namespace) -> di
         threads = []
         for name in names:
             run = make(name, copy.deepcopy(base), data, batons[name], Path(directory), total_steps, options)
-            threads.append(threading.Thread(target=run, name=f"{framework}-{name}", daemon=True))
+            threads.append(threading.Thread(target=_registered(run, batons[name].inside), name=f"{framework}-{name}",
+                                            daemon=True))
         for thread in threads:
             thread.start()
         for name in names:  # the first block of each: set-up, the allocator's warm-up, first-step costs
@@ -204,7 +232,15 @@ def measure(framework: str, names: list[str], options: argparse.Namespace) -> di
     for name in names:  # the timed rounds only, not the warm-up block
         batons[name].times = times[name]
         batons[name].inside.blocks = batons[name].inside.blocks[1:]
+        batons[name].inside.polls = batons[name].inside.polls[1:]
     return batons
+
+
+def _registered(run: Any, inside: Inside) -> Any:
+    def target() -> None:
+        INSIDE_OF_THREAD[threading.get_ident()] = inside
+        run()
+    return target
 
 
 def report(framework: str, names: list[str], batons: dict[str, Baton], options: argparse.Namespace) -> None:
@@ -213,7 +249,7 @@ def report(framework: str, names: list[str], batons: dict[str, Baton], options: 
     none = batons["none"].times
     for clock, index in (("wall clock", 0), ("training thread's CPU time", 1)):
         print(f"  {clock}:\n  {'variant':<12}{'ms/step':>10}{'ratio':>9}  {'rounds (min-max)':<18}"
-              f"{'difference ms/step':>20}{'in comgra ms/step':>19}")
+              f"{'difference ms/step':>20}{'in comgra ms/step':>19}{'of it polls':>13}")
         for name in names:
             measured = [t[index] for t in batons[name].times]
             per_step = statistics.median(measured) / options.steps * 1000
@@ -223,8 +259,10 @@ def report(framework: str, names: list[str], batons: dict[str, Baton], options: 
             ratios = [t / n[index] for t, n in zip(measured, none)]
             differences = [(t - n[index]) / options.steps * 1000 for t, n in zip(measured, none)]
             inside = statistics.median(b[index] for b in batons[name].inside.blocks) / options.steps * 1000
+            polls = "" if index == 0 else f"{statistics.mean(batons[name].inside.polls) / options.steps * 1000:>13.3f}"
             print(f"  {name:<12}{per_step:>10.2f}{statistics.median(ratios):>8.3f}x  "
-                  f"{min(ratios):.3f}-{max(ratios):.3f}x{'':<6}{statistics.median(differences):>+20.3f}{inside:>19.3f}")
+                  f"{min(ratios):.3f}-{max(ratios):.3f}x{'':<6}{statistics.median(differences):>+20.3f}{inside:>19.3f}"
+                  f"{polls}")
 
 
 def main() -> None:
@@ -245,6 +283,7 @@ def main() -> None:
         parser.error("--variants must start with none (the baseline)")
     torch.set_num_threads(options.threads)
     warnings.filterwarnings("ignore")  # the frameworks' advice about a tiny CPU setup
+    time_the_polls()
     for framework in options.framework.split(","):
         report(framework, names, measure(framework, names, options), options)
 
