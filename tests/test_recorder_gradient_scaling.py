@@ -153,9 +153,9 @@ def test_manual_loss_scaling_with_loss_scale(make_recorder: Any, open_trial: Any
 
 
 def test_a_scale_comgra_cannot_know_is_warned_about(make_recorder: Any, open_trial: Any) -> None:
-    """Manual scaling without loss_scale: the registered loss's gradient (1024 / 3 here: a power of two
-    only once the micro-batches' division is left out) gives it away. Recorded as they are, with a warning
-    once per group that says what to pass."""
+    """Manual scaling without loss_scale: the registered loss's gradient gives it away (the loss is divided by
+    the 3 micro-batches and the result multiplied by 3 * 1024: its gradient is 1024). Recorded as they are,
+    with one warning per group that says what to pass."""
     hidden_grads, accumulated, _ = _expected()
     with pytest.warns(ComgraWarning, match=r"The gradient of the loss 'loss' is 1024, not 1: .* "
                                            r"record_current_gradients\('gradients', scaler=<your torch.amp.GradScaler>\)"
