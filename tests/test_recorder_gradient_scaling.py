@@ -121,18 +121,21 @@ def test_zeroed_activation_gradients_keep_the_call_that_had_them(make_recorder: 
     _check(_gradient_rows(open_trial), hidden_grads, accumulated)
 
 
-@pytest.mark.parametrize("unscale", [False, True], ids=["scaled", "after_unscale_"])
+@pytest.mark.parametrize("unscale", [None, "unscale_", "step"], ids=["scaled", "after_unscale_", "after_step"])
 @pytest.mark.parametrize("autocast", [None, torch.float16], ids=["float32", "autocast_float16"])
-def test_a_gradscaler_passed_records_unscaled_gradients(make_recorder: Any, open_trial: Any, unscale: bool,
+def test_a_gradscaler_passed_records_unscaled_gradients(make_recorder: Any, open_trial: Any, unscale: str | None,
                                                         autocast: Any) -> None:
     """A real torch.amp.GradScaler on CPU: the hooks' activation gradients are scaled, the parameters' too
-    unless scaler.unscale_ ran (read from the scaler); both are recorded unscaled."""
+    unless scaler.unscale_ or scaler.step ran (read from the scaler); both are recorded unscaled."""
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 14)
     hidden_grads, accumulated, _ = _expected(autocast)
     seen: dict[str, Any] = {}
 
     def unscale_(optimizer: Any) -> None:
-        scaler.unscale_(optimizer)
+        if unscale == "unscale_":
+            scaler.unscale_(optimizer)
+        else:
+            scaler.step(optimizer)  # unscales (in place) and steps; update() comes after the recording
         seen["grad"] = optimizer.param_groups[0]["params"][0].grad.clone()
 
     _record(make_recorder, scale_loss=scaler.scale, unscale_before_last=unscale_ if unscale else None,
