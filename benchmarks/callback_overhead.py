@@ -50,20 +50,23 @@ class Inside:
         self.wall = self.cpu = self.poll_cpu = 0.0
         self.blocks: list[tuple[float, float]] = []
         self.polls: list[float] = []
+        self.calls: dict[str, list[float]] = {}  # CPU seconds of each call, per method
 
     def wrap(self, callback: Any, names: tuple[str, ...]) -> Any:
         for name in names:
-            setattr(callback, name, self._timed(getattr(callback, name)))
+            setattr(callback, name, self._timed(getattr(callback, name), self.calls.setdefault(name, [])))
         return callback
 
-    def _timed(self, method: Any) -> Any:
+    def _timed(self, method: Any, calls: list[float]) -> Any:
         def timed(*arguments: Any, **kwargs: Any) -> Any:
             start, start_cpu = time.perf_counter(), time.thread_time()
             try:
                 return method(*arguments, **kwargs)
             finally:
+                cpu = time.thread_time() - start_cpu
                 self.wall += time.perf_counter() - start
-                self.cpu += time.thread_time() - start_cpu
+                self.cpu += cpu
+                calls.append(cpu)
         return timed
 
     def end_block(self) -> None:
@@ -263,6 +266,10 @@ def report(framework: str, names: list[str], batons: dict[str, Baton], options: 
             print(f"  {name:<12}{per_step:>10.2f}{statistics.median(ratios):>8.3f}x  "
                   f"{min(ratios):.3f}-{max(ratios):.3f}x{'':<6}{statistics.median(differences):>+20.3f}{inside:>19.3f}"
                   f"{polls}")
+    for name in names[1:]:
+        calls = {method: times[options.steps:] for method, times in batons[name].inside.calls.items() if times}
+        print(f"  {name}: CPU per call inside comgra, median (the warm-up block left out): " + ", ".join(
+            f"{method} {statistics.median(times) * 1e6:.1f} us" for method, times in calls.items()))
 
 
 def main() -> None:
