@@ -4,7 +4,7 @@ gradients this test computes itself with plain autograd, without comgra and with
 from __future__ import annotations
 
 import collections
-import copy
+import warnings
 from typing import Any
 
 import pytest
@@ -170,7 +170,6 @@ def test_a_scale_comgra_cannot_know_is_warned_about(make_recorder: Any, open_tri
 
 
 def test_loss_scale_1_says_a_weighted_loss_is_meant(make_recorder: Any, open_trial: Any) -> None:
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _record(make_recorder, scale_loss=lambda loss: loss * MICRO_BATCHES * 16,
