@@ -267,7 +267,8 @@ def report(framework: str, names: list[str], batons: dict[str, Baton], options: 
                   f"{min(ratios):.3f}-{max(ratios):.3f}x{'':<6}{statistics.median(differences):>+20.3f}{inside:>19.3f}"
                   f"{polls}")
     for name in names[1:]:
-        calls = {method: times[options.steps:] for method, times in batons[name].inside.calls.items() if times}
+        calls = {method: times[options.steps:] for method, times in batons[name].inside.calls.items()
+                 if len(times) > options.steps}  # the methods called on every step
         print(f"  {name}: CPU per call inside comgra, median (the warm-up block left out): " + ", ".join(
             f"{method} {statistics.median(times) * 1e6:.1f} us" for method, times in calls.items()))
 
