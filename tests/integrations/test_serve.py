@@ -8,6 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 
 pytest.importorskip("torch")
@@ -112,3 +113,40 @@ def test_show_outside_a_notebook_says_to_use_serve(group: Path) -> None:
     with pytest.raises(ConfigError, match=r"comgra\.show\(\) shows the app in a Jupyter notebook.*"
                                           r"comgra\.serve\(path\)"):
         comgra.show(group)
+
+
+def test_an_open_app_shows_the_new_run_when_the_recorder_cell_runs_again(make_recorder, store_root,
+                                                                        tiny_model) -> None:
+    """Both runs write the same chunk names (one flush each, at finalize): what the app's service keeps of the
+    first run must not answer for the second."""
+    from comgra.service import RecordingService
+
+    def run(value: float) -> None:
+        recorder = make_recorder({0, 1}, flush_seconds=60.0)
+        for step in (0, 1):
+            recorder.start_batch(step, 2)
+            recorder.start_iteration()
+            x = torch.full((2, 3), value + step)
+            recorder.register_tensor("x", x, is_input=True)
+            recorder.register_tensor("y", tiny_model(x))
+            recorder.finish_iteration()
+            recorder.finish_batch()
+        recorder.finalize()
+
+    def x_means(service: RecordingService, trial_id: str = "trial") -> list[float]:
+        return [service.step_rows(trial_id, step, 0).filter(
+            (pc.field("node") == "x") & (pc.field("aggregation") == "mean") & (pc.field("kind") == "forward")
+        )["mean"][0].as_py() for step in (0, 1)]
+
+    run(1.0)
+    service = RecordingService(store_root / "group")
+    try:
+        assert x_means(service) == [1.0, 2.0]
+        chunks = service.step_index("trial").chunks
+        run(10.0)
+        assert service.trials() == ["trial", "trial~1"]
+        assert service.step_index("trial").chunks == chunks  # the same names, another run
+        assert x_means(service) == [10.0, 11.0]
+        assert x_means(service, "trial~1") == [1.0, 2.0]
+    finally:
+        service.close()
