@@ -47,7 +47,10 @@ def finish_earlier(options: RecorderOptions, rank: int, world_size: int) -> str 
     if world_size > 1 or directory not in _RECORDED_HERE or not (directory / fmt.TRIAL_META).is_file():
         return None  # a shard of a distributed run, or a trial of another process: session.py moves it aside
     kept = _free_sibling(directory)
-    os.rename(directory, kept)
+    try:
+        os.rename(directory, kept)
+    except OSError:  # (a folder that cannot be renamed) session.py moves it aside, or reports why it cannot
+        return None
     _name_the_copy(kept, options.trial_id)
     print(f"comgra: trial {options.trial_id!r} was recorded before in this process; that recording is kept as "
           f"trial {kept.name!r}, and trial {options.trial_id!r} is the new run", file=sys.stderr)
