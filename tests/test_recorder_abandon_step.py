@@ -167,6 +167,9 @@ def test_a_new_recorder_for_an_open_trial_finishes_the_earlier_one_and_keeps_its
     _full_step(later, 0, tiny_model, inputs[3], kpi=9.0)
     later.finalize()
     earlier.finalize()  # already finished by the later one: nothing happens
+    with pytest.raises(RecordingError, match=r"was finished when a new ComgraRecorder for the same trial was made "
+                                             r"\(a notebook cell run again\); its steps are kept as trial 'trial~1'"):
+        earlier.start_batch(5, 2)  # it would record into a closed trial
     assert "kept as trial 'trial~1'" in capfd.readouterr().err
     assert group.trials() == ["trial", "trial~1"]
     kept, new = group.trial("trial~1"), group.trial("trial")  # the same GroupReader: it sees the new folder

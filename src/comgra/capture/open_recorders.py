@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from comgra.capture.options import RecorderOptions
+from comgra.errors import RecordingError
 from comgra.store import format as fmt
 
 # (trial folder, rank) -> the recorder that holds it open now (weakly: a recorder nobody holds is not kept alive)
@@ -29,6 +30,8 @@ _OPEN: dict[tuple[Path, int], weakref.ref[Any]] = {}
 # The trial folders this process recorded into (open or finished): their earlier runs are kept beside the new one
 _RECORDED_HERE: set[Path] = set()
 _LOCK = threading.Lock()
+# Recorders finished because a new one took their trial -> the message their next start_batch raises
+_REPLACED: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 EARLIER_RUN_MARK = "~"
 
 
@@ -44,17 +47,41 @@ def finish_earlier(options: RecorderOptions, rank: int, world_size: int) -> str 
     if earlier is not None:
         earlier.abandon_step()  # an exception interrupted its step: nothing of the half step is stored
         earlier.finalize()  # its writer writes what it holds and lets go of the folder
-    if world_size > 1 or directory not in _RECORDED_HERE or not (directory / fmt.TRIAL_META).is_file():
-        return None  # a shard of a distributed run, or a trial of another process: session.py moves it aside
-    kept = _free_sibling(directory)
-    try:
-        os.rename(directory, kept)
-    except OSError:  # (a folder that cannot be renamed) session.py moves it aside, or reports why it cannot
-        return None
-    _name_the_copy(kept, options.trial_id)
+    kept = _keep_beside(directory, options.trial_id) \
+        if world_size == 1 and directory in _RECORDED_HERE and (directory / fmt.TRIAL_META).is_file() else None
+    if earlier is not None:
+        _REPLACED[earlier] = (f"This ComgraRecorder of trial {options.trial_id!r} was finished when a new "
+                              f"ComgraRecorder for the same trial was made (a notebook cell run again)"
+                              f"{_kept_as(kept)}, and records nothing more. Record through the new recorder, "
+                              "e.g. comgra.my_recorder.")
+    if kept is None:  # nothing recorded before, a shard of a distributed run, or a trial of another process:
+        return None  # session.py moves it aside
     print(f"comgra: trial {options.trial_id!r} was recorded before in this process; that recording is kept as "
           f"trial {kept.name!r}, and trial {options.trial_id!r} is the new run", file=sys.stderr)
     return kept.name
+
+
+def check_not_replaced(recorder: Any) -> None:
+    """At start_batch: a recorder that a new one replaced says so, instead of recording into a closed trial."""
+    message = _REPLACED.get(recorder)
+    if message is not None:
+        raise RecordingError(message)
+
+
+def _kept_as(kept: Path | None) -> str:
+    return f"; its steps are kept as trial {kept.name!r}" if kept is not None else ""
+
+
+def _keep_beside(directory: Path, trial_id: str) -> Path | None:
+    """Rename the trial folder to ``<trial_id>~N``; None where it cannot be (session.py moves it aside, or reports
+    why it cannot)."""
+    kept = _free_sibling(directory)
+    try:
+        os.rename(directory, kept)
+    except OSError:
+        return None
+    _name_the_copy(kept, trial_id)
+    return kept
 
 
 def hold(recorder: Any, directory: Path, rank: int) -> None:

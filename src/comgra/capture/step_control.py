@@ -13,9 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from comgra.capture import open_recorders
+
 
 def opened(recorder: Any) -> None:
     """At ``start_batch``, before the step's number is taken: remember what ``abandon`` goes back to."""
+    open_recorders.check_not_replaced(recorder)
     recorder._step_before = recorder.training_step
     recorder._kpis.start_step()
 
