@@ -18,7 +18,8 @@ from comgra.capture import open_recorders
 
 def opened(recorder: Any) -> None:
     """At ``start_batch``, before the step's number is taken: remember what ``abandon`` goes back to."""
-    open_recorders.check_not_replaced(recorder)
+    if recorder.session is not None and recorder.session.closed:  # finalized: perhaps replaced by a new recorder
+        open_recorders.check_not_replaced(recorder)
     recorder._step_before = recorder.training_step
     recorder._kpis.start_step()
 
