@@ -110,6 +110,7 @@ class Session:
                    modules: ModuleTracker, per_sample_default: bool) -> bool:
         if self.broken:
             return False
+        self.graphs_of_step.clear()
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
         self.step = StepRecording(training_step, batch_size, type_of_execution, options,
                                   parameter_aliases=modules.aliases, report=self.warn_once)
