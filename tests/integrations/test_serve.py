@@ -99,6 +99,8 @@ def test_a_bad_port_is_a_config_error(group: Path, port: object, match: str) -> 
 def test_the_root_folder_instead_of_the_group_folder_gets_an_error_naming_the_group(group: Path) -> None:
     with pytest.raises(StoreError, match=r"not the group folder .* It holds the groups \['group'\]: pass e\.g\."):
         comgra.serve(group.parent)
+    with pytest.raises(StoreError, match=r"It is the folder of trial 'trial': pass its group, '.*/group'\."):
+        comgra.serve(group / "trials" / "trial")
     with pytest.raises(StoreError, match="the folder does not exist"):
         comgra.serve(group / "nothing here")
 

@@ -109,6 +109,8 @@ def group_folder(path: str | Path) -> Path:
     if not (group / "trials").is_dir():
         groups = sorted(p.name for p in group.iterdir() if (p / "trials").is_dir())
         hint = (f" It holds the groups {groups}: pass e.g. {str(group / groups[0])!r}." if groups else
+                f" It is the folder of trial {group.name!r}: pass its group, {str(group.parent.parent)!r}."
+                if (group / "trial.json").is_file() and group.parent.name == "trials" else
                 " Record a step into it first, or pass the group folder, i.e. comgra_root_path/group.")
         raise StoreError(f"{str(group)!r} is not the group folder of a recording (it has no trials/ folder).{hint}")
     return group
