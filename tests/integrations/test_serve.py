@@ -89,6 +89,19 @@ def test_a_port_asked_for_is_used_and_a_busy_one_is_an_error_naming_the_fix(grou
         url.stop()
 
 
+def test_served_beyond_loopback_the_url_carries_the_token(group: Path) -> None:
+    url = comgra.serve(group, host="0.0.0.0", findings_scan=False)
+    try:
+        base, token = url.split("?token=")
+        assert len(token) >= 24 and base.endswith("/")
+        request = urllib.request.Request(base + "api/v1/trials/trial/run/continue", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:  # a state-changing call without the token
+            urllib.request.urlopen(request, timeout=60)  # noqa: S310 - the app this test started
+        assert refused.value.code == 401
+    finally:
+        url.stop()
+
+
 @pytest.mark.parametrize(("port", "match"), [(-1, "port=-1 is not a port"), (70000, "port=70000"),
                                              ("8055", "port='8055'"), (True, "port=True")])
 def test_a_bad_port_is_a_config_error(group: Path, port: object, match: str) -> None:

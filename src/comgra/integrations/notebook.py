@@ -117,6 +117,7 @@ def group_folder(path: str | Path) -> Path:
 
 
 def _start(group: Path, port: int, options: tuple[Any, ...]) -> _Served:
+    from comgra.server.api import TOKEN_CONFIG
     from comgra.server.app import create_app, make_http_server, url_of
 
     host, visualization_file, poll_seconds, findings_scan, allow_hosts = options
@@ -127,7 +128,8 @@ def _start(group: Path, port: int, options: tuple[Any, ...]) -> _Served:
     except OSError as error:
         raise ConfigError(f"comgra cannot serve on {host}:{port} ({error.strerror or error}); pass another port, "
                           "or port=None for a free one.") from None
-    url = AppURL(url_of(server))
+    token = app.server.config.get(TOKEN_CONFIG)  # bound beyond loopback: the link carries the token, as comgra's
+    url = AppURL(url_of(server) + (f"?token={token}" if token else ""))  # (the browser keeps it as a cookie)
     url.path = group
     thread = threading.Thread(target=server.serve_forever, name=f"comgra-app-{server.server_port}", daemon=True)
     thread.start()
