@@ -98,6 +98,7 @@ def test_served_beyond_loopback_the_url_carries_the_token(group: Path) -> None:
         with pytest.raises(urllib.error.HTTPError) as refused:  # a state-changing call without the token
             urllib.request.urlopen(request, timeout=60)  # noqa: S310 - the app this test started
         assert refused.value.code == 401
+        refused.value.close()  # its answer's socket
     finally:
         url.stop()
 
