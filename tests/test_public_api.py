@@ -12,7 +12,7 @@ import comgra
 import comgra.objects
 
 PUBLIC = {
-    "comgra": ["ComgraError", "TrainingAborted", "__version__", "my_recorder", "watch"],
+    "comgra": ["ComgraError", "TrainingAborted", "__version__", "my_recorder", "serve", "show", "watch"],
     "comgra.recorder": ["ComgraRecorder"],
     "comgra.objects": ["DecisionMakerForRecordings", "DecisionMakerForRecordingsFrequencyPerType",
                        "DecisionMakerForRecordingsHardcoded"],
@@ -49,6 +49,9 @@ RECORDER_METHODS = {
     "finish_batch": [],
     "finalize": [],
     "flush": ["timeout"],  # ours: make a run in progress readable up to now (issue 6)
+    "abandon_step": [],  # ours: drop a step an exception interrupted (issue 23, notebooks)
+    "batch": ["training_step", "current_batch_size", "type_of_execution",  # ours: start_batch ... finish_batch
+              "record_all_tensors_per_batch_index_by_default", "override__recording_is_active"],  # as a with block
     "record_kpi_in_graph": ["kpi_group", "kpi_name", "val", "timepoint", "record_even_if_recording_is_inactive"],
 }
 

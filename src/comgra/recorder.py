@@ -12,11 +12,10 @@ not recorded every call returns after a flag check.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import sys
-import weakref
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import torch
 from comgra._version import __version__
 from comgra.capture import gradients as scaling
 from comgra.capture import kpis as kpi_buffer
-from comgra.capture import stages
+from comgra.capture import open_recorders, stages, step_control
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
@@ -153,9 +152,10 @@ class ComgraRecorder:
         self._on_finalize: list[Any] = []  # callables, e.g. removing comgra.watch's hooks
         self._step_listeners: list[Any] = []  # told at start_batch whether the step takes tensors, at finish_batch
         self.session: Session | None = None
-        if comgra_is_active:
+        if comgra_is_active:  # an earlier recorder of this trial (a notebook cell run again) is finished first
+            open_recorders.finish_earlier(self.options, self.rank_info.rank, self.rank_info.world_size)
             self.session = Session.open(self.options, __version__, self.rank_info)
-            atexit.register(_finalize_quietly, weakref.ref(self))
+            open_recorders.hold(self, self.session.directory, self.rank_info.rank)
         # Breakpoints and run control (comgra.breakpoints); None when comgra is off, so that costs nothing.
         self._breakpoints = RecorderBreakpoints.attach(self, breakpoints=breakpoints, settings=self.settings) \
             if comgra_is_active else None
@@ -223,14 +223,17 @@ class ComgraRecorder:
         _prepare_untraced()
         if self.current_stage != "inactive":
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
-                                 "is still open; call finish_batch() at the end of each training step.")
+                                 "is still open; call finish_batch() at the end of each training step, or "
+                                 "abandon_step() to drop a step that an exception interrupted.")
         if self.training_step is not None and training_step <= self.training_step:
             raise RecordingError(f"training_step={training_step} does not increase (the previous step was "
-                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call.")
+                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call, or "
+                                 "make a new ComgraRecorder to record from the start again.")
         known = isinstance(type_of_execution, str) and type_of_execution in self._types_seen
         if type_of_execution is not None and not known:  # a type is checked once, not on every step
             stages.check_type(type_of_execution)
             self._types_seen.add(type_of_execution)
+        step_control.opened(self)  # what abandon_step() goes back to
         self.training_step, self.type_of_execution = training_step, type_of_execution
         self._batch_size = current_batch_size
         self.current_stage = "started"
@@ -355,18 +358,12 @@ class ComgraRecorder:
         if _is_compiling():
             return _untraced(ComgraRecorder.decide_recording_of_batch)(self, type_of_execution, category_per_sample)
         self._check_stage("decide_recording_of_batch")
+        stages.check_decision(type_of_execution, self.type_of_execution, dynamic=self._dynamic,
+                              all_declared=self._all_types_declared, seen=self._types_seen)
         if not self._dynamic:
-            if type_of_execution != self.type_of_execution:
-                raise RecordingError(f"decide_recording_of_batch({type_of_execution!r}) disagrees with start_batch("
-                                     f"type_of_execution={self.type_of_execution!r}); pass None to start_batch to decide late.")
             return
         self._dynamic = False
         if type_of_execution is not None:
-            stages.check_type(type_of_execution)
-            if self._all_types_declared and type_of_execution not in self._types_seen:
-                raise RecordingError(f"type_of_execution={type_of_execution!r} appeared after "
-                                     "declare_that_all_different_types_of_execution_have_been_encountered(); "
-                                     f"known types: {sorted(self._types_seen)}.")
             self._types_seen.add(type_of_execution)
         self.type_of_execution = type_of_execution
         self._kpis.set_type(type_of_execution)
@@ -411,6 +408,21 @@ class ComgraRecorder:
             self.session.close(sorted(self._types_seen))
         if self._breakpoints is not None:
             self._breakpoints.close()
+        open_recorders.release(self)
+
+    @_never_traced
+    def abandon_step(self) -> bool:
+        """Drop the training step in progress, one an exception interrupted: nothing of it is stored, and
+        ``start_batch`` works again, also with the same ``training_step``. False where no step was open. Ours;
+        ``batch()`` calls it for you. See the README's "Notebooks"."""
+        return step_control.abandon(self)
+
+    def batch(self, training_step: int, current_batch_size: int, type_of_execution: str | None = "main_execution_type",
+              record_all_tensors_per_batch_index_by_default: bool = True,
+              override__recording_is_active: bool | None = None) -> AbstractContextManager[ComgraRecorder]:
+        """``with recorder.batch(step, len(x)):`` start_batch, then finish_batch, or abandon_step if it raises."""
+        return step_control.batch(self, (training_step, current_batch_size, type_of_execution,
+                                         record_all_tensors_per_batch_index_by_default, override__recording_is_active))
 
     @_never_traced
     def flush(self, timeout: float | None = 60.0) -> None:
@@ -489,12 +501,3 @@ class ComgraRecorder:
 _ENTRY_POINTS = tuple(name for name, value in vars(ComgraRecorder).items() if hasattr(value, "untraced")) + (
     "start_batch", "start_iteration", "register_tensor", "add_tensor_connection", "detach_while_keeping_connection",
     "record_current_gradients", "finish_iteration", "decide_recording_of_batch", "finish_batch", "record_kpi_in_graph")
-
-
-def _finalize_quietly(reference: weakref.ref) -> None:
-    recorder = reference()
-    if recorder is not None:
-        try:
-            recorder.finalize()
-        except Exception:  # noqa: BLE001 - at interpreter exit there is no one left to tell
-            pass
