@@ -254,7 +254,7 @@ RECORDER_KINDS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable
     "int64": (lambda x: (x * 10).long(), lambda x: (x * 10).long()),
     "transposed": (lambda x: x.t().contiguous().t(), lambda x: x),
     "negative view": (lambda x: torch._neg_view(x), lambda x: -x),
-    "complex": (lambda x: torch.complex(x, x), None),
+    "complex": (lambda x: torch.complex(x, x), lambda x: torch.complex(x, x).abs()),  # as |z| (test_complex_tensors.py)
     "quantized": (_quantized, None),
     "sparse": (lambda x: x.to_sparse(), None),
     "meta": (lambda x: torch.empty(x.shape, device="meta"), None),
@@ -270,6 +270,7 @@ RECORDER_KINDS: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable
 @example(kind="negative view", batch_dim=0, width=20_000, seed=0)  # stopped the recording (NumPy refused it)
 @example(kind="functional", batch_dim=None, width=20_000, seed=0)
 @example(kind="tagged", batch_dim=0, width=20_000, seed=0)  # a subclass with its own values: recorded
+@example(kind="complex", batch_dim=None, width=20_000, seed=0)  # skipped before; now as |z|
 @given(kind=st.sampled_from(sorted(RECORDER_KINDS)), batch_dim=st.sampled_from([0, None]),
        width=st.sampled_from([3, 40, 20_000]), seed=st.integers(0, 99))
 def test_the_recorder_records_or_skips_and_reports_every_tensor_kind(kind: str, batch_dim: int | None, width: int,

@@ -20,7 +20,8 @@ from comgra.capture import background
 from comgra.capture import gradients as scaling
 from comgra.capture import graph as graphs
 from comgra.capture.registry import Registration
-from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table, unsummarisable
+from comgra.capture.summaries import (Block, SampleChoice, complex_notice, summarize_values, to_table,
+                                      unsummarisable)
 from comgra.errors import RecordingError, did_you_mean
 from comgra.store import format as fmt
 
@@ -128,6 +129,8 @@ class StepRecording:
         registration.grad_fn = tensor.grad_fn
         reason = unsummarisable(tensor)
         if reason is None:
+            if tensor.is_complex():
+                self._tell_complex(registration, tensor)
             self._capture_value(registration, tensor, live)
         else:  # still a node of the graph, with no rows
             self._skip(registration, "values", reason)
@@ -154,6 +157,8 @@ class StepRecording:
             self._by_tensor_id.setdefault(id(tensor), key)
             reason = unsummarisable(tensor)  # type: ignore[arg-type]
             if reason is None:
+                if tensor.is_complex():  # type: ignore[union-attr]
+                    self._tell_complex(registration, tensor)  # type: ignore[arg-type]
                 self._pending_forward.append((registration, tensor))  # type: ignore[arg-type]
             else:  # an FSDP2 parameter (a DTensor), whose .grad is one too: a node of the graph with no rows
                 self._skip(registration, "values and gradients", reason)
@@ -172,6 +177,10 @@ class StepRecording:
                                             max_neurons=self.options.max_neurons, with_svd=self.options.with_svd)
         else:
             self._pending_forward.append((registration, tensor.detach().clone()))
+
+    def _tell_complex(self, registration: Registration, tensor: torch.Tensor) -> None:
+        if self.report is not None:
+            self.report(f"complex:{registration.tensor_name}", complex_notice(registration.tensor_name, tensor.dtype))
 
     def _skip(self, registration: Registration, what: str, reason: str) -> None:
         """Leave out a value comgra cannot summarise, and say so once per tensor name: never a crash in the
