@@ -26,6 +26,9 @@ class Connections:
     by_leaf: dict[int, Hashable] = field(default_factory=dict)  # id(leaf tensor) -> registration key
     extra_by_grad_fn: dict[Any, list[Any]] = field(default_factory=dict)  # grad_fn -> sources
     extra_by_leaf: dict[int, list[Any]] = field(default_factory=dict)  # id(leaf) -> sources
+    # grad_fn -> what the walk follows in place of its next_functions: a reentrant checkpoint's node leads to the
+    # recomputed outputs of its function (capture/checkpointing.py), as the uncheckpointed graph would
+    instead_of: dict[Any, list[Any]] = field(default_factory=dict)
 
     def add_manual(self, source: Any, sink: torch.Tensor, grad_fn: Any = None) -> None:
         """``source`` (a registration key or a tensor) feeds ``sink``, whose autograd node is ``grad_fn``
@@ -58,7 +61,8 @@ def _children_of_tensor(tensor: torch.Tensor, grad_fn: Any, connections: Connect
 
 
 def _children(fn: Any, connections: Connections) -> list[Any]:
-    children: list[Any] = [nf for nf, _ in fn.next_functions if nf is not None]
+    replaced = connections.instead_of.get(fn) if connections.instead_of else None
+    children: list[Any] = list(replaced) if replaced is not None else [nf for nf, _ in fn.next_functions if nf is not None]
     children.extend(connections.extra_by_grad_fn.get(fn, ()))
     variable = getattr(fn, "variable", None)  # AccumulateGrad of an unregistered leaf
     if variable is not None:
@@ -75,6 +79,7 @@ def _resolve(start: Any, connections: Connections, memo: dict[Any, frozenset]) -
     stack = [start]
     children_of: dict[Any, list[Any]] = {}
     by_grad_fn, by_leaf, extra_by_grad_fn = connections.by_grad_fn, connections.by_leaf, connections.extra_by_grad_fn
+    instead_of = connections.instead_of or None
     while stack:
         item = stack[-1]
         node = _as_node(item)
@@ -99,7 +104,8 @@ def _resolve(start: Any, connections: Connections, memo: dict[Any, frozenset]) -
                     memo[node] = frozenset([key])
                     stack.pop()
                     continue
-                children = [nf for nf, _ in next_functions if nf is not None]
+                replaced = instead_of.get(item) if instead_of is not None else None
+                children = list(replaced) if replaced is not None else [nf for nf, _ in next_functions if nf is not None]
                 children.extend(extra_by_grad_fn.get(item, ()))
                 if variable is not None:
                     children.extend(connections.extra_by_leaf.get(id(variable), ()))

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from comgra.capture.checkpointing import recomputing
 from comgra.capture.kpis import KpiBuffer
 from comgra.capture.modules import ModuleTracker, parameter_nodes
 from comgra.capture.options import RecorderOptions
@@ -127,11 +128,18 @@ class Session:
         """``watched``: a module output found by comgra.watch (see ``ComgraRecorder._register_watched``)."""
         step = self.step
         assert step is not None
+        if watched and recomputing():  # a module's forward hook, run again by torch.utils.checkpoint's recomputation
+            return step.recomputed(tensor_name, tensor)
         registration = _registration(step, tensor_name, tensor, index_of_batch_dimension, flags, recording_type,
                                      self.per_sample_default if record_per_batch_index is None else record_per_batch_index,
                                      node_name, role_within_node)
+        # Made inside a reentrant checkpoint's forward pass, under no_grad: it waits for the recomputation
+        # (capture/checkpointing.py), and is made a leaf that wants a gradient only where it is the function's input.
+        region = step.checkpoints.reentrant_forward() if not torch.is_grad_enabled() else None
+        if region is not None and (tensor.grad_fn is not None or tensor.requires_grad):
+            region = None
         if tensor.is_floating_point() or tensor.is_complex():
-            if not tensor.requires_grad and tensor.grad_fn is None:
+            if not tensor.requires_grad and tensor.grad_fn is None and (region is None or region.is_argument(tensor)):
                 tensor.requires_grad_(True)  # so that its gradient can be recorded; undone at finish_batch
                 step.switched_on_grad.append(tensor)
         else:
@@ -142,7 +150,12 @@ class Session:
         registration.tensor = tensor
         if watched:
             self.warned.add(f"unconnected:{tensor_name}")
-        step.register(registration, tensor, takeover=watched)
+        step.register(registration, tensor, takeover=watched, region=region)
+
+    def recomputed(self, tensor_name: str, tensor: torch.Tensor) -> None:
+        """``register_tensor`` called again by activation checkpointing's recomputation (capture/checkpointing.py)."""
+        if self.step is not None:
+            self.step.recomputed(tensor_name, tensor)
 
     def finish_iteration(self) -> None:
         step = self.step

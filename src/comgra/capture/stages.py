@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from comgra.capture.checkpointing import recomputing  # noqa: F401 - the recorder asks it before check_registration
 from comgra.errors import ConfigError, RecordingError
 
 TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9\-_]+$")

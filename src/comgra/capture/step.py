@@ -19,6 +19,8 @@ import torch
 from comgra.capture import background
 from comgra.capture import gradients as scaling
 from comgra.capture import graph as graphs
+from comgra.capture import checkpointing
+from comgra.capture.checkpointing import Checkpoints, Region
 from comgra.capture.registry import Registration
 from comgra.capture.summaries import (Block, SampleChoice, complex_notice, summarize_values, to_table,
                                       unsummarisable)
@@ -92,17 +94,20 @@ class StepRecording:
     _by_node_role: dict[tuple[str, str], list[Registration]] = field(default_factory=dict)
     parameter_aliases: dict[str, list[str]] = field(default_factory=dict)  # tied parameters: first name -> others
     _parameter_job: background.Job | None = None  # the parameters' statistics, on the worker (CPU only)
+    checkpoints: Checkpoints = field(default_factory=Checkpoints)  # torch.utils.checkpoint (capture/checkpointing.py)
     # report(key, message): a warning once per key (Session.warn_once); None: nobody to tell (tests)
     report: Callable[[str, str], None] | None = None
 
     # -- registration -----------------------------------------------------------------------
     def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False,
-                 takeover: bool = False) -> None:
+                 takeover: bool = False, region: Region | None = None) -> None:
         """Remember ``tensor`` under ``registration``; ``live``: summarise the tensor itself at the first
         start_iteration (tracked parameters) instead of its value now. A tensor registered again under a
         second name depends on the earlier name only; ``takeover``: the second name is then the one that
         the tensor's consumers depend on (a block that returns its last layer's output: layer -> block ->
-        next block), else the first name stays that (the user's own registrations, as always)."""
+        next block), else the first name stays that (the user's own registrations, as always). ``region``: the
+        reentrant checkpoint whose forward pass made ``tensor`` without a gradient; the registration waits for the
+        recomputation (capture/checkpointing.py)."""
         key = registration.key
         if key in self.registrations:
             raise RecordingError(
@@ -136,13 +141,21 @@ class StepRecording:
             self._skip(registration, "values", reason)
         if tensor.grad_fn is not None:
             owner = self.connections.by_grad_fn.get(tensor.grad_fn)
+            if owner is None and self.checkpoints.regions:  # the output of a reentrant checkpoint, registered inside
+                owner = self.checkpoints.registered_inside(tensor)
             if owner is None or takeover:
                 self.connections.by_grad_fn[tensor.grad_fn] = key
             registration.same_as = owner  # type: ignore[assignment]  # a registration key: (iteration, name)
         else:
             self.connections.by_leaf.setdefault(id(tensor), key)
+        if region is not None:
+            self.checkpoints.wait(region, registration, tensor)
         if tensor.requires_grad and registration.tensor_type != "parameter":
             self._hooks.append(tensor.register_hook(self._gradient_hook(key)))
+
+    def recomputed(self, tensor_name: str, tensor: torch.Tensor) -> None:
+        """``register_tensor`` called again by activation checkpointing's recomputation in the backward pass."""
+        self.checkpoints.recomputed(self, tensor_name, tensor)
 
     def register_parameters(self, registrations: list[Registration]) -> None:
         """``register(r, r.tensor, live=True)`` for the tracked parameters at the start of a step, without
@@ -360,6 +373,7 @@ class StepRecording:
         self._grads.clear()
         self._pending_forward.clear()
         self._by_tensor_id.clear()
+        self.checkpoints.clear()
         self.keep_alive.clear()
         for tensor in self.switched_on_grad:  # leave the user's tensors as they were before the step
             tensor.requires_grad_(False)
@@ -374,6 +388,8 @@ class StepRecording:
     # -- the graph of one iteration -----------------------------------------------------------
     def _graph_of_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
         memo: dict[Any, frozenset] = {}
+        if self.checkpoints.regions:
+            self.checkpoints.settle(self)
         targets = [r for r in self.registrations.values() if r.iteration == self.iteration]
         edges: set[tuple[Any, Any]] = set()
         for registration in targets:
@@ -386,6 +402,8 @@ class StepRecording:
             else:
                 sources = graphs.dependencies(tensor, grad_fn, self.connections, memo)
             edges |= {(source, registration.key) for source in sources if source != registration.key}
+        if self.report is not None and self.checkpoints.unseen(memo, self.connections):
+            self.report("reentrant-unseen", checkpointing.UNSEEN)
         return self._document(targets, edges, groups_of_parameters)
 
     def _document(self, targets: list[Registration], edges: set[tuple[Any, Any]],
