@@ -96,9 +96,12 @@ def _run_blocks(blocks: torch.nn.ModuleList, x: torch.Tensor, mode: str, outside
     return x
 
 
-def _train(folder: Path, model_kind: str, mode: str, where: set[str], outside: bool, *,
-           steps: int = 2) -> tuple[Any, list[str]]:
-    """Two recorded training steps of the model; the trial's reader and the comgra warnings given."""
+def _train(folder: Path, model_kind: str, mode: str, where: set[str], outside: bool, *, steps: int = 2,
+           register_input: bool = True, iterations: int = 1, backward_after_finish: bool = False,
+           watch: bool = False) -> tuple[Any, list[str]]:
+    """Recorded training steps of the model; the trial's reader and the warnings given. ``iterations`` forward
+    passes per step, their losses summed; ``backward_after_finish``: one backward pass after the last
+    finish_iteration(); ``watch``: comgra.watch names every module's output."""
     block_type, shape = MODELS[model_kind]
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList([block_type(i, where) for i in range(BLOCKS)])
@@ -109,24 +112,37 @@ def _train(folder: Path, model_kind: str, mode: str, where: set[str], outside: b
                               flush_seconds=60.0, max_num_neurons_to_record=6, resource_seconds=None)
     for block in blocks:
         block.recorder = recorder
-    recorder.track_module("blocks", blocks)
-    recorder.track_module("head", head)
+    net = torch.nn.ModuleDict({"blocks": blocks, "head": head})
+    if watch:
+        import comgra
+        comgra.watch(net, recorder=recorder, name="net")
+    else:
+        recorder.track_module("blocks", blocks)
+        recorder.track_module("head", head)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             for step in range(steps):
                 recorder.start_batch(step, BATCH)
-                recorder.start_iteration()
-                x = data[step]
-                recorder.register_tensor("x", x, is_input=True)
-                y = _run_blocks(blocks, x, mode, outside, recorder)
-                loss = head(y).pow(2).mean()
-                recorder.register_tensor("loss", loss, is_loss=True)
                 optimizer.zero_grad()
-                loss.backward()
-                recorder.record_current_gradients("gradients")
+                total = torch.zeros(())
+                for iteration in range(iterations):
+                    recorder.start_iteration()
+                    x = data[step] * (1 + iteration)
+                    if register_input:
+                        recorder.register_tensor("x", x, is_input=True)
+                    y = _run_blocks(blocks, x, mode, outside, recorder)
+                    loss = head(y).pow(2).mean()
+                    recorder.register_tensor("loss", loss, is_loss=True)
+                    total = total + loss
+                    if not backward_after_finish:
+                        loss.backward()
+                        recorder.record_current_gradients("gradients")
+                    recorder.finish_iteration()
+                if backward_after_finish:
+                    total.backward()
+                    recorder.record_current_gradients("gradients")
                 optimizer.step()
-                recorder.finish_iteration()
                 recorder.finish_batch()
         finally:
             recorder.finalize()
@@ -144,12 +160,13 @@ def _rows_by_key(trial: Any, steps: int) -> dict[tuple[Any, ...], dict[str, Any]
     return rows
 
 
-def _graph_of(trial: Any, step: int) -> dict[str, Any]:
-    (row,) = [r for r in trial.steps().to_pylist() if r["training_step"] == step]
+def _graph_of(trial: Any, step: int, iteration: int = 0) -> dict[str, Any]:
+    (row,) = [r for r in trial.steps().to_pylist() if r["training_step"] == step and r["iteration"] == iteration]
     return trial.graph(row["graph"])
 
 
-def _assert_same_recording(reference: Any, checkpointed: Any, where: set[str], outside: bool, steps: int = 2) -> None:
+def _assert_same_recording(reference: Any, checkpointed: Any, where: set[str], outside: bool, steps: int = 2,
+                           graph: bool = True, iterations: int = 1) -> None:
     expected, actual = _rows_by_key(reference, steps), _rows_by_key(checkpointed, steps)
     assert sorted(actual) == sorted(expected)
     names = {(name, kind) for _, name, kind, *_ in expected}
@@ -165,10 +182,11 @@ def _assert_same_recording(reference: Any, checkpointed: Any, where: set[str], o
         for name in STATISTICS:
             assert other[name] == pytest.approx(row[name], rel=1e-5, abs=1e-7, nan_ok=True), (key, name)
         np.testing.assert_allclose(other["neurons"], row["neurons"], rtol=1e-5, atol=1e-7, err_msg=str(key))
-    for step in range(steps):
-        graph, other_graph = _graph_of(reference, step), _graph_of(checkpointed, step)
-        assert _edges(other_graph) == _edges(graph)
-        assert other_graph["hash"] == graph["hash"]
+    for step in range(steps if graph else 0):
+        for iteration in range(iterations):
+            expected_graph, other_graph = _graph_of(reference, step, iteration), _graph_of(checkpointed, step, iteration)
+            assert _edges(other_graph) == _edges(expected_graph)
+            assert other_graph["hash"] == expected_graph["hash"]
 
 
 def _edges(graph: dict[str, Any]) -> set[tuple[str, str]]:
@@ -196,3 +214,153 @@ def test_checkpointed_blocks_record_what_the_uncheckpointed_model_records(tmp_pa
     checkpointed, checkpointed_warnings = _train(tmp_path / "checkpointed", model_kind, mode, where, outside)
     _assert_same_recording(reference, checkpointed, where, outside)
     assert _comgra_warnings(checkpointed_warnings) == _comgra_warnings(reference_warnings)
+
+
+@pytest.mark.parametrize("mode", ["non-reentrant", "sequential-non-reentrant"])
+def test_an_input_registered_only_inside_the_checkpoint_gets_its_gradient(tmp_path: Path, mode: str) -> None:
+    """The data enter the first block without requires_grad; registered there (and nowhere else), comgra makes it a
+    leaf that wants a gradient, as without checkpointing. (use_reentrant=True: see the next test; torch's reentrant
+    checkpoint of a function none of whose inputs wants a gradient gives its parameters none either.)"""
+    reference, reference_warnings = _train(tmp_path / "reference", "mlp", "none", {"first", "middle"}, False,
+                                           register_input=False)
+    checkpointed, checkpointed_warnings = _train(tmp_path / "checkpointed", "mlp", mode, {"first", "middle"}, False,
+                                                 register_input=False)
+    assert ("block0_in", "gradients") in {(n, k) for _, n, k, *_ in _rows_by_key(checkpointed, 2)}
+    _assert_same_recording(reference, checkpointed, {"first", "middle"}, False)
+    assert _comgra_warnings(checkpointed_warnings) == _comgra_warnings(reference_warnings)
+
+
+@pytest.mark.parametrize("mode", ["none", "reentrant", "non-reentrant"])
+def test_a_data_argument_registered_inside_a_reentrant_checkpoint(make_recorder: Any, open_trial: Any,
+                                                                  mode: str) -> None:
+    """checkpoint(f, data, state): ``data`` wants no gradient until comgra registers it inside f, under no_grad when
+    use_reentrant=True; it gets the gradient of the uncheckpointed run from the recomputation's detached copy."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(WIDTH, WIDTH)
+    data, state = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH, requires_grad=True)
+    recorder = make_recorder({0})
+    recorder.track_module("layer", layer)
+
+    def function(x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        recorder.register_tensor("data_in", x)
+        out = torch.tanh(layer(x) + h)
+        recorder.register_tensor("out", out)
+        return out
+
+    recorder.start_batch(0, BATCH)
+    recorder.start_iteration()
+    recorder.register_tensor("state", state)
+    y = function(data, state) if mode == "none" else checkpoint(function, data, state,
+                                                                use_reentrant=mode == "reentrant")
+    loss = (y * torch.arange(WIDTH)).pow(2).mean()
+    recorder.register_tensor("loss", loss, is_loss=True)
+    loss.backward()
+    recorder.record_current_gradients("gradients")
+    recorder.finish_iteration()
+    recorder.finish_batch()
+    recorder.finalize()
+    assert not data.requires_grad  # handed back as it was
+    # the gradient of data, computed here: d loss / d data = W^T (d loss / d pre-activation)
+    expected_input = data.clone().requires_grad_(True)
+    (torch.tanh(layer(expected_input) + state.detach()) * torch.arange(WIDTH)).pow(2).mean().backward()
+    rows = {(r["tensor_name"], r["kind"], r["sample"]): r for r in open_trial().selection(training_step=0).to_pylist()}
+    for sample in range(BATCH):
+        np.testing.assert_allclose(rows[("data_in", "gradients", sample)]["neurons"],
+                                   expected_input.grad[sample].numpy(), rtol=1e-5, atol=1e-8)
+    graph = _graph_of(open_trial(), 0)
+    assert {("data_in", "out"), ("state", "out"), ("layer.weight", "out"), ("out", "loss")} <= _edges(graph)
+
+
+@pytest.mark.parametrize("mode", ["non-reentrant", "sequential-non-reentrant"])
+def test_a_full_recomputation_without_early_stop(tmp_path: Path, mode: str) -> None:
+    """set_checkpoint_early_stop(False): the recomputation runs the whole function, its last registration too."""
+    where = {"first", "middle", "last"}
+    reference, reference_warnings = _train(tmp_path / "reference", "transformer", "none", where, False)
+    with set_checkpoint_early_stop(False):
+        checkpointed, messages = _train(tmp_path / "checkpointed", "transformer", mode, where, False)
+    _assert_same_recording(reference, checkpointed, where, False)
+    assert _comgra_warnings(messages) == _comgra_warnings(reference_warnings)
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
+def test_comgra_watch_inside_checkpointed_blocks(tmp_path: Path, mode: str) -> None:
+    """comgra.watch registers every module's output from forward hooks, which the recomputation runs again (and
+    counts as a module's second call, name@2)."""
+    reference, reference_warnings = _train(tmp_path / "reference", "mlp", "none", set(), False, watch=True)
+    checkpointed, checkpointed_warnings = _train(tmp_path / "checkpointed", "mlp", mode, set(), False, watch=True)
+    names = {(n, k) for _, n, k, *_ in _rows_by_key(checkpointed, 2)}
+    assert {("net.blocks.1.up", "gradients"), ("net.blocks.1", "gradients")} <= names
+    _assert_same_recording(reference, checkpointed, set(), False)
+    assert _comgra_warnings(checkpointed_warnings) == _comgra_warnings(reference_warnings)
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
+def test_one_backward_pass_after_several_iterations(tmp_path: Path, mode: str) -> None:
+    """Two iterations per step, one backward pass after the last finish_iteration(): the recomputations come when
+    no iteration is open, each is matched to the iteration that registered its tensors. Values and gradients are
+    the uncheckpointed run's; under use_reentrant=True the graphs were drawn before the recomputation made the
+    function's autograd graph, which a warning says (with the fix), and they lack the edges inside."""
+    where = {"first", "middle", "last"}
+    options = dict(iterations=2, backward_after_finish=True)
+    reference, reference_warnings = _train(tmp_path / "reference", "mlp", "none", where, True, **options)
+    checkpointed, messages = _train(tmp_path / "checkpointed", "mlp", mode, where, True, **options)
+    rows = _rows_by_key(checkpointed, 2)
+    assert {(n, k, i) for _, n, k, i, *_ in rows} >= {("block1_hidden", "gradients", 0), ("block1_hidden", "gradients", 1)}
+    _assert_same_recording(reference, checkpointed, where, True, graph=mode != "reentrant", iterations=2)
+    extra = sorted(set(_comgra_warnings(messages)) - set(_comgra_warnings(reference_warnings)))
+    if mode == "reentrant":  # the warning with the fix, and the tensors the graph has no edges for
+        assert any("use_reentrant=True" in m and "use_reentrant=False" in m and "finish_iteration()" in m
+                   for m in extra), extra
+        assert all("use_reentrant" in m or "has no connection" in m for m in extra), extra
+    else:
+        assert extra == []
+
+
+def test_a_reentrant_checkpoint_that_registers_nothing_inside_is_reported(tmp_path: Path) -> None:
+    """Its forward pass makes no autograd graph and no registration leads comgra to the recomputation: what is inside
+    (the blocks' parameters) has no edges. Values and gradients are still right, and a warning names the fix."""
+    reference, _ = _train(tmp_path / "reference", "mlp", "none", set(), True)
+    checkpointed, messages = _train(tmp_path / "checkpointed", "mlp", "reentrant", set(), True)
+    _assert_same_recording(reference, checkpointed, set(), True, graph=False)
+    assert _edges(_graph_of(checkpointed, 0)) < _edges(_graph_of(reference, 0))
+    (warning,) = [m for m in messages if "torch.utils.checkpoint" in m]
+    assert "use_reentrant=False" in warning and "register a tensor inside the function" in warning
+
+
+class RegistersInBackward(torch.autograd.Function):
+    """A custom op whose backward registers a tensor: not a recomputation, nothing of that name in the forward."""
+
+    recorder: ComgraRecorder | None = None
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        assert RegistersInBackward.recorder is not None
+        RegistersInBackward.recorder.register_tensor("made_in_backward", grad)
+        return grad * 2
+
+
+def test_a_registration_in_a_backward_pass_that_is_no_recomputation_is_reported(make_recorder: Any,
+                                                                                open_trial: Any) -> None:
+    recorder = make_recorder({0, 1})
+    RegistersInBackward.recorder = recorder
+    x = torch.randn(BATCH, WIDTH, requires_grad=True)
+    with pytest.warns(ComgraWarning, match="made_in_backward") as caught:
+        for step in (0, 1):
+            recorder.start_batch(step, BATCH)
+            recorder.start_iteration()
+            recorder.register_tensor("x", x, is_input=True)
+            loss = RegistersInBackward.apply(x).sum()
+            recorder.register_tensor("loss", loss, is_loss=True)
+            loss.backward()
+            recorder.record_current_gradients("gradients")
+            recorder.finish_iteration()
+            recorder.finish_batch()
+    recorder.finalize()
+    (message,) = [str(w.message) for w in caught if "made_in_backward" in str(w.message)]  # once, not per step
+    assert "backward pass" in message and "torch.utils.checkpoint" in message
+    names = {r["tensor_name"] for r in open_trial().selection(training_step=1).to_pylist()}
+    assert names == {"x", "loss"}

@@ -18,6 +18,7 @@ Python stack for a registration under ``no_grad`` (the reentrant forward pass, o
 """
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from types import FrameType
@@ -68,7 +69,9 @@ class Region:
     node: Any  # the checkpoint's autograd node (CheckpointFunctionBackward), the ctx of its forward
     arguments: tuple[Any, ...]
     waiting: dict[str, tuple[int, str]] = field(default_factory=dict)  # name -> registration key
-    wired: bool = False  # the recomputation's inputs are joined to the original ones
+    order: list[str] = field(default_factory=list)  # every name registered in the forward pass, in order
+    task: int = -2  # the backward pass (graph task) whose recomputation was joined to the graph last
+    count: int = 0  # registrations made by that recomputation so far
     frame: FrameType | None = None  # CheckpointFunction.backward's, until its recomputed outputs are read
 
     def is_argument(self, tensor: torch.Tensor) -> bool:
@@ -100,8 +103,8 @@ class Checkpoints:
     _inside: dict[int, tuple[tuple[int, str], Region]] = field(default_factory=dict)  # id(forward tensor) ->
     _unsettled: list[Region] = field(default_factory=list)  # recomputed, outputs not read yet
 
-    def reentrant_forward(self) -> Region | None:
-        """The reentrant checkpoint whose forward pass runs now (call only under ``no_grad``), or None."""
+    def reentrant_forward(self, tensor_name: str) -> Region | None:
+        """The reentrant checkpoint whose forward pass registers ``tensor_name`` now (call only under ``no_grad``)."""
         frame = _frame_of(_FORWARD)
         if frame is None:
             return None
@@ -110,6 +113,7 @@ class Checkpoints:
         region = self.regions.get(node)
         if region is None:
             region = self.regions[node] = Region(node, tuple(local.get("args", ())))
+        region.order.append(tensor_name)
         return region
 
     def wait(self, region: Region, registration: Registration, tensor: torch.Tensor) -> None:
@@ -141,22 +145,28 @@ class Checkpoints:
         self._inside.clear()
 
     # -- the recomputation ---------------------------------------------------------------------------------------
-    def recomputed(self, step: StepRecording, tensor_name: str, tensor: torch.Tensor) -> None:
+    def recomputed(self, step: StepRecording, tensor_name: str, tensor: torch.Tensor, takeover: bool = False) -> None:
         """``register_tensor`` called again by a recomputation: the gradient of a tensor that waits for it is caught
         on the recomputed tensor, and the graph is walked through it; anything else was recorded in the forward
-        pass already."""
+        pass already. ``takeover``: as in ``StepRecording.register`` (comgra.watch's module outputs)."""
         node = _current_autograd_node()
         if type(node) is not _NODE:  # non-reentrant: the forward tensor has the gradient and the graph
-            if tensor_name not in step.latest_by_name and step.report is not None:
+            if not {tensor_name, _base(tensor_name)} & step.latest_by_name.keys() and step.report is not None:
                 step.report(f"backward-registration:{tensor_name}", _unknown_in_backward(tensor_name, step))
             return
         region = self.regions.get(node)
         if region is None:  # nothing inside waits; the graph still goes through the recomputation (parameters)
             region = self.regions[node] = Region(node, ())
-        if not region.wired:
+        task = _current_graph_task_id()
+        if region.task != task:  # this backward pass's recomputation (retain_graph: a second one makes new tensors)
             self.settle(step)  # the recomputations before this one are over
+            region.task, region.count = task, 0
             self._wire(region, step)
             self._unsettled.append(region)
+        position, region.count = region.count, region.count + 1
+        if (tensor_name not in region.order and position < len(region.order)
+                and _base(region.order[position]) == _base(tensor_name)):
+            tensor_name = region.order[position]  # comgra.watch counts a module's second call as name@2
         key = region.waiting.get(tensor_name)
         if key is None:  # its gradient reaches the forward tensor (the function's input)
             return
@@ -168,7 +178,9 @@ class Checkpoints:
         registration.tensor, registration.grad_fn = tensor, tensor.grad_fn
         connections = step.connections
         if tensor.grad_fn is not None:
-            owner = connections.by_grad_fn.setdefault(tensor.grad_fn, key)
+            owner = connections.by_grad_fn.get(tensor.grad_fn, key)
+            if owner == key or takeover:
+                connections.by_grad_fn[tensor.grad_fn] = key
             registration.same_as = owner if owner != key else None
         else:
             connections.by_leaf.setdefault(id(tensor), key)
@@ -182,7 +194,6 @@ class Checkpoints:
 
     def _wire(self, region: Region, step: StepRecording) -> None:
         """Join each detached input of the recomputation (a leaf of the recomputed graph) to the original input."""
-        region.wired = True
         region.frame = frame = _frame_of(_BACKWARD)
         if frame is None:
             return
@@ -192,6 +203,11 @@ class Checkpoints:
             if isinstance(copy, torch.Tensor) and copy.requires_grad and isinstance(original, torch.Tensor):
                 step.connections.extra_by_leaf.setdefault(id(copy), []).append(original)
                 step.keep_alive += [copy, original]
+
+
+def _base(tensor_name: str) -> str:
+    """``tensor_name`` without comgra.watch's count of a module's calls (``block@2``, ``block@2[0]``)."""
+    return re.sub(r"@\d+(?=\[|$)", "", tensor_name)
 
 
 def _unknown_in_backward(tensor_name: str, step: StepRecording) -> str:

@@ -129,13 +129,13 @@ class Session:
         step = self.step
         assert step is not None
         if watched and recomputing():  # a module's forward hook, run again by torch.utils.checkpoint's recomputation
-            return step.recomputed(tensor_name, tensor)
+            return step.checkpoints.recomputed(step, tensor_name, tensor, takeover=True)
         registration = _registration(step, tensor_name, tensor, index_of_batch_dimension, flags, recording_type,
                                      self.per_sample_default if record_per_batch_index is None else record_per_batch_index,
                                      node_name, role_within_node)
         # Made inside a reentrant checkpoint's forward pass, under no_grad: it waits for the recomputation
         # (capture/checkpointing.py), and is made a leaf that wants a gradient only where it is the function's input.
-        region = step.checkpoints.reentrant_forward() if not torch.is_grad_enabled() else None
+        region = step.checkpoints.reentrant_forward(tensor_name) if not torch.is_grad_enabled() else None
         if region is not None and (tensor.grad_fn is not None or tensor.requires_grad):
             region = None
         if tensor.is_floating_point() or tensor.is_complex():
