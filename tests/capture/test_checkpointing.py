@@ -86,6 +86,14 @@ def _run_blocks(blocks: torch.nn.ModuleList, x: torch.Tensor, mode: str, outside
                 recorder: ComgraRecorder) -> torch.Tensor:
     if mode.startswith("sequential"):
         return checkpoint_sequential(blocks, BLOCKS, x, use_reentrant=mode == "sequential-reentrant")
+    if mode.startswith("nested"):  # the blocks checkpointed one by one, inside a checkpoint of them all
+        reentrant = mode == "nested-reentrant"
+
+        def all_blocks(x: torch.Tensor) -> torch.Tensor:
+            for block in blocks:
+                x = checkpoint(block, x, use_reentrant=reentrant)
+            return x
+        return checkpoint(all_blocks, x, use_reentrant=reentrant)
     for index, block in enumerate(blocks):
         if mode == "none":
             x = block(x)
@@ -199,18 +207,35 @@ def _comgra_warnings(messages: list[str]) -> list[str]:
 
 PLACES = [({"first"}, False), ({"middle"}, False), ({"last"}, False), ({"middle"}, True), ({"last"}, True),
           ({"first", "middle", "last"}, True)]
-MODES = ["reentrant", "non-reentrant", "sequential-reentrant", "sequential-non-reentrant"]
+MODES = ["reentrant", "non-reentrant", "sequential-reentrant", "sequential-non-reentrant", "nested-reentrant",
+         "nested-non-reentrant"]
 
 
-@pytest.mark.parametrize("model_kind", sorted(MODELS))
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("where,outside", PLACES, ids=lambda p: "+".join(sorted(p)) if isinstance(p, set) else
-                         ("outside" if p else "inside"))
-def test_checkpointed_blocks_record_what_the_uncheckpointed_model_records(tmp_path: Path, model_kind: str, mode: str,
-                                                                          where: set[str], outside: bool) -> None:
-    if outside and mode.startswith("sequential"):
-        pytest.skip("checkpoint_sequential hands out no block output to register")
-    reference, reference_warnings = _train(tmp_path / "reference", model_kind, "none", where, outside)
+# checkpoint_sequential and the nested checkpoint hand out no block output to register outside
+CASES = [pytest.param(where, outside, mode, model_kind,
+                      id=f"{'+'.join(sorted(where))}-{'outside' if outside else 'inside'}-{mode}-{model_kind}")
+         for where, outside in PLACES for mode in MODES for model_kind in sorted(MODELS)
+         if not (outside and mode.startswith(("sequential", "nested")))]
+
+
+@pytest.fixture(scope="module")
+def uncheckpointed(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Any, list[str]]]:
+    """The run without checkpointing of a (model, places, outside) case, made once for all its modes."""
+    made: dict[tuple[str, str, bool], tuple[Any, list[str]]] = {}
+
+    def get(model_kind: str, where: set[str], outside: bool) -> tuple[Any, list[str]]:
+        key = (model_kind, "+".join(sorted(where)), outside)
+        if key not in made:
+            made[key] = _train(tmp_path_factory.mktemp("reference"), model_kind, "none", where, outside)
+        return made[key]
+    return get
+
+
+@pytest.mark.parametrize("where,outside,mode,model_kind", CASES)
+def test_checkpointed_blocks_record_what_the_uncheckpointed_model_records(
+        tmp_path: Path, uncheckpointed: Callable[..., tuple[Any, list[str]]], model_kind: str, mode: str,
+        where: set[str], outside: bool) -> None:
+    reference, reference_warnings = uncheckpointed(model_kind, where, outside)
     checkpointed, checkpointed_warnings = _train(tmp_path / "checkpointed", model_kind, mode, where, outside)
     _assert_same_recording(reference, checkpointed, where, outside)
     assert _comgra_warnings(checkpointed_warnings) == _comgra_warnings(reference_warnings)

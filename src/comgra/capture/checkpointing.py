@@ -18,8 +18,10 @@ Python stack for a registration under ``no_grad`` (the reentrant forward pass, o
 """
 from __future__ import annotations
 
+import functools
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -40,8 +42,23 @@ _BACKWARD = CheckpointFunction.backward.__code__
 # The saved-tensor hook that non-reentrant checkpoint pushes while it recomputes (torch/utils/checkpoint.py).
 _RECOMPUTATION_HOOK = "_recomputation_hook."
 _current_graph_task_id = torch._C._current_graph_task_id
-_top_saved_tensor_hooks = torch._C._autograd._top_saved_tensors_default_hooks
 _current_autograd_node = torch._C._current_autograd_node
+
+
+def _top_of_saved_tensor_hooks() -> Callable[[], Any]:
+    """A function that returns (pack, unpack) on top of the saved-tensor hooks' stack, or None (torch 2.1's
+    takes no argument; later ones ``ignore_is_tracing``)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return lambda: None
+    try:
+        top(True)
+    except TypeError:
+        return top  # type: ignore[no-any-return]
+    return functools.partial(top, True)
+
+
+_top_saved_tensor_hooks = _top_of_saved_tensor_hooks()
 
 
 def recomputing() -> bool:
@@ -50,7 +67,7 @@ def recomputing() -> bool:
     checkpoint recomputes outside one (a saved tensor unpacked by hand)."""
     if _current_graph_task_id() != -1:
         return True
-    hooks = _top_saved_tensor_hooks(True)
+    hooks = _top_saved_tensor_hooks()
     return hooks is not None and getattr(hooks[0], "__qualname__", "").startswith(_RECOMPUTATION_HOOK)
 
 
@@ -90,8 +107,11 @@ class Region:
         children: list[Any] = []
         for output in outputs:
             if isinstance(output, torch.Tensor) and output.requires_grad:
-                children.append(output.grad_fn if output.grad_fn is not None else output)
-                keep_alive.append(output)
+                if output.grad_fn is not None:  # the node only: the output's memory is freed as without comgra
+                    children.append(output.grad_fn)
+                else:  # a leaf (the function returned its input): the walk finds it by id
+                    children.append(output)
+                    keep_alive.append(output)
         connections.instead_of[self.node] = children
 
 
@@ -102,6 +122,9 @@ class Checkpoints:
     regions: dict[Any, Region] = field(default_factory=dict)  # by autograd node
     _inside: dict[int, tuple[tuple[int, str], Region]] = field(default_factory=dict)  # id(forward tensor) ->
     _unsettled: list[Region] = field(default_factory=list)  # recomputed, outputs not read yet
+    # name -> key of every waiting registration: a checkpoint nested in a reentrant one is a new autograd node in
+    # each recomputation of the outer one, and only the innermost recomputation has the gradient
+    _waiting: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def reentrant_forward(self, tensor_name: str) -> Region | None:
         """The reentrant checkpoint whose forward pass registers ``tensor_name`` now (call only under ``no_grad``)."""
@@ -118,6 +141,7 @@ class Checkpoints:
 
     def wait(self, region: Region, registration: Registration, tensor: torch.Tensor) -> None:
         region.waiting[registration.tensor_name] = registration.key
+        self._waiting[registration.tensor_name] = registration.key
         self._inside[id(tensor)] = (registration.key, region)
 
     def registered_inside(self, tensor: torch.Tensor) -> tuple[int, str] | None:
@@ -142,6 +166,7 @@ class Checkpoints:
             region.frame = None
         self.regions.clear()
         self._unsettled.clear()
+        self._waiting.clear()
         self._inside.clear()
 
     # -- the recomputation ---------------------------------------------------------------------------------------
@@ -168,7 +193,9 @@ class Checkpoints:
                 and _base(region.order[position]) == _base(tensor_name)):
             tensor_name = region.order[position]  # comgra.watch counts a module's second call as name@2
         key = region.waiting.get(tensor_name)
-        if key is None:  # its gradient reaches the forward tensor (the function's input)
+        if key is None and tensor.grad_fn is not None:  # made inside a nested checkpoint (see _waiting); not a leaf:
+            key = self._waiting.get(tensor_name)  # that is a nested recomputation's detached input (counted twice)
+        if key is None:  # its gradient reaches the forward tensor (the function's input), or it has none here
             return
         registration = step.registrations[key]
         if len(step.graph_documents) > key[0] >= 0 and step.report is not None:
