@@ -129,3 +129,29 @@ def test_complex_values_and_gradients_are_recorded_as_magnitudes(statistics_path
     assert sorted(n.split("'")[1] for n in notices) == ["layer.weight", "out", "scaled", "z"], notices
     assert all("|z|" in n and "view_as_real" in n for n in notices)
     assert not [w for w in caught if "discards the imaginary part" in str(w.message)]  # torch's own cast warning
+
+
+def test_comgra_watch_records_a_complex_module_output(make_recorder: Any, open_trial: Any,
+                                                      generator: torch.Generator) -> None:
+    """A module that returns a complex tensor is watched like any other (it was skipped as if it were token ids)."""
+    import comgra
+
+    layer = ComplexLayer(8, generator)
+    h = torch.randn(BATCH, 8, generator=generator)
+    recorder = make_recorder({0}, max_num_neurons_to_record=5)
+    seen: dict[str, torch.Tensor] = {}
+    with comgra.watch(layer, recorder=recorder, name="layer"), pytest.warns(ComgraWarning, match="complex"):
+        recorder.start_batch(0, BATCH)
+        recorder.start_iteration()
+        out = layer(h)
+        out.register_hook(lambda grad: seen.__setitem__("grad", grad))
+        loss = (out.real ** 2 + out.imag).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        loss.backward()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+    recorder.finalize()
+    trial = open_trial()
+    _assert_magnitudes(_rows(trial, 0, "layer", "forward"), out, 0, 5)
+    _assert_magnitudes(_rows(trial, 0, "layer", "gradients"), seen["grad"], 0, 5)
