@@ -106,10 +106,11 @@ def _run_blocks(blocks: torch.nn.ModuleList, x: torch.Tensor, mode: str, outside
 
 def _train(folder: Path, model_kind: str, mode: str, where: set[str], outside: bool, *, steps: int = 2,
            register_input: bool = True, iterations: int = 1, backward_after_finish: bool = False,
-           watch: bool = False) -> tuple[Any, list[str]]:
+           watch: bool = False, backward_twice: bool = False) -> tuple[Any, list[str]]:
     """Recorded training steps of the model; the trial's reader and the ComgraWarnings given. ``iterations`` forward
     passes per step, their losses summed; ``backward_after_finish``: one backward pass after the last
-    finish_iteration(); ``watch``: comgra.watch names every module's output."""
+    finish_iteration(); ``watch``: comgra.watch names every module's output; ``backward_twice``: two backward
+    passes of the same graph (retain_graph=True), whose gradients add up."""
     block_type, shape = MODELS[model_kind]
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList([block_type(i, where) for i in range(BLOCKS)])
@@ -143,6 +144,8 @@ def _train(folder: Path, model_kind: str, mode: str, where: set[str], outside: b
                     loss = head(y).pow(2).mean()
                     recorder.register_tensor("loss", loss, is_loss=True)
                     total = total + loss
+                    if backward_twice:
+                        loss.backward(retain_graph=True)
                     if not backward_after_finish:
                         loss.backward()
                         recorder.record_current_gradients("gradients")
@@ -389,3 +392,14 @@ def test_a_registration_in_a_backward_pass_that_is_no_recomputation_is_reported(
     assert "backward pass" in message and "torch.utils.checkpoint" in message
     names = {r["tensor_name"] for r in open_trial().selection(training_step=1).to_pylist()}
     assert names == {"x", "loss"}
+
+
+@pytest.mark.parametrize("mode", ["reentrant", "non-reentrant"])
+def test_two_backward_passes_of_one_graph(tmp_path: Path, mode: str) -> None:
+    """retain_graph=True: the function is recomputed once per backward pass, each time into new tensors; the
+    recorded gradients are the sum of both passes, as without checkpointing, and the graph is the same."""
+    where = {"first", "middle", "last"}
+    reference, reference_warnings = _train(tmp_path / "reference", "mlp", "none", where, True, backward_twice=True)
+    checkpointed, messages = _train(tmp_path / "checkpointed", "mlp", mode, where, True, backward_twice=True)
+    _assert_same_recording(reference, checkpointed, where, True)
+    assert _comgra_warnings(messages) == _comgra_warnings(reference_warnings)
