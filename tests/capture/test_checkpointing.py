@@ -403,3 +403,66 @@ def test_two_backward_passes_of_one_graph(tmp_path: Path, mode: str) -> None:
     checkpointed, messages = _train(tmp_path / "checkpointed", "mlp", mode, where, True, backward_twice=True)
     _assert_same_recording(reference, checkpointed, where, True)
     assert _comgra_warnings(messages) == _comgra_warnings(reference_warnings)
+
+
+class LibraryCheckpoint(torch.autograd.Function):
+    """A reentrant checkpoint as DeepSpeed and FairScale write their own: the function under no_grad, and again with
+    gradients in the backward pass, whose outputs are backpropagated there."""
+
+    @staticmethod
+    def forward(ctx: Any, function: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        ctx.function = function
+        ctx.save_for_backward(x)
+        with torch.no_grad():
+            return function(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        (x,) = ctx.saved_tensors
+        detached = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = ctx.function(detached)
+        torch.autograd.backward(out, grad)
+        return None, detached.grad
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_another_library_s_reentrant_checkpoint_gets_the_gradients(make_recorder: Any, open_trial: Any,
+                                                                   checkpointed: bool) -> None:
+    """comgra knows torch's checkpoint only; another one that recomputes in the backward pass still gives each tensor
+    registered inside its gradient (from the recomputation), and a warning names what is missing (the graph)."""
+    torch.manual_seed(0)
+    block = MlpBlock(0, {"middle", "last"})
+    x = torch.randn(BATCH, WIDTH, requires_grad=True)
+    recorder = make_recorder({0})
+    block.recorder = recorder
+    recorder.track_module("block", block)
+    seen: dict[str, torch.Tensor] = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recorder.start_batch(0, BATCH)
+        recorder.start_iteration()
+        recorder.register_tensor("x", x)
+        y = LibraryCheckpoint.apply(block, x) if checkpointed else block(x)
+        loss = (y * torch.arange(WIDTH)).pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        loss.backward()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+    recorder.finalize()
+    # the gradients the test computes itself, without comgra and without checkpointing
+    hidden = torch.nn.functional.gelu(block.up(block.norm(x.detach())))
+    hidden.retain_grad()
+    out = x.detach() + block.down(hidden)
+    out.retain_grad()
+    (out * torch.arange(WIDTH)).pow(2).mean().backward()
+    seen.update(block0_hidden=hidden.grad, block0_out=out.grad)
+    rows = {(r["tensor_name"], r["kind"], r["sample"]): r for r in open_trial().selection(training_step=0).to_pylist()}
+    for name, grad in seen.items():
+        for sample in range(BATCH):
+            np.testing.assert_allclose(rows[(name, "gradients", sample)]["neurons"], grad[sample].numpy(),
+                                       rtol=1e-5, atol=1e-8)
+    foreign = [str(w.message) for w in caught if "LibraryCheckpointBackward" in str(w.message)]
+    assert len(foreign) == (2 if checkpointed else 0), foreign
+    assert all("use_reentrant=False" in m and "torch.utils.checkpoint" in m for m in foreign)

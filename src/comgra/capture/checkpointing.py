@@ -125,6 +125,12 @@ class Checkpoints:
     # name -> key of every waiting registration: a checkpoint nested in a reentrant one is a new autograd node in
     # each recomputation of the outer one, and only the innermost recomputation has the gradient
     _waiting: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # name -> key of what was registered under no_grad outside torch's reentrant checkpoint, with no gradient: a
+    # checkpoint of another library (DeepSpeed's, FairScale's, a custom autograd.Function) recomputes the same way
+    _without_grad: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def made_without_grad(self, registration: Registration) -> None:
+        self._without_grad[registration.tensor_name] = registration.key
 
     def reentrant_forward(self, tensor_name: str) -> Region | None:
         """The reentrant checkpoint whose forward pass registers ``tensor_name`` now (call only under ``no_grad``)."""
@@ -167,6 +173,7 @@ class Checkpoints:
         self.regions.clear()
         self._unsettled.clear()
         self._waiting.clear()
+        self._without_grad.clear()
         self._inside.clear()
 
     # -- the recomputation ---------------------------------------------------------------------------------------
@@ -176,6 +183,11 @@ class Checkpoints:
         pass already. ``takeover``: as in ``StepRecording.register`` (comgra.watch's module outputs)."""
         node = _current_autograd_node()
         if type(node) is not _NODE:  # non-reentrant: the forward tensor has the gradient and the graph
+            key = self._without_grad.get(tensor_name) if tensor.grad_fn is not None else None
+            if key is not None:  # another library's reentrant checkpoint: the gradient, not the graph
+                if step.report is not None:
+                    step.report(f"foreign-checkpoint:{tensor_name}", _foreign(tensor_name, type(node).__name__))
+                return self._catch(step, key, tensor, takeover)
             if not {tensor_name, _base(tensor_name)} & step.latest_by_name.keys() and step.report is not None:
                 step.report(f"backward-registration:{tensor_name}", _unknown_in_backward(tensor_name, step))
             return
@@ -197,9 +209,14 @@ class Checkpoints:
             key = self._waiting.get(tensor_name)  # that is a nested recomputation's detached input (counted twice)
         if key is None:  # its gradient reaches the forward tensor (the function's input), or it has none here
             return
-        registration = step.registrations[key]
         if len(step.graph_documents) > key[0] >= 0 and step.report is not None:
             step.report(f"reentrant-after-graph:{tensor_name}", _late_recomputation(tensor_name, key[0]))
+        self._catch(step, key, tensor, takeover)
+
+    def _catch(self, step: StepRecording, key: tuple[int, str], tensor: torch.Tensor, takeover: bool) -> None:
+        """The recomputed ``tensor`` stands for the registration ``key`` from now on: in the graph walk, and its
+        gradient is the registration's."""
+        registration = step.registrations[key]
         if registration.tensor is not None:
             step.keep_alive.append(registration.tensor)  # its id stays in the step's maps
         registration.tensor, registration.grad_fn = tensor, tensor.grad_fn
@@ -235,6 +252,14 @@ class Checkpoints:
 def _base(tensor_name: str) -> str:
     """``tensor_name`` without comgra.watch's count of a module's calls (``block@2``, ``block@2[0]``)."""
     return re.sub(r"@\d+(?=\[|$)", "", tensor_name)
+
+
+def _foreign(tensor_name: str, node: str) -> str:
+    return (f"Tensor {tensor_name!r} was registered without a gradient in the forward pass and again in the backward "
+            f"pass (in {node}): a checkpoint other than torch.utils.checkpoint recomputes it (DeepSpeed's, FairScale's, "
+            "a custom autograd.Function). Its gradient is taken from the recomputation; the dependency graph has no "
+            "edges through that checkpoint. torch.utils.checkpoint.checkpoint(..., use_reentrant=False) gives the full "
+            "graph. This warning is given once per tensor name.")
 
 
 def _unknown_in_backward(tensor_name: str, step: StepRecording) -> str:

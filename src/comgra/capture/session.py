@@ -135,9 +135,12 @@ class Session:
                                      node_name, role_within_node)
         # Made inside a reentrant checkpoint's forward pass, under no_grad: it waits for the recomputation
         # (capture/checkpointing.py), and is made a leaf that wants a gradient only where it is the function's input.
+        without_grad = not torch.is_grad_enabled() and tensor.grad_fn is None and not tensor.requires_grad
         region = step.checkpoints.reentrant_forward(tensor_name) if not torch.is_grad_enabled() else None
-        if region is not None and (tensor.grad_fn is not None or tensor.requires_grad):
+        if region is not None and not without_grad:
             region = None
+        elif region is None and without_grad:  # perhaps inside another library's checkpoint
+            step.checkpoints.made_without_grad(registration)
         if tensor.is_floating_point() or tensor.is_complex():
             if not tensor.requires_grad and tensor.grad_fn is None and (region is None or region.is_argument(tensor)):
                 tensor.requires_grad_(True)  # so that its gradient can be recorded; undone at finish_batch

@@ -376,8 +376,9 @@ class StepRecording:
         self.checkpoints.clear()
         self.keep_alive.clear()
         for tensor in self.switched_on_grad:  # leave the user's tensors as they were before the step
-            tensor.requires_grad_(False)
-            tensor.grad = None
+            if tensor.is_leaf:  # else an autograd.Function's forward under no_grad returned it: it has a grad_fn now
+                tensor.requires_grad_(False)
+                tensor.grad = None
         self.switched_on_grad.clear()
         for registration in self.registrations.values():
             registration.tensor = None
