@@ -288,10 +288,7 @@ class ComgraRecorder:
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
-        if (self.current_stage != "forward" or watched or self._recording) and stages.recomputing():  # checkpointing
-            return self._guarded(lambda session: session.recomputed(tensor_name, tensor)) if self._recording else None
-        stages.check_registration(tensor_name, self.current_stage, is_initial_value)
-        if not (watched or self._recording):
+        if not stages.registration_goes_on(self, tensor_name, tensor, is_initial_value, watched):  # or checkpointing's
             return
         arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
                                          flags=dict(is_input=is_input, is_parameter=is_parameter, is_target=is_target,

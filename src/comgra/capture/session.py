@@ -158,7 +158,7 @@ class Session:
     def recomputed(self, tensor_name: str, tensor: torch.Tensor) -> None:
         """``register_tensor`` called again by activation checkpointing's recomputation (capture/checkpointing.py)."""
         if self.step is not None:
-            self.step.recomputed(tensor_name, tensor)
+            self.step.checkpoints.recomputed(self.step, tensor_name, tensor)
 
     def finish_iteration(self) -> None:
         step = self.step

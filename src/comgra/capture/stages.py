@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-from comgra.capture.checkpointing import recomputing  # noqa: F401 - the recorder asks it before check_registration
+from typing import Any
+
+from comgra.capture.checkpointing import recomputing
 from comgra.errors import ConfigError, RecordingError
 
 TYPE_PATTERN = re.compile(r"^[a-zA-Z0-9\-_]+$")
@@ -38,6 +40,18 @@ def check_gradient_group(name_of_loss_group: str) -> None:
     if name_of_loss_group == "forward" or not TYPE_PATTERN.match(str(name_of_loss_group)):
         raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
                              "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
+
+
+def registration_goes_on(recorder: Any, tensor_name: str, tensor: Any, is_initial_value: bool, watched: bool) -> bool:
+    """``check_registration`` for ``ComgraRecorder.register_tensor``, and whether it has more to do (a recorded or
+    watched step). A checkpointed function's recomputation in the backward pass (capture/checkpointing.py) registers
+    again what its forward pass registered: that goes to the step at any stage, and no further."""
+    if (recorder.current_stage != "forward" or watched or recorder._recording) and recomputing():
+        if recorder._recording:
+            recorder._guarded(lambda session: session.recomputed(tensor_name, tensor))
+        return False
+    check_registration(tensor_name, recorder.current_stage, is_initial_value)
+    return bool(watched or recorder._recording)
 
 
 def check_type(type_of_execution: str) -> None:

@@ -19,8 +19,7 @@ import torch
 from comgra.capture import background
 from comgra.capture import gradients as scaling
 from comgra.capture import graph as graphs
-from comgra.capture import checkpointing
-from comgra.capture.checkpointing import Checkpoints, Region
+from comgra.capture.checkpointing import UNSEEN, Checkpoints, Region
 from comgra.capture.registry import Registration
 from comgra.capture.summaries import (Block, SampleChoice, complex_notice, summarize_values, to_table,
                                       unsummarisable)
@@ -105,9 +104,8 @@ class StepRecording:
         start_iteration (tracked parameters) instead of its value now. A tensor registered again under a
         second name depends on the earlier name only; ``takeover``: the second name is then the one that
         the tensor's consumers depend on (a block that returns its last layer's output: layer -> block ->
-        next block), else the first name stays that (the user's own registrations, as always). ``region``: the
-        reentrant checkpoint whose forward pass made ``tensor`` without a gradient; the registration waits for the
-        recomputation (capture/checkpointing.py)."""
+        next block), else the first name stays that (the user's own registrations, as always). ``region``: made without
+        a gradient in a reentrant checkpoint, the registration waits for the recomputation (capture/checkpointing.py)."""
         key = registration.key
         if key in self.registrations:
             raise RecordingError(
@@ -152,10 +150,6 @@ class StepRecording:
             self.checkpoints.wait(region, registration, tensor)
         if tensor.requires_grad and registration.tensor_type != "parameter":
             self._hooks.append(tensor.register_hook(self._gradient_hook(key)))
-
-    def recomputed(self, tensor_name: str, tensor: torch.Tensor) -> None:
-        """``register_tensor`` called again by activation checkpointing's recomputation in the backward pass."""
-        self.checkpoints.recomputed(self, tensor_name, tensor)
 
     def register_parameters(self, registrations: list[Registration]) -> None:
         """``register(r, r.tensor, live=True)`` for the tracked parameters at the start of a step, without
@@ -404,7 +398,7 @@ class StepRecording:
                 sources = graphs.dependencies(tensor, grad_fn, self.connections, memo)
             edges |= {(source, registration.key) for source in sources if source != registration.key}
         if self.report is not None and self.checkpoints.unseen(memo, self.connections):
-            self.report("reentrant-unseen", checkpointing.UNSEEN)
+            self.report("reentrant-unseen", UNSEEN)
         return self._document(targets, edges, groups_of_parameters)
 
     def _document(self, targets: list[Registration], edges: set[tuple[Any, Any]],
