@@ -35,7 +35,7 @@ def test_json_document_is_versioned_and_each_finding_links_to_its_selection(dead
     assert dead["selection"] == {"trial": "dead", "training_step": 0, "iteration": 0, "node_id": "layer0",
                                  "role": "layer0", "kind": "forward", "aggregation": "abs_max"}
     assert dead["link"] == ("/?tab=tensors&trial=dead&step=0&iteration=0&node=layer0&role=layer0&kind=forward"
-                            "&aggregation=abs_max")
+                            "&aggregation=abs_max&stat=" + dead["statistic"])
     severities = [f["severity"] for f in findings]
     assert severities == sorted(severities, key=["error", "warning", "info"].index)
 

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 from typing import Any
+from urllib.parse import parse_qs
 
 from dash import ClientsideFunction, Dash, Input, Output, State, ctx, dcc, no_update
 from dash.exceptions import PreventUpdate
@@ -218,6 +219,12 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         return _graph(guarded(lambda: figures.series_figure(
             lines, title=title, current_trial=selection.trial, current_step=selection.training_step),
             figures.empty_figure))
+
+    @app.callback(Output(ID.STATISTIC, "value"), Input(ID.URL, "search"))
+    def statistic_from_link(search: Any) -> Any:
+        """A link with ``stat=`` (a finding's: "min" for a one-sided tensor) plots that statistic across steps."""
+        wanted = parse_qs(search.lstrip("?")).get("stat", [None])[-1] if isinstance(search, str) else None
+        return wanted if wanted in PLOT_STATISTICS else no_update
 
     # A callback of its own, so that the values are shown before the plots are drawn.
     @app.callback(Output(ID.HISTOGRAM, "children"), Input(ID.SHOWN, "data"))

@@ -1,0 +1,83 @@
+"""A newcomer's first hour on the tutorial, at 1280x800 (issue 25): the Findings tab's details open where the
+finding is, with the steps the message counts flagged, and its link plots the finding's statistic."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+pytest.importorskip("torch")
+from comgra.analysis import Scanner  # noqa: E402
+from comgra.examples.tutorial import TRIAL_BUGGED, run_tutorial  # noqa: E402
+from comgra.store import GroupReader  # noqa: E402
+
+VIEWPORT = {"width": 1280, "height": 800}
+expect.set_options(timeout=20_000)  # a loaded 2-core machine
+
+FLAGGED = """el => {
+  const trace = el.querySelector('.js-plotly-plot').data.find(t => (t.name || '').startsWith('flagged'));
+  return trace ? [Array.from(trace.x), Array.from(trace.y)] : [[], []];
+}"""
+
+
+@pytest.fixture(scope="module")
+def tutorial(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_tutorial(tmp_path_factory.mktemp("first-hour"), steps=80, min_training_steps_difference=20,
+                        hidden_size=16, progress=False)
+
+
+@pytest.fixture
+def small_page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.set_default_timeout(20_000)
+    yield page
+    context.close()
+    assert errors == []
+
+
+def test_details_open_at_the_finding_flag_its_steps_and_link_its_statistic(serve, small_page, tutorial) -> None:
+    findings = Scanner().scan(tutorial).findings
+    finding = next(f for f in findings if f.detector == "one_sided" and f.trial == TRIAL_BUGGED
+                   and f.node == "subnet_out__out")
+    assert finding.statistic == "min" and len(finding.steps) > 1
+    page = small_page
+    page.goto(serve(tutorial) + "?tab=findings")
+    items = page.locator("#findings-list .finding")
+    expect(items).to_have_count(len(findings))
+    item = items.nth(findings.index(finding))
+    # The last finding's details too: the list is longer than the window, the details open in view.
+    for shown in (item, items.last):
+        shown.scroll_into_view_if_needed()
+        shown.get_by_role("button", name="Details").click()
+        expect(shown.locator(".findings-detail .finding-series")).to_be_in_viewport()
+    series = item.locator(".findings-detail .finding-series")
+    # Every step the finding names is flagged in the plot (the plot was at one iteration: 1 of them).
+    page.wait_for_function("el => el.querySelector('.js-plotly-plot') && el.querySelector('.js-plotly-plot').data",
+                           arg=series.element_handle())
+    steps, values = series.evaluate(FLAGGED)
+    assert steps == finding.steps
+    # Each flagged point is the step's min over the iterations the node was recorded at, as the store has it.
+    trial = GroupReader(tutorial).trial(finding.trial)
+    for step, value in zip(steps, values):
+        rows = trial.selection(training_step=step, node=finding.node, role=finding.role, kind=finding.kind,
+                               aggregation="mean", sample=-1).to_pylist()
+        assert rows and value == min(row["min"] for row in rows)
+    expect(series).to_contain_text(f"flagged ({len(finding.steps)})")
+    # Evidence rounded for reading: 4 significant digits, the JSON keeps them all.
+    evidence = item.locator(".finding-evidence")
+    expect(evidence).to_contain_text(f"ratio: {finding.evidence['ratio']:.4g}")
+    assert str(finding.evidence["ratio"]) not in evidence.inner_text() or len(str(finding.evidence["ratio"])) <= 6
+    # A second click closes the details.
+    items.last.get_by_role("button", name="Details").click()
+    expect(items.last.locator(".findings-detail .finding-series")).to_have_count(0)
+    # Open in Tensors plots the finding's statistic ("min"), not "mean".
+    item.get_by_role("link", name="Open in Tensors").click()
+    page.wait_for_selector("#stat-mean")
+    expect(page.locator("#statistic-select")).to_contain_text("min")
+    expect(page.locator("#series-plot")).to_contain_text(f"min of {finding.node}")
