@@ -81,3 +81,32 @@ def test_details_open_at_the_finding_flag_its_steps_and_link_its_statistic(serve
     page.wait_for_selector("#stat-mean")
     expect(page.locator("#statistic-select")).to_contain_text("min")
     expect(page.locator("#series-plot")).to_contain_text(f"min of {finding.node}")
+
+
+LABELS = """() => Array.from(document.querySelectorAll('#dependency-graph .graph-node .node-name')).map(el => {
+  const range = document.createRange();
+  range.selectNodeContents(el);
+  const glyphs = Array.from(range.getClientRects());
+  const node = el.closest('.graph-node');
+  const inner = node.getBoundingClientRect().bottom - parseFloat(getComputedStyle(node).borderBottomWidth);
+  return {name: el.textContent, lines: new Set(glyphs.map(r => Math.round(r.top))).size,
+          glyphs_bottom: Math.max(...glyphs.map(r => r.bottom)),
+          clip_bottom: Math.min(el.getBoundingClientRect().bottom, inner),
+          scroll_width: el.scrollWidth, client_width: el.clientWidth};
+})"""
+
+
+def test_node_labels_keep_their_underscores_at_device_pixel_ratio_1(serve, small_page, tutorial) -> None:
+    """The label's line box was shorter than the font's ascent + descent: at device-pixel-ratio 1 the last
+    line's underscores fell outside it and were clipped ("helper partial sums")."""
+    page = small_page
+    assert page.evaluate("window.devicePixelRatio") == 1
+    page.goto(serve(tutorial))
+    page.wait_for_selector("#dependency-graph .graph-node.selected")
+    page.wait_for_selector('#dependency-graph [data-node="helper_partial_sums"]')
+    labels = page.evaluate(LABELS)
+    assert any(label["name"] == "helper_partial_sums" for label in labels)
+    for label in labels:
+        assert label["scroll_width"] <= label["client_width"], label
+        if label["lines"] <= 2:  # longer names are cut to two lines on purpose (the hover card has them)
+            assert label["glyphs_bottom"] <= label["clip_bottom"] + 0.01, label
