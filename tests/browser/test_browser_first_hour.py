@@ -110,3 +110,51 @@ def test_node_labels_keep_their_underscores_at_device_pixel_ratio_1(serve, small
         assert label["scroll_width"] <= label["client_width"], label
         if label["lines"] <= 2:  # longer names are cut to two lines on purpose (the hover card has them)
             assert label["glyphs_bottom"] <= label["clip_bottom"] + 0.01, label
+
+
+IN_VIEW = """() => {
+  const pane = document.getElementById('dependency-graph').getBoundingClientRect();
+  const state = window.comgraGraph.state;
+  const out = [];
+  for (const node of state.doc.nodes) {
+    const p = state.layout.nodes[node.id];
+    if (!p || p.hidden) continue;
+    const el = document.querySelector(`#dependency-graph [data-node="${CSS.escape(node.id)}"]`);
+    const box = el ? el.getBoundingClientRect() : null;
+    if (!box || box.left < pane.left - 0.5 || box.right > pane.right + 0.5 || box.top < pane.top - 0.5
+        || box.bottom > pane.bottom + 0.5) out.push(node.id);
+  }
+  return {outside: out, pane_bottom: pane.bottom, zoom: state.zoom, nodes: state.doc.nodes.length,
+          selected: state.selected};
+}"""
+
+
+def _longest_type(group: Path) -> tuple[str, int]:
+    import pyarrow.compute as pc
+
+    steps = GroupReader(group).trial(TRIAL_BUGGED).steps()
+    last = pc.max(steps["iteration"]).as_py()
+    return steps.filter(pc.equal(steps["iteration"], last)).to_pylist()[0]["type_of_execution"], last
+
+
+def test_the_graph_fits_the_pane_and_the_pane_fits_the_window(serve, small_page, tutorial) -> None:
+    """At the tutorial's last iteration "output" was cut and loss_per_sample and loss were off-screen, while
+    the lower half of the pane was empty and its bottom below the window's edge."""
+    type_of_execution, last = _longest_type(tutorial)
+    page = small_page
+    page.goto(serve(tutorial) + f"?trial={TRIAL_BUGGED}&type={type_of_execution}&iteration={last}"
+              "&node=subnet_out__out")
+    page.wait_for_selector('#dependency-graph .graph-node.selected[data-node="subnet_out__out"]')
+    page.wait_for_selector('#dependency-graph [data-node="loss"]')
+    shown = page.evaluate(IN_VIEW)
+    assert {"output", "loss_per_sample", "loss"} <= {n["id"] for n in page.evaluate(
+        "() => window.comgraGraph.state.doc.nodes")}
+    assert shown["outside"] == [] and shown["selected"] == "subnet_out__out", shown
+    assert shown["pane_bottom"] <= VIEWPORT["height"] and 0.5 <= shown["zoom"] < 1, shown
+    # Another structure (the first iteration): fitted again, the selection kept in view.
+    page.focus("#iteration-slider [role=slider]")
+    page.keyboard.press("Home")
+    expect(page.locator('#values [data-field="iteration"]')).to_have_text("0")
+    page.wait_for_function("() => !window.comgraGraph.state.doc.nodes.some(n => n.id === 'loss')")
+    shown = page.evaluate(IN_VIEW)
+    assert shown["outside"] == [] and shown["pane_bottom"] <= VIEWPORT["height"], shown

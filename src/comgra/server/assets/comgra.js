@@ -31,6 +31,9 @@
     drawn: {}, drawnBoxes: {}, marks: {}, canvas: null, pending: false
   };
   var DRAW_MARGIN = 300;  // px of the screen drawn beyond each side of the visible part of the graph
+  // A new structure is fitted to the pane when that keeps the labels readable (at least this zoom); a graph
+  // that needs less starts at 1 and is scrolled to the selection.
+  var FIT_MIN = 0.5, PANE_MIN = 300, PANE_BOTTOM_GAP = 12;
   var VALUES_ROUTE = "_comgra/values";  // server/tensors.py: VALUES_ROUTE
 
   // -- layout ---------------------------------------------------------------------------------
@@ -170,6 +173,7 @@
       state.layout = null;
       return;
     }
+    sizePane(graph);
     var layout = state.layout = computeLayout(doc);
     var sizer = el("div", "graph-sizer");
     var canvas = state.canvas = el("div", "graph-canvas");
@@ -180,6 +184,23 @@
     graph.appendChild(sizer);
     applyZoom();
     graph.scrollLeft = left; graph.scrollTop = top;  // a box opened or closed: the view stays where it was
+    drawVisible();
+  }
+
+  // The pane reaches down to the window's bottom edge (a fixed share of the window left it below the fold at
+  // 1280x800, or left room unused on a tall screen).
+  function sizePane(graph) {
+    var top = graph.getBoundingClientRect().top + window.scrollY;
+    var height = Math.max(PANE_MIN, Math.round(window.innerHeight - top - PANE_BOTTOM_GAP)) + "px";
+    if (graph.style.height !== height) graph.style.height = height;
+  }
+
+  // The zoom at which the whole layout fits the pane, when it is readable; else 1.
+  function fitToPane(graph) {
+    if (!graph || !state.layout) return;
+    var fit = Math.min(1, (graph.clientWidth - 2) / state.layout.width, (graph.clientHeight - 2) / state.layout.height);
+    state.zoom = fit >= FIT_MIN ? Math.floor(fit * 100) / 100 : 1;
+    applyZoom();
     drawVisible();
   }
 
@@ -510,7 +531,14 @@
   document.addEventListener("scroll", function (event) {  // scroll does not bubble: listen while it is captured
     if (event.target && event.target.id === "dependency-graph") drawSoon();
   }, true);
-  window.addEventListener("resize", drawSoon);
+  function resizePane() {
+    var graph = document.getElementById("dependency-graph");
+    if (graph && state.layout && graph.offsetParent !== null) sizePane(graph);
+    drawSoon();
+  }
+  window.addEventListener("resize", resizePane);
+  // What is above the pane changes height too (a notice, a banner): its top moves, its bottom must not.
+  if (window.ResizeObserver) new ResizeObserver(resizePane).observe(document.body);
 
   // The hover card: full name, roles, min / mean / max at this step.
   function card() {
@@ -691,8 +719,10 @@
         state.collapsed = {};
         doc.boxes.forEach(function (box) { state.collapsed[box.id] = true; });
       }
+      var structureChanged = state.key !== hash;
       state.key = hash;
       render();
+      if (structureChanged) fitToPane(document.getElementById("dependency-graph"));
       redrawn = true;
     }
     // Findings' badges or the next step's values of the same node: the view stays where the user scrolled it.
