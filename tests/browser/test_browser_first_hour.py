@@ -2,6 +2,7 @@
 finding is, with the steps the message counts flagged, and its link plots the finding's statistic."""
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,15 +19,16 @@ VIEWPORT = {"width": 1280, "height": 800}
 expect.set_options(timeout=20_000)  # a loaded 2-core machine
 
 FLAGGED = """el => {
-  const trace = el.querySelector('.js-plotly-plot').data.find(t => (t.name || '').startsWith('flagged'));
+  const trace = el.querySelector('.js-plotly-plot')._fullData.find(t => (t.name || '').startsWith('flagged'));
   return trace ? [Array.from(trace.x), Array.from(trace.y)] : [[], []];
 }"""
 
 
 @pytest.fixture(scope="module")
 def tutorial(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return run_tutorial(tmp_path_factory.mktemp("first-hour"), steps=80, min_training_steps_difference=20,
-                        hidden_size=16, progress=False)
+    # What `comgra demo` records by default (--steps 300): the start-here path must work on the demo.
+    return run_tutorial(tmp_path_factory.mktemp("first-hour"), steps=300, min_training_steps_difference=120,
+                        progress=False)
 
 
 @pytest.fixture
@@ -49,7 +51,9 @@ def test_details_open_at_the_finding_flag_its_steps_and_link_its_statistic(serve
     page = small_page
     page.goto(serve(tutorial) + "?tab=findings")
     items = page.locator("#findings-list .finding")
+    expect(page.locator("#findings-count")).to_have_text(f"{len(findings)} findings")  # the scan is done
     expect(items).to_have_count(len(findings))
+    page.wait_for_timeout(1500)  # the last poll's redraw, if one was under way
     item = items.nth(findings.index(finding))
     # The last finding's details too: the list is longer than the window, the details open in view.
     for shown in (item, items.last):
@@ -158,3 +162,62 @@ def test_the_graph_fits_the_pane_and_the_pane_fits_the_window(serve, small_page,
     page.wait_for_function("() => !window.comgraGraph.state.doc.nodes.some(n => n.id === 'loss')")
     shown = page.evaluate(IN_VIEW)
     assert shown["outside"] == [] and shown["pane_bottom"] <= VIEWPORT["height"], shown
+
+
+SERIES = """() => document.querySelector('#series-plot .js-plotly-plot')._fullData  // typed arrays decoded
+  .filter(t => t.name && t.mode && t.mode.includes('lines')).map(t => [t.name, Array.from(t.x), Array.from(t.y)])"""
+
+
+def test_start_here_leads_from_the_finding_to_the_node_to_the_plot(serve, small_page, tutorial) -> None:
+    from comgra.server.start_here import guide_finding
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from comgra_page import ComgraPage
+
+    finding = guide_finding(Scanner().scan(tutorial).findings)
+    assert finding is not None and finding.node == "subnet_out__out" and finding.trial == TRIAL_BUGGED
+    url = serve(tutorial)
+    page = small_page
+    page.goto(url)
+    strip = page.locator(".start-here-box")
+    expect(strip).to_be_in_viewport()
+    labels = ["The finding", "The node that shows it", "The plot that proves it"]
+    assert strip.locator(".start-here-link").all_inner_texts() == labels
+    for step in strip.locator(".start-here-step").all():
+        assert step.evaluate("el => el.scrollWidth <= el.clientWidth"), step.inner_text()
+    # 1: the finding, first in the Findings tab.
+    strip.get_by_role("link", name=labels[0]).click()
+    first = page.locator("#findings-list .finding").first
+    expect(first).to_be_in_viewport()
+    assert (first.get_attribute("data-node"), first.get_attribute("data-detector")) == (finding.node, finding.detector)
+    # 2: the node that shows it, selected at the finding's step, with the store's numbers.
+    page.goto(url)
+    page.locator(".start-here-box").get_by_role("link", name=labels[1]).click()
+    app = ComgraPage(page, tutorial)
+    app.wait_for(node=finding.node, training_step=finding.training_step)
+    expect(page.locator('#dependency-graph .graph-node.selected[data-node="subnet_out__out"]')).to_be_in_viewport()
+    assert app.check_against_store()["node_id"] == finding.node
+    # 3: the plot that proves it: the finding's statistic across steps, one curve per trial, in view, equal to the store.
+    page.goto(url)
+    page.locator(".start-here-box").get_by_role("link", name=labels[2]).click()
+    expect(page.locator("#series-plot")).to_contain_text(f"min of {finding.node}")
+    expect(page.locator("#series-plot .js-plotly-plot")).to_be_in_viewport()
+    shown = app.read()
+    page.wait_for_function("() => document.querySelector('#series-plot .js-plotly-plot').data.length >= 2")
+    curves = {name: (x, y) for name, x, y in page.evaluate(SERIES)}
+    reader = GroupReader(tutorial)
+    assert set(curves) == set(reader.trials())
+    for trial, (x, y) in curves.items():
+        table = reader.trial(trial).series(node=finding.node, role=finding.role, kind=finding.kind,
+                                           iteration=int(shown["iteration"]), aggregation="mean", statistic="min")
+        assert x == table["training_step"].to_pylist() and y == table["value"].to_pylist()
+    # The bug in one plot: the bugged trial's output layer stays (almost) non-negative, the fixed one's does not.
+    assert min(curves[TRIAL_BUGGED][1]) > min(min(v) for t, (_, v) in curves.items() if t != TRIAL_BUGGED)
+    # Closed, it stays closed.
+    page.goto(url)
+    page.locator(".start-here-close").click()
+    expect(page.locator(".start-here-box")).to_have_count(0)
+    page.reload()
+    page.wait_for_selector("#stat-mean")
+    page.wait_for_timeout(1500)
+    expect(page.locator(".start-here-box")).to_have_count(0)
