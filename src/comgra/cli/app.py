@@ -5,7 +5,7 @@ Usage::
     comgra --path ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F] [--no-findings-scan]
                              [--view '/?tab=...']   # the printed address opens this view
     comgra --use-path-for-test-run          # what comgra-test-run recorded
-    comgra demo [--steps 1500] [--path P]   # record a short tutorial run (needs torch), then serve it
+    comgra demo [--steps 300] [--path P]    # record a short tutorial run (needs torch), then serve it
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
     comgra scan --path ROOT/GROUP [--json]  # findings: anomalies and where they start (see comgra.cli.scan)
 
@@ -27,6 +27,7 @@ from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, posit
 __all__ = ["main"]
 
 DEMO_GROUP = "demo"
+DEMO_STEPS = 300
 
 
 def run() -> None:
@@ -107,7 +108,9 @@ def _view_link(text: str) -> str:
 def _demo_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="comgra demo",
                                      description="Record a short run of the tutorial network (needs torch), then open it.")
-    parser.add_argument("--steps", type=positive_int, default=1500, help="training steps per trial (default: 1500)")
+    parser.add_argument("--steps", type=positive_int, default=DEMO_STEPS,
+                        help=f"training steps per trial (default: {DEMO_STEPS}: enough for the tutorial's bug to be the "
+                             "first finding; see benchmarks/demo_fresh_clone.py for how long it takes)")
     parser.add_argument("--path", type=Path, help="root folder for the recording (default: a new temporary folder)")
     _add_server_options(parser)
     return parser
