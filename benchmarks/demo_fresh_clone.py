@@ -85,11 +85,14 @@ def install_and_demo(source: Path, work: Path, steps: int) -> dict[str, float]:
     start = time.perf_counter()
     venv = source / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "pip"), *INSTALL], cwd=source, check=True)
-    installed = time.perf_counter() - start
+    installed = subprocess.run([str(venv / "bin" / "pip"), *INSTALL], cwd=source, capture_output=True, text=True)
+    if installed.returncode:
+        raise RuntimeError(f"pip failed:\n{installed.stdout[-2000:]}{installed.stderr[-2000:]}")
+    install_seconds = time.perf_counter() - start
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     times = run_demo([str(venv / "bin" / "comgra")], cwd=source, env=env, root=work, steps=steps)
-    return {"install": installed, **{k: v + installed if isinstance(v, float) else v for k, v in times.items()}}
+    return {"install": install_seconds,
+            **{k: v + install_seconds if isinstance(v, float) else v for k, v in times.items()}}
 
 
 def main() -> None:
