@@ -100,14 +100,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300, help="comgra demo --steps (default: the demo's default)")
     parser.add_argument("--no-install", action="store_true", help="measure only the demo with an installed comgra")
+    parser.add_argument("--compare-steps", type=int, default=None,
+                        help="also the demo with this many steps (e.g. 1500, the default before), interleaved")
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {"demo": [], "install + demo": []}
+    other = f"demo --steps {args.compare_steps}"
+    if args.compare_steps:
+        results[other] = []
     with tempfile.TemporaryDirectory(prefix="comgra-fresh-") as folder:
         source = clone(Path(folder))
         print(f"fresh clone of {REPO} at {source}; load average {os.getloadavg()[0]:.1f}; {os.cpu_count()} CPUs",
               flush=True)
         for round_ in range(args.rounds):
             variants = [("demo", demo_only)] + ([] if args.no_install else [("install + demo", install_and_demo)])
+            if args.compare_steps:
+                variants.append((other, lambda source, work, _: demo_only(source, work, args.compare_steps)))
             if round_ % 2:
                 variants.reverse()
             for name, variant in variants:
@@ -122,9 +129,9 @@ def main() -> None:
                for name, runs in results.items() if runs}
     for name, values in medians.items():
         print(f"  {name:15} " + ", ".join(f"{k} {v:.1f} s" for k, v in values.items()))
-    if len(medians) == 2:
-        print(f"  install + demo / demo, to the findings: "
-              f"{medians['install + demo']['findings'] / medians['demo']['findings']:.2f}x")
+    for name in medians:
+        if name != "demo":
+            print(f"  {name} / demo, to the findings: {medians[name]['findings'] / medians['demo']['findings']:.2f}x")
 
 
 if __name__ == "__main__":
