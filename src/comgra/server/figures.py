@@ -356,3 +356,53 @@ def _add_outliers(figure: go.Figure, label: str, x: np.ndarray, y: np.ndarray, b
             legendgroup=legendgroup, showlegend=False, customdata=oy,
             marker={"symbol": symbol, "size": 9, "color": colour, "line": {"width": 1, "color": "#222"}},
             hovertemplate=f"{label}<br>step %{{x}}: %{{customdata:.6g}}<extra>beyond the range</extra>"))
+
+
+# -- distributions across steps (TensorBoard's Distributions view) -------------------------------------
+BANDS = ((0, 8, 0.12), (1, 7, 0.22), (2, 6, 0.34), (3, 5, 0.48))  # (low, high) columns of PERCENTILES, opacity
+
+
+def distribution_figure(entries: Sequence[Any], *, title: str, current_step: int | None = None) -> go.Figure:
+    """One panel per trial, side by side on a shared y-axis: the percentile bands of the stored values
+    (0-100, 7-93, 16-84, 31-69), the median, and the exact min and max statistics dotted."""
+    from plotly.subplots import make_subplots
+
+    if not entries:
+        return empty_figure("No stored values of this tensor across steps.")
+    figure = make_subplots(rows=1, cols=len(entries), shared_yaxes=True, horizontal_spacing=0.03,
+                           subplot_titles=[e.trial for e in entries])
+    for column, entry in enumerate(entries, start=1):
+        colour = TRIAL_COLOURS[(column - 1) % len(TRIAL_COLOURS)]
+        x = entry.steps.tolist()
+        for low, high, opacity in BANDS:
+            figure.add_trace(go.Scatter(x=x, y=entry.percentiles[:, high].tolist(), mode="lines", line={"width": 0},
+                                        showlegend=False, hoverinfo="skip", legendgroup=entry.trial), row=1, col=column)
+            figure.add_trace(go.Scatter(x=x, y=entry.percentiles[:, low].tolist(), mode="lines", line={"width": 0},
+                                        fill="tonexty", fillcolor=_rgba(colour, opacity), showlegend=False,
+                                        hoverinfo="skip", legendgroup=entry.trial), row=1, col=column)
+        figure.add_trace(go.Scatter(x=x, y=entry.percentiles[:, 4].tolist(), mode="lines+markers", name="median",
+                                    line={"color": colour, "width": 1.6}, marker={"size": 4},
+                                    legendgroup=entry.trial, showlegend=column == 1,
+                                    hovertemplate="step %{x}: median %{y:.4g}<extra>" + entry.trial + "</extra>"),
+                         row=1, col=column)
+        for name, values in (("min", entry.minimum), ("max", entry.maximum)):
+            figure.add_trace(go.Scatter(x=x, y=values.tolist(), mode="lines", name=f"{name} (statistic)",
+                                        line={"color": colour, "width": 1, "dash": "dot"}, legendgroup=entry.trial,
+                                        showlegend=column == 1,
+                                        hovertemplate=f"step %{{x}}: {name} %{{y:.4g}}<extra>{entry.trial}</extra>"),
+                             row=1, col=column)
+        if current_step is not None:
+            figure.add_vline(x=current_step, line={"color": "#b00", "width": 1, "dash": "dot"}, row=1, col=column)
+        figure.update_xaxes(title_text="training step", row=1, col=column)
+    values = max(e.values_per_step for e in entries)
+    figure.update_layout(height=320, margin={**_MARGIN, "t": 60},
+                         title={"text": f"{title}<br><sup>bands: percentiles 0-100, 7-93, 16-84, 31-69 of the "
+                                        f"{values} stored values per step; dotted: min and max over all values</sup>",
+                                "font": {"size": 13}},
+                         legend={"orientation": "h", "yanchor": "bottom", "y": 1.08, "x": 1, "xanchor": "right"})
+    return figure
+
+
+def _rgba(colour: str, opacity: float) -> str:
+    red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red}, {green}, {blue}, {opacity})"

@@ -153,5 +153,6 @@ def _plots() -> list[Component]:
             options=[{"label": s, "value": s} for s in PLOT_STATISTICS])),
         # Filled by callbacks: plotly.js then loads after the values are shown, not before.
         html.Div(id=ID.SERIES, className="series-plot"),
+        html.Div(id=ID.DISTRIBUTION, className="distribution-plot"),
         html.Div(id=ID.HISTOGRAM, className="histogram-plot"),
     ]

@@ -233,6 +233,14 @@ class TrialReader:
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
 
+    def values_series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
+                      aggregation: str = "sample", sample: int | None = None, rank: int | None = None) -> pa.Table:
+        """Stored values of a tensor at every recorded step: training_step, sample, neurons, rank (sorted)."""
+        filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
+                   "aggregation": aggregation, "sample": sample, "rank": rank}
+        table = self._series_rows(self._files("tensors", rank), ["training_step", "sample", "neurons", "rank"], filters)
+        return table.sort_by([("rank", "ascending"), ("training_step", "ascending"), ("sample", "ascending")])
+
     def _series_rows(self, files: list[Path], columns: list[str], filters: dict[str, Any],
                      cancelled: Callable[[], bool] | None = None) -> pa.Table:
         """Only the row groups that can hold the node (see ``series_read``). A damaged chunk, or one merged
