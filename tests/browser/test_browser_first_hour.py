@@ -221,3 +221,32 @@ def test_start_here_leads_from_the_finding_to_the_node_to_the_plot(serve, small_
     page.wait_for_selector("#stat-mean")
     page.wait_for_timeout(1500)
     expect(page.locator(".start-here-box")).to_have_count(0)
+
+
+DISTRIBUTION = """() => document.querySelector('#distribution-plot .js-plotly-plot')._fullData
+  .filter(t => t.name === 'median').map(t => [t.legendgroup, Array.from(t.x), Array.from(t.y)])"""
+
+
+def test_the_distribution_across_steps_shows_every_trial_side_by_side(serve, small_page, tutorial) -> None:
+    import numpy as np
+
+    from comgra.service.distributions import PERCENTILES
+
+    page = small_page
+    page.goto(serve(tutorial) + f"?trial={TRIAL_BUGGED}&node=subnet_pre__hidden_state")
+    page.wait_for_selector('#dependency-graph .graph-node.selected[data-node="subnet_pre__hidden_state"]')
+    page.locator("#distribution-plot .js-plotly-plot .main-svg").first.wait_for()
+    iteration = int(page.locator('#values [data-field="iteration"]').inner_text())
+    medians = {trial: (x, y) for trial, x, y in page.evaluate(DISTRIBUTION)}
+    reader = GroupReader(tutorial)
+    assert set(medians) == set(reader.trials())
+    for trial, (steps, values) in medians.items():
+        rows = reader.trial(trial).values_series(node="subnet_pre__hidden_state", role="subnet_pre__hidden_state",
+                                                 iteration=iteration).to_pylist()
+        pooled: dict[int, list[float]] = {}
+        for row in rows:
+            pooled.setdefault(row["training_step"], []).extend(row["neurons"])
+        assert steps == sorted(pooled)
+        assert np.allclose(values, [np.percentile(pooled[s], PERCENTILES[4]) for s in steps])
+    for title in page.locator("#distribution-plot .annotation-text").all():  # the trials' names are not cut
+        assert title.bounding_box()["width"] > 0
