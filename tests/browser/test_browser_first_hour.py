@@ -250,3 +250,64 @@ def test_the_distribution_across_steps_shows_every_trial_side_by_side(serve, sma
         assert np.allclose(values, [np.percentile(pooled[s], PERCENTILES[4]) for s in steps])
     for title in page.locator("#distribution-plot .annotation-text").all():  # the trials' names are not cut
         assert title.bounding_box()["width"] > 0
+
+
+def test_shortcuts_dark_mode_and_csv_downloads(serve, browser, tutorial) -> None:
+    import csv
+    import io
+
+    context = browser.new_context(viewport=VIEWPORT, color_scheme="dark", accept_downloads=True)
+    try:
+        page = context.new_page()
+        page.set_default_timeout(20_000)
+        url = serve(tutorial)
+        page.goto(url + f"?trial={TRIAL_BUGGED}")
+        page.wait_for_selector("#dependency-graph .graph-node.selected")
+        # Dark mode follows the system's preference.
+        assert page.evaluate("document.documentElement.getAttribute('data-bs-theme')") == "dark"
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert sum(int(c) for c in background[background.index("(") + 1:-1].split(",")[:3]) < 150, background
+        # n / p: next and previous recorded step; / : the node search; ? and Escape: the list of shortcuts.
+        steps = sorted(set(GroupReader(tutorial).trial(TRIAL_BUGGED).steps()["training_step"].to_pylist()))
+        step = page.locator('#values [data-field="training_step"]')
+        expect(step).to_have_text(str(steps[0]))
+        page.locator("body").click(position={"x": 5, "y": 790})
+        page.keyboard.press("n")
+        expect(step).to_have_text(str(steps[1]))
+        page.keyboard.press("p")
+        expect(step).to_have_text(str(steps[0]))
+        page.keyboard.press("?")
+        expect(page.locator("#shortcut-help")).to_be_in_viewport()
+        expect(page.locator("#shortcut-help")).to_contain_text("next recorded step")
+        page.keyboard.press("Escape")
+        expect(page.locator("#shortcut-help")).to_have_count(0)
+        page.keyboard.press("/")
+        page.wait_for_function("() => document.activeElement.classList.contains('dash-dropdown-search')")
+        page.keyboard.type("loss_per")  # typed into the node search, without the "/"
+        assert page.evaluate("document.activeElement.value") == "loss_per"
+        page.keyboard.press("Escape")
+        # The KPI curves as CSV: the store's points of the trial shown.
+        page.goto(url + f"?tab=graphs&trial={TRIAL_BUGGED}")
+        page.wait_for_selector("#kpi-graphs [data-kpi-group]")
+        with page.expect_download() as download:
+            page.click("#kpi-csv")
+        rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+        kpis = GroupReader(tutorial).trial(TRIAL_BUGGED).kpis().to_pylist()
+        assert len(rows) == len(kpis) and {r["trial"] for r in rows} == {TRIAL_BUGGED}
+        assert sorted((r["kpi_name"], int(r["training_step"]), float(r["value"])) for r in rows) == \
+            sorted((k["kpi_name"], k["timepoint"], k["value"]) for k in kpis)
+        # The Compare table as CSV, numbers at full precision.
+        page.goto(url + f"?tab=compare&trial={TRIAL_BUGGED}")
+        page.click("text=Pin the shown selection")
+        page.wait_for_selector("#compare-table")
+        with page.expect_download() as download:
+            page.click(".compare-csv")
+        table = list(csv.reader(io.StringIO(Path(download.value.path()).read_text())))
+        shown = {row[0]: row[1:] for row in table[1:]}
+        mean = page.locator('#compare-table [data-side="pinned"][data-stat="mean"]').get_attribute("data-value")
+        assert shown["mean"][0] == mean and float(mean) == float(mean)
+        # The Samples table has its CSV export button.
+        page.goto(url + f"?tab=samples&trial={TRIAL_BUGGED}")
+        expect(page.locator("#panel-samples .export")).to_have_count(1)
+    finally:
+        context.close()

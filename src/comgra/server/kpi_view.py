@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dash import Dash, Input, Output, dcc, html, no_update
+from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from comgra.errors import ComgraError
 from comgra.server import figures
@@ -20,6 +20,8 @@ class ID:
     OPTIONS = "kpi-options"
     SMOOTHING = "kpi-smoothing"
     FILTER = "kpi-filter"  # text: only the curves whose name holds it
+    CSV = "kpi-csv"
+    DOWNLOAD = "kpi-download"
     FIGURES = "kpi-graphs"  # the figures, one per KPI group (the id the tests and links knew before)
 
 
@@ -42,11 +44,24 @@ def panel() -> html.Div:
                 dcc.Slider(id=ID.SMOOTHING, min=0, max=0.99, step=0.01, value=0,
                            marks={0: "0", 0.5: "0.5", 0.99: "0.99"}, tooltip={"placement": "bottom"})]),
         ]),
+        html.Div(className="mb-2", children=[
+            html.Button("Download CSV", id=ID.CSV, n_clicks=0, className="btn btn-outline-secondary btn-sm",
+                        title="The points of the curves shown (the chosen trials, the name filter), unsmoothed"),
+            dcc.Download(id=ID.DOWNLOAD)]),
         html.Div(id=ID.FIGURES),
     ])
 
 
 def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str, data_version: str) -> None:
+    @app.callback(Output(ID.DOWNLOAD, "data"), Input(ID.CSV, "n_clicks"), State(current_trial, "data"),
+                  State(ID.TRIALS, "value"), State(ID.FILTER, "value"), prevent_initial_call=True)
+    def download(clicks: Any, trial: Any, chosen: Any, name_filter: Any) -> Any:
+        if not clicks:
+            return no_update
+        trials = chosen_trials(service, chosen, trial)
+        return dcc.send_string(kpi_csv(service, trials, name_filter if isinstance(name_filter, str) else ""),
+                               "comgra-kpis.csv")
+
     @app.callback(Output(ID.TRIALS, "options"), Input(tabs, "active_tab"), Input(data_version, "data"))
     def update_trials(active: str, _version: Any) -> Any:
         if active != "graphs":
@@ -67,6 +82,27 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
             return kpi_graphs(service, trials, kpi_options(options, smoothing, name_filter))
         except ComgraError as error:
             return html.Div(str(error), className="alert alert-warning")
+
+
+def kpi_csv(service: RecordingService, trials: list[str], name_filter: str = "") -> str:
+    """The KPI points of ``trials`` as CSV (trial, group, name, type of step, step, value; ranks as in the
+    figures), only the curves whose name holds ``name_filter``."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["trial", "kpi_group", "kpi_name", "type_of_execution", "training_step", "value"])
+    wanted = name_filter.strip().lower()
+    for trial in trials:
+        for row in service.kpis(trial).to_pylist():
+            name = row["kpi_name"] if row.get("rank") in (None, 0) or "rank" not in row else \
+                f"{row['kpi_name']} · rank {row['rank']}"
+            if wanted and wanted not in f"{name} · {row['type_of_execution']}".lower():
+                continue
+            writer.writerow([trial, row["kpi_group"], name, row["type_of_execution"], row["timepoint"],
+                             repr(row["value"])])
+    return out.getvalue()
 
 
 def chosen_trials(service: RecordingService, chosen: Any, current: Any) -> list[str]:

@@ -30,6 +30,14 @@
     selection: null, clicks: 0, asks: 0, drawnAfter: 0, stepClicks: {},
     drawn: {}, drawnBoxes: {}, marks: {}, canvas: null, pending: false
   };
+  // Dark mode follows the system's preference (and its changes): Bootstrap's dark theme and comgra.css's.
+  var darkQuery = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+  function applyTheme() {
+    document.documentElement.setAttribute("data-bs-theme", darkQuery && darkQuery.matches ? "dark" : "light");
+  }
+  applyTheme();
+  if (darkQuery && darkQuery.addEventListener) darkQuery.addEventListener("change", applyTheme);
+
   var DRAW_MARGIN = 300;  // px of the screen drawn beyond each side of the visible part of the graph
   // A new structure is fitted to the pane when that keeps the labels readable (at least this zoom); a graph
   // that needs less starts at 1 and is scrolled to the selection.
@@ -490,11 +498,81 @@
       select(node.getAttribute("data-node"));
       return;
     }
+    if (shortcut(event)) return;
     var direction = KEYS[event.key];
     if (!direction || (!node && busy(event.target)) || !tensorsVisible()) return;
     event.preventDefault();
     move(direction);
   });
+
+  // -- CSV of a table on the page: a button with data-csv-table="<id>" (numbers at full precision, from data-value)
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("[data-csv-table]");
+    if (!button) return;
+    var table = document.getElementById(button.getAttribute("data-csv-table"));
+    if (!table) return;
+    var quote = function (text) { return /[",\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text; };
+    var lines = Array.from(table.querySelectorAll("tr")).map(function (row) {
+      return Array.from(row.children).map(function (cell) {
+        var value = cell.getAttribute("data-value");
+        return quote(value !== null && value !== "None" ? value : cell.textContent.trim());
+      }).join(",");
+    });
+    var link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
+    link.download = button.getAttribute("data-csv-name") || "comgra.csv";
+    document.body.appendChild(link);
+    link.click();
+    window.setTimeout(function () { URL.revokeObjectURL(link.href); link.remove(); }, 1000);
+  });
+
+  // -- keyboard shortcuts: n / p (next / previous step), / (find a node), ? (this list), Escape -----------
+  var SHORTCUTS = [["n", "next recorded step"], ["p", "previous recorded step"], ["/", "find a node by name"],
+                   ["\u2190 \u2191 \u2193 \u2192", "move along the graph"], ["Enter", "select the focused node"],
+                   ["?", "show or hide this list"], ["Esc", "close it"]];
+  function shortcut(event) {
+    var help = document.getElementById("shortcut-help");
+    if (event.key === "Escape" && help) { help.remove(); return true; }
+    if (busy(event.target)) return false;  // typing in a field, or a slider or dropdown that has the keys
+    if (event.key === "?") { event.preventDefault(); toggleHelp(); return true; }
+    if (!tensorsVisible()) return false;
+    if (event.key === "n" || event.key === "p") {
+      var button = document.getElementById(event.key === "n" ? "step-next" : "step-prev");
+      if (button && !button.disabled) { event.preventDefault(); button.click(); }
+      return true;
+    }
+    if (event.key === "/") {  // opened when the key is released: the "/" itself must not land in the search field
+      event.preventDefault();
+      document.addEventListener("keyup", function open(up) {
+        if (up.key !== "/") return;
+        document.removeEventListener("keyup", open, true);
+        var search = document.getElementById("node-search");  // Dash 4: a button that opens a searchable list
+        if (!search) return;
+        search.focus();
+        if (search.getAttribute("aria-expanded") !== "true") search.click();
+      }, true);
+      return true;
+    }
+    return false;
+  }
+
+  function toggleHelp() {
+    var existing = document.getElementById("shortcut-help");
+    if (existing) { existing.remove(); return; }
+    var box = el("div", "shortcut-help");
+    box.id = "shortcut-help";
+    box.setAttribute("role", "dialog");
+    box.setAttribute("aria-label", "Keyboard shortcuts");
+    box.appendChild(el("div", "shortcut-title", "Keyboard shortcuts"));
+    SHORTCUTS.forEach(function (entry) {
+      var row = el("div", "shortcut-row");
+      row.appendChild(el("kbd", "", entry[0]));
+      row.appendChild(el("span", "", entry[1]));
+      box.appendChild(row);
+    });
+    box.addEventListener("click", function () { box.remove(); });
+    document.body.appendChild(box);
+  }
 
   function zoomBy(step) {
     var graph = document.getElementById("dependency-graph");
