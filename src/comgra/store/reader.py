@@ -221,11 +221,12 @@ class TrialReader:
         files = [p for p in self._files("tensors", rank) if any(_covers(p.name, s) for s in steps)]
         return self._query(files, None, {"training_step": steps, "rank": rank})
 
-    def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
+    def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int | None,
                aggregation: str = "mean", sample: int = -1, statistic: str = "mean",
                rank: int | None = None, cancelled: Callable[[], bool] | None = None) -> pa.Table:
         """One statistic of one tensor across every recorded step: columns training_step, value, rank,
-        sorted by rank, then step (``rank=None``: every rank's line). ``cancelled()``, asked between
+        sorted by rank, then step (``rank=None``: every rank's line; ``iteration=None``: a row per recorded
+        iteration of each step, in no set order within the step). ``cancelled()``, asked between
         chunks, ends the read with ``series_read.ReadCancelled`` once it is true."""
         if statistic not in fmt.STATISTICS + ("svd_max",):
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
@@ -235,6 +236,14 @@ class TrialReader:
                                   cancelled)
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
+
+    def values_series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
+                      aggregation: str = "sample", sample: int | None = None, rank: int | None = None) -> pa.Table:
+        """Stored values of a tensor at every recorded step: training_step, sample, neurons, rank (sorted)."""
+        filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
+                   "aggregation": aggregation, "sample": sample, "rank": rank}
+        table = self._series_rows(self._files("tensors", rank), ["training_step", "sample", "neurons", "rank"], filters)
+        return table.sort_by([("rank", "ascending"), ("training_step", "ascending"), ("sample", "ascending")])
 
     def _series_rows(self, files: list[Path], columns: list[str], filters: dict[str, Any],
                      cancelled: Callable[[], bool] | None = None) -> pa.Table:
