@@ -4,7 +4,7 @@ Shared by ``benchmarks/compiled_overhead.py`` and the torch.compile tests (tests
 self-attention (``scaled_dot_product_attention``), a GELU MLP, pre-LayerNorm residual blocks, tied
 token embedding and head. Each block registers its attention and MLP outputs and its own output under
 names built at run time (``f"block{i}_out"``); the model registers its logits. The recorder is
-``comgra.my_recorder`` when the model runs, as the README's examples do.
+``comgra.my_recorder`` when the model runs, as the README's examples do; None: no comgra at all.
 """
 from __future__ import annotations
 
@@ -54,12 +54,15 @@ class Block(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         recorder = comgra.my_recorder
         attended = self.attn(self.ln_1(x))
-        recorder.register_tensor(f"block{self.index}_attn", attended)
+        if recorder is not None:
+            recorder.register_tensor(f"block{self.index}_attn", attended)
         x = x + attended
         mlp = self.proj(F.gelu(self.fc(self.ln_2(x))))
-        recorder.register_tensor(f"block{self.index}_mlp", mlp)
+        if recorder is not None:
+            recorder.register_tensor(f"block{self.index}_mlp", mlp)
         x = x + mlp
-        recorder.register_tensor(f"block{self.index}_out", x)
+        if recorder is not None:
+            recorder.register_tensor(f"block{self.index}_out", x)
         return x
 
 
@@ -81,13 +84,15 @@ class GPT(torch.nn.Module):
         recorder = comgra.my_recorder
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.wte(ids) + self.wpe(positions)
-        recorder.register_tensor("embedded", x)
+        if recorder is not None:
+            recorder.register_tensor("embedded", x)
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        recorder.register_tensor("logits", logits)
         loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
-        recorder.register_tensor("loss", loss, index_of_batch_dimension=None, is_loss=True)
+        if recorder is not None:
+            recorder.register_tensor("logits", logits)
+            recorder.register_tensor("loss", loss, index_of_batch_dimension=None, is_loss=True)
         return loss
 
 

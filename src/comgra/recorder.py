@@ -225,11 +225,10 @@ class ComgraRecorder:
         if self._breakpoints is not None:
             self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
                                                             record_all_tensors_per_batch_index_by_default)
-        wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
-        self._takes_tensors = wanted
-        if wanted:  # compiled models and functions run eagerly until the step ends (see comgra.capture.compiled)
-            self._eager.enter()
+        self._takes_tensors = wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
         self.instruments.start_step(training_step, self._recording)
+        if wanted or self.instruments.wants_eager_step:  # compiled models run eagerly until the step ends (see
+            self._eager.enter()  # comgra.capture.compiled); a FLOPs step too (Profiler.counts_flops)
         for listener in list(self._step_listeners):  # comgra.watch puts its hooks on for a recorded step only
             listener(wanted)
 
