@@ -24,6 +24,10 @@ class GPTConfig:
     n_layer: int = 2
     n_head: int = 2
     n_embd: int = 32
+    # Blocks build their tensor names only on recorded steps (``if recorder.recording_is_active()``): for a block
+    # whose forward TorchDynamo compiles as a frame of its own (FSDP2's fully_shard per block), where reading
+    # ``self.index`` for a name would specialise that frame on each block's index (one compile per block).
+    names_on_recorded_steps_only: bool = False
 
 
 class CausalSelfAttention(torch.nn.Module):
@@ -45,6 +49,7 @@ class Block(torch.nn.Module):
     def __init__(self, config: GPTConfig, index: int):
         super().__init__()
         self.index = index
+        self.names_on_recorded_steps_only = config.names_on_recorded_steps_only
         self.ln_1 = torch.nn.LayerNorm(config.n_embd)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = torch.nn.LayerNorm(config.n_embd)
@@ -53,6 +58,8 @@ class Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         recorder = comgra.my_recorder
+        if recorder is not None and self.names_on_recorded_steps_only and not recorder.recording_is_active():
+            recorder = None
         attended = self.attn(self.ln_1(x))
         if recorder is not None:
             recorder.register_tensor(f"block{self.index}_attn", attended)

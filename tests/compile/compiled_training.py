@@ -41,12 +41,13 @@ BATCH = 4
 
 
 def train(recorder: Any, model: Any, forward: Callable[..., torch.Tensor], steps: int,
-          after_step: Callable[[int], None] = lambda step: None) -> list[float]:
-    """``steps`` steps of the documented loop on ``forward(ids, targets) -> loss``; returns the losses."""
-    comgra.my_recorder = recorder
+          after_step: Callable[[int], None] = lambda step: None, seed: int = 1) -> list[float]:
+    """``steps`` steps of the documented loop on ``forward(ids, targets) -> loss`` (data from ``seed``); returns
+    the losses."""
+    comgra.my_recorder = recorder if recorder.comgra_is_active else None  # inactive: the model without comgra
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     losses = []
-    for step, (ids, targets) in enumerate(nano_gpt.batches(CONFIG, BATCH, steps)):
+    for step, (ids, targets) in enumerate(nano_gpt.batches(CONFIG, BATCH, steps, seed)):
         recorder.start_batch(step, BATCH)
         recorder.start_iteration()
         loss = forward(ids, targets)
@@ -106,9 +107,10 @@ class DynamoWatch:
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max")
 
 
-def rows_by_key(trial: Any, step: int) -> dict[tuple[Any, ...], dict[str, Any]]:
+def rows_by_key(trial: Any, step: int, rank: int | None = None) -> dict[tuple[Any, ...], dict[str, Any]]:
+    selection = trial.selection(training_step=step) if rank is None else trial.selection(training_step=step, rank=rank)
     return {(r["kind"], r["iteration"], r["tensor_name"], r["aggregation"], r["sample"], r["category"]): r
-            for r in trial.selection(training_step=step).to_pylist()}
+            for r in selection.to_pylist()}
 
 
 def assert_rows_match(actual: dict[tuple[Any, ...], dict[str, Any]], expected: dict[tuple[Any, ...], dict[str, Any]],
@@ -130,9 +132,9 @@ def assert_rows_match(actual: dict[tuple[Any, ...], dict[str, Any]], expected: d
             assert abs(got - wanted) <= tolerance, (key, "neurons", got, wanted)
 
 
-def graph_shape(trial: Any, step: int) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+def graph_shape(trial: Any, step: int, rank: int | None = None) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
     """(nodes as (id, role), edges as (source, target)) of a step's dependency graph."""
-    (row,) = [r for r in trial.steps().to_pylist() if r["training_step"] == step]
+    (row,) = [r for r in trial.steps(rank=rank).to_pylist() if r["training_step"] == step]
     document = trial.graph(row["graph"])
     return ({(n["id"], n["role"]) for n in document["nodes"]},
             {(e["source"], e["target"]) for e in document["edges"]})
