@@ -1,10 +1,10 @@
-"""``comgra.watch`` and the Lightning callback on torch.compile'd models (real inductor compiles).
+"""``comgra.watch`` and the two callbacks on torch.compile'd models (real inductor compiles).
 
-Both record what the same model records eagerly (values, gradients, the graph), break no graph and compile
-nothing after warm-up: ``comgra.watch``'s hooks are on the modules during recorded steps only, which run
-eagerly; the Lightning callback starts comgra's step in ``on_train_batch_start``, outside the compiled model.
-(The transformers callback is not here: its hooks sit on the model, inside the graph the Trainer's
-``torch_compile=True`` compiles; see the README.)
+Each records what the same model records eagerly (values, gradients, the graph), adds no graph break and
+compiles nothing after warm-up: ``comgra.watch``'s hooks are on the modules during recorded steps only, which
+run eagerly; the Lightning callback starts comgra's step in ``on_train_batch_start``, outside the compiled
+model; the transformers callback, whose hooks sit on the model inside the graph that ``torch_compile=True``
+compiles (there they trace to nothing), starts the step in ``on_step_begin``.
 """
 from __future__ import annotations
 
@@ -126,3 +126,57 @@ def test_the_lightning_callback_on_a_compiled_module(tmp_path: Path) -> None:
         assert_rows_match(rows, rows_by_key(eager, step))
         assert {"model.layer0", "model.layer1", "loss"} <= {key[2] for key in rows}
         assert any(key[0] == "gradients" and key[2] == "model.layer0.weight" for key in rows)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning:transformers")
+@pytest.mark.filterwarnings("ignore::UserWarning:transformers")
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")  # Dynamo's, tracing
+def test_the_transformers_callback_with_torch_compile(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from comgra.integrations.transformers import ComgraCallback
+
+    transformers.utils.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=2, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    ids = torch.randint(0, 32, (4 * STEPS, 6), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    watch = DynamoWatch()
+    after: list[dict[str, int]] = []
+
+    class Counts(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, *arguments: Any, **kwargs: Any) -> None:
+            after.append(watch.counts())
+
+    def train_(trial: str, compiled: bool) -> dict[str, int]:
+        torch._dynamo.reset()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = transformers.GPT2LMHeadModel(config)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1, learning_rate=0.1,
+            optim="sgd", lr_scheduler_type="constant", use_cpu=True, report_to=[], save_strategy="no",
+            logging_steps=1, disable_tqdm=True, seed=0, torch_compile=compiled)
+        callback = ComgraCallback(tmp_path, "hf", trial, DecisionMakerForRecordingsHardcoded(RECORDED),
+                                  flush_seconds=60.0)
+        before = watch.counts()
+        transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback, Counts()]).train()
+        return before
+
+    train_("eager", compiled=False)
+    after.clear()
+    with watch.watching():
+        before = train_("compiled", compiled=True)
+    assert after[0] == before, "the recorded step 0 ran eagerly: nothing traced"
+    assert after[1]["graphs"] > before["graphs"] and all(counts == after[1] for counts in after[2:]), after
+    assert watch.recompiles.messages == []
+    for message in watch.graph_breaks.messages:  # transformers' own (a logger call in its model code), not comgra's
+        assert "/transformers/" in message.splitlines()[0] and "comgra" not in message, message
+    group = GroupReader(tmp_path / "hf")
+    eager, compiled = group.trial("eager"), group.trial("compiled")
+    assert compiled.steps()["training_step"].to_pylist() == sorted(RECORDED)
+    for step in sorted(RECORDED):
+        rows = rows_by_key(compiled, step)
+        assert_rows_match(rows, rows_by_key(eager, step))
+        assert graph_shape(compiled, step) == graph_shape(eager, step)
+        assert {"model.transformer.h.0", "loss"} <= {key[2] for key in rows}
+        assert any(key[0] == "gradients" and key[2] == "model.transformer.h.0.mlp.c_fc.weight" for key in rows)
