@@ -17,8 +17,8 @@ with the lowest and highest round beside it, and the median time per step: the w
 CPU time (all its threads: torch's and comgra's writer), which other processes on a shared machine disturb
 less. Also the graph breaks and compiled graphs counted by TorchDynamo after the warm-up (both must be 0).
 
-    python benchmarks/compiled_overhead.py [--layers 2 12] [--rounds 9] [--steps 10] [--n-embd 64] [--batch 8]
-                                           [--seq 32] [--threads 1]
+    python benchmarks/compiled_overhead.py [--layers 2 12] [--rounds 5] [--steps 10] [--n-embd 128] [--batch 8]
+                                           [--seq 64] [--threads 1]
 """
 from __future__ import annotations
 
@@ -131,11 +131,11 @@ def run(layers: int, options: argparse.Namespace, root: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, nargs="+", default=[2, 12])
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="training steps per block (1 in 10 recorded)")
-    parser.add_argument("--n-embd", type=int, default=64)
+    parser.add_argument("--n-embd", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)

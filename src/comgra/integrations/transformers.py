@@ -25,9 +25,8 @@ A model the Trainer compiles (``torch_compile=True``) or that was compiled with 
 runs the callback's hooks inside the compiled graph, where they trace to nothing. The callback then
 starts each step in ``on_step_begin``, outside the model: a step the policy records runs eagerly
 (comgra's "force_eager" stance from there to the end of the step), and its hooks record as above; a
-step it does not record runs the compiled model untouched. There the step's batch size is the
-configured ``per_device_train_batch_size`` (a ragged last batch is recorded without per-sample rows)
-and evaluation runs are not recorded.
+step it does not record runs the compiled model untouched (comgra's step is opened with the configured
+``per_device_train_batch_size``; nothing of it is recorded). Evaluation runs are not recorded then.
 """
 from __future__ import annotations
 
