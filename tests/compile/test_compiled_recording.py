@@ -31,7 +31,9 @@ from compiled_training import (  # noqa: E402
     CONFIG, DynamoWatch, assert_rows_match, graph_shape, nano_gpt, rows_by_key, train)
 
 # torch's own modules warn while inductor loads (torch.jit.script_method is deprecated): theirs, not ours.
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning:torch")]
+# TorchDynamo reads .grad of non-leaf inputs of a resume function while it traces (after the user's .item()).
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning:torch"),
+              pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")]
 STEPS = 8
 RECORDED = {0, 2, 4, 6}  # step 0 recorded (eager), step 1 compiles, then recorded and not recorded take turns
 
@@ -100,3 +102,40 @@ def test_recorded_steps_of_a_compiled_model_break_no_graph_compile_nothing_and_e
     assert {f"block{i}_out" for i in range(CONFIG.n_layer)} <= {node for node, _ in nodes}
     assert ("block0_out", "block1_attn") in edges or any(source == "block0_out" for source, _ in edges)
     assert losses == pytest.approx(eager_losses, rel=1e-4)  # the unrecorded steps ran compiled code, same numbers
+
+
+def test_where_the_users_code_breaks_the_graph_comgra_adds_no_break(tmp_path: Path) -> None:
+    """A ``.item()`` of the user's after the first block breaks the graph; with comgra recording every other
+    step, the compiled model has the graph breaks and graphs of the same model without comgra.
+
+    Dynamo does not resume inside a loop: it runs the model's forward eagerly and compiles each block's
+    forward as a frame of its own, shared by the blocks. Names built from ``self.index`` there would specialise
+    that frame per block (one recompile per block: Python builds the name before comgra is called), so the
+    blocks build them on recorded steps only, as the README advises (nano_gpt's names_on_recorded_steps_only)."""
+    config = nano_gpt.GPTConfig(**{**CONFIG.__dict__, "item_after_first_block": True,
+                                   "names_on_recorded_steps_only": True})
+
+    def run(trial: str, with_comgra: bool) -> tuple[dict[str, int], list[dict[str, int]], DynamoWatch]:
+        torch._dynamo.reset()
+        recorder = _recorder(tmp_path, trial) if with_comgra else ComgraRecorder(
+            tmp_path, "group", trial, DecisionMakerForRecordingsHardcoded(set()), comgra_is_active=False)
+        model = nano_gpt.make_gpt(config)
+        compiled = torch.compile(model)
+        watch = DynamoWatch()
+        after: list[dict[str, int]] = []
+        with watch.watching():
+            before = watch.counts()
+            train(recorder, model, compiled, STEPS, after_step=lambda step: after.append(watch.counts()))
+        recorder.finalize()
+        return before, after, watch
+
+    plain_before, plain_after, plain_watch = run("plain", with_comgra=False)
+    before, after, watch = run("comgra", with_comgra=True)
+    assert all(counts == after[1] for counts in after[2:]) and watch.recompiles.messages == []
+    for name in ("graphs", "graph_breaks"):
+        assert after[-1][name] - before[name] == plain_after[-1][name] - plain_before[name]
+    assert len(watch.graph_breaks.messages) == len(plain_watch.graph_breaks.messages) >= 1  # the user's .item()
+    assert all("item" in message for message in watch.graph_breaks.messages)
+    trial = GroupReader(tmp_path / "group").trial("comgra")
+    assert {f"block{i}_out" for i in range(CONFIG.n_layer)} <= {
+        row["tensor_name"] for row in trial.selection(training_step=6).to_pylist()}
