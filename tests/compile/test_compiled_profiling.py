@@ -44,7 +44,7 @@ def test_a_profiled_compiled_model_compiles_and_is_measured_on_its_eager_steps(t
     assert [str(w.message) for w in warned if issubclass(w.category, ComgraWarning)] == [COMPILED_MESSAGE]
     assert after[0] == before, "step 0 counts FLOPs: it runs eagerly, nothing is traced"
     assert after[1]["graphs"] > before["graphs"], "the profiled model compiles from step 1 on"
-    assert all(counts == after[1] for counts in after[2:]) and after[-1]["graph_breaks"] == 0
+    assert all(counts == after[1] for counts in after[2:]) and after[-1]["graph_breaks"] == before["graph_breaks"]
     assert watch.graph_breaks.messages == [] and watch.recompiles.messages == []
 
     rows = GroupReader(tmp_path / "group").trial("trial").layers().to_pylist()

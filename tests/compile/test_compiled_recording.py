@@ -90,7 +90,7 @@ def test_recorded_steps_of_a_compiled_model_break_no_graph_compile_nothing_and_e
     assert after[0] == before, "the recorded step 0 ran the compiled model eagerly: nothing traced"
     assert after[1]["graphs"] > before["graphs"], "the first unrecorded step compiles the model"
     assert all(counts == after[1] for counts in after[2:]), f"recompiled after warm-up: {after}"
-    assert after[-1]["graph_breaks"] == before["graph_breaks"] == 0
+    assert after[-1]["graph_breaks"] == before["graph_breaks"]  # (the counter is cumulative over the process)
     assert watch.graph_breaks.messages == [] and watch.recompiles.messages == []
 
     trial = GroupReader(tmp_path / "group").trial("compiled")
