@@ -13,7 +13,6 @@ not recorded every call returns after a flag check.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -24,7 +23,7 @@ import torch
 from comgra._version import __version__
 from comgra.capture import gradients as scaling
 from comgra.capture import kpis as kpi_buffer
-from comgra.capture import open_recorders, stages, step_control
+from comgra.capture import compiled, open_recorders, stages, step_control
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
@@ -40,23 +39,9 @@ from comgra.objects import DecisionMakerForRecordings
 
 __all__ = ["ComgraRecorder"]
 
-# True while TorchDynamo traces (a constant in the traced code), False otherwise: a function that returns False,
-# 0.03 us a call (torch.compiler.is_compiling, which also asks TorchScript, 0.07 us).
-_is_compiling = torch.compiler.is_dynamo_compiling
-# The recorder's methods wrapped in torch.compiler.disable, made when first wanted (see _never_traced).
-_UNTRACED: dict[Callable[..., Any], Callable[..., Any]] = {}
-
-
-def _untraced(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` run outside any graph TorchDynamo traces: called from a compiled forward, Dynamo stops its
-    graph there and runs comgra eagerly on the real tensors. Inside the trace comgra would see fake tensors
-    (its C kernel read them as memory: SIGSEGV), guard and recompile on its own state. Importing torch._dynamo
-    costs about a second, so the wrappers are made only where it is imported already (start_batch), or in the
-    trace itself."""
-    untraced = _UNTRACED.get(method)
-    if untraced is None:
-        untraced = _UNTRACED[method] = torch.compiler.disable(method, recursive=True)
-    return untraced
+# Under torch.compile (see comgra.capture.compiled): whether TorchDynamo traces now, and a method run outside its graph.
+_is_compiling = compiled.is_compiling
+_untraced = compiled.untraced
 
 
 def _never_traced(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,12 +58,8 @@ def _never_traced(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _prepare_untraced() -> None:
-    """Make the wrappers of every entry point while no trace runs, once torch.compile was imported (so that a
-    trace does not stop a second time to make them)."""
-    if "torch._dynamo" in sys.modules and len(_UNTRACED) < len(_ENTRY_POINTS):
-        for name in _ENTRY_POINTS:
-            method = getattr(ComgraRecorder, name)
-            _untraced(getattr(method, "untraced", method))
+    """The wrappers of every entry point, made while no trace runs (see compiled.prepare)."""
+    compiled.prepare(lambda: [getattr(m, "untraced", m) for m in (getattr(ComgraRecorder, n) for n in _ENTRY_POINTS)])
 
 
 class ComgraRecorder:
@@ -144,6 +125,8 @@ class ComgraRecorder:
         self.type_of_execution: str | None = None
         self._recording = False
         self._dynamic = False
+        self._takes_tensors = False  # this step takes tensors (recorded, or watched by a breakpoint): it runs eagerly
+        self._eager = compiled.EagerSteps()  # torch.compile's stance on such steps: see comgra.capture.compiled
         self._all_types_declared = False
         self._types_seen: set[str] = set()
         self._kpis = kpi_buffer.KpiBuffer()
@@ -246,11 +229,12 @@ class ComgraRecorder:
         if self._breakpoints is not None:
             self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
                                                             record_all_tensors_per_batch_index_by_default)
+        self._takes_tensors = wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
         self.instruments.start_step(training_step, self._recording)
-        if self._step_listeners:  # comgra.watch puts its hooks on for a recorded step only
-            wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
-            for listener in list(self._step_listeners):
-                listener(wanted)
+        if wanted or self.instruments.wants_eager_step:  # compiled models run eagerly until the step ends (see
+            self._eager.enter()  # comgra.capture.compiled); a FLOPs step too (Profiler.counts_flops)
+        for listener in list(self._step_listeners):  # comgra.watch puts its hooks on for a recorded step only
+            listener(wanted)
 
     def _decide(self, step: int, type_of_execution: str | None, override: bool | None) -> bool:
         if self.session is None or self.session.broken:
@@ -283,7 +267,9 @@ class ComgraRecorder:
         """Name a tensor of the current iteration (or, with ``is_initial_value``, of none yet)."""
         if not self.comgra_is_active:
             return
-        if _is_compiling():  # in a compiled forward: see _untraced
+        if _is_compiling():  # in a compiled forward on a step that takes no tensors: traces to nothing
+            if not self._takes_tensors:
+                return
             return _untraced(ComgraRecorder.register_tensor)(  # type: ignore[no-any-return]
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
@@ -303,7 +289,8 @@ class ComgraRecorder:
     def add_tensor_connection(self, src: torch.Tensor | str, sink: torch.Tensor | str) -> None:
         """Draw an edge the autograd graph does not show (after detach(), or through integer tensors)."""
         if self.comgra_is_active and _is_compiling():
-            return _untraced(ComgraRecorder.add_tensor_connection)(self, src, sink)
+            return _untraced(ComgraRecorder.add_tensor_connection)(  # type: ignore[return-value]
+                self, src, sink) if self._takes_tensors else None
         if self._breakpoints is not None:
             self._breakpoints.keep(("connect", src, sink))
         if self._recording:
@@ -312,7 +299,8 @@ class ComgraRecorder:
     def detach_while_keeping_connection(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor.detach()``, still connected to ``tensor`` in the dependency graph."""
         if self.comgra_is_active and _is_compiling():
-            return _untraced(ComgraRecorder.detach_while_keeping_connection)(self, tensor)  # type: ignore[no-any-return]
+            return _untraced(ComgraRecorder.detach_while_keeping_connection)(self, tensor) \
+                if self._takes_tensors else tensor.detach()  # type: ignore[no-any-return]
         result = tensor.detach()
         if self._recording:
             if result.is_floating_point():
@@ -382,22 +370,26 @@ class ComgraRecorder:
             raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
                                  "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
         self.current_stage = "inactive"
-        for listener in list(self._step_listeners):
-            listener(False)
-        if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
-            self._breakpoints.settle()
-        if self._recording:
-            self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
-        self._recording = False
-        if self.session is not None:
-            self.session.flush_kpis(self._kpis, force=False)
-        self.instruments.finish_step()
+        try:
+            for listener in list(self._step_listeners):
+                listener(False)
+            if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
+                self._breakpoints.settle()
+            if self._recording:
+                self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
+            self._recording = False
+            if self.session is not None:
+                self.session.flush_kpis(self._kpis, force=False)
+            self.instruments.finish_step()
+        finally:
+            self._end_eager_step()
         if self._breakpoints is not None:  # pauses here when a breakpoint held; raises TrainingAborted on abort
             self._breakpoints.finish_batch()
 
     @_never_traced
     def finalize(self) -> None:
         """Write everything still buffered. Safe to call more than once."""
+        self._end_eager_step()
         on_finalize, self._on_finalize = self._on_finalize, []
         for action in on_finalize:  # comgra.watch's hooks go first: nothing may register into a closed trial
             action()
@@ -446,6 +438,8 @@ class ComgraRecorder:
                             record_even_if_recording_is_inactive: bool = False) -> None:
         """A scalar for the Graphs tab. Tensors are moved to the host in batches, not one by one."""
         if self.comgra_is_active and _is_compiling():
+            if not (self._takes_tensors or record_even_if_recording_is_inactive):
+                return None  # traced to nothing
             return _untraced(ComgraRecorder.record_kpi_in_graph)(self, kpi_group, kpi_name, val, timepoint,
                                                                  record_even_if_recording_is_inactive)
         if self.session is None or not (self._recording or record_even_if_recording_is_inactive):
@@ -494,6 +488,13 @@ class ComgraRecorder:
         except Exception as error:  # noqa: BLE001
             report_fault(self.session, error)  # type: ignore[arg-type]
             self._recording = False
+            if self._breakpoints is None or not self._breakpoints.monitor.active:
+                self._end_eager_step()  # nothing more to take: compiled code runs compiled again
+
+    def _end_eager_step(self) -> None:
+        """The step takes no more tensors: the compiler's stance of before it (see comgra.capture.compiled)."""
+        self._takes_tensors = False
+        self._eager.leave()
 
 
 # The entry points that leave a traced frame: the rare ones through _never_traced, the others inline.

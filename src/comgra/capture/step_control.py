@@ -39,6 +39,7 @@ def abandon(recorder: Any) -> bool:
     recorder.current_stage = "inactive"
     recorder._recording = recorder._dynamic = False
     recorder.training_step = recorder._step_before
+    recorder._end_eager_step()  # a compiled model runs compiled again (see comgra.capture.compiled)
     return True
 
 
