@@ -48,6 +48,8 @@ RECORDER_METHODS = {
     "finish_batch": [],
     "finalize": [],
     "flush": ["timeout"],  # ours: make a run in progress readable up to now (issue 6)
+    "track_optimizer": ["optimizer"],  # ours: the optimizer's parameter groups on recorded steps (issue 24)
+    "set_sentinels": ["names", "enabled", "pause_on_error"],  # ours: the every-step sentinels (issue 24)
     "record_kpi_in_graph": ["kpi_group", "kpi_name", "val", "timepoint", "record_even_if_recording_is_inactive"],
 }
 

@@ -29,13 +29,16 @@ from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
 from comgra.capture.step import garbage_collector_paused
+from comgra.capture.evidence import RunEvidence
 from comgra.capture.modules import ModuleTracker
+from comgra.capture.watched import WatchedTensors
 from comgra.profiling.instruments import Instruments
 from comgra.profiling import profiler
 from comgra.profiling.resources import FROM_CONFIG, resolve_interval
 from comgra.config import load_settings
 from comgra.errors import RecordingError
 from comgra.breakpoints.recording import RecorderBreakpoints
+from comgra.breakpoints.sentinels import Sentinels
 from comgra.objects import DecisionMakerForRecordings
 
 __all__ = ["ComgraRecorder"]
@@ -81,7 +84,7 @@ def _prepare_untraced() -> None:
             _untraced(getattr(method, "untraced", method))
 
 
-class ComgraRecorder:
+class ComgraRecorder(WatchedTensors):
     """Records named tensors, their gradients and the tracked parameters on the steps a policy picks.
 
     The arguments are those of the original Comgra 0.11.5.
@@ -158,6 +161,8 @@ class ComgraRecorder:
         # Breakpoints and run control (comgra.breakpoints); None when comgra is off, so that costs nothing.
         self._breakpoints = RecorderBreakpoints.attach(self, breakpoints=breakpoints, settings=self.settings) \
             if comgra_is_active else None
+        # The run's state on recorded steps, sentinels on every step (capture.evidence, breakpoints.sentinels).
+        self._evidence = RunEvidence.attach(self, Sentinels.attach(self))
         # Per-layer profiling (track_module(..., profile=True)) and resource sampling; see profiling/instruments.
         self.instruments = Instruments(
             self.session, profile=profile_options, resource_seconds=resource_seconds, rank=self.rank_info.rank,
@@ -193,9 +198,23 @@ class ComgraRecorder:
         if self._breakpoints is not None:
             self._breakpoints.monitor.add_modules(module_name, module)
 
+    @_never_traced
+    def track_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Ours: record ``optimizer``'s parameter groups (which parameters, lr, weight decay) on recorded steps, so
+        that ``comgra scan`` finds parameters left out of every group. The Trainer and Lightning callbacks call it."""
+        if self._evidence is not None:
+            self._evidence.track_optimizer(optimizer)
+
+    @_never_traced
+    def set_sentinels(self, names: Iterable[str] | None = None, *, enabled: bool = True,
+                      pause_on_error: bool = False) -> None:
+        """Ours: the tensors whose NaN/Inf flags, abs_max and norm are kept on every step (None: the losses and outputs);
+        ``pause_on_error``: a NaN, an inf or an empty batch pauses like a breakpoint. See breakpoints.sentinels."""
+        if self._evidence is not None:
+            self._evidence.sentinels.configure(names, enabled=enabled, pause_on_error=pause_on_error)
+
     def get_name_of_module(self, module: torch.nn.Module) -> str:
         return self.modules.name_of(module)
-
     @_never_traced
     def add_note(self, note: Any) -> None:
         """Log a line for the Notes tab, whether or not the step is recorded."""
@@ -243,6 +262,8 @@ class ComgraRecorder:
             self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
                                                             record_all_tensors_per_batch_index_by_default)
         self.instruments.start_step(training_step, self._recording)
+        if self._evidence is not None:
+            self._evidence.start_batch(training_step, type_of_execution, current_batch_size, self._recording)
         if self._step_listeners:  # comgra.watch puts its hooks on for a recorded step only
             wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
             for listener in list(self._step_listeners):
@@ -284,6 +305,8 @@ class ComgraRecorder:
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
         stages.check_registration(tensor_name, self.current_stage, is_initial_value)
+        if self._evidence is not None:
+            self._evidence.register(tensor_name, tensor, is_loss, self._recording)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
         if not (watched or self._recording):
             return
@@ -327,6 +350,8 @@ class ComgraRecorder:
             self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter)
         if not self._recording:
             return
+        if self._evidence is not None:  # the gradients' fingerprints, before an optimizer step can clear them
+            self._evidence.gradients()
         if name_of_loss_group == "forward" or not stages.TYPE_PATTERN.match(str(name_of_loss_group)):
             raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
                                  "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
@@ -385,6 +410,8 @@ class ComgraRecorder:
         self.current_stage = "inactive"
         for listener in list(self._step_listeners):
             listener(False)
+        if self._evidence is not None:  # before settle: a sentinel's error can pause this step
+            self._evidence.finish_batch(pausable=self._breakpoints is not None)
         if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
             self._breakpoints.settle()
         if self._recording:
@@ -441,30 +468,6 @@ class ComgraRecorder:
             raise RecordingError(f"record_kpi_in_graph({kpi_group!r}, {kpi_name!r}, ...) outside a training step "
                                  "needs timepoint=...")
         self._kpis.add(kpi_group, kpi_name, self.type_of_execution, point, val)
-
-    # -- comgra.watch (comgra.integrations): private, not the documented API ------------------------
-    def _takes_watched_tensors(self) -> bool:
-        """Whether a watched module's output would be used now: inside an iteration of a recorded step (or
-        of one a breakpoint watches). comgra.watch's hooks ask this first and return at once on False."""
-        if self.current_stage != "forward":
-            return False
-        return self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
-
-    def _register_watched(self, tensor_name: str, tensor: torch.Tensor, index_of_batch_dimension: int | None,
-                          is_loss: bool = False) -> None:
-        """``register_tensor`` for a module output that comgra.watch found (or a loss a callback found): a second
-        name for a tensor that is already registered (a block returning its last layer's output) takes over as
-        the name its consumers see, and the tensor never gets a warning for having no connection (the user
-        did not pick it)."""
-        arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
-                                         flags=dict(is_input=False, is_parameter=False, is_target=False,
-                                                    is_loss=is_loss, is_initial_value=False),
-                                         recording_type=None, record_per_batch_index=None, node_name=None,
-                                         role_within_node=None, watched=True)
-        if self._breakpoints is not None and self._breakpoints.monitor.active:
-            self._breakpoints.register(tensor_name, tensor, arguments)
-        if self._recording:
-            self._guarded(lambda session: session.register(tensor_name, tensor, **arguments))
 
     # -- internals ------------------------------------------------------------------------------
     def _check_stage(self, call: str) -> None:

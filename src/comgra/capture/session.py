@@ -53,6 +53,8 @@ class Session:
     kpis_flushed_at: float = 0.0
     closed: bool = False
     metadata_name: str = fmt.TRIAL_META  # trial.json for the lead rank, rank-NNN.json for the others
+    on_graph: Any = None  # told each recorded iteration's graph document (the sentinels learn the outputs)
+    on_flush: Any = None  # called before a flush (the sentinels hand over their rows)
 
     @classmethod
     def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
@@ -147,6 +149,8 @@ class Session:
         assert step is not None
         groups = {name: group for name, (_, group) in self.parameter_names.items()}
         document, unconnected = step.finish_iteration(groups)
+        if self.on_graph is not None:
+            self.on_graph(document)
         if document["hash"] not in self.graphs_written:
             self.graphs_written.add(document["hash"])
             self._put_json(f"graphs/{document['hash']}.json", document)
@@ -192,6 +196,8 @@ class Session:
     def flush(self, timeout: float | None) -> None:
         """Wait until everything handed to the writer so far is on disk (or ``timeout`` seconds passed)."""
         if self.writer is not None and not self.broken and not self.closed:
+            if self.on_flush is not None:
+                self.on_flush()
             self.writer.flush(timeout)
             self._check_writer()
 
@@ -205,6 +211,10 @@ class Session:
         self._check_writer()
 
     # -- plumbing ---------------------------------------------------------------------------------
+    def put_table(self, name: str, table: pa.Table) -> None:
+        """Hand a table of rows to the writer (``capture.evidence`` and the sentinels write theirs so)."""
+        self._put_table(name, table)
+
     def _put_table(self, name: str, table: pa.Table) -> None:
         if self.writer is not None and not self.broken and table.num_rows:
             self.writer.put_table(name, table)
