@@ -94,14 +94,18 @@ class RunEvidence:
                 full = f"{root}.{name}" if name else root
                 rows.append(("module", full, "mode", "train" if sub.training else "eval", float(sub.training)))
                 rows.append(("module", full, "type", type(sub).__name__, math.nan))
+                rate = getattr(sub, "p", None)  # a dropout's probability: at 0 its mode changes nothing
+                if isinstance(rate, float):
+                    rows.append(("module", full, "p", repr(rate), rate))
         groups = self._optimizer_groups(rows)
-        names = list(self.modules.parameters)
         for name, parameter in self.modules.parameters.items():
             rows.append(("parameter", name, "dtype", str(parameter.dtype).replace("torch.", ""), math.nan))
             rows.append(("parameter", name, "requires_grad", str(parameter.requires_grad), float(parameter.requires_grad)))
             if self.optimizers:
                 rows.append(("parameter", name, "optimizer_group", groups.get(id(parameter), ""), math.nan))
-        self._value_fingerprints = (names, _fingerprints([p.detach() for p in self.modules.parameters.values()]))
+        # A sharded parameter (DTensor: FSDP2, tensor parallel) differs across ranks by design: no fingerprint.
+        plain = [(n, p) for n, p in self.modules.parameters.items() if not hasattr(p, "to_local")]
+        self._value_fingerprints = ([n for n, _ in plain], _fingerprints([p.detach() for _, p in plain]))
 
     def _optimizer_groups(self, rows: list[tuple[str, str, str, str, float]]) -> dict[int, str]:
         groups: dict[int, str] = {}
@@ -161,7 +165,8 @@ class RunEvidence:
         if self.broken or self._rows is None or self._grad_fingerprints is not None:
             return
         try:
-            with_grad = [(n, p.grad) for n, p in self.modules.parameters.items() if p.grad is not None]
+            with_grad = [(n, p.grad) for n, p in self.modules.parameters.items()
+                         if p.grad is not None and not hasattr(p.grad, "to_local")]
             self._grad_fingerprints = ([n for n, _ in with_grad], _fingerprints([g.detach() for _, g in with_grad]))
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)

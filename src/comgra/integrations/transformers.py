@@ -135,6 +135,8 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._in_training_step = True
         self._end_of_backward_queued = False
+        if self.recorder is not None and kwargs.get("optimizer") is not None:  # its groups, on recorded steps
+            self._guard.run(self.recorder.track_optimizer, kwargs["optimizer"])
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
