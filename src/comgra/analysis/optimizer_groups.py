@@ -38,8 +38,9 @@ def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> l
     return _left_out(data, facts, training, changed, nodes) + _frozen_but_changing(data, facts, training, changed, nodes)
 
 
-def _changes(data: TrialData) -> dict[str, int]:
-    """Parameter -> the first recorded training step at which its value differs from the recorded step before."""
+def _changes(data: TrialData, only: dict[str, set[int]] | None = None) -> dict[str, int]:
+    """Parameter -> the first recorded training step at which its value differs from the recorded step before;
+    with ``only``, the first such step where the parameter is in ``only[name]`` at both steps."""
     rows = tables.with_phase(data, pd.concat([tables.runinfo_field(data, "parameter", "value_sum"),
                                               tables.runinfo_field(data, "parameter", "value_norm")]))
     if not len(rows):
@@ -47,11 +48,14 @@ def _changes(data: TrialData) -> dict[str, int]:
     rows = rows[rows["phase"] == tables.TRAINING]
     found: dict[str, int] = {}
     for (name, _rank, _field), group in rows.groupby(["name", "rank", "field"], sort=True, observed=True):
+        wanted = None if only is None else only.get(str(name), set())
         ordered = group.sort_values("training_step")
-        values, steps = ordered["number"].tolist(), ordered["training_step"].tolist()
-        for before, after, step in zip(values, values[1:], steps[1:]):
+        values, steps = ordered["number"].tolist(), [int(s) for s in ordered["training_step"]]
+        for before, after, earlier, step in zip(values, values[1:], steps, steps[1:]):
+            if wanted is not None and not (earlier in wanted and step in wanted):
+                continue
             if _differ(before, after):
-                found[str(name)] = min(found.get(str(name), int(step)), int(step))
+                found[str(name)] = min(found.get(str(name), step), step)
                 break
     return found
 
@@ -93,33 +97,40 @@ def _left_out(data: TrialData, facts: graphs.GraphFacts, training: pd.DataFrame,
 
 def _frozen_but_changing(data: TrialData, facts: graphs.GraphFacts, training: pd.DataFrame, changed: dict[str, int],
                          nodes: dict[str, str]) -> list[Finding]:
-    frozen = set(training.loc[training["value"] == "False", "name"].astype(str))
-    trainable_somewhere = set(training.loc[training["value"] == "True", "name"].astype(str))
-    frozen -= trainable_somewhere  # unfrozen partway (gradual unfreezing) is another story
-    frozen |= _zero_learning_rate(data)
+    """Changes between two recorded training steps at both of which the parameter was frozen."""
+    frozen: dict[str, set[int]] = {}
+    for name, step in zip(training.loc[training["value"] == "False", "name"], training.loc[training["value"] == "False",
+                                                                                          "training_step"]):
+        frozen.setdefault(str(name), set()).add(int(step))
+    for name, steps in _zero_learning_rate(data).items():
+        frozen.setdefault(name, set()).update(steps)
     findings = []
-    for name in sorted(frozen & set(changed)):
-        node, step = nodes.get(name, name), changed[name]
+    for name, step in sorted(_changes(data, frozen).items()):
+        node = nodes.get(name, name)
         findings.append(Finding(
             detector="optimizer_groups", severity="warning", score=0.9, trial=data.trial, node=node, role=name,
             kind="forward", training_step=step, steps=[step],
             message=f"Parameter {name} is meant to be frozen (requires_grad=False or a learning rate of 0) but its "
                     f"value changes at step {step}: weight decay or momentum on stale gradients, another optimizer, "
-                    "or a copy was frozen instead of the module. Leave frozen parameters out of the optimizer.",
+                    "or a copy was frozen instead of the module. Leave frozen parameters out of the optimizer (or "
+                    "set their .grad to None).",
             evidence={"problem": "frozen_but_changes"}, aggregation="none", column=facts.column.get(node, 0)))
     return _capped(findings)
 
 
-def _zero_learning_rate(data: TrialData) -> set[str]:
-    """Parameters whose every group on the training steps has a learning rate of 0."""
+def _zero_learning_rate(data: TrialData) -> dict[str, set[int]]:
+    """Parameter -> the recorded training steps at which every group it is in has a learning rate of 0."""
     rates = tables.runinfo_field(data, "optimizer_group", "lr")
     groups = tables.with_phase(data, tables.runinfo_field(data, "parameter", "optimizer_group"))
     if not len(rates) or not len(groups):
-        return set()
-    zero = set(rates.loc[rates["number"] == 0, "name"].astype(str)) - set(rates.loc[rates["number"] != 0, "name"].astype(str))
-    groups = groups[groups["phase"] == tables.TRAINING]
-    per_parameter = groups.groupby("name", observed=True)["value"].agg(lambda v: set(v.astype(str)))
-    return {str(name) for name, labels in per_parameter.items() if labels and labels <= zero}
+        return {}
+    zero = {(int(r), int(s), str(n)) for r, s, n, v in zip(rates["rank"], rates["training_step"], rates["name"],
+                                                            rates["number"]) if v == 0}
+    found: dict[str, set[int]] = {}
+    for rank, step, name, label in zip(groups["rank"], groups["training_step"], groups["name"], groups["value"]):
+        if label and (int(rank), int(step), str(label)) in zero:
+            found.setdefault(str(name), set()).add(int(step))
+    return found
 
 
 def _capped(findings: list[Finding]) -> list[Finding]:

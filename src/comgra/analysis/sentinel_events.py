@@ -52,7 +52,8 @@ def _non_finite(data: TrialData, facts: graphs.GraphFacts, sentinels: pd.DataFra
         return []
     bad = sentinels[sentinels["event"].isin(list(NON_FINITE))]
     at = bad[bad["training_step"] == step]
-    names = sorted(set(at["name"].astype(str)), key=lambda n: (facts.column.get(n, 0), n))
+    # Earliest in the graph first; of two in one column, the output before the loss it feeds.
+    names = sorted(set(at["name"].astype(str)), key=lambda n: (facts.column.get(n, 0), facts.is_loss_like(n), n))
     recorded = sentinels.loc[sentinels["recorded"], "training_step"]
     before, after = recorded[recorded < step], recorded[recorded > step]
     what = "NaN" if (at["event"] == "nan").any() else "infinite value"

@@ -56,6 +56,8 @@ class RunEvidence:
         if not self.broken:
             try:
                 self.sentinels.close()
+            except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+                raise
             except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
                 self._fault(error)
 
@@ -72,6 +74,8 @@ class RunEvidence:
             return
         try:
             self._start_batch(training_step, type_of_execution, batch_size, recording)
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
@@ -128,6 +132,8 @@ class RunEvidence:
             return  # (the usual case of a step that is not recorded: two checks)
         try:
             self._register(name, tensor, is_loss, recording)
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
@@ -156,6 +162,8 @@ class RunEvidence:
             return
         try:
             self._finish_batch(pausable)
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
@@ -168,6 +176,8 @@ class RunEvidence:
             with_grad = [(n, p.grad) for n, p in self.modules.parameters.items()
                          if p.grad is not None and not hasattr(p.grad, "to_local")]
             self._grad_fingerprints = ([n for n, _ in with_grad], _fingerprints([g.detach() for _, g in with_grad]))
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
