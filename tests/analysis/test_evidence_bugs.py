@@ -145,3 +145,54 @@ def _every(steps: int):
     from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 
     return DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=steps)
+
+
+class _Sleeper(torch.nn.Module):
+    """A layer that waits ``seconds(step)`` in its forward pass (a stand-in for a stall or a growing cost)."""
+
+    def __init__(self, seconds) -> None:
+        super().__init__()
+        self.linear, self.seconds, self.step = torch.nn.Linear(4, 4), seconds, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(self.seconds(self.step))
+        return self.linear(x)
+
+
+def _profiled_run(directory: Path, seconds) -> list:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(_Sleeper(seconds), torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    recorder = ComgraRecorder(directory, "group", "trial", _every(10))
+    recorder.track_module("net", net, profile=True)
+    for step in range(32):
+        net[0].step = step
+        x = torch.randn(8, 4)
+        recorder.start_batch(step, 8)
+        recorder.start_iteration()
+        recorder.register_tensor("x", x, is_input=True)
+        loss = net(x).pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        optimizer.zero_grad()
+        loss.backward()
+        recorder.record_current_gradients("gradients")
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        optimizer.step()
+    recorder.finalize()
+    return [f for f in scan(directory / "group") if f.detector == "profile_spikes"]
+
+
+def test_a_layer_that_stalls_on_one_step_and_one_that_slows_down(tmp_path: Path) -> None:
+    """Times on a shared machine are noisy: a stall of the OS's may add an info finding anywhere, so the test
+    asks for the planted ones, first, and for no slowdown where there is none."""
+    spike = _profiled_run(tmp_path / "spike", lambda step: 0.1 if step == 20 else 0.002)
+    assert (spike[0].node, spike[0].training_step, spike[0].severity, spike[0].evidence["problem"]) == (
+        "net.0", 20, "info", "time_spike")
+    assert not any(f.node == "net" and f.training_step == 20 for f in spike)  # its parent's time: the child's spike
+    slower = _profiled_run(tmp_path / "slower", lambda step: 0.002 if step < 16 else 0.03)
+    assert [(f.node, f.severity) for f in slower if f.evidence["problem"] == "slowdown"] == [("net.0", "warning")]
+    steady = _profiled_run(tmp_path / "steady", lambda step: 0.002)
+    assert [f for f in steady if f.severity != "info"] == []

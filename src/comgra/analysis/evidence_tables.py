@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from comgra.analysis.loading import TrialData
@@ -78,12 +77,3 @@ def parameter_nodes(data: TrialData) -> dict[str, str]:
         return {}
     rows = stats[stats["tensor_type"] == "parameter"]
     return dict(zip(rows["role"].astype(str), rows["node"].astype(str)))
-
-
-def first_of_runs(steps: list[int]) -> list[int]:
-    """The first step of each run of consecutive listed steps ([3, 4, 9] -> [3, 9]), for messages."""
-    ordered = np.sort(np.asarray(steps, dtype=np.int64))
-    if not len(ordered):
-        return []
-    starts = np.concatenate([[True], np.diff(ordered) > 1])
-    return [int(s) for s in ordered[starts]]

@@ -25,9 +25,9 @@ WARM_UP_STEPS = 3
 MIN_STEPS = 12
 WINDOW = 9
 SPIKE_RATIO = 5.0  # a spike is this many times the running median
-MIN_SPIKE_SECONDS = 1e-3  # and at least this much longer
+MIN_SPIKE_SECONDS = 5e-3  # and at least this much longer (a stall: the OS's preemptions are shorter)
 SLOWDOWN_RATIO = 3.0  # the last quarter's median over the first quarter's
-MIN_SLOWDOWN_SECONDS = 1e-3
+MIN_SLOWDOWN_SECONDS = 5e-3
 MEMORY_RATIO = 4.0
 MIN_MEMORY_BYTES = 64 << 20
 MAX_SPIKE_FRACTION = 0.05
@@ -51,7 +51,15 @@ def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> l
         if np.isfinite(memory).sum() >= MIN_STEPS:
             findings += _spikes(data, str(module), int(rank), steps, np.nan_to_num(memory), "memory")
         findings += _slowdown(data, str(module), int(rank), steps, ordered["seconds"].to_numpy(np.float64))
-    return findings
+    return _innermost(findings)
+
+
+def _innermost(findings: list[Finding]) -> list[Finding]:
+    """A module's time contains its submodules': a spike or slowdown that a submodule shows too is the submodule's."""
+    def key(finding: Finding) -> tuple[str, int | None, int]:
+        return finding.evidence["problem"], finding.training_step, finding.evidence["rank"]
+    shown = {(f.node, key(f)) for f in findings}
+    return [f for f in findings if not any(node.startswith(f.node + ".") and k == key(f) for node, k in shown)]
 
 
 def _spikes(data: TrialData, module: str, rank: int, steps: np.ndarray, values: np.ndarray, what: str) -> list[Finding]:
