@@ -128,8 +128,9 @@ class RunEvidence:
         return groups
 
     def register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool) -> None:
-        if self.broken or (self._rows is None and not self.sentinels.wants(name, is_loss)):
-            return  # (the usual case of a step that is not recorded: two checks)
+        if self.broken or (self._rows is None and not self.sentinels.wants(name, is_loss)) or \
+                not isinstance(tensor, torch.Tensor):
+            return  # (the usual case of a step that is not recorded: two checks; the recorder reports a non-tensor)
         try:
             self._register(name, tensor, is_loss, recording)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
