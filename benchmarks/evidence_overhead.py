@@ -17,6 +17,7 @@ Prints per workload and variant the median over the rounds of (block time / the 
 the lowest and highest round beside it, on the wall clock and on the process's CPU time.
 
     python benchmarks/evidence_overhead.py [--rounds 15] [--tutorial-steps 200] [--gpt-steps 10] [--threads 1]
+    python benchmarks/evidence_overhead.py --workloads parts   # the sentinels alone, per step
 """
 from __future__ import annotations
 
@@ -137,6 +138,31 @@ def measure(name: str, variants: dict[str, Callable[[int], None]], steps: int, r
     return medians
 
 
+def sentinel_parts(options: argparse.Namespace) -> None:
+    """The sentinels' own time per step, timed alone (the ratios above are within the noise of a shared machine):
+    start_batch, the registration of a loss and an output of the workload's size, finish_batch, per step."""
+    from comgra.breakpoints.sentinels import Sentinels
+
+    shapes = {f"tutorial (output {tutorial.BATCH_SIZE}x{tutorial.NUM_SEQUENCES}, loss)": (tutorial.BATCH_SIZE, tutorial.NUM_SEQUENCES),
+              f"GPT-2 (logits {options.batch}x{options.seq}x{options.vocab}, loss)": (options.batch, options.seq,
+                                                                                       options.vocab)}
+    print("\nsentinels alone, per training step (median of 5 runs of 2000 steps, CPU time):")
+    for name, shape in shapes.items():
+        output, loss = torch.randn(*shape), torch.randn(())
+        sentinels = Sentinels(put=lambda table: None, warn=lambda key, message: None, note=lambda note: None)
+        sentinels.outputs = {"out"}
+        runs = []
+        for _ in range(5):
+            start = time.process_time()
+            for step in range(2000):
+                sentinels.start_batch(step, "training", shape[0], False)
+                sentinels.register("out", output, False)
+                sentinels.register("loss", loss, True)
+                sentinels.finish_batch(pausable=False)
+            runs.append((time.process_time() - start) / 2000)
+        print(f"  {name}: {statistics.median(runs) * 1e6:.1f} us")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=15)
@@ -159,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
             measure("tutorial", {v: r.block for v, r in runs.items()}, options.tutorial_steps, options.rounds)
             for run in runs.values():
                 run.recorder.finalize()
+        sentinel_parts(options)
         if "gpt" in options.workloads:
             base = gpt2(options)
             gpts = {v: GptVariant(root, v, base, options) for v in VARIANTS}
