@@ -109,12 +109,16 @@ class Sentinels:
             return  # registered twice in a step (iterations): its first value stands for the step
         source = "marked" if self.marked is not None else "loss" if is_loss else "output"
         data = tensor.detach()
+        if hasattr(data, "to_local"):  # a DTensor: this rank's shard (its global reduction would be a collective)
+            data = data.to_local()
         count = data.numel()
         step.names.append((name, source, count))
         if count == 0 or data.is_nested:
             step.parts.append(torch.full((3,), math.nan, dtype=torch.float64, device=data.device))
             return
-        if not data.is_floating_point():
+        if data.is_complex():
+            data = data.abs()
+        elif not data.is_floating_point():
             data = data.double()
         low, high = torch.aminmax(data)
         step.parts.append(torch.stack([low.double(), high.double(), torch.linalg.vector_norm(data).double()]))
