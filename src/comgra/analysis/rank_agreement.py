@@ -7,7 +7,7 @@ DDP's replicas are bitwise equal, so any difference beyond float64 rounding is a
 changed on one rank only (an in-place edit, a rank-dependent initialisation after wrapping, a buffer or
 parameter DDP does not synchronise, an update outside the wrapped module). The first step where they
 differ, and the parameter, are what the finding names. Gradients that differ while the values agree are
-reported as a weaker hint (gradient accumulation under ``no_sync`` differs on purpose before the last
+reported as information only (gradient accumulation under ``no_sync`` differs on purpose before the last
 micro-batch).
 """
 from __future__ import annotations
@@ -33,7 +33,8 @@ def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> l
     values = _diverging(info, ("value_sum", "value_norm"))
     findings = [_finding(data, facts, nodes, name, step, detail, "error", 1.0, "value") for name, (step, detail) in values]
     grads = [(n, d) for n, d in _diverging(info, ("grad_sum", "grad_norm")) if n not in dict(values)]
-    findings += [_finding(data, facts, nodes, name, step, detail, "warning", 0.6, "gradient") for name, (step, detail) in grads]
+    # Info: under no_sync (gradient accumulation) the ranks' gradients differ on purpose until the last micro-batch.
+    findings += [_finding(data, facts, nodes, name, step, detail, "info", 0.4, "gradient") for name, (step, detail) in grads]
     for finding in findings[1:]:  # the parameter that diverged first is the origin; the others show it too
         finding.origin = finding.training_step != findings[0].training_step or finding.evidence["what"] != "value"
     return findings[:MAX_FINDINGS]

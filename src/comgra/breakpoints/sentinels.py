@@ -194,8 +194,8 @@ class Sentinels:
     def _pause(self, name: str, event: str) -> None:
         """Pause at this step's finish_batch, as a breakpoint that held (the monitor's hit)."""
         monitor = self.monitor
-        if monitor is None or (self.distributed and not monitor.shared) or monitor.step.hit is not None:
-            return
+        if monitor is None or self.distributed or monitor.step.hit is not None:
+            return  # torch.distributed: the ranks agree on breakpoints of the shared list only; a sentinel is not one
         from comgra.breakpoints.monitor import ActiveBreakpoint
 
         metric = {"nan": "has_nan > 0", "inf": "has_inf > 0"}.get(event, "abs_max != abs_max")
