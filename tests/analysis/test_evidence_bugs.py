@@ -196,3 +196,19 @@ def test_a_layer_that_stalls_on_one_step_and_one_that_slows_down(tmp_path: Path)
     assert [(f.node, f.severity) for f in slower if f.evidence["problem"] == "slowdown"] == [("net.0", "warning")]
     steady = _profiled_run(tmp_path / "steady", lambda step: 0.002)
     assert [f for f in steady if f.severity != "info"] == []
+
+
+def test_a_model_cast_to_another_dtype_partway(tmp_path: Path) -> None:
+    def cast(index: int, net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if index == 5:  # a cast meant for inference, left in the training loop
+            net.double()
+
+    bug = Bug(before_step=cast, batch=lambda index, x: x.double() if index >= 5 else x)
+    findings = scan(train(tmp_path / "buggy", "buggy", bug, evaluate_every=100))
+    changed = [f for f in serious(findings, ("run_modes",)) if f.evidence["problem"] == "dtype_changes"]
+    # One finding per change: the registered tensors' (x, out, loss), the parameters' (the first layer's first).
+    assert sorted((f.role, len(f.evidence["names"])) for f in changed) == [("net.0.bias", 6), ("x", 3)]
+    assert {f.training_step for f in changed} == {6} and all(f.evidence["dtypes"] == ["float32", "float64"]
+                                                            for f in changed)
+    findings = scan(train(tmp_path / "fixed", "fixed", Bug(), evaluate_every=100))
+    assert serious(findings, EVIDENCE_DETECTORS) == []

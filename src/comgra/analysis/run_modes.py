@@ -94,8 +94,9 @@ def _by_kind(rows: pd.DataFrame, kinds: dict[str, str]) -> list[tuple[str, pd.Da
 
 
 def _dtypes(data: TrialData, facts: graphs.GraphFacts) -> list[Finding]:
-    findings: list[Finding] = []
+    """One finding per change (subject, type of execution, from, to, step): a cast changes many at once."""
     nodes = tables.parameter_nodes(data)
+    changes: dict[tuple[str, str, str, str, int], list[tuple[str, list[int]]]] = {}
     for subject in ("parameter", "tensor"):
         rows = tables.runinfo_field(data, subject, "dtype")
         if not len(rows):
@@ -106,16 +107,23 @@ def _dtypes(data: TrialData, facts: graphs.GraphFacts) -> list[Finding]:
             if len(seen) < 2:
                 continue
             changed = ordered[ordered["value"] != seen[0]]
-            step = int(changed["training_step"].min())
-            node = nodes.get(str(name), str(name))
-            findings.append(Finding(
-                detector="run_modes", severity="warning", score=0.85, trial=data.trial, node=node,
-                role=str(name), kind="forward", training_step=step, steps=sorted(set(changed["training_step"])),
-                message=f"The dtype of {subject} {name} changes from {seen[0]} to {seen[1]} at step {step} "
-                        f"({kind}): a cast (model.half(), .to(dtype)) or autocast that was not meant for every step?",
-                evidence={"problem": "dtype_changes", "dtypes": seen}, column=facts.column.get(node, 0)))
-    findings.extend(_autocast(data))
-    return findings
+            key = (subject, str(kind), seen[0], seen[1], int(changed["training_step"].min()))
+            changes.setdefault(key, []).append((str(name), sorted({int(s) for s in changed["training_step"]})))
+    findings = []
+    for (subject, kind, before, after, step), names in sorted(changes.items()):
+        located = sorted(names, key=lambda item: (facts.column.get(nodes.get(item[0], item[0]), 0), item[0]))
+        first = located[0][0]
+        node = nodes.get(first, first)
+        listed = ", ".join(n for n, _ in located[:MAX_LISTED_MODULES]) + (
+            f" and {len(located) - MAX_LISTED_MODULES} more" if len(located) > MAX_LISTED_MODULES else "")
+        findings.append(Finding(
+            detector="run_modes", severity="warning", score=0.85, trial=data.trial, node=node, role=first,
+            kind="forward", training_step=step, steps=located[0][1],
+            message=f"The dtype of {len(located)} {subject}(s) changes from {before} to {after} at step {step} ({kind}): "
+                    f"{listed}. A cast (model.half(), .to(dtype)) or autocast that was not meant for every step?",
+            evidence={"problem": "dtype_changes", "dtypes": [before, after], "names": [n for n, _ in located]},
+            column=facts.column.get(node, 0)))
+    return findings + _autocast(data)
 
 
 def _autocast(data: TrialData) -> list[Finding]:
