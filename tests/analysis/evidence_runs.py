@@ -93,6 +93,9 @@ def _step(recorder: ComgraRecorder, net: torch.nn.Module, x: torch.Tensor, y: to
     recorder.register_tensor("out", out)
     loss = ((out - y) ** 2).mean()
     recorder.register_tensor("loss", loss, is_loss=True)
+    if not torch.is_grad_enabled():  # evaluation under no_grad: autograd shows no edge, so say them
+        recorder.add_tensor_connection("x", "out")
+        recorder.add_tensor_connection("out", "loss")
     return loss
 
 

@@ -12,7 +12,6 @@ import torch
 from comgra.recorder import ComgraRecorder
 from evidence_runs import EVIDENCE_DETECTORS, Bug, scan, serious, train
 
-pytestmark = pytest.mark.filterwarnings("ignore::comgra.capture.session.ComgraWarning")
 
 
 def _fixed_is_clean(tmp_path: Path, bug: Bug) -> None:

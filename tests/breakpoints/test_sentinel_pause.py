@@ -3,6 +3,7 @@ step with the first NaN stops at its finish_batch, its sentinel rows are readabl
 control channel's continue lets it go on (issue 24, item 6). Without the option the run never pauses."""
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -16,7 +17,6 @@ from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 from comgra.recorder import ComgraRecorder
 from comgra.store import GroupReader
 
-pytestmark = pytest.mark.filterwarnings("ignore::comgra.capture.session.ComgraWarning")
 NAN_STEP = 5
 
 
@@ -74,10 +74,15 @@ def test_the_first_nan_pauses_its_step_until_continue(tmp_path: Path) -> None:
             thread.join(60)
 
 
-def test_without_pause_on_error_the_run_goes_on(tmp_path: Path) -> None:
+def test_without_pause_on_error_the_run_goes_on_and_says_it_once(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     progress: list[int] = []
-    _train(tmp_path, False, progress)
+    with caplog.at_level(logging.WARNING, logger="comgra.sentinels"):
+        _train(tmp_path, False, progress)
     assert progress == list(range(8))
+    said = [r.getMessage() for r in caplog.records if r.name == "comgra.sentinels"]
+    assert len(said) == 1 and f"'loss' holds a NaN at training step {NAN_STEP}" in said[0]  # once, not per step
+    assert any(said[0] == note for note in GroupReader(tmp_path / "group").trial("trial").notes())
     rows = GroupReader(tmp_path / "group").trial("trial").evidence("sentinels").to_pylist()
     events = sorted({r["training_step"] for r in rows if r["event"] == "nan"})
     assert events[0] == NAN_STEP and control.run_state(tmp_path / "group" / "trials" / "trial")["state"] == "finished"

@@ -13,7 +13,6 @@ from comgra.server.app import create_app
 from comgra.service import RecordingService, wanted_from_query
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.filterwarnings("ignore::comgra.capture.session.ComgraWarning")
 NAN_STEP = 7  # not recorded: the policy records 0, 3, 6, 9
 
 

@@ -10,14 +10,15 @@ and the NaN flag in one kernel, ``vector_norm`` the norm), taken at registration
 
 On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
 when the copy is long done: no step waits on the GPU for them. On the CPU they are read at once. A step with
-an error (NaN, infinity, an empty tensor or batch) is an *event*: said once per tensor and kind as a warning
-and a note (the Notes tab), and with ``pause_on_error=True`` the step pauses like a breakpoint (the same
+an error (NaN, infinity, an empty tensor or batch) is an *event*: said once per tensor and kind (a log record of
+level WARNING, logger ``comgra.sentinels``) and as a note (the Notes tab), and with ``pause_on_error=True`` the step pauses like a breakpoint (the same
 control channel: continue, step, abort), in which case its values are read in the step itself.
 
     >>> recorder.set_sentinels(["logits"], pause_on_error=True)   # doctest: +SKIP
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from comgra.errors import RecordingError
 from comgra.store import format as fmt
 
 __all__ = ["Sentinels"]
+
+log = logging.getLogger("comgra.sentinels")
 
 ROWS_PER_TABLE = 2048  # rows buffered before they go to the writer (and at every flush and pause)
 ERROR_EVENTS = ("nan", "inf", "empty", "zero_batch")
@@ -77,7 +80,9 @@ class Sentinels:
         def put(table: pa.Table) -> None:
             if session is not None:
                 session.put_table("sentinels", table)
-        return cls(put=put, warn=session.warn_once if session is not None else (lambda key, message: None),
+        # Said through logging, not warnings: a NaN of the user's is no fault of the recording, and a test suite
+        # that makes warnings errors must not fail on it (logging prints a WARNING where nothing is configured).
+        return cls(put=put, warn=lambda key, message: log.warning("%s", message),
                    note=session.add_note if session is not None else (lambda note: None),
                    monitor=breakpoints.monitor if breakpoints is not None else None,
                    distributed=recorder.rank_info.world_size > 1)
