@@ -211,3 +211,26 @@ def test_a_model_cast_to_another_dtype_partway(tmp_path: Path) -> None:
                                                             for f in changed)
     findings = scan(train(tmp_path / "fixed", "fixed", Bug(), evaluate_every=100))
     assert serious(findings, EVIDENCE_DETECTORS) == []
+
+
+def test_a_streamed_scan_reads_the_evidence_as_a_scan_in_memory_does(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from comgra.analysis import loading, streaming
+
+    def nan_sample(index: int, x: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(x, math.nan) if index == 5 else x
+
+    def without_batchnorm(net: torch.nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for name, p in net.named_parameters() if not name.startswith("1.")], lr=0.05)
+
+    group = train(tmp_path, "buggy", Bug(batch=nan_sample, optimizer=without_batchnorm, evaluate_in_eval_mode=False))
+    in_memory = [(f.detector, f.node, f.training_step, f.severity, f.origin) for f in scan(group)
+                 if f.detector in (*EVIDENCE_DETECTORS, "non_finite")]
+    monkeypatch.setattr(loading, "IN_MEMORY_ROWS", 10)
+    monkeypatch.setattr(streaming, "GROUP_ROWS", 200)
+    streamed = [(f.detector, f.node, f.training_step, f.severity, f.origin) for f in scan(group)
+                if f.detector in (*EVIDENCE_DETECTORS, "non_finite")]
+    assert {d for d, *_ in in_memory} >= {"sentinel_events", "optimizer_groups", "run_modes", "non_finite"}
+    evidence = [f for f in in_memory if f[0] != "non_finite"]
+    assert [f for f in streamed if f[0] != "non_finite"] == evidence
+    assert not any(f[0] == "non_finite" and f[4] for f in streamed)  # born on an unrecorded step: no origin

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 
 from comgra.analysis import cooccurrence, correlation, graphs, nonfinite, outliers, parameters, trends, units
-from comgra.analysis import optimizer_groups, profile_spikes, rank_agreement, run_modes, sentinel_events
+from comgra.analysis import evidence_detectors
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import TrialData
 from comgra.errors import SelectionError
@@ -28,12 +28,7 @@ DETECTORS: dict[str, Detector] = {
     "parameters": parameters.detect,
     "outliers": outliers.detect,
     "correlation": correlation.detect,
-    # Evidence beside the tensors (issue 24): the runinfo and sentinels tables, the profiling table.
-    "run_modes": run_modes.detect,
-    "optimizer_groups": optimizer_groups.detect,
-    "rank_agreement": rank_agreement.detect,
-    "sentinel_events": sentinel_events.detect,
-    "profile_spikes": profile_spikes.detect,
+    **evidence_detectors.EVIDENCE,  # the evidence beside the tensors: runinfo, sentinels, the profiling table
 }
 
 
@@ -54,6 +49,6 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
         except Exception as error:  # noqa: BLE001 - one detector's fault must not hide the others' findings
             log.debug("comgra: detector %s failed", name, exc_info=error)
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
-    findings = sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
+    findings = evidence_detectors.sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
     return rank_findings(findings), problems
