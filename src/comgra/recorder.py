@@ -411,7 +411,7 @@ class ComgraRecorder(WatchedTensors):
         for listener in list(self._step_listeners):
             listener(False)
         if self._evidence is not None:  # before settle: a sentinel's error can pause this step
-            self._evidence.finish_batch(pausable=self._breakpoints is not None)
+            self._evidence.finish_batch(self._recording, self.type_of_execution, pausable=self._breakpoints is not None)
         if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
             self._breakpoints.settle()
         if self._recording:

@@ -10,9 +10,10 @@ and the NaN flag in one kernel, ``vector_norm`` the norm), taken at registration
 
 On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
 when the copy is long done: no step waits on the GPU for them. On the CPU they are read at once. A step with
-an error (NaN, infinity, an empty tensor or batch) is an *event*: said once per tensor and kind (a log record of
-level WARNING, logger ``comgra.sentinels``) and as a note (the Notes tab), and with ``pause_on_error=True`` the step pauses like a breakpoint (the same
-control channel: continue, step, abort), in which case its values are read in the step itself.
+an error (NaN, infinity, an empty tensor or batch) is an *event*: said once per tensor and kind (a log record
+of level WARNING, logger ``comgra.sentinels``) and as a note (the Notes tab), and with ``pause_on_error=True``
+the step pauses like a breakpoint (the same control channel: continue, step, abort), in which case its values
+are read in the step itself.
 
     >>> recorder.set_sentinels(["logits"], pause_on_error=True)   # doctest: +SKIP
 """

@@ -25,8 +25,6 @@ from comgra.store import format as fmt
 
 __all__ = ["RunEvidence"]
 
-_AUTOCAST_DEVICES = ("cpu", "cuda")
-
 
 class RunEvidence:
     """Created by the recorder when it records; ``sentinels`` is a ``comgra.breakpoints.sentinels.Sentinels``."""
@@ -38,6 +36,9 @@ class RunEvidence:
         self._rows: list[tuple[str, str, str, str, float]] | None = None  # this step's, when it is recorded
         self._step: tuple[int, str | None] = (0, None)
         self._tensors_seen: set[str] = set()
+        self._grad_enabled = True  # at every registration of this step so far
+        self._autocast: dict[str, str] = {}  # device type -> autocast dtype, where autocast was on at a registration
+        self._autocast_devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
         self._value_fingerprints: tuple[list[str], torch.Tensor | None] = ([], None)
         self._grad_fingerprints: tuple[list[str], torch.Tensor | None] | None = None  # None: not taken yet this step
 
@@ -93,6 +94,7 @@ class RunEvidence:
             return
         self._rows = rows = [("step", "", "batch_size", str(batch_size), float(batch_size))]
         self._tensors_seen = set()
+        self._grad_enabled, self._autocast = True, {}
         for root, module in self.modules.roots.items():
             for name, sub in module.named_modules():
                 full = f"{root}.{name}" if name else root
@@ -144,23 +146,23 @@ class RunEvidence:
         rows = self._rows
         if rows is None or not recording or name in self._tensors_seen:
             return
-        if not self._tensors_seen:  # the first tensor of the step: the state its forward pass runs in
-            rows.append(("step", "", "grad_enabled", str(torch.is_grad_enabled()), float(torch.is_grad_enabled())))
-            for device in _AUTOCAST_DEVICES:
-                if device == "cuda" and not torch.cuda.is_available():
-                    continue
-                enabled = torch.is_autocast_enabled(device)
-                rows.append(("autocast", device, "enabled", str(enabled), float(enabled)))
-                if enabled:
-                    rows.append(("autocast", device, "dtype", str(torch.get_autocast_dtype(device)).replace("torch.", ""),
-                                 math.nan))
+        # The state the step's tensors were computed in: gradients off at any registration (evaluation under no_grad,
+        # the inputs registered before it), autocast on at any (the inputs registered before entering it).
+        self._grad_enabled = self._grad_enabled and torch.is_grad_enabled()
+        for device in self._autocast_devices:
+            if device not in self._autocast and torch.is_autocast_enabled(device):
+                self._autocast[device] = str(torch.get_autocast_dtype(device)).replace("torch.", "")
         self._tensors_seen.add(name)
         rows.append(("tensor", name, "dtype", str(tensor.dtype).replace("torch.", ""), math.nan))
         rows.append(("tensor", name, "requires_grad", str(tensor.requires_grad), float(tensor.requires_grad)))
 
-    def finish_batch(self, *, pausable: bool) -> None:
+    def finish_batch(self, recorded: bool, type_of_execution: str | None, *, pausable: bool) -> None:
+        """``recorded``: whether the step was recorded after all (a dynamic recording decides at its end)."""
         if self.broken:
             return
+        if not recorded:
+            self._rows = None
+        self._step = (self._step[0], type_of_execution)
         try:
             self._finish_batch(pausable)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
@@ -186,6 +188,13 @@ class RunEvidence:
         if self._rows is not None:
             self.gradients()
         rows, self._rows = self._rows, None
+        if rows is not None and self._tensors_seen:
+            rows.append(("step", "", "grad_enabled", str(self._grad_enabled), float(self._grad_enabled)))
+            for device in self._autocast_devices:
+                enabled = device in self._autocast
+                rows.append(("autocast", device, "enabled", str(enabled), float(enabled)))
+                if enabled:
+                    rows.append(("autocast", device, "dtype", self._autocast[device], math.nan))
         if rows is not None:
             found_values, self._value_fingerprints = self._value_fingerprints, ([], None)
             found_grads, self._grad_fingerprints = self._grad_fingerprints or ([], None), None
