@@ -84,12 +84,12 @@ def test_the_builders_draw_what_the_service_answered(health_recording) -> None:
         health = service.training_health("trial")
     finally:
         service.close()
-    content, figure, style, links = health_view.answer(health)
-    assert style == {} and links == health.cell_links
+    content, figure, style, links, done = health_view.answer(health)
+    assert style == {} and links["links"] == health.cell_links and done == (not health.pending)
     (heatmap,) = figure.data
     assert list(heatmap.y) == health.layers and list(heatmap.x) == [str(s) for s in health.steps]
     assert heatmap.z[1][0] == pytest.approx(math.log10(health.grad_norm[1][0]))
-    click = {"points": [{"pointNumber": [1, 2], "x": "6", "y": "net.2"}]}
+    click = {"points": [{"curveNumber": 0, "x": "6", "y": "net.2", "z": 0.1}]}  # what Dash hands over of a click
     assert health_view.cell_link(click, links).href == health.cell_links[1][2]
     assert "Sentinel events" in str(content)
 

@@ -21,12 +21,14 @@ class ID:
     CONTENT = "health-content"
     HEATMAP = "health-gradients"
     CELL = "health-cell"  # the link of the heatmap cell clicked last
-    LINKS = "health-links"  # dcc.Store: [layer][step] -> link, for the clicked cell
+    LINKS = "health-links"  # dcc.Store: layers, steps and [layer][step] -> link, for the clicked cell
+    WAIT = "health-wait"  # dcc.Interval: on while the trial's findings are being scanned, to show them when done
 
 
 def panel() -> html.Div:
     return html.Div(className="health-panel", children=[
-        dcc.Store(id=ID.LINKS, data=[]),
+        dcc.Store(id=ID.LINKS, data={}),
+        dcc.Interval(id=ID.WAIT, interval=1000, disabled=True),
         html.H5("Gradient norm per layer"),
         dcc.Graph(id=ID.HEATMAP, figure=go.Figure(), config={"displaylogo": False}, style={"display": "none"}),
         html.Div(id=ID.CELL, className="health-cell mt-1"),
@@ -36,18 +38,18 @@ def panel() -> html.Div:
 
 def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str, data_version: str) -> None:
     @app.callback(Output(ID.CONTENT, "children"), Output(ID.HEATMAP, "figure"), Output(ID.HEATMAP, "style"),
-                  Output(ID.LINKS, "data"), Input(tabs, "active_tab"), Input(current_trial, "data"),
-                  Input(data_version, "data"))
-    def update(active: str, trial: Any, _version: Any) -> Any:
+                  Output(ID.LINKS, "data"), Output(ID.WAIT, "disabled"), Input(tabs, "active_tab"),
+                  Input(current_trial, "data"), Input(data_version, "data"), Input(ID.WAIT, "n_intervals"))
+    def update(active: str, trial: Any, _version: Any, _waited: Any) -> Any:
         if active != "health":
-            return no_update, no_update, no_update, no_update
+            return no_update, no_update, no_update, no_update, True
         known = service.trials()
         chosen = trial if trial in known else (known[0] if known else None)
         if chosen is None:
             return html.Div("This recording has no trials yet.", className="alert alert-warning"), no_update, \
-                HIDDEN, []
+                HIDDEN, {}, True
         return guarded(lambda: answer(service.training_health(chosen, WAIT_FOR_FINDINGS_S)),
-                       lambda message: (html.Div(message, className="alert alert-warning"), no_update, HIDDEN, []))
+                       lambda message: (html.Div(message, className="alert alert-warning"), no_update, HIDDEN, {}, True))
 
     @app.callback(Output(ID.CELL, "children"), Input(ID.HEATMAP, "clickData"), State(ID.LINKS, "data"),
                   prevent_initial_call=True)
@@ -58,11 +60,14 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
 HIDDEN = {"display": "none"}
 
 
-def answer(health: TrainingHealth) -> tuple[list[Any], Any, dict[str, str], list[list[str | None]]]:
-    """The tab's content, the heatmap and its style, and the cells' links, for one trial (pure)."""
+def answer(health: TrainingHealth) -> tuple[list[Any], Any, dict[str, str], dict[str, Any], bool]:
+    """The tab's content, the heatmap and its style, the cells' links (by layer and step: a click names its cell
+    by its x and y), and whether to stop asking again (the findings are complete), for one trial (pure)."""
+    done = not health.pending
     if not health.layers:
-        return components(health), go.Figure(), HIDDEN, []
-    return components(health), gradient_heatmap(health), {}, health.cell_links
+        return components(health), go.Figure(), HIDDEN, {}, done
+    links = {"layers": health.layers, "steps": [str(s) for s in health.steps], "links": health.cell_links}
+    return components(health), gradient_heatmap(health), {}, links, done
 
 
 def components(health: TrainingHealth) -> list[Any]:
@@ -92,16 +97,16 @@ def gradient_heatmap(health: TrainingHealth) -> go.Figure:
 
 
 def cell_link(click: Any, links: Any) -> Any:
-    """The link of a clicked heatmap cell (its point's indices into ``links``)."""
+    """The link of a clicked heatmap cell, found by the point's layer (y) and step (x) in ``links``."""
     try:
         point = click["points"][0]
-        row, column = int(point["pointNumber"][0]), int(point["pointNumber"][1])
-        link = links[row][column]
+        row, column = links["layers"].index(point["y"]), links["steps"].index(str(point["x"]))
+        link = links["links"][row][column]
     except (KeyError, IndexError, TypeError, ValueError):
         return no_update
     if not link:
         return html.Span("No gradient at that step.", className="text-muted")
-    return html.A(f"Open {point.get('y')}'s gradient at step {point.get('x')} in the Tensors tab", href=link)
+    return html.A(f"Open {point['y']}'s gradient at step {point['x']} in the Tensors tab", href=link)
 
 
 def _events(health: TrainingHealth) -> Any:
