@@ -30,7 +30,8 @@ SLOWDOWN_RATIO = 3.0  # the last quarter's median over the first quarter's
 MIN_SLOWDOWN_SECONDS = 5e-3
 MEMORY_RATIO = 4.0
 MIN_MEMORY_BYTES = 64 << 20
-MAX_SPIKE_FRACTION = 0.05
+MAX_SPIKE_FRACTION = 0.05  # more spiking steps than this (and than MAX_SPIKES) is the module's nature, not a spike
+MAX_SPIKES = 3
 
 
 def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> list[Finding]:
@@ -68,16 +69,18 @@ def _spikes(data: TrialData, module: str, rank: int, steps: np.ndarray, values: 
     ratio, floor = (SPIKE_RATIO, MIN_SPIKE_SECONDS) if what == "time" else (MEMORY_RATIO, MIN_MEMORY_BYTES)
     spike = (values > ratio * np.maximum(running, 0)) & (values - running > floor) & \
         (values > np.maximum(previous, following))
-    if not spike.any() or spike.sum() > max(1, MAX_SPIKE_FRACTION * len(values)):
+    if not spike.any() or spike.sum() > max(MAX_SPIKES, MAX_SPIKE_FRACTION * len(values)):
         return []
-    at = int(np.argmax(np.where(spike, values / np.maximum(running, 1e-12), -np.inf)))
+    ratios = np.where(spike, values / np.maximum(running, 1e-12), -np.inf)
+    at = int(np.argmax(ratios))
     if what == "time":
         message = (f"{module} took {values[at] * 1e3:.3g} ms at step {int(steps[at])}, against {running[at] * 1e3:.3g} "
                    f"ms on the steps around it: a sudden slowdown on {int(spike.sum())} step(s).")
     else:
         message = (f"{module} allocated {values[at] / 2**20:.4g} MiB more CUDA memory at step {int(steps[at])} than "
                    f"before it, against {running[at] / 2**20:.4g} MiB on the steps around it: a memory spike.")
-    return [Finding(detector="profile_spikes", severity="info" if what == "time" else "warning", score=0.6,
+    score = float(min(1.0, 0.5 + np.log10(ratios[at]) / 4))  # the bigger the jump, the surer: 50x scores 0.92
+    return [Finding(detector="profile_spikes", severity="info" if what == "time" else "warning", score=score,
                     trial=data.trial, node=module, role=None, kind=None, training_step=int(steps[at]),
                     steps=[int(s) for s in steps[spike]], message=message,
                     evidence={"problem": f"{what}_spike", "value": float(values[at]), "running_median": float(running[at]),
