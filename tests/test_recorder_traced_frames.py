@@ -68,6 +68,7 @@ def test_every_entry_point_leaves_a_traced_frame_and_records_as_eagerly(
     x = torch.randn(4, 3, generator=generator)
     _one_step(recorder, tiny_model, x, 0, dynamic=False)
     _one_step(recorder, tiny_model, x, 1, dynamic=True)
+    assert recorder.abandon_step() is False  # (no step open: it only has to leave the traced frame)
     recorder.flush()
     recorder.finalize()
     assert set(simulated_trace) == set(recorder_module._ENTRY_POINTS)

@@ -12,19 +12,19 @@ not recorded every call returns after a flag check.
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import sys
-import weakref
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from comgra._version import __version__
+from comgra.capture import gradients as scaling
 from comgra.capture import kpis as kpi_buffer
-from comgra.capture import stages
+from comgra.capture import open_recorders, stages, step_control
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
@@ -155,9 +155,10 @@ class ComgraRecorder(WatchedTensors):
         self._on_finalize: list[Any] = []  # callables, e.g. removing comgra.watch's hooks
         self._step_listeners: list[Any] = []  # told at start_batch whether the step takes tensors, at finish_batch
         self.session: Session | None = None
-        if comgra_is_active:
+        if comgra_is_active:  # an earlier recorder of this trial (a notebook cell run again) is finished first
+            open_recorders.finish_earlier(self.options, self.rank_info.rank, self.rank_info.world_size)
             self.session = Session.open(self.options, __version__, self.rank_info)
-            atexit.register(_finalize_quietly, weakref.ref(self))
+            open_recorders.hold(self, self.session.directory, self.rank_info.rank)
         # Breakpoints and run control (comgra.breakpoints); None when comgra is off, so that costs nothing.
         self._breakpoints = RecorderBreakpoints.attach(self, breakpoints=breakpoints, settings=self.settings) \
             if comgra_is_active else None
@@ -202,16 +203,14 @@ class ComgraRecorder(WatchedTensors):
     def track_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Ours: record ``optimizer``'s parameter groups (which parameters, lr, weight decay) on recorded steps, so
         that ``comgra scan`` finds parameters left out of every group. The Trainer and Lightning callbacks call it."""
-        if self._evidence is not None:
-            self._evidence.track_optimizer(optimizer)
+        self._evidence.track_optimizer(optimizer)
 
     @_never_traced
     def set_sentinels(self, names: Iterable[str] | None = None, *, enabled: bool = True,
                       pause_on_error: bool = False) -> None:
         """Ours: the tensors whose NaN/Inf flags, abs_max and norm are kept on every step (None: the losses and outputs);
         ``pause_on_error``: a NaN, an inf or an empty batch pauses like a breakpoint. See breakpoints.sentinels."""
-        if self._evidence is not None:
-            self._evidence.sentinels.configure(names, enabled=enabled, pause_on_error=pause_on_error)
+        self._evidence.sentinels.configure(names, enabled=enabled, pause_on_error=pause_on_error)
 
     def get_name_of_module(self, module: torch.nn.Module) -> str:
         return self.modules.name_of(module)
@@ -241,14 +240,17 @@ class ComgraRecorder(WatchedTensors):
         _prepare_untraced()
         if self.current_stage != "inactive":
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
-                                 "is still open; call finish_batch() at the end of each training step.")
+                                 "is still open; call finish_batch() at the end of each training step, or "
+                                 "abandon_step() to drop a step that an exception interrupted.")
         if self.training_step is not None and training_step <= self.training_step:
             raise RecordingError(f"training_step={training_step} does not increase (the previous step was "
-                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call.")
+                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call, or "
+                                 "make a new ComgraRecorder to record from the start again.")
         known = isinstance(type_of_execution, str) and type_of_execution in self._types_seen
         if type_of_execution is not None and not known:  # a type is checked once, not on every step
             stages.check_type(type_of_execution)
             self._types_seen.add(type_of_execution)
+        step_control.opened(self)  # what abandon_step() goes back to
         self.training_step, self.type_of_execution = training_step, type_of_execution
         self._batch_size = current_batch_size
         self.current_stage = "started"
@@ -262,8 +264,7 @@ class ComgraRecorder(WatchedTensors):
             self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
                                                             record_all_tensors_per_batch_index_by_default)
         self.instruments.start_step(training_step, self._recording)
-        if self._evidence is not None:
-            self._evidence.start_batch(training_step, type_of_execution, current_batch_size, self._recording)
+        self._evidence.start_batch(training_step, type_of_execution, current_batch_size, self._recording)
         if self._step_listeners:  # comgra.watch puts its hooks on for a recorded step only
             wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
             for listener in list(self._step_listeners):
@@ -305,8 +306,7 @@ class ComgraRecorder(WatchedTensors):
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
         stages.check_registration(tensor_name, self.current_stage, is_initial_value)
-        if self._evidence is not None:
-            self._evidence.register(tensor_name, tensor, is_loss, self._recording)
+        self._evidence.register(tensor_name, tensor, is_loss, self._recording)  # sentinels, dtypes (capture.evidence)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
         if not (watched or self._recording):
             return
@@ -340,23 +340,24 @@ class ComgraRecorder(WatchedTensors):
             self.session.step.connect(tensor, result)  # type: ignore[union-attr]
         return result
 
-    def record_current_gradients(self, name_of_loss_group: str,
-                                 set_gradients_to_zero_if_not_a_parameter: bool = False) -> None:
-        """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group``."""
+    def record_current_gradients(self, name_of_loss_group: str, set_gradients_to_zero_if_not_a_parameter: bool = False,
+                                 *, scaler: Any = None, loss_scale: float | None = None) -> None:
+        """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group`` (again: the last
+        call's are kept), unscaled by ``scaler=`` (a GradScaler) or ``loss_scale=`` (ours; capture/gradients.py)."""
         if self.comgra_is_active and _is_compiling():
-            return _untraced(ComgraRecorder.record_current_gradients)(self, name_of_loss_group,
-                                                                      set_gradients_to_zero_if_not_a_parameter)
-        if self._breakpoints is not None:  # may start recording this step (a gradient condition held)
-            self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter)
-        if not self._recording:
+            return _untraced(ComgraRecorder.record_current_gradients)(
+                self, name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scaler=scaler, loss_scale=loss_scale)
+        watched = self._breakpoints is not None and self._breakpoints.monitor.active
+        if not (watched or self._recording):
             return
-        if self._evidence is not None:  # the gradients' fingerprints, before an optimizer step can clear them
-            self._evidence.gradients()
-        if name_of_loss_group == "forward" or not stages.TYPE_PATTERN.match(str(name_of_loss_group)):
-            raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
-                                 "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
-        self._guarded(lambda session: session.step.record_gradients(
-            name_of_loss_group, set_gradients_to_zero_if_not_a_parameter))
+        scale = scaling.scale_of(scaler, loss_scale)  # a host read of the scale: on recorded (or watched) steps only
+        if watched:  # may start recording this step (a gradient condition held)
+            self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale)  # type: ignore[union-attr]
+        if self._recording:
+            stages.check_gradient_group(name_of_loss_group)
+            self._evidence.gradients(scale.parameters)  # fingerprints, before an optimizer's zero_grad clears them
+            self._guarded(lambda session: session.step.record_gradients(
+                name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale))
 
     def finish_iteration(self) -> None:
         if not self.comgra_is_active:
@@ -377,18 +378,12 @@ class ComgraRecorder(WatchedTensors):
         if _is_compiling():
             return _untraced(ComgraRecorder.decide_recording_of_batch)(self, type_of_execution, category_per_sample)
         self._check_stage("decide_recording_of_batch")
+        stages.check_decision(type_of_execution, self.type_of_execution, dynamic=self._dynamic,
+                              all_declared=self._all_types_declared, seen=self._types_seen)
         if not self._dynamic:
-            if type_of_execution != self.type_of_execution:
-                raise RecordingError(f"decide_recording_of_batch({type_of_execution!r}) disagrees with start_batch("
-                                     f"type_of_execution={self.type_of_execution!r}); pass None to start_batch to decide late.")
             return
         self._dynamic = False
         if type_of_execution is not None:
-            stages.check_type(type_of_execution)
-            if self._all_types_declared and type_of_execution not in self._types_seen:
-                raise RecordingError(f"type_of_execution={type_of_execution!r} appeared after "
-                                     "declare_that_all_different_types_of_execution_have_been_encountered(); "
-                                     f"known types: {sorted(self._types_seen)}.")
             self._types_seen.add(type_of_execution)
         self.type_of_execution = type_of_execution
         self._kpis.set_type(type_of_execution)
@@ -410,8 +405,7 @@ class ComgraRecorder(WatchedTensors):
         self.current_stage = "inactive"
         for listener in list(self._step_listeners):
             listener(False)
-        if self._evidence is not None:  # before settle: a sentinel's error can pause this step
-            self._evidence.finish_batch(self._recording, self.type_of_execution, pausable=self._breakpoints is not None)
+        self._evidence.finish_batch(self._recording, self.type_of_execution, pausable=self._breakpoints is not None)
         if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
             self._breakpoints.settle()
         if self._recording:
@@ -435,6 +429,21 @@ class ComgraRecorder(WatchedTensors):
             self.session.close(sorted(self._types_seen))
         if self._breakpoints is not None:
             self._breakpoints.close()
+        open_recorders.release(self)
+
+    @_never_traced
+    def abandon_step(self) -> bool:
+        """Drop the training step in progress, one an exception interrupted: nothing of it is stored, and
+        ``start_batch`` works again, also with the same ``training_step``. False where no step was open. Ours;
+        ``batch()`` calls it for you. See the README's "Notebooks"."""
+        return step_control.abandon(self)
+
+    def batch(self, training_step: int, current_batch_size: int, type_of_execution: str | None = "main_execution_type",
+              record_all_tensors_per_batch_index_by_default: bool = True,
+              override__recording_is_active: bool | None = None) -> AbstractContextManager[ComgraRecorder]:
+        """``with recorder.batch(step, len(x)):`` start_batch, then finish_batch, or abandon_step if it raises."""
+        return step_control.batch(self, (training_step, current_batch_size, type_of_execution,
+                                         record_all_tensors_per_batch_index_by_default, override__recording_is_active))
 
     @_never_traced
     def flush(self, timeout: float | None = 60.0) -> None:
@@ -489,12 +498,3 @@ class ComgraRecorder(WatchedTensors):
 _ENTRY_POINTS = tuple(name for name, value in vars(ComgraRecorder).items() if hasattr(value, "untraced")) + (
     "start_batch", "start_iteration", "register_tensor", "add_tensor_connection", "detach_while_keeping_connection",
     "record_current_gradients", "finish_iteration", "decide_recording_of_batch", "finish_batch", "record_kpi_in_graph")
-
-
-def _finalize_quietly(reference: weakref.ref) -> None:
-    recorder = reference()
-    if recorder is not None:
-        try:
-            recorder.finalize()
-        except Exception:  # noqa: BLE001 - at interpreter exit there is no one left to tell
-            pass

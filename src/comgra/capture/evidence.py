@@ -43,12 +43,14 @@ class RunEvidence:
         self._grad_fingerprints: tuple[list[str], torch.Tensor | None] | None = None  # None: not taken yet this step
 
     @classmethod
-    def attach(cls, recorder: Any, sentinels: Any) -> RunEvidence | None:
-        """None where the recorder does not record (comgra off, or a trial folder it cannot write)."""
+    def attach(cls, recorder: Any, sentinels: Any) -> RunEvidence:
+        """Off (``broken``: every call returns at once) where the recorder does not record (comgra off, or a trial
+        folder it cannot write); the user's calls are still checked."""
         session = recorder.session
-        if session is None or session.broken:
-            return None
         evidence = cls(session, recorder.modules, sentinels)
+        if session is None or session.broken:
+            evidence.broken = True
+            return evidence
         recorder._on_finalize.append(evidence.close)  # before the session closes: the last rows go with it
         session.on_graph, session.on_flush = sentinels.learn_outputs, sentinels.flush
         return evidence
@@ -157,7 +159,8 @@ class RunEvidence:
         rows.append(("tensor", name, "requires_grad", str(tensor.requires_grad), float(tensor.requires_grad)))
 
     def finish_batch(self, recorded: bool, type_of_execution: str | None, *, pausable: bool) -> None:
-        """``recorded``: whether the step was recorded after all (a dynamic recording decides at its end)."""
+        """``recorded``: whether the step was recorded after all (a dynamic recording decides at its end). Called
+        before the breakpoints settle, so that a sentinel's error can pause this step."""
         if self.broken:
             return
         if not recorded:
@@ -170,22 +173,26 @@ class RunEvidence:
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
-    def gradients(self) -> None:
-        """The parameters' gradient fingerprints, at the first record_current_gradients of a recorded step (after
-        the backward pass, before an optimizer's zero_grad can clear them); else at finish_batch, if still there."""
-        if self.broken or self._rows is None or self._grad_fingerprints is not None:
+    def gradients(self, scale: float = 1.0) -> None:
+        """The parameters' gradient fingerprints, at each record_current_gradients of a recorded step (the last one's
+        are kept, as the recorder keeps the last call's gradients; after the backward pass, before an optimizer's
+        zero_grad can clear them), divided by ``scale`` (a GradScaler's, where the gradients are still scaled);
+        without such a call, at finish_batch, if the gradients are still there."""
+        if self.broken or self._rows is None:
             return
         try:
             with_grad = [(n, p.grad) for n, p in self.modules.parameters.items()
                          if p.grad is not None and not hasattr(p.grad, "to_local")]
-            self._grad_fingerprints = ([n for n, _ in with_grad], _fingerprints([g.detach() for _, g in with_grad]))
+            found = _fingerprints([g.detach() for _, g in with_grad])
+            self._grad_fingerprints = ([n for n, _ in with_grad], found / scale if found is not None and scale != 1.0
+                                       else found)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
     def _finish_batch(self, pausable: bool) -> None:
-        if self._rows is not None:
+        if self._rows is not None and self._grad_fingerprints is None:
             self.gradients()
         rows, self._rows = self._rows, None
         if rows is not None and self._tensors_seen:

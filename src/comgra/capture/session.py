@@ -46,6 +46,7 @@ class Session:
     step: StepRecording | None = None
     per_sample_default: bool = True
     graphs_written: set[str] = field(default_factory=set)
+    graphs_of_step: dict[str, dict[str, Any]] = field(default_factory=dict)  # new graphs, written at finish_step
     warned: set[str] = field(default_factory=set)
     parameter_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     modules: ModuleTracker | None = None
@@ -111,6 +112,7 @@ class Session:
                    modules: ModuleTracker, per_sample_default: bool) -> bool:
         if self.broken:
             return False
+        self.graphs_of_step.clear()
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
         self.step = StepRecording(training_step, batch_size, type_of_execution, options,
                                   parameter_aliases=modules.aliases, report=self.warn_once)
@@ -151,9 +153,8 @@ class Session:
         document, unconnected = step.finish_iteration(groups)
         if self.on_graph is not None:
             self.on_graph(document)
-        if document["hash"] not in self.graphs_written:
-            self.graphs_written.add(document["hash"])
-            self._put_json(f"graphs/{document['hash']}.json", document)
+        if document["hash"] not in self.graphs_written:  # written with the step: an abandoned step leaves none
+            self.graphs_of_step[document["hash"]] = document
         for name in unconnected:
             if getattr(step, "replayed", False):
                 break  # recorded from a breakpoint's replay: an input registered late has no edge; not the user's fault
@@ -171,8 +172,7 @@ class Session:
             raise RecordingError(f"category_per_sample has {len(categories)} entries but the batch has "
                                  f"{step.batch_size} samples; give one category per sample.")
         if not wanted:
-            step.close()
-            self.step = None
+            self.abandon_step()
             return False
         step.type_of_execution = type_of_execution
         step.choice = _balanced_choice([str(c) for c in categories], self.options.max_samples)
@@ -186,11 +186,20 @@ class Session:
                 list(range(min(step.batch_size, step.batch_size if self.options.max_samples is None
                                else self.options.max_samples))))
             values, steps = step.to_tables(choice)
+            for graph_hash, document in self.graphs_of_step.items():
+                self.graphs_written.add(graph_hash)
+                self._put_json(f"graphs/{graph_hash}.json", document)
             self._put_table("tensors", values)
             self._put_table("steps", steps)
             policy.mark_recording_on_this_step(step.training_step, step.type_of_execution)  # type: ignore[arg-type]
         finally:
-            step.close()
+            self.abandon_step()
+
+    def abandon_step(self) -> None:
+        """Let go of the step in progress; what it held never reaches the writer."""
+        self.graphs_of_step.clear()
+        if self.step is not None:
+            self.step.close()
             self.step = None
 
     def flush(self, timeout: float | None) -> None:
@@ -249,9 +258,7 @@ def report_fault(session: Session, error: BaseException) -> None:
     if session.broken:
         return
     session.broken = True
-    if session.step is not None:
-        session.step.close()
-        session.step = None
+    session.abandon_step()
     _warn(f"comgra stopped recording trial {session.options.trial_id!r} after an internal error: "
           f"{type(error).__name__}: {error}. Training goes on; steps flushed before this are readable "
           f"in {str(session.directory)!r}.")

@@ -17,6 +17,7 @@ import pyarrow as pa
 import torch
 
 from comgra.capture import background
+from comgra.capture import gradients as scaling
 from comgra.capture import graph as graphs
 from comgra.capture.registry import Registration
 from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table, unsummarisable
@@ -267,23 +268,33 @@ class StepRecording:
             return summarize_values(kind, items, max_neurons=self.options.max_neurons, with_svd=self.options.with_svd)
         return summarize
 
-    def record_gradients(self, kind: str, zero_non_parameters: bool) -> None:
+    def record_gradients(self, kind: str, zero_non_parameters: bool, scale: scaling.GradientScale = scaling.NOT_GIVEN
+                         ) -> None:
+        """The gradients now, as group ``kind``, divided by ``scale``; a tensor whose gradient an earlier call of
+        the same group recorded keeps this call's (see capture/gradients.py)."""
         if kind not in self.kinds:
             self.kinds.append(kind)
         items: list[tuple[Registration, torch.Tensor]] = []
+        losses: list[tuple[str, torch.Tensor]] = []
         self._wait_for_parameters()  # record_current_gradients comes after optimizer.step(): long done
         for key, registration in self.registrations.items():
             if registration.tensor_type == "parameter":
                 grad = registration.tensor.grad if registration.tensor is not None else None
+                divisor = scale.parameters
             else:
                 grad = self._grads.get(key)
+                divisor = scale.activations
             if grad is None:
                 continue
+            if registration.tensor_type == "loss":
+                losses.append((registration.tensor_name, grad))
             reason = unsummarisable(grad)
             if reason is None:
-                items.append((registration, grad))
+                items.append((registration, scaling.unscaled(grad, divisor)))
             else:  # the gradient of an FSDP2 parameter is a DTensor too
                 self._skip(registration, f"gradients ({kind!r})", reason)
+        self._check_scale(kind, scale, losses)
+        self.blocks = scaling.supersede(self.blocks, kind, {registration.key for registration, _ in items})
         # All gradients here, from their values now, in one batched call. The user holds the parameters'
         # (a later backward pass, clip_grad_norm_ or zero_grad(set_to_none=False) would change them in
         # place, through .data with no version counter to tell), so they cannot wait for a worker. Starting
@@ -296,6 +307,14 @@ class StepRecording:
             self.blocks += self._summarizer(kind)(items)
         if zero_non_parameters:
             self._grads.clear()
+
+    def _check_scale(self, kind: str, scale: scaling.GradientScale, losses: list[tuple[str, torch.Tensor]]) -> None:
+        """Warn where the gradients may be scaled without comgra knowing by what."""
+        if self.report is None:
+            return
+        suspected = None if scale.known else scaling.suspected_scale(losses)
+        if suspected is not None:
+            self.report(f"loss-scale:{kind}", scaling.warning_of_unknown_scale(kind, *suspected))
 
     def to_tables(self, choice: SampleChoice, now: float | None = None) -> tuple[pa.Table, pa.Table]:
         """The tensors rows and the steps rows of this step (one host transfer)."""

@@ -1,7 +1,7 @@
 """From registered tensors to rows of the ``tensors`` table, with one host transfer per step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,9 @@ class Block:
     summary: Summary
     has_batch: bool
     svd: torch.Tensor | None  # (S,) NaN where not computed
+    # Registration keys whose rows are not written: a later record_current_gradients call of the same group in
+    # the same step recorded their gradients again (capture/gradients.py).
+    superseded: set[tuple[int, str]] = field(default_factory=set)
 
 
 def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], *,
@@ -232,7 +235,10 @@ class _BlockRows:
                     else np.full(n_rows * n_tensors, np.nan, dtype=np.float32))
         self.kept = np.tile(block.summary.kept, n_rows)
         per_sample = np.array([r.per_sample for r in block.registrations], dtype=bool)
-        self.keep = ((np.array(self.aggregation) != "sample")[:, None] | per_sample[None, :]).reshape(-1)
+        keep = (np.array(self.aggregation) != "sample")[:, None] | per_sample[None, :]
+        if block.superseded:
+            keep &= np.array([r.key not in block.superseded for r in block.registrations], dtype=bool)[None, :]
+        self.keep = keep.reshape(-1)
 
 
 def _rows(training_step: int, pieces: list[_BlockRows]) -> pa.Table:
@@ -271,7 +277,7 @@ def _layout_key(pieces: list[_BlockRows]) -> tuple[Any, ...]:
     return tuple((piece.block.kind, piece.stats.shape[0], tuple(piece.aggregation), tuple(piece.sample),
                   tuple(piece.category), tuple(piece.block.summary.sizes), tuple(piece.kept.tolist()),
                   tuple((r.tensor_name, r.iteration, r.node, r.role, r.tensor_type, r.shape, r.per_sample)
-                        for r in piece.block.registrations)) for piece in pieces)
+                        for r in piece.block.registrations), frozenset(piece.block.superseded)) for piece in pieces)
 
 
 def _layout(pieces: list[_BlockRows]) -> tuple[dict[str, Any], pa.Array, pa.Array | None]:

@@ -12,7 +12,9 @@ clips gradients (``max_grad_norm``, 1.0 by default) before its last callback bef
 (``on_pre_optimizer_step``), so the gradients are read earlier: at the end of the backward pass of the
 step's last micro-batch (an autograd end-of-backward callback, queued by a hook on the loss the model
 returned; the last micro-batch is the one for which the Trainer's ``accelerate`` ``GradientState``
-says ``sync_gradients``), before clipping.** Where that cannot be set up (a loss that is not the model's
+says ``sync_gradients``), before clipping; under ``fp16`` they are still scaled then, and are divided by the
+scale of accelerate's ``GradScaler`` (``AcceleratedOptimizer.scaler``), as the activation gradients are.**
+Where that cannot be set up (a loss that is not the model's
 output ``loss``), they are read in ``on_pre_optimizer_step``, after clipping. Activation gradients are
 recorded as the backward pass made them, per micro-batch. Each micro-batch is an iteration
 of the step; a micro-batch smaller than the step's first (a ragged last batch) has its tensors recorded
@@ -68,6 +70,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         self._handles: list[Any] = []
         self._in_training_step = False
         self._end_of_backward_queued = False  # in this optimizer step
+        self._scaler: Any = None  # the GradScaler of this optimizer step (fp16), or None
         self._guard = Guard("Trainer callback")
 
     # -- setting up --------------------------------------------------------------------------------
@@ -127,16 +130,19 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
         def queue(grad: torch.Tensor) -> None:
             engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients))  # type: ignore[union-attr]
+            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients,  # type: ignore[union-attr]
+                                                          self._scaler))
 
         loss.register_hook(queue)
 
     # -- the Trainer's events ----------------------------------------------------------------------
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
         self._in_training_step = True
         self._end_of_backward_queued = False
-        if self.recorder is not None and kwargs.get("optimizer") is not None:  # its groups, on recorded steps
-            self._guard.run(self.recorder.track_optimizer, kwargs["optimizer"])
+        # fp16: accelerate's AcceleratedOptimizer holds the GradScaler that scales each micro-batch's loss
+        self._scaler = getattr(optimizer, "scaler", None)
+        if self.recorder is not None and optimizer is not None:  # its groups, on recorded steps
+            self._guard.run(self.recorder.track_optimizer, optimizer)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
@@ -144,7 +150,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
-            self._guard.run(self._driver.gradients_and_finish)
+            self._guard.run(self._driver.gradients_and_finish, self._scaler)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._in_training_step = False

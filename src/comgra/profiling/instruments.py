@@ -52,6 +52,10 @@ class Instruments:
             self.sampler.stop()
             self.sampler = None
 
+    def abandon_step(self) -> None:
+        if self.profiler is not None:
+            self._guarded(lambda profiler: profiler.abandon_step())
+
     def close(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()

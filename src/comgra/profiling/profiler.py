@@ -250,6 +250,15 @@ class Profiler:
         self._pending_calls += len(records)
         self._step = None
 
+    def abandon_step(self) -> None:
+        """Drop the step in progress (an exception interrupted it, ``abandon_step``): none of its marks become rows."""
+        self._marks.close()
+        self._remove_norm_hooks()
+        self._end_flops()
+        for layer in self._layers:
+            layer.open = []
+        self._grad_norms, self._step = {}, None
+
     def take(self, *, force: bool, max_age: float = 2.0, max_rows: int = 4096) -> pa.Table | None:
         """The rows of the steps since the last take as one table, when there are many or they are ``max_age``
         seconds old (or ``force``): the rows are made then, for all those steps at once."""

@@ -74,6 +74,9 @@ class GroupReader:
 
     def trial(self, trial_id: str) -> TrialReader:
         with self._lock:
+            kept = self._trials.get(trial_id)
+            if kept is not None and fmt.folder_identity(kept.directory) != kept.folder:
+                del self._trials[trial_id]  # a new run took the name (capture.open_recorders): read the new folder
             if trial_id not in self._trials:
                 known = self.trials()
                 if trial_id not in known:
@@ -92,6 +95,7 @@ class TrialReader:
 
     def __init__(self, directory: Path):
         self.directory = directory
+        self.folder = fmt.folder_identity(directory)  # what the chunk cache holds is of this folder only
         self.trial_id = directory.name
         self.metadata = _read_metadata(directory)
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
