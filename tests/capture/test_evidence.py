@@ -96,3 +96,25 @@ def test_a_dynamic_step_that_is_not_kept_leaves_no_runinfo(tmp_path: Path) -> No
     assert trial.steps()["training_step"].to_pylist() == [0]
     rows = trial.evidence("runinfo").to_pylist()
     assert {r["training_step"] for r in rows} == {0} and {r["type_of_execution"] for r in rows} == {"a"}
+
+
+def test_the_gradient_fingerprints_are_unscaled_as_the_recorded_gradients(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(3, 2)
+    recorder = ComgraRecorder(tmp_path, "group", "trial", DecisionMakerForRecordingsHardcoded({0}))
+    recorder.track_module("net", net)
+    x = torch.randn(4, 3)
+    recorder.start_batch(0, 4)
+    recorder.start_iteration()
+    recorder.register_tensor("x", x, is_input=True)
+    loss = net(x).pow(2).mean()
+    recorder.register_tensor("loss", loss, is_loss=True)
+    (loss * 1024).backward()  # manual loss scaling
+    recorder.record_current_gradients("gradients", loss_scale=1024)
+    expected = float(net.weight.grad.double().norm()) / 1024
+    recorder.finish_iteration()
+    recorder.finish_batch()
+    recorder.finalize()
+    rows = GroupReader(tmp_path / "group").trial("trial").evidence("runinfo").to_pylist()
+    (norm,) = [r["number"] for r in rows if r["name"] == "net.weight" and r["field"] == "grad_norm"]
+    assert norm == pytest.approx(expected, rel=1e-9)
