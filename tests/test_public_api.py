@@ -49,6 +49,8 @@ RECORDER_METHODS = {
     "finish_batch": [],
     "finalize": [],
     "flush": ["timeout"],  # ours: make a run in progress readable up to now (issue 6)
+    "track_optimizer": ["optimizer"],  # ours: the optimizer's parameter groups on recorded steps (issue 24)
+    "set_sentinels": ["names", "enabled", "pause_on_error"],  # ours: the every-step sentinels (issue 24)
     "abandon_step": [],  # ours: drop a step an exception interrupted (issue 23, notebooks)
     "batch": ["training_step", "current_batch_size", "type_of_execution",  # ours: start_batch ... finish_batch
               "record_all_tensors_per_batch_index_by_default", "override__recording_is_active"],  # as a with block

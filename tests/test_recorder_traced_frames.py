@@ -63,6 +63,8 @@ def test_every_entry_point_leaves_a_traced_frame_and_records_as_eagerly(
         simulated_trace: list[str], make_recorder: Any, open_trial: Any, tiny_model: Any, generator: Any) -> None:
     recorder = make_recorder({0, 1})
     recorder.track_module("net", tiny_model)
+    recorder.track_optimizer(torch.optim.SGD(tiny_model.parameters(), lr=0.1))
+    recorder.set_sentinels(["loss"])
     recorder.add_note("traced")
     x = torch.randn(4, 3, generator=generator)
     _one_step(recorder, tiny_model, x, 0, dynamic=False)

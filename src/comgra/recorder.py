@@ -28,13 +28,16 @@ from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
 from comgra.capture.step import garbage_collector_paused
+from comgra.capture.evidence import RunEvidence
 from comgra.capture.modules import ModuleTracker
+from comgra.capture.watched import WatchedTensors
 from comgra.profiling.instruments import Instruments
 from comgra.profiling import profiler
 from comgra.profiling.resources import FROM_CONFIG, resolve_interval
 from comgra.config import load_settings
 from comgra.errors import RecordingError
 from comgra.breakpoints.recording import RecorderBreakpoints
+from comgra.breakpoints.sentinels import Sentinels
 from comgra.objects import DecisionMakerForRecordings
 
 __all__ = ["ComgraRecorder"]
@@ -62,7 +65,7 @@ def _prepare_untraced() -> None:
     compiled.prepare(lambda: [getattr(m, "untraced", m) for m in (getattr(ComgraRecorder, n) for n in _ENTRY_POINTS)])
 
 
-class ComgraRecorder:
+class ComgraRecorder(WatchedTensors):
     """Records named tensors, their gradients and the tracked parameters on the steps a policy picks.
 
     The arguments are those of the original Comgra 0.11.5.
@@ -142,6 +145,8 @@ class ComgraRecorder:
         # Breakpoints and run control (comgra.breakpoints); None when comgra is off, so that costs nothing.
         self._breakpoints = RecorderBreakpoints.attach(self, breakpoints=breakpoints, settings=self.settings) \
             if comgra_is_active else None
+        # The run's state on recorded steps, sentinels on every step (capture.evidence, breakpoints.sentinels).
+        self._evidence = RunEvidence.attach(self, Sentinels.attach(self))
         # Per-layer profiling (track_module(..., profile=True)) and resource sampling; see profiling/instruments.
         self.instruments = Instruments(
             self.session, profile=profile_options, resource_seconds=resource_seconds, rank=self.rank_info.rank,
@@ -177,9 +182,21 @@ class ComgraRecorder:
         if self._breakpoints is not None:
             self._breakpoints.monitor.add_modules(module_name, module)
 
+    @_never_traced
+    def track_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Ours: record ``optimizer``'s parameter groups (which parameters, lr, weight decay) on recorded steps, so
+        that ``comgra scan`` finds parameters left out of every group. The Trainer and Lightning callbacks call it."""
+        self._evidence.track_optimizer(optimizer)
+
+    @_never_traced
+    def set_sentinels(self, names: Iterable[str] | None = None, *, enabled: bool = True,
+                      pause_on_error: bool = False) -> None:
+        """Ours: the tensors whose NaN/Inf flags, abs_max and norm are kept on every step (None: the losses and outputs);
+        ``pause_on_error``: a NaN, an inf or an empty batch pauses like a breakpoint. See breakpoints.sentinels."""
+        self._evidence.sentinels.configure(names, enabled=enabled, pause_on_error=pause_on_error)
+
     def get_name_of_module(self, module: torch.nn.Module) -> str:
         return self.modules.name_of(module)
-
     @_never_traced
     def add_note(self, note: Any) -> None:
         """Log a line for the Notes tab, whether or not the step is recorded."""
@@ -231,6 +248,7 @@ class ComgraRecorder:
                                                             record_all_tensors_per_batch_index_by_default)
         self._takes_tensors = wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
         self.instruments.start_step(training_step, self._recording)
+        self._evidence.start_batch(training_step, type_of_execution, current_batch_size, self._recording)
         if wanted or self.instruments.wants_eager_step:  # compiled models run eagerly until the step ends (see
             self._eager.enter()  # comgra.capture.compiled); a FLOPs step too (Profiler.counts_flops)
         for listener in list(self._step_listeners):  # comgra.watch puts its hooks on for a recorded step only
@@ -274,7 +292,7 @@ class ComgraRecorder:
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
-        if not stages.registration_goes_on(self, tensor_name, tensor, is_initial_value, watched):  # or checkpointing's
+        if not stages.registration_goes_on(self, tensor_name, tensor, is_initial_value, watched, is_loss):  # or checkpointing's
             return
         arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
                                          flags=dict(is_input=is_input, is_parameter=is_parameter, is_target=is_target,
@@ -323,6 +341,7 @@ class ComgraRecorder:
             self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale)  # type: ignore[union-attr]
         if self._recording:
             stages.check_gradient_group(name_of_loss_group)
+            self._evidence.gradients(scale.parameters)  # fingerprints, before an optimizer's zero_grad clears them
             self._guarded(lambda session: session.step.record_gradients(
                 name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale))
 
@@ -373,6 +392,7 @@ class ComgraRecorder:
         try:
             for listener in list(self._step_listeners):
                 listener(False)
+            self._evidence.finish_batch(self._recording, self.type_of_execution, pausable=self._breakpoints is not None)
             if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
                 self._breakpoints.settle()
             if self._recording:
@@ -449,30 +469,6 @@ class ComgraRecorder:
             raise RecordingError(f"record_kpi_in_graph({kpi_group!r}, {kpi_name!r}, ...) outside a training step "
                                  "needs timepoint=...")
         self._kpis.add(kpi_group, kpi_name, self.type_of_execution, point, val)
-
-    # -- comgra.watch (comgra.integrations): private, not the documented API ------------------------
-    def _takes_watched_tensors(self) -> bool:
-        """Whether a watched module's output would be used now: inside an iteration of a recorded step (or
-        of one a breakpoint watches). comgra.watch's hooks ask this first and return at once on False."""
-        if self.current_stage != "forward":
-            return False
-        return self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
-
-    def _register_watched(self, tensor_name: str, tensor: torch.Tensor, index_of_batch_dimension: int | None,
-                          is_loss: bool = False) -> None:
-        """``register_tensor`` for a module output that comgra.watch found (or a loss a callback found): a second
-        name for a tensor that is already registered (a block returning its last layer's output) takes over as
-        the name its consumers see, and the tensor never gets a warning for having no connection (the user
-        did not pick it)."""
-        arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
-                                         flags=dict(is_input=False, is_parameter=False, is_target=False,
-                                                    is_loss=is_loss, is_initial_value=False),
-                                         recording_type=None, record_per_batch_index=None, node_name=None,
-                                         role_within_node=None, watched=True)
-        if self._breakpoints is not None and self._breakpoints.monitor.active:
-            self._breakpoints.register(tensor_name, tensor, arguments)
-        if self._recording:
-            self._guarded(lambda session: session.register(tensor_name, tensor, **arguments))
 
     # -- internals ------------------------------------------------------------------------------
     def _check_stage(self, call: str) -> None:

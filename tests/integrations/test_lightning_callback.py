@@ -128,10 +128,18 @@ def test_unrecorded_steps_and_the_end_of_fit(tmp_path: Path) -> None:
     _fit(tmp_path, model, callback, _data(16, seed=4), max_epochs=1)
     service = RecordingService(tmp_path / "store" / "pl")
     try:
-        assert {r["training_step"] for r in service.group.trial("t").steps().to_pylist()} == {2}
+        trial = service.group.trial("t")
+        assert {r["training_step"] for r in trial.steps().to_pylist()} == {2}
+        sentinels = [r for r in trial.evidence("sentinels").to_pylist() if r["name"] == "loss"]
+        runinfo = trial.evidence("runinfo").to_pylist()
     finally:
         service.close()
     assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+    # The sentinels saw the loss of every step, recorded or not; the recorded step knows the optimizer's groups.
+    assert [(r["training_step"], r["recorded"]) for r in sentinels] == [(0, False), (1, False), (2, True), (3, False)]
+    groups = {r["name"]: r["value"] for r in runinfo if r["field"] == "optimizer_group"}
+    assert groups and all(groups.values())
+    assert {r["value"] for r in runinfo if r["field"] == "lr"} == {str(LR)}
 
 
 def test_gradients_are_recorded_before_clipping(tmp_path: Path) -> None:

@@ -123,10 +123,19 @@ def test_unrecorded_steps_leave_no_steps_and_hooks_come_off(tmp_path: Path) -> N
     _train(tmp_path, model, _data(12, seed=3), callback)
     service = RecordingService(tmp_path / "store" / "hf")
     try:
-        assert {r["training_step"] for r in service.group.trial("t").steps().to_pylist()} == {1}
+        trial = service.group.trial("t")
+        assert {r["training_step"] for r in trial.steps().to_pylist()} == {1}
+        sentinels = [r for r in trial.evidence("sentinels").to_pylist() if r["name"] == "loss"]
+        runinfo = trial.evidence("runinfo").to_pylist()
     finally:
         service.close()
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == 0
+    # The sentinels saw the loss of every step, recorded or not; the recorded step knows the Trainer's optimizer.
+    assert [(r["training_step"], r["recorded"]) for r in sentinels] == [(0, False), (1, True), (2, False)]
+    (recorded_loss,) = _rows(tmp_path / "store", 1, node="loss", kind="forward")
+    assert sentinels[1]["abs_max"] == pytest.approx(abs(recorded_loss["mean"]), rel=1e-5)
+    groups = {r["name"]: r["value"] for r in runinfo if r["field"] == "optimizer_group"}
+    assert PARAMETER in groups and all(groups.values())  # every parameter in a group of the Trainer's optimizer
 
 
 def test_comgra_off_adds_no_hooks_and_writes_nothing(tmp_path: Path) -> None:

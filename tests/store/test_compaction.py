@@ -105,6 +105,13 @@ def test_every_table_is_compacted_so_a_long_run_leaves_few_files(trial_dir: Path
         writer.put_table("resources", pa.Table.from_pylist([{"wall_time": 0.0, "training_step": step, "source": "process",
                                                              "metric": "cpu_percent", "value": 1.0}],
                                                            schema=fmt.RESOURCES_SCHEMA))
+        writer.put_table("runinfo", pa.Table.from_pylist([{"training_step": step, "subject": "module", "name": "net",
+                                                           "field": "mode", "value": "train", "number": 1.0}],
+                                                         schema=fmt.RUNINFO_SCHEMA))
+        writer.put_table("sentinels", pa.Table.from_pylist([{"training_step": step, "name": "loss", "source": "loss",
+                                                             "numel": 1, "has_nan": False, "has_inf": False,
+                                                             "abs_max": 1.0, "norm": 1.0, "recorded": True}],
+                                                           schema=fmt.SENTINELS_SCHEMA))
         writer.flush()
     writer.close()
     for table in fmt.TABLES:
@@ -113,6 +120,8 @@ def test_every_table_is_compacted_so_a_long_run_leaves_few_files(trial_dir: Path
     assert reader.steps()["training_step"].to_pylist() == list(range(64))
     assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(64))
     assert sorted(reader.notes()) == sorted(f"n{step}" for step in range(64))
+    assert reader.evidence("sentinels")["training_step"].to_pylist() == list(range(64))
+    assert reader.evidence("runinfo")["training_step"].to_pylist() == list(range(64))
     assert reader.layers()["training_step"].to_pylist() == list(range(64))
     assert reader.resources().num_rows == 64
 

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 
 from comgra.analysis import cooccurrence, correlation, graphs, nonfinite, outliers, parameters, trends, units
+from comgra.analysis import evidence_detectors
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import TrialData
 from comgra.errors import SelectionError
@@ -27,6 +28,7 @@ DETECTORS: dict[str, Detector] = {
     "parameters": parameters.detect,
     "outliers": outliers.detect,
     "correlation": correlation.detect,
+    **evidence_detectors.EVIDENCE,  # the evidence beside the tensors: runinfo, sentinels, the profiling table
 }
 
 
@@ -47,5 +49,6 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
         except Exception as error:  # noqa: BLE001 - one detector's fault must not hide the others' findings
             log.debug("comgra: detector %s failed", name, exc_info=error)
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
+    findings = evidence_detectors.sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
     return rank_findings(findings), problems

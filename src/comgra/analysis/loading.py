@@ -86,6 +86,10 @@ class TrialData:
     locator: Any = None
     # A sentence for the findings of a detector that saw a subsample (a streamed scan's correlation hints).
     subsample: str = ""
+    # The trial's reader, for detectors that read the small tables themselves (runinfo, sentinels, layers), and
+    # what they made of them (``comgra.analysis.evidence_tables``).
+    reader: Any = None
+    tables: dict[str, Any] = field(default_factory=dict)
 
 
 class ChunkCache:
@@ -231,6 +235,7 @@ class TrialContext:
     graphs: dict[str, dict[str, Any]]
     known: set[int]
     problems: list[str]
+    reader: Any = None
 
 
 def assemble(context: TrialContext, parts: list[ChunkData]) -> TrialData:
@@ -239,7 +244,8 @@ def assemble(context: TrialContext, parts: list[ChunkData]) -> TrialData:
     neurons = {name: _concat_neurons([p.neurons[name] for p in parts], context.known) for name in names}
     if observe_rows is not None:
         observe_rows(len(stats))
-    return TrialData(context.trial, stats, neurons, context.steps, context.graphs, list(context.problems))
+    return TrialData(context.trial, stats, neurons, context.steps, context.graphs, list(context.problems),
+                     reader=context.reader)
 
 
 def trial_context(trial: TrialReader) -> TrialContext:
@@ -260,7 +266,7 @@ def trial_context(trial: TrialReader) -> TrialContext:
                               f"where a problem starts ({error})")
     known = set(steps_frame["training_step"].tolist())
     problems = [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in trial.problem_reasons().items()]
-    return TrialContext(trial.trial_id, steps_frame, graphs, known, problems + unreadable)
+    return TrialContext(trial.trial_id, steps_frame, graphs, known, problems + unreadable, reader=trial)
 
 
 def _concat(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:

@@ -38,7 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from comgra.analysis import cooccurrence, correlation, graphs, loading, nonfinite, outliers, parameters, trends, units
+from comgra.analysis import cooccurrence, correlation, evidence_detectors, graphs, loading, nonfinite, outliers
+from comgra.analysis import parameters, trends, units
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import KEYS, STATS, TrialContext, TrialData
 from comgra.errors import SelectionError
@@ -397,7 +398,7 @@ def _joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def _skeleton(context: TrialContext, gathered: _Gathered) -> TrialData:
     """A trial without rows: the detectors' judgements open a node's values through the locator."""
     return TrialData(context.trial, _empty_stats(), {}, context.steps, context.graphs, list(context.problems),
-                     locator=gathered.locator)
+                     locator=gathered.locator, reader=context.reader)
 
 
 def _guarded(name: str, data: TrialData, gathered: _Gathered, work: Callable):
@@ -433,6 +434,8 @@ def _conclude(context: TrialContext, facts: graphs.GraphFacts, options: ScanOpti
             gathered.growth, pd.concat(gathered.ends) if gathered.ends else pd.DataFrame({"kind": [], "abs_max": []}))),
         ("outliers", lambda: outliers.confirmed(skeleton, facts, options, gathered.outliers)),
         ("correlation", lambda: correlation.detect(samples, facts, options) if len(samples.stats) else []),
+        # The evidence beside the tensors (runinfo, sentinels, layers): small tables, read whole as in memory.
+        *[(name, lambda d=detect: d(skeleton, facts, options)) for name, detect in evidence_detectors.EVIDENCE.items()],
     ]
     for name, work in steps:
         try:
@@ -441,6 +444,7 @@ def _conclude(context: TrialContext, facts: graphs.GraphFacts, options: ScanOpti
             raise
         except Exception as error:  # noqa: BLE001 - as above
             problems.append(f"detector {name} failed on trial {context.trial!r}: {type(error).__name__}: {error}")
+    findings = evidence_detectors.sentinel_events.reattribute(skeleton, findings)
     findings.extend(cooccurrence.detect(findings, int(context.steps["training_step"].nunique())))
     return rank_findings(findings), problems
 

@@ -22,6 +22,7 @@ class ModuleTracker:
     parameters: dict[str, torch.nn.Parameter] = field(default_factory=dict)  # first name -> parameter
     aliases: dict[str, list[str]] = field(default_factory=dict)  # first name -> the other names
     trees: list[dict[str, Any]] = field(default_factory=list)
+    roots: dict[str, torch.nn.Module] = field(default_factory=dict)  # module_name -> the tracked module
     _first_name: dict[int, str] = field(default_factory=dict)  # id(parameter) -> first name
 
     def track(self, module_name: str, module: torch.nn.Module) -> None:
@@ -34,6 +35,7 @@ class ModuleTracker:
         if any(str(tree["name"]) == module_name for tree in self.trees):
             raise RecordingError(f"A module is already tracked as {module_name!r}; choose another module_name.")
         self.trees.append(self._tree(module_name, module_name, module))
+        self.roots[module_name] = module
 
     def _tree(self, name: str, full_name: str, module: torch.nn.Module) -> dict[str, Any]:
         self.module_names.setdefault(id(module), full_name)

@@ -55,6 +55,8 @@ class Session:
     kpis_flushed_at: float = 0.0
     closed: bool = False
     metadata_name: str = fmt.TRIAL_META  # trial.json for the lead rank, rank-NNN.json for the others
+    on_graph: Any = None  # told each recorded iteration's graph document (the sentinels learn the outputs)
+    on_flush: Any = None  # called before a flush (the sentinels hand over their rows)
 
     @classmethod
     def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
@@ -165,6 +167,8 @@ class Session:
         assert step is not None
         groups = {name: group for name, (_, group) in self.parameter_names.items()}
         document, unconnected = step.finish_iteration(groups)
+        if self.on_graph is not None:
+            self.on_graph(document)
         if document["hash"] not in self.graphs_written:  # written with the step: an abandoned step leaves none
             self.graphs_of_step[document["hash"]] = document
         for name in unconnected:
@@ -217,6 +221,8 @@ class Session:
     def flush(self, timeout: float | None) -> None:
         """Wait until everything handed to the writer so far is on disk (or ``timeout`` seconds passed)."""
         if self.writer is not None and not self.broken and not self.closed:
+            if self.on_flush is not None:
+                self.on_flush()
             self.writer.flush(timeout)
             self._check_writer()
 
@@ -230,6 +236,10 @@ class Session:
         self._check_writer()
 
     # -- plumbing ---------------------------------------------------------------------------------
+    def put_table(self, name: str, table: pa.Table) -> None:
+        """Hand a table of rows to the writer (``capture.evidence`` and the sentinels write theirs so)."""
+        self._put_table(name, table)
+
     def _put_table(self, name: str, table: pa.Table) -> None:
         if self.writer is not None and not self.broken and table.num_rows:
             self.writer.put_table(name, table)

@@ -42,7 +42,8 @@ def check_gradient_group(name_of_loss_group: str) -> None:
                              "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
 
 
-def registration_goes_on(recorder: Any, tensor_name: str, tensor: Any, is_initial_value: bool, watched: bool) -> bool:
+def registration_goes_on(recorder: Any, tensor_name: str, tensor: Any, is_initial_value: bool, watched: bool,
+                         is_loss: bool = False) -> bool:
     """``check_registration`` for ``ComgraRecorder.register_tensor``, and whether it has more to do (a recorded or
     watched step). A checkpointed function's recomputation in the backward pass (capture/checkpointing.py) registers
     again what its forward pass registered: that goes to the step at any stage, and no further."""
@@ -51,6 +52,7 @@ def registration_goes_on(recorder: Any, tensor_name: str, tensor: Any, is_initia
             recorder._guarded(lambda session: session.recomputed(tensor_name, tensor))
         return False
     check_registration(tensor_name, recorder.current_stage, is_initial_value)
+    recorder._evidence.register(tensor_name, tensor, is_loss, recorder._recording)  # sentinels, dtypes (capture.evidence)
     return bool(watched or recorder._recording)
 
 

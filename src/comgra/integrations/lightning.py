@@ -102,6 +102,8 @@ class ComgraCallback(lightning.Callback):  # type: ignore[misc]
     # -- training --------------------------------------------------------------------------------
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self._driver is not None:
+            for optimizer in getattr(trainer, "optimizers", None) or []:  # their groups, on recorded steps
+                self._guard.run(self.recorder.track_optimizer, optimizer)  # type: ignore[union-attr]
             self._guard.run(self._driver.training_batch, batch_size_of(batch))
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: torch.Tensor) -> None:

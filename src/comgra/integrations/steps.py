@@ -92,7 +92,10 @@ class StepDriver:
         """Register the loss of the current iteration (once: the first one seen). ``scaler``: the GradScaler that
         scaled ``loss`` already; the loss is recorded divided by its scale (and without a gradient of its own)."""
         recorder = self.recorder
-        if self.open is None or not isinstance(loss, torch.Tensor) or not recorder._takes_watched_tensors():
+        if self.open is None or not isinstance(loss, torch.Tensor):
+            return
+        if not recorder._takes_watched_tensors():  # a step not recorded: the every-step sentinels still see the loss
+            recorder._watched_sentinel("loss", loss, True)
             return
         if self._loss_iteration == recorder._iteration_serial:
             return

@@ -172,6 +172,8 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         self._scaler = getattr(optimizer, "scaler", None)
         if self._compiled and self._driver is not None and self._handles:
             self._guard.run(self._start_compiled_step, args)
+        if self.recorder is not None and optimizer is not None:  # its groups, on recorded steps
+            self._guard.run(self.recorder.track_optimizer, optimizer)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:

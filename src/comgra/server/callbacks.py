@@ -15,7 +15,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, no_update
 
-from comgra.server import compare, figures, kpi_view, panels, profile_panel, samples, tensors
+from comgra.server import compare, figures, health_view, kpi_view, panels, profile_panel, samples, tensors
 from comgra.server import breakpoints as breakpoints_panel
 from comgra.server import findings as findings_panel
 from comgra.server import start_here
@@ -38,6 +38,7 @@ def register(app: Dash, service: RecordingService, visualization: VisualizationF
     breakpoints_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL)
     findings_panel.register(app, service, tabs=ID.TABS, data_version=ID.DATA_VERSION, badges=ID.BADGES, current_trial=ID.CURRENT_TRIAL)
     start_here.register(app, service, series=ID.SERIES, url=ID.URL)
+    health_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     if visualization is not None:
         _register_visualization(app, service, visualization)
 

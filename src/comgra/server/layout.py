@@ -10,7 +10,7 @@ from dash import dcc, html
 from dash.development.base_component import Component
 
 from comgra.server import breakpoints as breakpoints_panel
-from comgra.server import compare, kpi_view, profile_panel, samples
+from comgra.server import compare, health_view, kpi_view, profile_panel, samples
 from comgra.server import findings as findings_panel
 from comgra.server import start_here
 from comgra.server.dom import attributes
@@ -18,7 +18,7 @@ from comgra.server.graph_view import legend
 from comgra.server.ids import ID, TABS
 from comgra.service import PLOT_STATISTICS
 
-TAB_LABELS = {"tensors": "Tensors", "findings": "Findings", "samples": "Samples", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
+TAB_LABELS = {"tensors": "Tensors", "findings": "Findings", "health": "Health", "samples": "Samples", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
               "profile": "Profile", "resources": "Resources", "breakpoints": "Breakpoints", "visualization": "Visualization"}
 NAVIGATION = {"left": "←", "up": "↑", "down": "↓", "right": "→"}
 ZOOM = {"out": ("−", "Zoom out"), "fit": ("Fit", "Fit the graph into view"), "in": ("+", "Zoom in")}
@@ -45,6 +45,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         html.Div(id=ID.BANNER, role="status"),
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
         html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
+        html.Div(id=ID.panel("health"), className="panel hidden", children=health_view.panel()),
         html.Div(id=ID.panel("samples"), className="panel hidden", children=samples.panel()),
         html.Div(id=ID.panel("compare"), className="panel hidden", children=compare.panel()),
         html.Div(id=ID.panel("network"), className="panel hidden", children=html.Div(id=ID.NETWORK)),

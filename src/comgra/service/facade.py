@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.service.findings import FindingQuestions, FindingsProgress
+from comgra.service.health import TrainingHealth, training_health
 from comgra.service.live import DEFAULT_HISTORY, LiveQuestions
 from comgra.service.panels import Comparison, NeuronValues, PanelQuestions, SampleColumn, SamplesTable
 from comgra.service.resolve import resolve
@@ -152,6 +153,13 @@ class RecordingService:
 
     def finding_documents(self, trial_id: str | None = None) -> list[dict[str, Any]]:
         return self.finding_questions.finding_documents(trial_id)
+
+    def training_health(self, trial_id: str, wait_seconds: float = 0.0) -> TrainingHealth:
+        """Gradient norms per layer over the steps, sentinel events, findings by node (``service.health``); the
+        trial's findings are those scanned so far (queued for a scan, waited for at most ``wait_seconds``)."""
+        self.findings_version(trial_id)
+        progress = self.findings_progress(trial_id, wait_seconds)
+        return training_health(self.trial(trial_id), progress.findings, pending=trial_id in progress.pending)
 
     # -- live: profiling and resources -------------------------------------------------------------
     def layer_table(self, trial_id: str, *, rank: int | None = None) -> pa.Table:

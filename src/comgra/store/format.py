@@ -12,6 +12,8 @@ A group folder holds one folder per trial::
         notes/<chunk>.parquet        lines from add_note
         layers/<chunk>.parquet       per-layer profiling (track_module(..., profile=True))
         resources/<chunk>.parquet    CPU, memory and GPU samples over time
+        runinfo/<chunk>.parquet      per recorded step: module modes, dtypes, optimizer groups, autocast
+        sentinels/<chunk>.parquet    per training step (every one): a few reductions of the loss and outputs
 
 Chunk files are immutable and appear atomically (written under a temporary
 name, then renamed). A steps chunk is written after the tensors chunk it
@@ -38,7 +40,7 @@ import pyarrow.parquet as pq
 FORMAT_VERSION = 2
 TRIALS_DIR = "trials"
 TRIAL_META = "trial.json"
-TABLES = ("steps", "tensors", "kpis", "notes", "layers", "resources")
+TABLES = ("steps", "tensors", "kpis", "notes", "layers", "resources", "runinfo", "sentinels")
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max", "nan_count", "inf_count")
 AGGREGATIONS = ("mean", "std", "abs_max", "sample", "none")
 FORWARD = "forward"
@@ -129,11 +131,45 @@ RESOURCES_SCHEMA = pa.schema(
         ("value", pa.float64()),
     ]
 )
+# The run's state on each recorded step, long format: one row per (subject, field). Subjects: "module" (fields
+# mode: train/eval, type), "parameter" (dtype, requires_grad, optimizer group: "" for none, the float64 value
+# fingerprints value_sum, value_norm, grad_sum, grad_norm), "tensor" (dtype, requires_grad), "optimizer_group"
+# (lr, weight_decay, parameters), "autocast" (per device type: enabled, dtype), "step" (batch_size, grad_enabled).
+RUNINFO_SCHEMA = pa.schema(
+    [
+        ("training_step", pa.int64()),
+        ("type_of_execution", pa.string()),
+        ("subject", pa.string()),
+        ("name", pa.string()),
+        ("field", pa.string()),
+        ("value", pa.string()),  # the value as text (numbers too)
+        ("number", pa.float64()),  # the value as a number, where it is one
+    ]
+)
+# Every-step sentinels: a few reductions of the tensors a run marks (by default its losses and outputs), on every
+# training step, recorded or not. ``event`` names what went wrong on that step (nan, inf, zero_batch, empty),
+# null when nothing did.
+SENTINELS_SCHEMA = pa.schema(
+    [
+        ("training_step", pa.int64()),
+        ("type_of_execution", pa.string()),
+        ("name", pa.string()),  # the registered tensor, or "batch" for the batch size
+        ("source", pa.string()),  # loss, output, marked, batch
+        ("numel", pa.int64()),
+        ("has_nan", pa.bool_()),
+        ("has_inf", pa.bool_()),
+        ("abs_max", pa.float64()),
+        ("norm", pa.float64()),
+        ("recorded", pa.bool_()),  # whether the policy recorded this step in full
+        ("event", pa.string()),
+    ]
+)
 # The *_SCHEMA above are the rows the recorder hands to its writer; SCHEMAS are the chunk files on disk:
 # the same columns plus ``rank``, which the writer adds (it alone knows which rank's shard it writes).
 SCHEMAS = {name: schema.append(RANK_FIELD) for name, schema in
            {"steps": STEPS_SCHEMA, "tensors": TENSORS_SCHEMA, "kpis": KPIS_SCHEMA, "notes": NOTES_SCHEMA,
-            "layers": LAYERS_SCHEMA, "resources": RESOURCES_SCHEMA}.items()}
+            "layers": LAYERS_SCHEMA, "resources": RESOURCES_SCHEMA, "runinfo": RUNINFO_SCHEMA,
+            "sentinels": SENTINELS_SCHEMA}.items()}
 
 
 

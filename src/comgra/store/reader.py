@@ -167,6 +167,12 @@ class TrialReader:
         return self._cached_table("resources", rank).sort_by(
             [("wall_time", "ascending"), ("source", "ascending"), ("metric", "ascending")])
 
+    def evidence(self, table: str, rank: int | None = None) -> pa.Table:
+        """The rows of ``runinfo`` or ``sentinels`` (format.RUNINFO_SCHEMA, SENTINELS_SCHEMA), sorted by step and rank."""
+        if table not in ("runinfo", "sentinels"):
+            raise SelectionError(f"No evidence table {table!r}" + did_you_mean(table, ["runinfo", "sentinels"]))
+        return self._cached_table(table, rank).sort_by([("training_step", "ascending"), ("rank", "ascending")])
+
     def graph(self, graph_hash: str) -> fmt.GraphDocument:
         """The dependency graph of one iteration (see the README for its fields), once its fields are checked."""
         if graph_hash not in self._graphs:

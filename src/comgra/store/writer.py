@@ -248,7 +248,7 @@ class ChunkWriter:
                 path.parent.mkdir(exist_ok=True)  # never the trial folder's parents: see _check_trial_folder
                 text = fmt.json_text(document)
                 staged.append(_Staged("json", path, fmt.write_temporary(path, lambda tmp: tmp.write_text(text))))
-            for name in ("tensors", "kpis", "notes", "layers", "resources", "steps"):
+            for name in ("tensors", "kpis", "notes", "layers", "resources", "runinfo", "sentinels", "steps"):
                 tables = buffer.tables[name]
                 if not tables:
                     continue
@@ -477,7 +477,8 @@ def _with_rank(table: pa.Table, rank: int) -> pa.Table:
 
 def _step_range(name: str, table: pa.Table) -> tuple[int, int]:
     column = {"steps": "training_step", "tensors": "training_step", "kpis": "timepoint",
-              "layers": "training_step", "resources": "training_step"}.get(name)
+              "layers": "training_step", "resources": "training_step", "runinfo": "training_step",
+              "sentinels": "training_step"}.get(name)
     if column is None or table.num_rows == 0:
         return 0, 0
     bounds = pc.min_max(table[column])

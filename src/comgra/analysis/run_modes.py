@@ -1,0 +1,170 @@
+"""Modes and dtypes that are wrong for the phase, or change within it (from the ``runinfo`` table).
+
+- A dropout (p > 0) or a BatchNorm in training mode on an evaluation step: ``model.eval()`` was not called
+  (the evaluation is random, or moves the running statistics).
+- On training steps, a dropout or BatchNorm whose mode changed (``model.train()`` not called again after an
+  evaluation), or a BatchNorm in evaluation mode whose parameters train (its statistics are frozen while
+  its affine parameters keep learning: usually a leftover ``eval()``).
+- A parameter or registered tensor whose dtype changes between steps of the same type of execution, and
+  autocast switched on or off within the training steps.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from comgra.analysis import evidence_tables as tables
+from comgra.analysis import graphs
+from comgra.analysis.findings import Finding, ScanOptions
+from comgra.analysis.loading import TrialData
+
+MAX_LISTED_MODULES = 8
+
+
+def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> list[Finding]:
+    return _modes(data) + _dtypes(data, facts)
+
+
+def _module_kinds(data: TrialData) -> dict[str, str]:
+    """Tracked module -> "dropout" or "batchnorm", for the modules whose mode changes what they compute."""
+    types = tables.runinfo_field(data, "module", "type")
+    rates = tables.runinfo_field(data, "module", "p")
+    idle = set(rates.loc[rates["number"] == 0, "name"]) if len(rates) else set()
+    kinds: dict[str, str] = {}
+    for name, kind in zip(types.get("name", []), types.get("value", [])):
+        if "Dropout" in str(kind) and name not in idle:
+            kinds[str(name)] = "dropout"
+        elif "BatchNorm" in str(kind):  # BatchNorm1d/2d/3d, SyncBatchNorm, LazyBatchNorm*
+            kinds[str(name)] = "batchnorm"
+    return kinds
+
+
+def _modes(data: TrialData) -> list[Finding]:
+    kinds = _module_kinds(data)
+    modes = tables.with_phase(data, tables.runinfo_field(data, "module", "mode"))
+    if not kinds or not len(modes):
+        return []
+    modes = modes[modes["name"].isin(list(kinds))]
+    trainable = _trainable_modules(data)
+    findings: list[Finding] = []
+    evaluation = modes[(modes["phase"] == tables.EVALUATION) & (modes["value"] == "train")]
+    for kind, rows in _by_kind(evaluation, kinds):
+        effect = "its output is random" if kind == "dropout" else "it normalises with the batch's statistics and " \
+            "moves its running statistics"
+        findings.append(_finding(data, rows, "error" if kind == "dropout" else "warning", 0.95,
+                                 f"{_names(rows)} {_verb(rows)} in training mode on evaluation steps ({_steps(rows)}): "
+                                 f"{effect}. Call model.eval() before evaluating (and model.train() after).",
+                                 {"problem": f"{kind}_train_in_evaluation"}))
+    training = modes[modes["phase"] == tables.TRAINING]
+    for name, rows in training.groupby("name", sort=True, observed=True):
+        seen = list(dict.fromkeys(rows.sort_values("training_step")["value"]))
+        if len(seen) > 1:
+            first_eval = rows[rows["value"] == "eval"]
+            changed = first_eval.sort_values("training_step")
+            findings.append(_finding(data, changed, "warning", 0.9,
+                                     f"{name} ({kinds[str(name)]}) changes mode between training steps: {seen[0]} mode "
+                                     f"first, {seen[1]} mode from step {int(changed['training_step'].min())} "
+                                     f"({_steps(changed)}). model.train() was not called again after an evaluation?",
+                                     {"problem": "mode_changes_in_training", "modes": seen}))
+        elif seen == ["eval"] and kinds[str(name)] == "batchnorm" and trainable.get(str(name), False):
+            findings.append(_finding(data, rows, "warning", 0.8,
+                                     f"{name} (BatchNorm) is in evaluation mode on every training step while its "
+                                     "parameters train: its running statistics never follow the data the network now "
+                                     "sees. A leftover model.eval() (or freeze it whole, requires_grad=False).",
+                                     {"problem": "batchnorm_eval_in_training"}))
+    return findings
+
+
+def _trainable_modules(data: TrialData) -> dict[str, bool]:
+    """Module -> whether any of its own parameters has requires_grad (a module without parameters: False)."""
+    grads = tables.runinfo_field(data, "parameter", "requires_grad")
+    found: dict[str, bool] = {}
+    for name, value in zip(grads.get("name", []), grads.get("value", [])):
+        module = str(name).rsplit(".", 1)[0]
+        found[module] = found.get(module, False) or value == "True"
+    return found
+
+
+def _by_kind(rows: pd.DataFrame, kinds: dict[str, str]) -> list[tuple[str, pd.DataFrame]]:
+    if not len(rows):
+        return []
+    kind = rows["name"].map(lambda n: kinds[str(n)])
+    return [(k, rows[kind == k]) for k in sorted(set(kind))]
+
+
+def _dtypes(data: TrialData, facts: graphs.GraphFacts) -> list[Finding]:
+    """One finding per change (subject, type of execution, from, to, step): a cast changes many at once."""
+    nodes = tables.parameter_nodes(data)
+    changes: dict[tuple[str, str, str, str, int], list[tuple[str, list[int]]]] = {}
+    for subject in ("parameter", "tensor"):
+        rows = tables.runinfo_field(data, subject, "dtype")
+        if not len(rows):
+            continue
+        for (name, kind), group in rows.groupby(["name", "type_of_execution"], sort=True, observed=True, dropna=False):
+            ordered = group.sort_values("training_step")
+            seen = list(dict.fromkeys(ordered["value"]))
+            if len(seen) < 2:
+                continue
+            changed = ordered[ordered["value"] != seen[0]]
+            key = (subject, str(kind), seen[0], seen[1], int(changed["training_step"].min()))
+            changes.setdefault(key, []).append((str(name), sorted({int(s) for s in changed["training_step"]})))
+    findings = []
+    for (subject, kind, before, after, step), names in sorted(changes.items()):
+        located = sorted(names, key=lambda item: (facts.column.get(nodes.get(item[0], item[0]), 0), item[0]))
+        first = located[0][0]
+        node = nodes.get(first, first)
+        listed = ", ".join(n for n, _ in located[:MAX_LISTED_MODULES]) + (
+            f" and {len(located) - MAX_LISTED_MODULES} more" if len(located) > MAX_LISTED_MODULES else "")
+        findings.append(Finding(
+            detector="run_modes", severity="warning", score=0.85, trial=data.trial, node=node, role=first,
+            kind="forward", training_step=step, steps=located[0][1],
+            message=f"The dtype of {len(located)} {subject}(s) changes from {before} to {after} at step {step} ({kind}): "
+                    f"{listed}. A cast (model.half(), .to(dtype)) or autocast that was not meant for every step?",
+            evidence={"problem": "dtype_changes", "dtypes": [before, after], "names": [n for n, _ in located]},
+            column=facts.column.get(node, 0)))
+    return findings + _autocast(data)
+
+
+def _autocast(data: TrialData) -> list[Finding]:
+    rows = tables.with_phase(data, tables.runinfo_field(data, "autocast", "enabled"))
+    rows = rows[rows["phase"] == tables.TRAINING] if len(rows) else rows
+    findings = []
+    for device, group in (rows.groupby("name", sort=True, observed=True) if len(rows) else []):
+        ordered = group.sort_values("training_step")
+        seen = list(dict.fromkeys(ordered["value"]))
+        if len(seen) > 1:
+            changed = ordered[ordered["value"] != seen[0]]
+            step = int(changed["training_step"].min())
+            findings.append(Finding(
+                detector="run_modes", severity="warning", score=0.7, trial=data.trial, node=f"autocast:{device}",
+                role=None, kind=None, training_step=step, steps=sorted(set(changed["training_step"])),
+                message=f"Autocast on {device} is {'on' if seen[0] == 'True' else 'off'} on the first training steps "
+                        f"and {'on' if seen[1] == 'True' else 'off'} from step {step}: the precision of training "
+                        "changed partway.", evidence={"problem": "autocast_changes"}))
+    return findings
+
+
+def _finding(data: TrialData, rows: pd.DataFrame, severity: str, score: float, message: str,
+             evidence: dict[str, Any]) -> Finding:
+    names = sorted(set(rows["name"].astype(str)))
+    steps = sorted({int(s) for s in rows["training_step"]})
+    return Finding(detector="run_modes", severity=severity, score=score, trial=data.trial, node=names[0], role=None,
+                   kind=None, training_step=steps[0], steps=steps, message=message,
+                   evidence={**evidence, "modules": names[:MAX_LISTED_MODULES], "module_count": len(names)})
+
+
+def _names(rows: pd.DataFrame) -> str:
+    names = sorted(set(rows["name"].astype(str)))
+    shown = ", ".join(names[:MAX_LISTED_MODULES]) + (f" and {len(names) - MAX_LISTED_MODULES} more"
+                                                     if len(names) > MAX_LISTED_MODULES else "")
+    return shown
+
+
+def _verb(rows: pd.DataFrame) -> str:
+    return "is" if rows["name"].nunique() == 1 else "are"
+
+
+def _steps(rows: pd.DataFrame) -> str:
+    steps = sorted({int(s) for s in rows["training_step"]})
+    return ", ".join(map(str, steps[:5])) + (f", ... ({len(steps)} steps)" if len(steps) > 5 else "")

@@ -1,0 +1,238 @@
+"""Every-step sentinels: a few reductions of a handful of tensors on every training step, recorded or not.
+
+The policy records one step in ten or a hundred; a NaN, an empty batch or a jump of the logits on a step in
+between leaves no trace in the recorded steps (or shows later, far from where it began). Sentinels keep a
+light series for every step: per watched tensor (by default the losses, ``is_loss=True``, and the tensors
+that the recorded steps' graphs show as outputs; or the names the user marks with
+``recorder.set_sentinels(["logits", ...])``) the NaN and infinity flags, the largest magnitude and the L2
+norm, and per step the batch size. They are the reductions breakpoints use (``torch.aminmax`` gives min, max
+and the NaN flag in one kernel, ``vector_norm`` the norm), taken at registration (the value as registered).
+
+On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
+when the copy is long done: no step waits on the GPU for them. On the CPU they are read at once. A step with
+an error (NaN, infinity, an empty tensor or batch) is an *event*: said once per tensor and kind (a log record
+of level WARNING, logger ``comgra.sentinels``) and as a note (the Notes tab), and with ``pause_on_error=True``
+the step pauses like a breakpoint (the same control channel: continue, step, abort), in which case its values
+are read in the step itself.
+
+    >>> recorder.set_sentinels(["logits"], pause_on_error=True)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from comgra.breakpoints.conditions import parse_condition
+from comgra.errors import RecordingError
+from comgra.store import format as fmt
+
+__all__ = ["Sentinels"]
+
+log = logging.getLogger("comgra.sentinels")
+
+ROWS_PER_TABLE = 2048  # rows buffered before they go to the writer (and at every flush and pause)
+ERROR_EVENTS = ("nan", "inf", "empty", "zero_batch")
+_WORDS = {"nan": "a NaN", "inf": "an infinite value", "empty": "no elements", "zero_batch": "an empty batch"}
+
+
+@dataclass
+class _Step:
+    """The sentinel values of one training step, until they are read."""
+
+    training_step: int
+    type_of_execution: str | None
+    batch_size: int
+    recorded: bool
+    names: list[tuple[str, str, int]] = field(default_factory=list)  # (name, source, numel) of each reduced tensor
+    parts: list[torch.Tensor] = field(default_factory=list)  # per tensor: (min, max, norm) on its device
+    host: torch.Tensor | None = None  # the stacked results on the host (pinned, filled asynchronously on CUDA)
+    ready: Any = None  # the CUDA event after the copy; None: ``host`` is complete
+
+
+class Sentinels:
+    """Owned by the recorder; the recorder calls it at start_batch, register_tensor, finish_batch and finalize."""
+
+    def __init__(self, *, put: Callable[[pa.Table], None], warn: Callable[[str, str], None],
+                 note: Callable[[str], None], monitor: Any = None, distributed: bool = False):
+        self.put, self.warn, self.note = put, warn, note
+        self.monitor = monitor  # the breakpoint monitor whose pause a sentinel error can use (None: no pause)
+        self.distributed = distributed
+        self.enabled = True
+        self.marked: frozenset[str] | None = None  # None: losses and outputs
+        self.pause_on_error = False
+        self.outputs: set[str] = set()  # output tensors' names, learned from the recorded steps' graphs
+        self.step: _Step | None = None
+        self._waiting: _Step | None = None  # the previous step's results, read at the next step (CUDA)
+        self._rows: dict[str, list[Any]] = {name: [] for name in fmt.SENTINELS_SCHEMA.names}
+        self._said: set[tuple[str, str]] = set()
+        self.events: list[tuple[int, str, str]] = []  # (training_step, name, event) of the errors seen so far
+
+    @classmethod
+    def attach(cls, recorder: Any) -> Sentinels:
+        """Wired to the recorder's session (rows, warnings, notes) and breakpoint monitor (pauses)."""
+        session, breakpoints = recorder.session, recorder._breakpoints
+
+        def put(table: pa.Table) -> None:
+            if session is not None:
+                session.put_table("sentinels", table)
+        # Said through logging, not warnings: a NaN of the user's is no fault of the recording, and a test suite
+        # that makes warnings errors must not fail on it (logging prints a WARNING where nothing is configured).
+        return cls(put=put, warn=lambda key, message: log.warning("%s", message),
+                   note=session.add_note if session is not None else (lambda note: None),
+                   monitor=breakpoints.monitor if breakpoints is not None else None,
+                   distributed=recorder.rank_info.world_size > 1)
+
+    def configure(self, names: Iterable[str] | None, *, enabled: bool, pause_on_error: bool) -> None:
+        if names is not None and (isinstance(names, str) or not all(isinstance(n, str) and n for n in names)):
+            raise RecordingError(f"set_sentinels(names={names!r}) needs a list of registered tensor names, e.g. "
+                                 "['loss', 'logits'], or None for the losses and outputs.")
+        self.marked = None if names is None else frozenset(names)
+        self.enabled, self.pause_on_error = bool(enabled), bool(pause_on_error)
+
+    # -- the training step ------------------------------------------------------------------------------
+    def start_batch(self, training_step: int, type_of_execution: str | None, batch_size: int, recorded: bool) -> None:
+        if not self.enabled:
+            self.step = None
+            return
+        self.step = _Step(training_step, type_of_execution, int(batch_size), recorded)
+
+    def wants(self, name: str, is_loss: bool) -> bool:
+        """Whether ``register_tensor(name, ...)`` is watched this step (a set lookup)."""
+        if self.step is None:
+            return False
+        return name in self.marked if self.marked is not None else (is_loss or name in self.outputs)
+
+    def register(self, name: str, tensor: torch.Tensor, is_loss: bool) -> None:
+        step = self.step
+        assert step is not None
+        if any(name == known for known, _, _ in step.names):
+            return  # registered twice in a step (iterations): its first value stands for the step
+        source = "marked" if self.marked is not None else "loss" if is_loss else "output"
+        data = tensor.detach()
+        if hasattr(data, "to_local"):  # a DTensor: this rank's shard (its global reduction would be a collective)
+            data = data.to_local()
+        count = data.numel()
+        step.names.append((name, source, count))
+        if count == 0 or data.is_nested:
+            step.parts.append(torch.full((3,), math.nan, dtype=torch.float64, device=data.device))
+            return
+        if data.is_complex():
+            data = data.abs()
+        elif not data.is_floating_point():
+            data = data.double()
+        low, high = torch.aminmax(data)
+        step.parts.append(torch.stack([low.double(), high.double(), torch.linalg.vector_norm(data).double()]))
+
+    def finish_batch(self, *, pausable: bool) -> None:
+        """The step's reductions go to the host; the previous step's (CUDA) or this step's (CPU) are read."""
+        step, self.step = self.step, None
+        if step is None:
+            return
+        _start_transfer(step)
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            self._read(waiting, pausable=False)
+        if step.ready is None or (self.pause_on_error and pausable):
+            self._read(step, pausable=pausable)
+        else:
+            self._waiting = step
+
+    def learn_outputs(self, graph: dict[str, Any]) -> None:
+        """The output tensors of a recorded iteration's graph (role ``output``) become default sentinels."""
+        for node in graph.get("nodes", []):
+            if node.get("role") == "output" and int(node.get("iteration_offset", 0) or 0) == 0:
+                self.outputs.update(str(role) for role in node.get("roles", [node.get("node")]))
+
+    def close(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            self._read(waiting, pausable=False)
+        self._put_rows()
+
+    # -- reading -----------------------------------------------------------------------------------------
+    def _read(self, step: _Step, *, pausable: bool) -> None:
+        if step.ready is not None:
+            step.ready.synchronize()
+        values = step.host.tolist() if step.host is not None else []
+        rows = self._rows
+        errors: list[tuple[str, str]] = []
+        for (name, source, count), (low, high, norm) in zip(step.names, values):
+            nan = count > 0 and math.isnan(high)
+            inf = not nan and (math.isinf(low) or math.isinf(high))
+            event = "nan" if nan else "inf" if inf else "empty" if count == 0 else None
+            self._add(step, name, source, count, nan, inf, math.nan if nan else max(abs(low), abs(high)), norm, event)
+            if event is not None:
+                errors.append((name, event))
+        self._add(step, "batch", "batch", step.batch_size, False, False, math.nan, math.nan,
+                  "zero_batch" if step.batch_size == 0 else None)
+        if step.batch_size == 0:
+            errors.append(("batch", "zero_batch"))
+        for name, event in errors:
+            self._event(step, name, event, pausable)
+        if len(rows["training_step"]) >= ROWS_PER_TABLE or errors:
+            self._put_rows()
+
+    def _add(self, step: _Step, name: str, source: str, count: int, nan: bool, inf: bool, abs_max: float,
+             norm: float, event: str | None) -> None:
+        for column, value in zip(fmt.SENTINELS_SCHEMA.names, (
+                step.training_step, step.type_of_execution, name, source, count, nan, inf, abs_max, norm,
+                step.recorded, event)):
+            self._rows[column].append(value)
+
+    def _event(self, step: _Step, name: str, event: str, pausable: bool) -> None:
+        self.events.append((step.training_step, name, event))
+        if (name, event) not in self._said:
+            self._said.add((name, event))
+            recorded = "a recorded step" if step.recorded else "a step the policy did not record"
+            message = (f"comgra sentinel: {name!r} holds {_WORDS[event]} at training step {step.training_step} "
+                       f"({recorded}); the sentinels table has every step, and `comgra scan` says where it began.")
+            self.warn(f"sentinel:{name}:{event}", message)
+            self.note(message)
+        if pausable and self.pause_on_error:
+            self._pause(name, event)
+
+    def _pause(self, name: str, event: str) -> None:
+        """Pause at this step's finish_batch, as a breakpoint that held (the monitor's hit)."""
+        monitor = self.monitor
+        if monitor is None or self.distributed or monitor.step.hit is not None:
+            return  # torch.distributed: the ranks agree on breakpoints of the shared list only; a sentinel is not one
+        from comgra.breakpoints.monitor import ActiveBreakpoint
+
+        metric = {"nan": "has_nan > 0", "inf": "has_inf > 0"}.get(event, "abs_max != abs_max")
+        monitor.step.hit = ActiveBreakpoint(f"sentinel-{event}", name, parse_condition(metric), False)
+        monitor.step.held.add(monitor.step.hit.id)
+
+    def _put_rows(self) -> None:
+        if not self._rows["training_step"]:
+            return
+        table = pa.table(self._rows, schema=fmt.SENTINELS_SCHEMA)
+        self._rows = {name: [] for name in fmt.SENTINELS_SCHEMA.names}
+        self.put(table)
+
+    def flush(self) -> None:
+        """Hand the rows so far to the writer (the recorder's flush and a pause)."""
+        self._put_rows()
+
+
+def _start_transfer(step: _Step) -> None:
+    """Stack the step's reductions and start their copy to the host (asynchronous on CUDA)."""
+    if not step.parts:
+        step.host = torch.zeros((0, 3), dtype=torch.float64)
+        return
+    devices = {part.device for part in step.parts}
+    parts = step.parts if len(devices) == 1 else [part.cpu() for part in step.parts]
+    stacked = torch.stack(parts)
+    step.parts = []
+    if stacked.device.type != "cuda":
+        step.host = stacked.cpu()
+        return
+    step.host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+    step.host.copy_(stacked, non_blocking=True)
+    step.ready = torch.cuda.Event()
+    step.ready.record()

@@ -1,0 +1,234 @@
+"""The state of the run on each recorded step, and the every-step sentinels: evidence of bugs that leave
+no mark in the tensors' values.
+
+On a recorded step the ``runinfo`` table gets (format.RUNINFO_SCHEMA): each tracked module's mode (train or
+eval) and class, each tracked parameter's dtype, ``requires_grad``, optimizer group (for the optimizers given
+to ``recorder.track_optimizer``; ``""`` for a parameter in none of them) and float64 fingerprints of its value
+and gradient (sum and norm: the ranks of a data-parallel run must agree on them), each registered tensor's
+dtype and ``requires_grad``, each optimizer group's learning rate and weight decay, the autocast state and
+whether gradients were enabled while the step's tensors were registered, and the batch size. About a
+hundred bytes per module and parameter per recorded step; nothing on the other steps.
+
+The sentinels (``comgra.breakpoints.sentinels``, given to this object by the recorder) run on every step.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from comgra.capture.modules import ModuleTracker
+from comgra.errors import RecordingError
+from comgra.store import format as fmt
+
+__all__ = ["RunEvidence"]
+
+
+class RunEvidence:
+    """Created by the recorder when it records; ``sentinels`` is a ``comgra.breakpoints.sentinels.Sentinels``."""
+
+    def __init__(self, session: Any, modules: ModuleTracker, sentinels: Any):
+        self.session, self.modules, self.sentinels = session, modules, sentinels
+        self.optimizers: list[Any] = []
+        self.broken = False
+        self._rows: list[tuple[str, str, str, str, float]] | None = None  # this step's, when it is recorded
+        self._step: tuple[int, str | None] = (0, None)
+        self._tensors_seen: set[str] = set()
+        self._grad_enabled = True  # at every registration of this step so far
+        self._autocast: dict[str, str] = {}  # device type -> autocast dtype, where autocast was on at a registration
+        self._autocast_devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+        self._value_fingerprints: tuple[list[str], torch.Tensor | None] = ([], None)
+        self._grad_fingerprints: tuple[list[str], torch.Tensor | None] | None = None  # None: not taken yet this step
+
+    @classmethod
+    def attach(cls, recorder: Any, sentinels: Any) -> RunEvidence:
+        """Off (``broken``: every call returns at once) where the recorder does not record (comgra off, or a trial
+        folder it cannot write); the user's calls are still checked."""
+        session = recorder.session
+        evidence = cls(session, recorder.modules, sentinels)
+        if session is None or session.broken:
+            evidence.broken = True
+            return evidence
+        recorder._on_finalize.append(evidence.close)  # before the session closes: the last rows go with it
+        session.on_graph, session.on_flush = sentinels.learn_outputs, sentinels.flush
+        return evidence
+
+    def close(self) -> None:
+        if not self.broken:
+            try:
+                self.sentinels.close()
+            except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+                raise
+            except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+                self._fault(error)
+
+    def track_optimizer(self, optimizer: Any) -> None:
+        if not isinstance(getattr(optimizer, "param_groups", None), list):
+            raise RecordingError(f"track_optimizer() needs a torch.optim.Optimizer (with param_groups), got "
+                                 f"{type(optimizer).__name__}.")
+        if not any(known is optimizer for known in self.optimizers):
+            self.optimizers.append(optimizer)
+
+    # -- the training step -----------------------------------------------------------------------------
+    def start_batch(self, training_step: int, type_of_execution: str | None, batch_size: int, recording: bool) -> None:
+        if self.broken:
+            return
+        try:
+            self._start_batch(training_step, type_of_execution, batch_size, recording)
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
+        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+            self._fault(error)
+
+    def _fault(self, error: Exception) -> None:
+        """Said once; the evidence and the sentinels are off for the rest of the run, recording goes on."""
+        self.broken, self._rows = True, None
+        self.session.warn_once("evidence", f"comgra stopped keeping the run's evidence and sentinels after an internal "
+                                           f"error: {type(error).__name__}: {error}. Recording and training go on.")
+
+    def _start_batch(self, training_step: int, type_of_execution: str | None, batch_size: int, recording: bool) -> None:
+        self.sentinels.start_batch(training_step, type_of_execution, batch_size, recording)
+        self._step = (training_step, type_of_execution)
+        self._rows = None
+        if not recording:
+            return
+        self._rows = rows = [("step", "", "batch_size", str(batch_size), float(batch_size))]
+        self._tensors_seen = set()
+        self._grad_enabled, self._autocast = True, {}
+        for root, module in self.modules.roots.items():
+            for name, sub in module.named_modules():
+                full = f"{root}.{name}" if name else root
+                rows.append(("module", full, "mode", "train" if sub.training else "eval", float(sub.training)))
+                rows.append(("module", full, "type", type(sub).__name__, math.nan))
+                rate = getattr(sub, "p", None)  # a dropout's probability: at 0 its mode changes nothing
+                if isinstance(rate, float):
+                    rows.append(("module", full, "p", repr(rate), rate))
+        groups = self._optimizer_groups(rows)
+        for name, parameter in self.modules.parameters.items():
+            rows.append(("parameter", name, "dtype", str(parameter.dtype).replace("torch.", ""), math.nan))
+            rows.append(("parameter", name, "requires_grad", str(parameter.requires_grad), float(parameter.requires_grad)))
+            if self.optimizers:
+                rows.append(("parameter", name, "optimizer_group", groups.get(id(parameter), ""), math.nan))
+        # A sharded parameter (DTensor: FSDP2, tensor parallel) differs across ranks by design: no fingerprint.
+        plain = [(n, p) for n, p in self.modules.parameters.items() if not hasattr(p, "to_local")]
+        self._value_fingerprints = ([n for n, _ in plain], _fingerprints([p.detach() for _, p in plain]))
+
+    def _optimizer_groups(self, rows: list[tuple[str, str, str, str, float]]) -> dict[int, str]:
+        groups: dict[int, str] = {}
+        for index, optimizer in enumerate(self.optimizers):
+            for number, group in enumerate(optimizer.param_groups):
+                label = f"optimizer{index}.group{number}"
+                parameters = list(group.get("params", []))
+                for parameter in parameters:
+                    groups.setdefault(id(parameter), label)
+                for key in ("lr", "weight_decay"):
+                    value = group.get(key)
+                    number_value = float(value) if isinstance(value, (int, float)) or torch.is_tensor(value) else math.nan
+                    rows.append(("optimizer_group", label, key, str(value), number_value))
+                rows.append(("optimizer_group", label, "parameters", str(len(parameters)), float(len(parameters))))
+                rows.append(("optimizer_group", label, "type", type(optimizer).__name__, math.nan))
+        return groups
+
+    def register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool) -> None:
+        if self.broken or (self._rows is None and not self.sentinels.wants(name, is_loss)) or \
+                not isinstance(tensor, torch.Tensor):
+            return  # (the usual case of a step that is not recorded: two checks; the recorder reports a non-tensor)
+        try:
+            self._register(name, tensor, is_loss, recording)
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
+        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+            self._fault(error)
+
+    def _register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool) -> None:
+        if self.sentinels.wants(name, is_loss):
+            self.sentinels.register(name, tensor, is_loss)
+        rows = self._rows
+        if rows is None or not recording or name in self._tensors_seen:
+            return
+        # The state the step's tensors were computed in: gradients off at any registration (evaluation under no_grad,
+        # the inputs registered before it), autocast on at any (the inputs registered before entering it).
+        self._grad_enabled = self._grad_enabled and torch.is_grad_enabled()
+        for device in self._autocast_devices:
+            if device not in self._autocast and torch.is_autocast_enabled(device):
+                self._autocast[device] = str(torch.get_autocast_dtype(device)).replace("torch.", "")
+        self._tensors_seen.add(name)
+        rows.append(("tensor", name, "dtype", str(tensor.dtype).replace("torch.", ""), math.nan))
+        rows.append(("tensor", name, "requires_grad", str(tensor.requires_grad), float(tensor.requires_grad)))
+
+    def finish_batch(self, recorded: bool, type_of_execution: str | None, *, pausable: bool) -> None:
+        """``recorded``: whether the step was recorded after all (a dynamic recording decides at its end). Called
+        before the breakpoints settle, so that a sentinel's error can pause this step."""
+        if self.broken:
+            return
+        if not recorded:
+            self._rows = None
+        self._step = (self._step[0], type_of_execution)
+        try:
+            self._finish_batch(pausable)
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
+        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+            self._fault(error)
+
+    def gradients(self, scale: float = 1.0) -> None:
+        """The parameters' gradient fingerprints, at each record_current_gradients of a recorded step (the last one's
+        are kept, as the recorder keeps the last call's gradients; after the backward pass, before an optimizer's
+        zero_grad can clear them), divided by ``scale`` (a GradScaler's, where the gradients are still scaled);
+        without such a call, at finish_batch, if the gradients are still there."""
+        if self.broken or self._rows is None:
+            return
+        try:
+            with_grad = [(n, p.grad) for n, p in self.modules.parameters.items()
+                         if p.grad is not None and not hasattr(p.grad, "to_local")]
+            found = _fingerprints([g.detach() for _, g in with_grad])
+            self._grad_fingerprints = ([n for n, _ in with_grad], found / scale if found is not None and scale != 1.0
+                                       else found)
+        except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
+            raise
+        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+            self._fault(error)
+
+    def _finish_batch(self, pausable: bool) -> None:
+        if self._rows is not None and self._grad_fingerprints is None:
+            self.gradients()
+        rows, self._rows = self._rows, None
+        if rows is not None and self._tensors_seen:
+            rows.append(("step", "", "grad_enabled", str(self._grad_enabled), float(self._grad_enabled)))
+            for device in self._autocast_devices:
+                enabled = device in self._autocast
+                rows.append(("autocast", device, "enabled", str(enabled), float(enabled)))
+                if enabled:
+                    rows.append(("autocast", device, "dtype", self._autocast[device], math.nan))
+        if rows is not None:
+            found_values, self._value_fingerprints = self._value_fingerprints, ([], None)
+            found_grads, self._grad_fingerprints = self._grad_fingerprints or ([], None), None
+            for subject, found in (("value", found_values), ("grad", found_grads)):
+                if found[1] is None:
+                    continue
+                for name, (total, norm) in zip(found[0], found[1].tolist()):
+                    rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
+                    rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
+            self._put(rows)
+        self.sentinels.finish_batch(pausable=pausable)
+
+    def _put(self, rows: list[tuple[str, str, str, str, float]]) -> None:
+        step, kind = self._step
+        columns = list(zip(*rows))
+        table = pa.table({"training_step": pa.array([step] * len(rows), pa.int64()),
+                          "type_of_execution": pa.array([kind] * len(rows), pa.string()),
+                          "subject": columns[0], "field": columns[2], "name": columns[1], "value": columns[3],
+                          "number": pa.array(columns[4], pa.float64())}).select(fmt.RUNINFO_SCHEMA.names)
+        self.session.put_table("runinfo", table.cast(fmt.RUNINFO_SCHEMA))
+
+
+def _fingerprints(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """(sum, L2 norm) of each tensor in float64, stacked on one device: one transfer for all."""
+    if not tensors:
+        return None
+    device = tensors[0].device
+    pairs = [torch.stack([t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64)]).to(device)
+             for t in tensors]
+    return torch.stack(pairs)

@@ -1,0 +1,62 @@
+"""The sentinels' reductions against the test's own, for the tensors a run may watch (table-driven)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from comgra.breakpoints.sentinels import Sentinels
+
+CASES = {
+    "float": (torch.tensor([[1.5, -4.0], [2.0, 0.5]]), None),
+    "integer": (torch.arange(5), None),
+    "complex": (torch.tensor([3 + 4j, 1 - 1j]), None),
+    "nan": (torch.tensor([1.0, math.nan, 2.0]), "nan"),
+    "inf": (torch.tensor([1.0, -math.inf]), "inf"),
+    "empty": (torch.zeros(0, 3), "empty"),
+}
+
+
+def _rows(tensors: dict[str, torch.Tensor], batch_size: int = 4) -> tuple[list[dict[str, Any]], list[str]]:
+    tables, said = [], []
+    sentinels = Sentinels(put=tables.append, warn=lambda key, message: said.append(message), note=lambda note: None)
+    sentinels.configure(list(tensors), enabled=True, pause_on_error=False)
+    sentinels.start_batch(3, "training", batch_size, recorded=False)
+    for name, tensor in tensors.items():
+        sentinels.register(name, tensor, is_loss=False)
+    sentinels.finish_batch(pausable=False)
+    sentinels.close()
+    return [row for table in tables for row in table.to_pylist()], said
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASES)
+def test_each_kind_of_tensor(case: str) -> None:
+    tensor, event = CASES[case]
+    rows, said = _rows({case: tensor})
+    (row,) = [r for r in rows if r["name"] == case]
+    assert (row["training_step"], row["numel"], row["event"], row["recorded"]) == (3, tensor.numel(), event, False)
+    assert row["has_nan"] == (event == "nan") and row["has_inf"] == (event == "inf")
+    if event is None:
+        magnitude = tensor.abs().double()
+        assert row["abs_max"] == pytest.approx(float(magnitude.max())) and row["norm"] == pytest.approx(
+            float(torch.linalg.vector_norm(magnitude)))
+    assert len(said) == (0 if event is None else 1)
+
+
+def test_an_empty_batch_is_an_event_and_each_is_said_once() -> None:
+    rows, said = _rows({"x": torch.ones(2)}, batch_size=0)
+    (batch,) = [r for r in rows if r["name"] == "batch"]
+    assert batch["event"] == "zero_batch" and batch["numel"] == 0 and len(said) == 1
+
+
+def test_only_the_losses_and_outputs_by_default() -> None:
+    sentinels = Sentinels(put=lambda table: None, warn=lambda key, message: None, note=lambda note: None)
+    sentinels.learn_outputs({"nodes": [{"node": "logits", "role": "output", "roles": ["logits"]},
+                                       {"node": "hidden", "role": "intermediate", "roles": ["hidden"]}]})
+    sentinels.start_batch(0, None, 2, recorded=False)
+    assert sentinels.wants("logits", False) and sentinels.wants("anything", True) and not sentinels.wants("hidden", False)
+    sentinels.configure(None, enabled=False, pause_on_error=False)
+    sentinels.start_batch(1, None, 2, recorded=False)
+    assert not sentinels.wants("logits", False)
