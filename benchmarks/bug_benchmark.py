@@ -162,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
+    import warnings
+
+    from comgra.capture.session import ComgraWarning
+
+    warnings.simplefilter("ignore", ComgraWarning)  # the programs register int targets, as users do
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     cases = {c.name: c for c in all_cases()}

@@ -78,8 +78,8 @@ def evaluation_pass_blows_up(run: Run, bug: bool) -> None:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(run.steps):
         x, y = batches(step)
-        evaluation = step % 6 == 5
-        if evaluation and bug and step == 35:
+        evaluation = step % 6 == 4
+        if evaluation and bug and step == 34:
             x = x * 3000.0
         with run.step(step, x.shape[0], "eval" if evaluation else "train"):
             run.recorder.register_tensor("input", x, is_input=True)

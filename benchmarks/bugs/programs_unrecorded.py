@@ -61,10 +61,11 @@ def model_cast_to_half_partway(run: Run, bug: bool) -> None:
     def batch_of(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = batches(step)
         if bug and step >= 30:
-            model.to(torch.bfloat16)
-            return x.to(torch.bfloat16), y
+            model.to(torch.float64)
+            return x.to(torch.float64), y
         return x, y
-    supervised(run, model, batch_of, lambda o, y: cross_entropy(o.float(), y), lr=1e-2)
+    supervised(run, model, batch_of, lambda o, y: cross_entropy(o.float(), y),
+               optimizer=torch.optim.SGD(model.parameters(), lr=0.05))
 
 
 def nan_on_unrecorded_steps(run: Run, bug: bool) -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from comgra.analysis import cooccurrence, correlation, graphs, nonfinite, outliers, parameters, trends, units
+from comgra.analysis import (cooccurrence, correlation, curves, custom, graphs, nonfinite, outliers, parameters,
+                             structure, trends, unit_patterns, units, updates)
+from comgra.analysis.detectors_names import BUILT_IN
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import TrialData
 from comgra.errors import SelectionError
@@ -27,7 +29,20 @@ DETECTORS: dict[str, Detector] = {
     "parameters": parameters.detect,
     "outliers": outliers.detect,
     "correlation": correlation.detect,
+    "loss_curve": curves.loss_curve,
+    "constant_data": curves.constant_data,
+    "transient_jumps": curves.transient_jumps,
+    "updates": updates.updates,
+    "stale_gradients": updates.stale_gradients,
+    "shapes": structure.shapes,
+    "growth_within_step": structure.growth_within_step,
+    "growth_along_edges": structure.growth_along_edges,
+    "detached": structure.detached,
+    "dying_units": unit_patterns.dying,
+    "identical_units": unit_patterns.identical,
+    "sparse_units": unit_patterns.sparse,
 }
+assert set(DETECTORS) | {"co_occurrence"} == BUILT_IN, "detectors_names.BUILT_IN lists every built-in detector"
 
 
 def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], list[str]]:
@@ -39,7 +54,7 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
     problems = [f"skipped {p}" for p in data.problems]
     if not len(data.stats):
         return findings, problems
-    for name, detector in DETECTORS.items():
+    for name, detector in {**DETECTORS, **custom.registered()}.items():
         try:
             findings.extend(detector(data, facts, options))
         except SelectionError:
@@ -48,4 +63,18 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
             log.debug("comgra: detector %s failed", name, exc_info=error)
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    return rank_findings(findings), problems
+    return rank_findings(explained(findings)), problems
+
+
+def explained(findings: list[Finding]) -> list[Finding]:
+    """Findings that are true by construction lowered to info: a bias whose gradient vanishes while the weight of its
+    own layer learns (a bias before a normalisation, a key bias under softmax)."""
+    vanished = {f.node for f in findings if f.detector == "vanishing_gradient"}
+    for finding in findings:
+        node = finding.node
+        if finding.detector == "vanishing_gradient" and node.endswith(".bias") and \
+                node.removesuffix(".bias") + ".weight" not in vanished and finding.severity == "warning":
+            finding.severity = "info"
+            finding.message += (" Its layer's weight gets a normal gradient: a bias whose gradient is zero by "
+                                "construction (followed by a normalisation, or a key bias under softmax) is harmless.")
+    return findings

@@ -1,6 +1,6 @@
 """``comgra scan``: findings of a recording as a table, or as JSON for scripts.
 
-    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--sensitivity S] [--target NAME]
+    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--sensitivity S] [--target NAME] [--detector M:F ...]
 
 Exit 0 with or without findings; 2 with a one-line message on a bad path, trial, target or
 option, or a recording of a newer format.
@@ -28,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--path", type=Path, required=True, help="the group folder: comgra_root_path/group")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
+    result.add_argument("--detector", action="append", metavar="MODULE:FUNCTION",
+                        help="also run this detector of your own (repeatable; see comgra.analysis.custom)")
     result.add_argument("--sensitivity", type=_sensitivity, default=None,
                         help="above 1 finds more, below 1 fewer (default: [anomalies] sensitivity of comgra.toml, "
                              "else 1)")
@@ -46,6 +48,7 @@ def run(arguments: list[str]) -> int:
     args = parser().parse_args(arguments)
     group = check_recording(args.path)
     options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
+    _load_user_detectors(args)
     try:
         with _Progress() as progress:
             result = Scanner(persist=True).scan(group, trials=args.trial, options=options, progress=progress.update)
@@ -56,6 +59,17 @@ def run(arguments: list[str]) -> int:
     else:
         _print_table(result.findings, result.problems, result.trials)
     return 0
+
+
+def _load_user_detectors(args: argparse.Namespace) -> None:
+    """The user detectors of ``--detector`` and of comgra.toml's ``[anomalies] detectors``, registered."""
+    from comgra.analysis.custom import load_configured
+    from comgra.config import load_settings
+
+    try:
+        load_configured([*load_settings(args.config).anomalies.detectors, *(args.detector or [])])
+    except ComgraError as error:
+        raise UsageError(str(error)) from None
 
 
 def _chosen_sensitivity(args: argparse.Namespace) -> float:

@@ -1,0 +1,203 @@
+"""The course of a run as a whole: a loss that does not decrease, diverges or stays at chance, inputs or targets
+that are the same for every sample, and steps where a tensor's scale jumps for a moment.
+
+The loss is judged against itself (its first recorded quarter against its last), chance against the number of
+classes the output has; a jump against the other steps of the same type of execution (training and evaluation
+passes are compared each with its own kind).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from comgra.analysis.findings import Finding, ScanOptions
+from comgra.analysis.graphs import GraphFacts
+from comgra.analysis.loading import TrialData, as_text
+from comgra.analysis.trends import _iteration_of
+from comgra.store import format as fmt
+
+MIN_LOSS_STEPS = 8
+# A loss that ends within this fraction of where it started has not decreased (relative to its start).
+NOT_DECREASING = 0.05
+DIVERGING_FACTOR = 10.0  # a loss that ends this many times larger in magnitude than it started diverges
+CHANCE_MARGIN = 0.05  # a cross-entropy within this fraction of log(classes) is at chance
+JUMP_ORDERS = 2.0  # a step whose scale is this many powers of ten above the other steps of its type
+MIN_STEPS_PER_TYPE = 5
+
+
+def loss_curve(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """The loss of the training steps over the run: diverging, stuck at chance, or not decreasing."""
+    series = _loss_series(data, facts)
+    if series is None:
+        return []
+    node, steps, values = series
+    quarter = max(2, len(values) // 4)
+    early, late = float(np.median(values[:quarter])), float(np.median(values[-quarter:]))
+    trend = _spearman(steps, values)
+    base = dict(trial=data.trial, node=node, role=node, kind=fmt.FORWARD, steps=[int(s) for s in steps],
+                aggregation="none", statistic="mean", column=facts.column.get(node, 0))
+    evidence = {"first_quarter": early, "last_quarter": late, "spearman_with_step": trend, "steps": len(values)}
+    if abs(late) >= options.scaled(1.0) * DIVERGING_FACTOR * max(abs(early), 1e-12) and \
+            abs(trend) >= 0.5 and (late > early or late < 0):
+        direction = "grows" if late > early else "falls below zero and keeps falling"
+        return [Finding(detector="loss_diverging", severity="warning", score=min(1.0, 0.6 + 0.1 * math.log10(
+            abs(late) / max(abs(early), 1e-12))), training_step=int(steps[-1]),
+            iteration=_iteration_of(data, node, fmt.FORWARD, int(steps[-1])),
+            message=f"The loss {node} {direction}: {early:.3g} in the first quarter of the recorded training steps, "
+                    f"{late:.3g} in the last. " + ("A loss that falls below zero without bound is maximised, not "
+                                                  "minimised: is its sign flipped?" if late < 0 else
+                                                  "The learning rate, the loss's reduction or the data's scale?"),
+            evidence={**evidence, "orders_of_magnitude": math.log10(abs(late) / max(abs(early), 1e-12))}, **base)]
+    classes = _classes(data, facts)
+    if classes and classes >= 2 and early > 0:
+        chance = math.log(classes)
+        if abs(late - chance) <= CHANCE_MARGIN * chance and abs(early - chance) <= 0.25 * chance:
+            return [Finding(detector="loss_stuck", severity="warning", score=0.85, training_step=int(steps[0]),
+                            iteration=_iteration_of(data, node, fmt.FORWARD, int(steps[0])),
+                            message=f"The loss {node} stays at chance: {late:.3g} in the last quarter of the recorded "
+                                    f"training steps, where a classifier that guesses among {classes} classes gets "
+                                    f"log({classes}) = {chance:.3g}. Do the labels belong to the inputs?",
+                            evidence={**evidence, "chance": chance, "classes": classes}, **base)]
+    decrease = (early - late) / max(abs(early), 1e-12)
+    if early > 0 and decrease < options.scaled(NOT_DECREASING) and trend > -0.5:
+        return [Finding(detector="loss_not_decreasing", severity="warning", score=0.7 + 0.2 * min(1.0, -decrease),
+                        training_step=int(steps[0]), iteration=_iteration_of(data, node, fmt.FORWARD, int(steps[0])),
+                        message=f"The loss {node} does not decrease: {early:.3g} in the first quarter of the recorded "
+                                f"training steps, {late:.3g} in the last ({decrease:+.1%}). Do the parameters change "
+                                "(learning rate, clipping, optimizer), and can the output reach the target?",
+                        evidence={**evidence, "relative_decrease": decrease}, **base)]
+    return []
+
+
+def _loss_series(data: TrialData, facts: GraphFacts) -> tuple[str, np.ndarray, np.ndarray] | None:
+    """The registered loss (tensor type ``loss``) of the steps that computed gradients, one value per step."""
+    stats = data.stats
+    rows = stats[(stats["kind"] == fmt.FORWARD) & (stats["tensor_type"] == "loss")]
+    rows = rows[np.isfinite(rows["mean"].astype(np.float64))]
+    trained = _trained_steps(data)
+    rows = rows[rows["training_step"].isin(trained)]
+    if not len(rows):
+        return None
+    nodes = as_text(rows["node"])
+    node = str(nodes.value_counts().index[0])
+    per_step = rows[nodes == node].groupby("training_step")["mean"].mean().sort_index()
+    if len(per_step) < MIN_LOSS_STEPS:
+        return None
+    return node, per_step.index.to_numpy(np.int64), per_step.to_numpy(np.float64)
+
+
+def _trained_steps(data: TrialData) -> set[int]:
+    """Steps that recorded a gradient: training steps, not evaluation passes."""
+    stats = data.stats
+    return set(stats.loc[stats["kind"] != fmt.FORWARD, "training_step"].unique().tolist())
+
+
+def _classes(data: TrialData, facts: GraphFacts) -> int | None:
+    """The number of classes of a classifier: the width of its output when its target holds integer labels."""
+    shapes = data.shapes
+    if not len(shapes):
+        return None
+    outputs = [n for n, role in facts.role.items() if role == "output"]
+    targets = shapes[shapes["tensor_type"] == "target"]
+    if len(outputs) != 1 or not len(targets):
+        return None
+    out_shapes = shapes[shapes["node"] == outputs[0]]["shape"]
+    target_rows = data.stats[(data.stats["tensor_type"] == "target") & (data.stats["aggregation"] == "mean")]
+    if not len(out_shapes) or not len(target_rows):
+        return None
+    output_shape, target_shape = out_shapes.iloc[0], targets["shape"].iloc[0]
+    if len(output_shape) != len(target_shape) + 1 or tuple(output_shape[:-1]) != tuple(target_shape):
+        return None
+    # Labels are integers (their max is a whole number, at least 0).
+    labels = target_rows[["min", "max"]].astype(np.float64)
+    if (labels["min"] < 0).any() or not np.allclose(labels["max"], np.round(labels["max"])):
+        return None
+    return int(output_shape[-1])
+
+
+def constant_data(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """An input or a target that is the same for every sample on every recorded step (or zero everywhere)."""
+    stats = data.stats
+    rows = stats[(stats["kind"] == fmt.FORWARD) & stats["tensor_type"].isin(["input", "target"])
+                 & (stats["aggregation"] == "std")]
+    findings = []
+    for (node, role), group in rows.groupby(["node", "role"], sort=True, observed=True):
+        steps = sorted(int(s) for s in group["training_step"].unique())
+        if len(steps) < options.min_steps or not (group["abs_max"] == 0).all():
+            continue
+        values = stats[(stats["node"] == node) & (stats["aggregation"] == "mean") & (stats["kind"] == fmt.FORWARD)]
+        zero = bool(len(values)) and bool((values["abs_max"] == 0).all())
+        kind = str(group["tensor_type"].iloc[0])
+        what = "zero for every sample" if zero else "the same for every sample"
+        findings.append(Finding(
+            detector="constant_input" if kind == "input" else "constant_target", severity="warning", score=0.9,
+            trial=data.trial, node=str(node), role=str(role), kind=fmt.FORWARD, training_step=steps[0], steps=steps,
+            iteration=_iteration_of(data, str(node), fmt.FORWARD, steps[0]),
+            message=f"The {kind} {node} is {what} in all {len(steps)} recorded steps: "
+                    + ("the network sees no signal." if kind == "input" else "there is nothing to learn. Is it read "
+                                                                               "from the right field?"),
+            evidence={"steps": len(steps), "all_zero": zero}, aggregation="std", statistic="abs_max",
+            column=facts.column.get(str(node), 0)))
+    return findings
+
+
+def transient_jumps(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """Steps where a forward tensor's typical magnitude is orders of magnitude above the other steps of its type
+    (training and evaluation passes apart). One warning per jump, at the earliest node that shows it."""
+    stats = data.stats
+    rows = stats[(stats["kind"] == fmt.FORWARD) & stats["aggregation"].isin(["abs_max", "none"])
+                 & (stats["tensor_type"] != "parameter")]
+    rows = rows[np.isfinite(rows["abs_mean"].astype(np.float64))]
+    if not len(rows):
+        return []
+    types = data.steps.drop_duplicates("training_step").set_index("training_step")["type_of_execution"]
+    per_step = rows.groupby(["node", "role", "training_step"], observed=True)["abs_mean"].max().reset_index()
+    per_step = per_step.assign(node=as_text(per_step["node"]), role=as_text(per_step["role"]),
+                               type=types.reindex(per_step["training_step"]).to_numpy())
+    limit = options.orders(JUMP_ORDERS)
+    jumps: dict[int, list[tuple[int, str, str, float, float, str]]] = {}
+    for (node, role, step_type), series in per_step.groupby(["node", "role", "type"], sort=True):
+        if len(series) < MIN_STEPS_PER_TYPE or facts.is_loss_like(node):
+            continue
+        logs = np.log10(series["abs_mean"].to_numpy(np.float64) + 1e-30)
+        typical = np.median(logs)
+        spread = np.median(np.abs(logs - typical))
+        above = logs - typical
+        flagged = np.flatnonzero(above > max(limit, 6 * spread))
+        if not 0 < len(flagged) <= max(1, len(logs) // 10):
+            continue  # a level that holds for many steps is a trend (growth, collapse), not a jump
+        for index in flagged:
+            step = int(series["training_step"].iloc[index])
+            jumps.setdefault(step, []).append((facts.column.get(node, 0), node, role, float(above[index]),
+                                               float(10 ** typical), str(step_type)))
+    findings = []
+    for step, found in sorted(jumps.items()):
+        found.sort(key=lambda f: (f[0], -f[3], f[1]))
+        column, node, role, orders, typical, step_type = found[0]
+        spread_to = [f[1] for f in found[1:]]
+        findings.append(Finding(
+            detector="transient_jump", severity="warning", score=min(1.0, 0.5 + 0.1 * orders), trial=data.trial,
+            node=node, role=role, kind=fmt.FORWARD, training_step=step, steps=[step],
+            iteration=_iteration_of(data, node, fmt.FORWARD, step),
+            message=f"At step {step} ({step_type}) the values of {node} jump {orders:.1f} orders of magnitude above "
+                    f"their level on the other {step_type} steps (typically {typical:.3g}) and fall back after it"
+                    + (f"; it shows in {', '.join(spread_to[:5])} too." if spread_to else "."),
+            evidence={"orders_of_magnitude": orders, "typical_abs_mean": typical, "type_of_execution": step_type,
+                      "spread_to": spread_to}, aggregation="abs_max", statistic="abs_mean", column=column))
+    return findings
+
+
+def _spearman(steps: np.ndarray, values: np.ndarray) -> float:
+    if len(set(values.tolist())) < 2:
+        return 0.0
+    rho = scipy_stats.spearmanr(steps, values).statistic
+    return float(rho) if np.isfinite(rho) else 0.0
+
+
+def loss_frame(data: TrialData) -> pd.DataFrame:
+    """The loss per recorded training step (for a user detector or a test)."""
+    stats = data.stats
+    return stats[(stats["kind"] == fmt.FORWARD) & (stats["tensor_type"] == "loss")][["training_step", "node", "mean"]]
