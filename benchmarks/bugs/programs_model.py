@@ -190,7 +190,7 @@ CASES = [
          ("hidden0", "hidden1", "linear0", "linear1"), ("identical_units",), architecture="MLP"),
     Case("zero_initialisation", zero_initialisation, "Humbatova Model > Weights initialisation > zero init",
          ("hidden0", "hidden1", "linear0", "linear1", "model.layers.0.weight", "model.layers.2.weight"),
-         ("identical_units", "vanishing_gradient", "parameter_frozen_by_zero"), architecture="MLP"),
+         ("identical_units", "vanishing_gradient", "dead_units"), architecture="MLP"),
     Case("dropout_rate_as_keep_rate", dropout_rate_as_keep_rate,
          "Keras keep_prob ported as PyTorch p (forum threads); Humbatova Model > Layers > dropout", ("dropout",),
          ("dead_units", "sparse_units"), architecture="MLP"),

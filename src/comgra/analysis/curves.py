@@ -128,6 +128,9 @@ def constant_data(data: TrialData, facts: GraphFacts, options: ScanOptions) -> l
         steps = sorted(int(s) for s in group["training_step"].unique())
         if len(steps) < options.min_steps or not (group["abs_max"] == 0).all():
             continue
+        rows_of_node = data.shapes[data.shapes["node"] == node]["shape"] if len(data.shapes) else []
+        if any(len(shape) and shape[0] == 1 for shape in rows_of_node):
+            continue  # a batch of one row has no spread to speak of (the batch-size finding says so)
         values = stats[(stats["node"] == node) & (stats["aggregation"] == "mean") & (stats["kind"] == fmt.FORWARD)]
         zero = bool(len(values)) and bool((values["abs_max"] == 0).all())
         kind = str(group["tensor_type"].iloc[0])
@@ -164,6 +167,8 @@ def transient_jumps(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
             continue
         logs = np.log10(series["abs_mean"].to_numpy(np.float64) + 1e-30)
         typical = np.median(logs)
+        if typical < np.log10(1e-6):
+            continue  # a tensor at zero most of the time (dead units, a masked value): no scale to jump from
         spread = np.median(np.abs(logs - typical))
         above = logs - typical
         flagged = np.flatnonzero(above > max(limit, 6 * spread))
@@ -197,7 +202,50 @@ def _spearman(steps: np.ndarray, values: np.ndarray) -> float:
     return float(rho) if np.isfinite(rho) else 0.0
 
 
-def loss_frame(data: TrialData) -> pd.DataFrame:
-    """The loss per recorded training step (for a user detector or a test)."""
+def output_range(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """An output bounded on one side (a ReLU, a sigmoid on it) against a target of the same shape beyond that bound
+    on most recorded steps: the loss can never reach zero there."""
     stats = data.stats
-    return stats[(stats["kind"] == fmt.FORWARD) & (stats["tensor_type"] == "loss")][["training_step", "node", "mean"]]
+    rows = stats[(stats["kind"] == fmt.FORWARD) & (stats["aggregation"] == "sample")]
+    shapes = data.shapes
+    findings = []
+    outputs = sorted(n for n, role in facts.role.items() if role == "output")
+    targets = sorted(set(as_text(rows.loc[rows["tensor_type"] == "target", "node"])))
+    for output in outputs:
+        for target in targets:
+            if len(shapes) and not _same_shape(shapes, output, target):
+                continue
+            out = rows[rows["node"] == output].groupby("training_step")[["min", "max"]].agg({"min": "min", "max": "max"})
+            aim = rows[rows["node"] == target].groupby("training_step")[["min", "max"]].agg({"min": "min", "max": "max"})
+            both = out.join(aim, lsuffix="_out", rsuffix="_target", how="inner").astype(np.float64)
+            if len(both) < options.min_steps:
+                continue
+            scale = np.maximum(both["max_target"].abs(), both["min_target"].abs()).median()
+            margin = 0.1 * scale
+            problem = None
+            if (both["min_out"] >= 0).all() and ((both["min_target"] < -margin).mean() >= 0.5):
+                problem = ("never negative", "negative", float(both["min_target"].min()))
+            elif (both["max_out"] <= 0).all() and ((both["max_target"] > margin).mean() >= 0.5):
+                problem = ("never positive", "positive", float(both["max_target"].max()))
+            elif (both["min_out"] >= 0).all() and (both["max_out"] <= 1).all() and (
+                    (both["max_target"] > 1 + margin).mean() >= 0.5):
+                problem = ("within [0, 1]", "above 1", float(both["max_target"].max()))
+            if problem is None:
+                continue
+            steps = [int(s) for s in both.index]
+            findings.append(Finding(
+                detector="output_range", severity="warning", score=0.9, trial=data.trial, node=output, role=output,
+                kind=fmt.FORWARD, training_step=steps[0], steps=steps,
+                iteration=_iteration_of(data, output, fmt.FORWARD, steps[0]),
+                message=f"The output {output} is {problem[0]} on every recorded step, but its target {target} is "
+                        f"{problem[1]} on most of them (down to {problem[2]:.3g}): the output cannot match it. Is an "
+                        "activation (ReLU, sigmoid, softmax) applied to an output that should be unbounded?",
+                evidence={"target_extreme": problem[2], "steps": len(steps)}, aggregation="mean", statistic="min",
+                column=facts.column.get(output, 0)))
+    return findings
+
+
+def _same_shape(shapes: pd.DataFrame, a: str, b: str) -> bool:
+    first = shapes[shapes["node"] == a]["shape"]
+    second = shapes[shapes["node"] == b]["shape"]
+    return bool(len(first)) and bool(len(second)) and tuple(first.iloc[0]) == tuple(second.iloc[0])

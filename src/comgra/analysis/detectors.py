@@ -32,6 +32,7 @@ DETECTORS: dict[str, Detector] = {
     "loss_curve": curves.loss_curve,
     "constant_data": curves.constant_data,
     "transient_jumps": curves.transient_jumps,
+    "output_range": curves.output_range,
     "updates": updates.updates,
     "stale_gradients": updates.stale_gradients,
     "shapes": structure.shapes,

@@ -12,7 +12,7 @@ from comgra.analysis.trends import _iteration_of
 from comgra.store import format as fmt
 
 ITERATION_ORDERS = 2.0  # a tensor whose last iteration is this many powers of ten above its first
-EDGE_ORDERS = 3.0  # a tensor this many powers of ten above the tensor it is computed from
+EDGE_ORDERS = 2.0  # a tensor this many powers of ten above the tensor it is computed from
 MIN_SCALE = 1e-6  # sources below this are at rounding level: no ratio is taken
 
 
@@ -46,8 +46,10 @@ def shapes(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
 
 
 def _broadcasts_bigger(a: tuple, b: tuple) -> bool:
-    if not a or not b or tuple(a) == tuple(b) or len(a) == len(b) + 1:
-        return False  # equal, a scalar, or class scores against class indices
+    if not a or not b or tuple(a) == tuple(b):
+        return False  # equal, or a scalar
+    if len(a) == len(b) + 1 and tuple(a[:-1]) == tuple(b) and a[-1] > 1:
+        return False  # class scores against class indices
     try:
         joined = np.broadcast_shapes(tuple(a), tuple(b))
     except ValueError:

@@ -16,23 +16,34 @@ MIN_PAIRS = 6  # consecutive recorded steps of a parameter needed to speak of it
 STOPPED_FRACTION = 0.25  # the last this much of the pairs (at least 3) without any change
 SHRINK_ORDERS = 1.0  # a weight whose norm falls this many powers of ten, steadily
 TINY_UPDATE = 1e-5  # relative change per step below which a parameter with a gradient is not learning
+TINY_SHARE = 2 / 3  # of the parameters: the whole run's updates are tiny (learning rate, clipping), not one layer's
 STALE_GROWTH = 4.0  # gradients that end this many times larger than they started, steadily, in most parameters
 STALE_SHARE = 0.6
+# ... or that grow by this much while the loss falls by LOSS_FALL or more: the gradient of a loss near its minimum
+# is small, so gradients that grow as it falls are not this step's gradients.
+STALE_GROWTH_WITH_FALLING_LOSS = 2.0
+LOSS_FALL = 10.0
 
 
 def updates(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
     found = parameters.parts(data)
-    findings = []
+    findings: list[Finding] = []
+    tiny = []
     for (node, role), part in found.items():
         if len(part.steps) < MIN_PAIRS + 1 or not (part.gradient > 0 and np.isfinite(part.gradient)):
             continue
         finding = _stopped(data, facts, node, role, part, options) or _shrinking(data, facts, node, role, part,
                                                                                  options)
         if finding is None:
-            finding = _tiny(data, facts, node, role, part, options)
+            small = _tiny(data, facts, node, role, part, options)
+            if small is not None:
+                tiny.append(small)
         if finding is not None:
             findings.append(finding)
-    return findings
+    judged = sum(1 for part in found.values() if part.width >= parameters.MIN_UNITS_FOR_RATIO and len(part.steps) > MIN_PAIRS)
+    if tiny and len(tiny) < TINY_SHARE * judged:
+        return findings  # tiny updates in some layers only: their gradient's doing (the gradient detectors say so)
+    return findings + tiny
 
 
 def _base(data: TrialData, facts: GraphFacts, node: str, role: str, steps: list[int], first: int) -> dict:
@@ -70,7 +81,7 @@ def _shrinking(data: TrialData, facts: GraphFacts, node: str, role: str, part: p
     quarter = max(2, len(norms) // 4)
     early, late = float(np.median(norms[:quarter])), float(np.median(norms[-quarter:]))
     orders = np.log10(early / max(late, 1e-30))
-    trend = scipy_stats.spearmanr(np.arange(len(norms)), norms).statistic
+    trend = _trend(norms)
     if orders < options.orders(SHRINK_ORDERS) or not trend < -0.8:
         return None
     steps = part.steps.astype(int).tolist()
@@ -114,6 +125,10 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
     rows = rows[np.isfinite(rows["abs_mean"].astype(np.float64))]
     grown = []
     total = 0
+    loss_fall = _loss_fall(data)
+    if loss_fall is None or loss_fall < 1.0:
+        return []  # a loss that grows (or is not recorded) explains growing gradients: not stale ones
+    needed = STALE_GROWTH_WITH_FALLING_LOSS if loss_fall >= LOSS_FALL else STALE_GROWTH
     for (node, kind), group in rows.groupby(["node", "kind"], sort=True, observed=True):
         series = group.groupby("training_step")["abs_mean"].max().sort_index()
         if len(series) < MIN_PAIRS + 2:
@@ -122,8 +137,8 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
         values = series.to_numpy(np.float64)
         quarter = max(2, len(values) // 4)
         early, late = float(np.median(values[:quarter])), float(np.median(values[-quarter:]))
-        trend = scipy_stats.spearmanr(np.arange(len(values)), values).statistic
-        if early > 0 and late / early >= STALE_GROWTH / options.sensitivity and trend > 0.8:
+        trend = _trend(values)
+        if early > 0 and late / early >= needed / options.sensitivity and trend > (0.5 if needed < STALE_GROWTH else 0.8):
             grown.append((late / early, float(trend), str(node), str(kind), series))
     if not total or len(grown) < STALE_SHARE * total or len(grown) < 2:
         return []
@@ -135,9 +150,34 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
         trial=data.trial, node=node, role=node, kind=kind, training_step=steps[0], steps=steps,
         iteration=parameters._first_iteration(data, steps[0]),
         message=f"The gradients of {len(grown)} of {total} parameters grow steadily over training ({node}: "
-                f"{factor:.1f}x from the first quarter of the recorded steps to the last, Spearman {trend:.2f}): "
+                f"{factor:.1f}x from the first quarter of the recorded steps to the last, Spearman {trend:.2f}) "
+                f"while the loss falls {loss_fall:.3g}x: "
                 "gradients that are summed over steps rather than the current step's. Is optimizer.zero_grad() "
                 "called every step?",
-        evidence={"growth_factor": factor, "parameters_growing": len(grown), "parameters": total,
+        evidence={"growth_factor": factor, "loss_fall": loss_fall, "parameters_growing": len(grown), "parameters": total,
                   "growing": sorted(g[2] for g in grown)[:20], "orders_of_magnitude": float(np.log10(factor))},
         aggregation="none", statistic="abs_mean", column=facts.column.get(node, 0))]
+
+
+def _trend(values: np.ndarray) -> float:
+    """Spearman's rho of the values with their order (0 for a constant series)."""
+    if len(set(values.tolist())) < 2:
+        return 0.0
+    rho = scipy_stats.spearmanr(np.arange(len(values)), values).statistic
+    return float(rho) if np.isfinite(rho) else 0.0
+
+
+def _loss_fall(data: TrialData) -> float | None:
+    """How many times smaller the registered loss is in the last quarter of the steps than in the first (positive
+    losses only; None without one)."""
+    stats = data.stats
+    rows = stats[(stats["kind"] == fmt.FORWARD) & (stats["tensor_type"] == "loss")]
+    per_step = rows.groupby("training_step")["mean"].mean().sort_index().to_numpy(np.float64)
+    per_step = per_step[np.isfinite(per_step)]
+    if len(per_step) < MIN_PAIRS:
+        return None
+    quarter = max(2, len(per_step) // 4)
+    early, late = float(np.median(per_step[:quarter])), float(np.median(per_step[-quarter:]))
+    if early <= 0 or late < 0:
+        return None
+    return early / max(late, 1e-30)
