@@ -19,13 +19,14 @@ from comgra.analysis.loading import TrialData, as_text
 from comgra.analysis.trends import _iteration_of
 from comgra.store import format as fmt
 
-MIN_LOSS_STEPS = 8
+MIN_LOSS_STEPS = 20  # a shorter curve is too noisy to say it does not decrease
 # A loss that ends within this fraction of where it started has not decreased (relative to its start).
 NOT_DECREASING = 0.05
 DIVERGING_FACTOR = 10.0  # a loss that ends this many times larger in magnitude than it started diverges
 CHANCE_MARGIN = 0.05  # a cross-entropy within this fraction of log(classes) is at chance
 JUMP_ORDERS = 2.0  # a step whose scale is this many powers of ten above the other steps of its type
 MIN_STEPS_PER_TYPE = 5
+BOUND_TOUCH = 0.01  # an output within this share of its reach from a bound presses against it
 
 
 def loss_curve(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
@@ -217,17 +218,22 @@ def output_range(data: TrialData, facts: GraphFacts, options: ScanOptions) -> li
                 continue
             out = rows[rows["node"] == output].groupby("training_step")[["min", "max"]].agg({"min": "min", "max": "max"})
             aim = rows[rows["node"] == target].groupby("training_step")[["min", "max"]].agg({"min": "min", "max": "max"})
-            both = out.join(aim, lsuffix="_out", rsuffix="_target", how="inner").astype(np.float64)
+            both = out.merge(aim, left_index=True, right_index=True, suffixes=("_out", "_target")).astype(np.float64)
             if len(both) < options.min_steps:
                 continue
             scale = np.maximum(both["max_target"].abs(), both["min_target"].abs()).median()
             margin = 0.1 * scale
+            # The output must press against its bound (an activation that clips it), not merely stay on one side.
+            reach = np.maximum(both["max_out"].abs(), both["min_out"].abs())
+            at_zero_below = (both["min_out"] <= BOUND_TOUCH * reach).mean() >= 0.5
+            at_zero_above = (both["max_out"] >= -BOUND_TOUCH * reach).mean() >= 0.5
             problem = None
-            if (both["min_out"] >= 0).all() and ((both["min_target"] < -margin).mean() >= 0.5):
+            if (both["min_out"] >= 0).all() and at_zero_below and ((both["min_target"] < -margin).mean() >= 0.5):
                 problem = ("never negative", "negative", float(both["min_target"].min()))
-            elif (both["max_out"] <= 0).all() and ((both["max_target"] > margin).mean() >= 0.5):
+            elif (both["max_out"] <= 0).all() and at_zero_above and ((both["max_target"] > margin).mean() >= 0.5):
                 problem = ("never positive", "positive", float(both["max_target"].max()))
             elif (both["min_out"] >= 0).all() and (both["max_out"] <= 1).all() and (
+                    (both["max_out"] >= 1 - 10 * BOUND_TOUCH).mean() >= 0.5) and (
                     (both["max_target"] > 1 + margin).mean() >= 0.5):
                 problem = ("within [0, 1]", "above 1", float(both["max_target"].max()))
             if problem is None:

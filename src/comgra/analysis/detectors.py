@@ -67,9 +67,13 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
     return rank_findings(explained(findings)), problems
 
 
+LOSS_SYMPTOMS = ("loss_not_decreasing",)
+
+
 def explained(findings: list[Finding]) -> list[Finding]:
     """Findings that are true by construction lowered to info: a bias whose gradient vanishes while the weight of its
-    own layer learns (a bias before a normalisation, a key bias under softmax)."""
+    own layer learns (a bias before a normalisation, a key bias under softmax); and a loss that does not decrease
+    where another warning says why (it is the consequence, shown once beside its cause)."""
     vanished = {f.node for f in findings if f.detector == "vanishing_gradient"}
     for finding in findings:
         node = finding.node
@@ -78,4 +82,10 @@ def explained(findings: list[Finding]) -> list[Finding]:
             finding.severity = "info"
             finding.message += (" Its layer's weight gets a normal gradient: a bias whose gradient is zero by "
                                 "construction (followed by a normalisation, or a key bias under softmax) is harmless.")
+    causes = [f for f in findings if f.severity in ("error", "warning") and f.detector not in LOSS_SYMPTOMS]
+    for finding in findings:
+        if finding.detector in LOSS_SYMPTOMS and causes:
+            finding.severity = "info"
+            finding.origin = False
+            finding.message += f" Other findings say why (e.g. {causes[0].detector} at {causes[0].node})."
     return findings
