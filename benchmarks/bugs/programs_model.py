@@ -47,7 +47,10 @@ def dropout_rate_as_keep_rate(run: Run, bug: bool) -> None:
 
 
 def deep_sigmoid_stack(run: Run, bug: bool) -> None:
+    """Eight sigmoid layers; the fix: ReLU with He initialisation."""
     model = mlp(run, (8, 32, 32, 32, 32, 32, 32, 32, 32, 4), activation=nn.Sigmoid if bug else nn.ReLU)
+    if not bug:
+        _he(model)
     supervised(run, model, blobs(run), cross_entropy, optimizer=torch.optim.SGD(model.parameters(), lr=0.05))
 
 
@@ -160,13 +163,24 @@ def missing_nonlinearity(run: Run, bug: bool) -> None:
 
 
 def exploding_deep_no_norm(run: Run, bug: bool) -> None:
-    """A deep ReLU stack initialised with a gain far too large (std 1 instead of Kaiming)."""
+    """A deep ReLU stack initialised with a gain far too large (std 1 instead of Kaiming); the fix: Kaiming."""
     model = mlp(run, (8, 64, 64, 64, 64, 64, 4))
     if bug:
         with torch.no_grad():
             for layer in model.layers[::2]:
                 layer.weight.normal_(0.0, 1.0, generator=run.generator)
-    supervised(run, model, blobs(run), cross_entropy, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3))
+    else:
+        _he(model)
+    supervised(run, model, blobs(run), cross_entropy, optimizer=torch.optim.SGD(model.parameters(), lr=1e-2))
+
+
+def _he(model: Named) -> None:
+    """He (Kaiming) initialisation of every Linear layer: the standard fix of a deep ReLU stack's scale."""
+    with torch.no_grad():
+        for layer in model.layers:
+            if isinstance(layer, nn.Linear):
+                nn.init.kaiming_normal_(layer.weight, nonlinearity="relu", generator=None)
+                layer.bias.zero_()
 
 
 def log_of_zero_probability(run: Run, bug: bool) -> None:

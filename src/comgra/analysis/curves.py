@@ -106,15 +106,15 @@ def _classes(data: TrialData, facts: GraphFacts) -> int | None:
     if len(outputs) != 1 or not len(targets):
         return None
     out_shapes = shapes[shapes["node"] == outputs[0]]["shape"]
-    target_rows = data.stats[(data.stats["tensor_type"] == "target") & (data.stats["aggregation"] == "mean")]
+    target_rows = data.stats[(data.stats["tensor_type"] == "target") & (data.stats["aggregation"] == "sample")]
     if not len(out_shapes) or not len(target_rows):
         return None
     output_shape, target_shape = out_shapes.iloc[0], targets["shape"].iloc[0]
     if len(output_shape) != len(target_shape) + 1 or tuple(output_shape[:-1]) != tuple(target_shape):
         return None
-    # Labels are integers (their max is a whole number, at least 0).
+    # Labels are whole numbers of at least 0 (each sample's value is its label).
     labels = target_rows[["min", "max"]].astype(np.float64)
-    if (labels["min"] < 0).any() or not np.allclose(labels["max"], np.round(labels["max"])):
+    if (labels["min"] < 0).any() or not np.allclose(labels.to_numpy(), np.round(labels.to_numpy())):
         return None
     return int(output_shape[-1])
 
@@ -237,6 +237,7 @@ def output_range(data: TrialData, facts: GraphFacts, options: ScanOptions) -> li
                     (both["max_target"] > 1 + margin).mean() >= 0.5):
                 problem = ("within [0, 1]", "above 1", float(both["max_target"].max()))
             if problem is None:
+                findings.extend(_target_scale(data, facts, output, target, both))
                 continue
             steps = [int(s) for s in both.index]
             findings.append(Finding(
@@ -255,3 +256,60 @@ def _same_shape(shapes: pd.DataFrame, a: str, b: str) -> bool:
     first = shapes[shapes["node"] == a]["shape"]
     second = shapes[shapes["node"] == b]["shape"]
     return bool(len(first)) and bool(len(second)) and tuple(first.iloc[0]) == tuple(second.iloc[0])
+
+
+TARGET_SCALE_ORDERS = 2.0  # a target this many powers of ten larger than the output it is compared with, at the start
+
+
+def _target_scale(data: TrialData, facts: GraphFacts, output: str, target: str, both: pd.DataFrame) -> list[Finding]:
+    """A target of the same shape as the output, orders of magnitude larger on the first recorded step (before the
+    updates it causes move the output): targets not normalised (prices in dollars against an output near 0)."""
+    first = both.iloc[:1]
+    target_scale = float(np.median(np.maximum(first["max_target"].abs(), first["min_target"].abs())))
+    output_scale = float(np.median(np.maximum(first["max_out"].abs(), first["min_out"].abs())))
+    if not (np.isfinite(target_scale) and np.isfinite(output_scale)) or output_scale <= 0:
+        return []
+    orders = math.log10(max(target_scale, 1e-30) / output_scale)
+    if orders < TARGET_SCALE_ORDERS:
+        return []
+    steps = [int(s) for s in first.index]
+    return [Finding(
+        detector="target_scale", severity="warning", score=min(1.0, 0.6 + 0.1 * orders), trial=data.trial,
+        node=target, role=target, kind=fmt.FORWARD, training_step=steps[0], steps=steps,
+        iteration=_iteration_of(data, target, fmt.FORWARD, steps[0]),
+        message=f"The target {target} reaches {target_scale:.3g} where the output {output} it is compared with "
+                f"reaches {output_scale:.3g} on the first recorded step ({orders:.1f} orders of magnitude apart): "
+                "normalise the targets (and undo it on the predictions), or the first updates are huge.",
+        evidence={"orders_of_magnitude": orders, "target_scale": target_scale, "output_scale": output_scale},
+        aggregation="mean", statistic="abs_max", column=facts.column.get(target, 0))]
+
+
+def probabilities_to_loss(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
+    """A classifier's output of probabilities (within (0, 1) on every step, never exactly 0: a softmax) compared with
+    class indices: a loss that takes logits (cross-entropy) applies its own softmax to it again."""
+    stats = data.stats
+    shapes = data.shapes
+    if not len(shapes):
+        return []
+    rows = stats[(stats["kind"] == fmt.FORWARD) & (stats["aggregation"] == "sample")]
+    findings = []
+    for output in sorted(n for n, role in facts.role.items() if role == "output"):
+        classes = _classes(data, facts)
+        values = rows[rows["node"] == output]
+        steps = sorted(int(s) for s in values["training_step"].unique())
+        if not classes or classes < 2 or len(steps) < options.min_steps:
+            continue
+        low, high = float(values["min"].min()), float(values["max"].max())
+        if not (0 < low and high <= 1):
+            continue
+        findings.append(Finding(
+            detector="probabilities_to_logit_loss", severity="warning", score=0.85, trial=data.trial, node=output,
+            role=output, kind=fmt.FORWARD, training_step=steps[0], steps=steps,
+            iteration=_iteration_of(data, output, fmt.FORWARD, steps[0]),
+            message=f"The output {output} holds probabilities (within ({low:.3g}, {high:.3g}] on every recorded step, "
+                    f"never 0) over {classes} classes and is compared with class indices: CrossEntropyLoss and "
+                    "nll_loss take logits and log-probabilities, so a softmax before them flattens the loss. Drop the "
+                    "softmax (or take log_softmax).",
+            evidence={"min": low, "max": high, "classes": classes}, aggregation="sample:0", statistic="max",
+            column=facts.column.get(output, 0)))
+    return findings

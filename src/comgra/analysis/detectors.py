@@ -33,6 +33,7 @@ DETECTORS: dict[str, Detector] = {
     "constant_data": curves.constant_data,
     "transient_jumps": curves.transient_jumps,
     "output_range": curves.output_range,
+    "probabilities_to_loss": curves.probabilities_to_loss,
     "updates": updates.updates,
     "stale_gradients": updates.stale_gradients,
     "shapes": structure.shapes,
@@ -64,16 +65,22 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
             log.debug("comgra: detector %s failed", name, exc_info=error)
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    return rank_findings(explained(findings)), problems
+    return rank_findings(explained(findings, updates.loss_fall(data))), problems
 
 
 LOSS_SYMPTOMS = ("loss_not_decreasing",)
+COLLAPSE_CAUSES = ("dead_units", "parameter_shrinking", "identical_units")
 
 
-def explained(findings: list[Finding]) -> list[Finding]:
+CONVERGED_FALL = 1000.0  # a loss this many times below its start: gradients that vanish have nothing left to learn
+
+
+def explained(findings: list[Finding], loss_fall: float | None = None) -> list[Finding]:
     """Findings that are true by construction lowered to info: a bias whose gradient vanishes while the weight of its
-    own layer learns (a bias before a normalisation, a key bias under softmax); and a loss that does not decrease
-    where another warning says why (it is the consequence, shown once beside its cause)."""
+    own layer learns (a bias before a normalisation, a key bias under softmax); and consequences ranked below their
+    causes: a loss that does not decrease where another warning says why (lowered to info), a batch spread that
+    collapses where units die or weights shrink (no longer an origin); gradients that vanish once the loss has fallen
+    three orders of magnitude (to info: a converged loss has small gradients)."""
     vanished = {f.node for f in findings if f.detector == "vanishing_gradient"}
     for finding in findings:
         node = finding.node
@@ -82,6 +89,20 @@ def explained(findings: list[Finding]) -> list[Finding]:
             finding.severity = "info"
             finding.message += (" Its layer's weight gets a normal gradient: a bias whose gradient is zero by "
                                 "construction (followed by a normalisation, or a key bias under softmax) is harmless.")
+    if loss_fall is not None and loss_fall >= CONVERGED_FALL:
+        for finding in findings:
+            per_step = finding.detector == "vanishing_gradient" or (
+                finding.detector == "exploding_gradient" and "median_gradient" in finding.evidence)
+            if per_step and finding.severity == "warning":
+                finding.severity = "info"
+                finding.message += (f" The loss has fallen {loss_fall:.3g}x since the start of the run: the "
+                                    "gradients of a converged loss are small, those of its last layers relatively "
+                                    "large.")
+    # A batch spread that collapses where (or after) units die or weights shrink is their consequence.
+    upstream = [f for f in findings if f.severity == "warning" and f.detector in COLLAPSE_CAUSES]
+    for finding in findings:
+        if finding.detector == "collapse" and any(c.column <= finding.column for c in upstream):
+            finding.origin = False
     causes = [f for f in findings if f.severity in ("error", "warning") and f.detector not in LOSS_SYMPTOMS]
     for finding in findings:
         if finding.detector in LOSS_SYMPTOMS and causes:

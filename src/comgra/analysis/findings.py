@@ -127,11 +127,13 @@ def strength(finding: Finding) -> float:
 
 
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Most useful first: severity, then confidence, an origin before the nodes it spread to, then the strength of
-    the evidence, how early in the graph and in training the problem starts; the names only last, for a total order."""
+    """Most useful first: severity, an origin before the nodes it spread to, confidence, then how early in training
+    the problem starts (a cause shows before its consequences), the strength of the evidence and how early in the
+    graph; the names only last, for a total order."""
     return sorted(findings, key=lambda f: (
-        _SEVERITY_RANK.get(f.severity, len(SEVERITIES)), not f.origin, -round(f.score, 3), -round(strength(f), 3),
-        f.column, f.training_step if f.training_step is not None else 0, f.trial, f.node, f.detector))
+        _SEVERITY_RANK.get(f.severity, len(SEVERITIES)), not f.origin, -round(f.score, 3),
+        f.training_step if f.training_step is not None else 0, -round(strength(f), 3), f.column, f.trial, f.node,
+        f.detector))
 
 
 def document(findings: list[Finding], problems: list[str] | None = None,

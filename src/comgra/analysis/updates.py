@@ -125,10 +125,10 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
     rows = rows[np.isfinite(rows["abs_mean"].astype(np.float64))]
     grown = []
     total = 0
-    loss_fall = _loss_fall(data)
-    if loss_fall is None or loss_fall < 1.0:
+    fall = loss_fall(data)
+    if fall is None or fall < 1.0:
         return []  # a loss that grows (or is not recorded) explains growing gradients: not stale ones
-    needed = STALE_GROWTH_WITH_FALLING_LOSS if loss_fall >= LOSS_FALL else STALE_GROWTH
+    needed = STALE_GROWTH_WITH_FALLING_LOSS if fall >= LOSS_FALL else STALE_GROWTH
     for (node, kind), group in rows.groupby(["node", "kind"], sort=True, observed=True):
         series = group.groupby("training_step")["abs_mean"].max().sort_index()
         if len(series) < MIN_PAIRS + 2:
@@ -151,10 +151,10 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
         iteration=parameters._first_iteration(data, steps[0]),
         message=f"The gradients of {len(grown)} of {total} parameters grow steadily over training ({node}: "
                 f"{factor:.1f}x from the first quarter of the recorded steps to the last, Spearman {trend:.2f}) "
-                f"while the loss falls {loss_fall:.3g}x: "
+                f"while the loss falls {fall:.3g}x: "
                 "gradients that are summed over steps rather than the current step's. Is optimizer.zero_grad() "
                 "called every step?",
-        evidence={"growth_factor": factor, "loss_fall": loss_fall, "parameters_growing": len(grown), "parameters": total,
+        evidence={"growth_factor": factor, "loss_fall": fall, "parameters_growing": len(grown), "parameters": total,
                   "growing": sorted(g[2] for g in grown)[:20], "orders_of_magnitude": float(np.log10(factor))},
         aggregation="none", statistic="abs_mean", column=facts.column.get(node, 0))]
 
@@ -167,7 +167,7 @@ def _trend(values: np.ndarray) -> float:
     return float(rho) if np.isfinite(rho) else 0.0
 
 
-def _loss_fall(data: TrialData) -> float | None:
+def loss_fall(data: TrialData) -> float | None:
     """How many times smaller the registered loss is in the last quarter of the steps than in the first (positive
     losses only; None without one)."""
     stats = data.stats
