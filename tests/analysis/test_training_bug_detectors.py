@@ -113,8 +113,8 @@ def _constant(model: nn.Sequential) -> None:
 PLANTED = [
     # (name, the bugged program, detector, node)
     ("missing zero_grad", Program(zero_grad=False, classes=4, lr=0.01), "stale_gradient", "model."),
-    ("labels unrelated to inputs", Program(classes=4, targets=lambda y: y[torch.randperm(len(y))]),
-     "loss_not_decreasing", "loss"),
+    ("labels unrelated to inputs", Program(classes=4, targets=lambda y: y[torch.randperm(len(y))]), "loss_stuck", "loss"),
+    ("regression targets that are noise", Program(targets=torch.randn_like), "loss_not_decreasing", "loss"),
     ("learning rate set to 0 partway", Program(classes=4, lr_at=lambda step: 0.05 if step < 15 else 0.0),
      "parameter_stopped", "model."),
     ("constant initialisation", Program(classes=4, activation=nn.Tanh, init=_constant), "identical_units", "hidden"),
@@ -300,3 +300,17 @@ def test_comgra_scan_runs_a_detector_named_in_comgra_toml(tmp_path):
                           cwd=tmp_path, env=env, check=True)
     found = [f for f in json.loads(done.stdout)["findings"] if f["detector"] == "every_loss"]
     assert len(found) == 1 and found[0]["message"] == "8 rows"
+
+
+def test_the_service_behind_the_app_and_the_rest_api_runs_a_user_detector(tmp_path):
+    from comgra.service import RecordingService
+
+    group = record(tmp_path, "user", Program(classes=4, steps=8))
+    register_detector("loss_recorded", _high_loss)
+    service = RecordingService(group)
+    try:
+        found = [f for f in service.findings("user") if f.detector == "loss_recorded"]
+        assert len(found) == 1 and found[0].message == "8 loss rows"
+    finally:
+        service.close()
+        unregister_detector("loss_recorded")

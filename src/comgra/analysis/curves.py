@@ -8,6 +8,7 @@ passes are compared each with its own kind).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +39,7 @@ def loss_curve(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list
     quarter = max(2, len(values) // 4)
     early, late = float(np.median(values[:quarter])), float(np.median(values[-quarter:]))
     trend = _spearman(steps, values)
-    base = dict(trial=data.trial, node=node, role=node, kind=fmt.FORWARD, steps=[int(s) for s in steps],
+    base: dict[str, Any] = dict(trial=data.trial, node=node, role=node, kind=fmt.FORWARD, steps=[int(s) for s in steps],
                 aggregation="none", statistic="mean", column=facts.column.get(node, 0))
     evidence = {"first_quarter": early, "last_quarter": late, "spearman_with_step": trend, "steps": len(values)}
     if abs(late) >= options.scaled(1.0) * DIVERGING_FACTOR * max(abs(early), 1e-12) and \

@@ -45,6 +45,10 @@ DETECTORS: dict[str, Detector] = {
     "sparse_units": unit_patterns.sparse,
 }
 assert set(DETECTORS) | {"co_occurrence"} == BUILT_IN, "detectors_names.BUILT_IN lists every built-in detector"
+# The detectors a streamed scan (a trial too big for memory, ``comgra.analysis.streaming``) runs too; the others read
+# the whole trial at once.
+STREAMED = ("non_finite", "gradients", "growth", "collapse", "dead_units", "saturated_units", "one_sided", "parameters",
+            "outliers", "correlation")
 
 
 def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], list[str]]:

@@ -4,6 +4,7 @@ and tensors computed from trainable parameters whose gradient never arrives (an 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
@@ -138,10 +139,7 @@ def growth_along_edges(data: TrialData, facts: GraphFacts, options: ScanOptions)
         if not inputs:
             continue
         own = per_node[node]
-        biggest = None
-        for source in inputs:
-            joined = per_node[source].reindex(own.index)
-            biggest = joined if biggest is None else np.fmax(biggest, joined)
+        biggest = pd.concat([per_node[source].reindex(own.index) for source in inputs], axis=1).max(axis=1)
         valid = (biggest > MIN_SCALE) & np.isfinite(own) & (own > 0)
         if valid.sum() < options.min_steps:
             continue

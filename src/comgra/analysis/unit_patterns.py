@@ -35,7 +35,7 @@ def dying(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Find
             continue
         alive = np.stack([(matrix[steps == s] != 0).any(axis=0) for s in order])  # steps x units
         late = max(3, int(round(LATE_SHARE * len(order))))
-        died = (~alive[-late:]).all(axis=0) & alive[: len(order) // 3].any(axis=0)
+        died = np.asarray((~alive[-late:]).all(axis=0) & alive[: len(order) // 3].any(axis=0), dtype=bool)
         fraction = float(died.mean())
         if fraction < options.scaled(options.dead_fraction):
             continue

@@ -23,6 +23,7 @@ STALE_SHARE = 0.6
 # is small, so gradients that grow as it falls are not this step's gradients.
 STALE_GROWTH_WITH_FALLING_LOSS = 2.0
 LOSS_FALL = 10.0
+ACCUMULATION_SLACK = 2.0  # growth up to this many times the ratio of the steps summed is still accumulation
 
 
 def updates(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
@@ -138,6 +139,12 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
         quarter = max(2, len(values) // 4)
         early, late = float(np.median(values[:quarter])), float(np.median(values[-quarter:]))
         trend = _trend(values)
+        # A sum of a step's gradients grows at most as fast as the number of steps summed: growth far beyond that is
+        # not accumulation (an explosion, a loss pushing back), whatever else it is.
+        at = series.index.to_numpy(np.float64) - float(series.index.min()) + 1.0
+        summed = float(np.median(at[-quarter:])) / float(np.median(at[:quarter]))
+        if early > 0 and late / early > ACCUMULATION_SLACK * summed:
+            continue
         if early > 0 and late / early >= needed / options.sensitivity and trend > (0.5 if needed < STALE_GROWTH else 0.8):
             grown.append((late / early, float(trend), str(node), str(kind), series))
     if not total or len(grown) < STALE_SHARE * total or len(grown) < 2:
@@ -172,7 +179,11 @@ def loss_fall(data: TrialData) -> float | None:
     losses only; None without one)."""
     stats = data.stats
     rows = stats[(stats["kind"] == fmt.FORWARD) & (stats["tensor_type"] == "loss")]
-    per_step = rows.groupby("training_step")["mean"].mean().sort_index().to_numpy(np.float64)
+    return fall_of(rows.groupby("training_step")["mean"].mean().sort_index().to_numpy(np.float64))
+
+
+def fall_of(per_step: np.ndarray) -> float | None:
+    """``loss_fall`` of the loss's values, one per step in the order of the steps."""
     per_step = per_step[np.isfinite(per_step)]
     if len(per_step) < MIN_PAIRS:
         return None
