@@ -121,11 +121,13 @@ def growth_within_step(data: TrialData, facts: GraphFacts, options: ScanOptions)
 def growth_along_edges(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
     """A tensor orders of magnitude larger than every tensor it is computed from, on most recorded steps."""
     stats = data.stats
-    rows = stats[(stats["kind"] == fmt.FORWARD) & (stats["aggregation"].isin(["abs_max", "none"]))]
-    rows = rows[~rows["tensor_type"].isin(["parameter"])]
-    scale = rows.groupby(["node", "training_step"], observed=True)["abs_mean"].max()
-    scale.index = scale.index.set_levels(as_text(scale.index.levels[0]), level=0)
-    per_node = {str(n): s.droplevel(0) for n, s in scale.groupby(level=0, observed=True)}
+    rows = stats[(stats["kind"] == fmt.FORWARD) & (stats["aggregation"].isin(["abs_max", "none"]))
+                 & (stats["tensor_type"] != "parameter")]
+    if not len(rows):
+        return []
+    # One column per node, one row per step: its largest mean absolute value of the step.
+    wide = rows.groupby(["training_step", "node"], observed=True)["abs_mean"].max().unstack("node")
+    wide.columns = [str(c) for c in wide.columns]
     sources: dict[str, set[str]] = {}
     for source, targets in facts.feeds.items():
         for target in targets:
@@ -133,13 +135,12 @@ def growth_along_edges(data: TrialData, facts: GraphFacts, options: ScanOptions)
     findings = []
     limit = options.orders(EDGE_ORDERS)
     for node in sorted(sources):
-        if node not in per_node or facts.is_loss_like(node) or facts.role.get(node) in ("input", "target"):
+        if node not in wide.columns or facts.is_loss_like(node) or facts.role.get(node) in ("input", "target"):
             continue
-        inputs = [s for s in sources[node] if s in per_node and facts.role.get(s) not in ("parameter", "target")]
+        inputs = sorted(s for s in sources[node] if s in wide.columns and facts.role.get(s) not in ("parameter", "target"))
         if not inputs:
             continue
-        own = per_node[node]
-        biggest = pd.concat([per_node[source].reindex(own.index) for source in inputs], axis=1).max(axis=1)
+        own, biggest = wide[node], wide[inputs].max(axis=1)
         valid = (biggest > MIN_SCALE) & np.isfinite(own) & (own > 0)
         if valid.sum() < options.min_steps:
             continue
@@ -154,9 +155,9 @@ def growth_along_edges(data: TrialData, facts: GraphFacts, options: ScanOptions)
             node=node, role=node, kind=fmt.FORWARD, training_step=flagged[0], steps=flagged,
             iteration=_iteration_of(data, node, fmt.FORWARD, flagged[0]),
             message=f"{node} is {median:.1f} orders of magnitude larger than the tensors it is computed from "
-                    f"({', '.join(sorted(inputs)[:4])}) on {len(flagged)} of {int(valid.sum())} recorded steps: a layer "
+                    f"({', '.join(inputs[:4])}) on {len(flagged)} of {int(valid.sum())} recorded steps: a layer "
                     "that amplifies far too much (its initialisation, a missing normalisation or scale).",
-            evidence={"orders_of_magnitude": median, "sources": sorted(inputs), "steps_flagged": len(flagged)},
+            evidence={"orders_of_magnitude": median, "sources": inputs, "steps_flagged": len(flagged)},
             aggregation="abs_max", statistic="abs_mean", column=facts.column.get(node, 0)))
     return findings
 

@@ -138,6 +138,8 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
         values = series.to_numpy(np.float64)
         quarter = max(2, len(values) // 4)
         early, late = float(np.median(values[:quarter])), float(np.median(values[-quarter:]))
+        if not early > 0 or late / early < needed / options.sensitivity:
+            continue
         trend = _trend(values)
         # A sum of a step's gradients grows at most as fast as the number of steps summed: growth far beyond that is
         # not accumulation (an explosion, a loss pushing back), whatever else it is.
