@@ -9,6 +9,7 @@ names it and lists the known ones. Constructor arguments win over the file.
     refresh_interval_s = 2.0        # how often the app looks for new data of a run in progress
     [anomalies]
     sensitivity = 1.0               # findings: 2 halves every detector's threshold (more findings), 0.5 doubles them
+    detectors = []                  # user detectors, "module:function" (see comgra.analysis.custom)
     [history]
     layer_executions = 100          # per-layer profiling rows kept per module
     resource_samples = 3600         # resource samples kept in memory for the live plot
@@ -50,6 +51,7 @@ class AppSettings:
 @dataclass(frozen=True)
 class AnomalySettings:
     sensitivity: float = 1.0  # the default of comgra scan --sensitivity and of the app's Findings tab
+    detectors: tuple[str, ...] = ()  # user detectors, "module:function" (comgra.analysis.custom)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,10 @@ def _check_value(section: str, key: str, value: Any, default: Any, source: str) 
     where = f"{source}: {section}.{key}={value!r}"
     if section == "breakpoints" and key == "set":
         return _check_breakpoints(value, where)
+    if section == "anomalies" and key == "detectors":
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.count(":") == 1 for v in value):
+            raise ConfigError(f"{where} must be a list of 'module:function' strings, e.g. [\"my_checks:loss_above_ten\"].")
+        return tuple(value)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false.")

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from comgra.analysis.custom import register_detector, unregister_detector
 from comgra.analysis.findings import FORMAT_VERSION, SEVERITIES, Finding, ScanOptions, document, rank_findings
 
 if TYPE_CHECKING:
     from comgra.analysis.scan import DETECTORS, ScanResult, Scanner, detect_all
 
 __all__ = ["DETECTORS", "FORMAT_VERSION", "SEVERITIES", "Finding", "ScanOptions", "ScanResult", "Scanner",
-           "detect_all", "document", "rank_findings"]
+           "detect_all", "document", "rank_findings", "register_detector", "unregister_detector"]
 _FROM_SCAN = ("DETECTORS", "ScanResult", "Scanner", "detect_all")
 
 

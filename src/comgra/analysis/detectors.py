@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from comgra.analysis import cooccurrence, correlation, graphs, nonfinite, outliers, parameters, trends, units
-from comgra.analysis import evidence_detectors
+from comgra.analysis import (cooccurrence, correlation, curves, custom, evidence_detectors, graphs, nonfinite, outliers,
+                             parameters, structure, trends, unit_patterns, units, updates)
+from comgra.analysis.detectors_names import BUILT_IN
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import TrialData
 from comgra.errors import SelectionError
@@ -29,7 +30,26 @@ DETECTORS: dict[str, Detector] = {
     "outliers": outliers.detect,
     "correlation": correlation.detect,
     **evidence_detectors.EVIDENCE,  # the evidence beside the tensors: runinfo, sentinels, the profiling table
+    "loss_curve": curves.loss_curve,
+    "constant_data": curves.constant_data,
+    "transient_jumps": curves.transient_jumps,
+    "output_range": curves.output_range,
+    "probabilities_to_loss": curves.probabilities_to_loss,
+    "updates": updates.updates,
+    "stale_gradients": updates.stale_gradients,
+    "shapes": structure.shapes,
+    "growth_within_step": structure.growth_within_step,
+    "growth_along_edges": structure.growth_along_edges,
+    "detached": structure.detached,
+    "dying_units": unit_patterns.dying,
+    "identical_units": unit_patterns.identical,
+    "sparse_units": unit_patterns.sparse,
 }
+assert set(DETECTORS) | {"co_occurrence"} == BUILT_IN, "detectors_names.BUILT_IN lists every built-in detector"
+# The detectors a streamed scan (a trial too big for memory, ``comgra.analysis.streaming``) runs too; the others read
+# the whole trial at once.
+STREAMED = ("non_finite", "gradients", "growth", "collapse", "dead_units", "saturated_units", "one_sided", "parameters",
+            "outliers", "correlation", *evidence_detectors.EVIDENCE)
 
 
 def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], list[str]]:
@@ -41,7 +61,7 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
     problems = [f"skipped {p}" for p in data.problems]
     if not len(data.stats):
         return findings, problems
-    for name, detector in DETECTORS.items():
+    for name, detector in {**DETECTORS, **custom.registered()}.items():
         try:
             findings.extend(detector(data, facts, options))
         except SelectionError:
@@ -51,4 +71,48 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
     findings = evidence_detectors.sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    return rank_findings(findings), problems
+    return rank_findings(explained(findings, updates.loss_fall(data))), problems
+
+
+LOSS_SYMPTOMS = ("loss_not_decreasing",)
+COLLAPSE_CAUSES = ("dead_units", "parameter_shrinking", "identical_units")
+
+
+CONVERGED_FALL = 1000.0  # a loss this many times below its start: gradients that vanish have nothing left to learn
+
+
+def explained(findings: list[Finding], loss_fall: float | None = None) -> list[Finding]:
+    """Findings that are true by construction lowered to info: a bias whose gradient vanishes while the weight of its
+    own layer learns (a bias before a normalisation, a key bias under softmax); and consequences ranked below their
+    causes: a loss that does not decrease where another warning says why (lowered to info), a batch spread that
+    collapses where units die or weights shrink (no longer an origin); gradients that vanish once the loss has fallen
+    three orders of magnitude (to info: a converged loss has small gradients)."""
+    vanished = {f.node for f in findings if f.detector == "vanishing_gradient"}
+    for finding in findings:
+        node = finding.node
+        if finding.detector == "vanishing_gradient" and node.endswith(".bias") and \
+                node.removesuffix(".bias") + ".weight" not in vanished and finding.severity == "warning":
+            finding.severity = "info"
+            finding.message += (" Its layer's weight gets a normal gradient: a bias whose gradient is zero by "
+                                "construction (followed by a normalisation, or a key bias under softmax) is harmless.")
+    if loss_fall is not None and loss_fall >= CONVERGED_FALL:
+        for finding in findings:
+            per_step = finding.detector == "vanishing_gradient" or (
+                finding.detector == "exploding_gradient" and "median_gradient" in finding.evidence)
+            if per_step and finding.severity == "warning":
+                finding.severity = "info"
+                finding.message += (f" The loss has fallen {loss_fall:.3g}x since the start of the run: the "
+                                    "gradients of a converged loss are small, those of its last layers relatively "
+                                    "large.")
+    # A batch spread that collapses where (or after) units die or weights shrink is their consequence.
+    upstream = [f for f in findings if f.severity == "warning" and f.detector in COLLAPSE_CAUSES]
+    for finding in findings:
+        if finding.detector == "collapse" and any(c.column <= finding.column for c in upstream):
+            finding.origin = False
+    causes = [f for f in findings if f.severity in ("error", "warning") and f.detector not in LOSS_SYMPTOMS]
+    for finding in findings:
+        if finding.detector in LOSS_SYMPTOMS and causes:
+            finding.severity = "info"
+            finding.origin = False
+            finding.message += f" Other findings say why (e.g. {causes[0].detector} at {causes[0].node})."
+    return findings

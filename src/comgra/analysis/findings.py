@@ -111,12 +111,29 @@ def trial_signature(trial: TrialReader) -> tuple[str, ...]:
         p.name for table in ("steps", "runinfo", "sentinels") for p in sorted((trial.directory / table).glob("*.parquet")))
 
 
+# The evidence that says how strong a finding is, beyond its (capped) score: findings of equal score are ordered
+# by it, so that a tie is decided by the data, never by the nodes' names.
+STRENGTH_KEYS = ("orders_of_magnitude", "dead_fraction", "saturated_fraction", "zero_fraction", "growth_factor",
+                 "robust_z", "ratio", "steps_flagged")
+
+
+def strength(finding: Finding) -> float:
+    """The first of ``STRENGTH_KEYS`` the finding's evidence has (0 without one)."""
+    for key in STRENGTH_KEYS:
+        value = finding.evidence.get(key)
+        if isinstance(value, (int, float)) and value == value:
+            return float(value)
+    return 0.0
+
+
 def rank_findings(findings: list[Finding]) -> list[Finding]:
-    """Most useful first: severity, then confidence, an origin before the nodes it spread to,
-    then how early in the graph and in training the problem starts."""
+    """Most useful first: severity, an origin before the nodes it spread to, confidence, then how early in training
+    the problem starts (a cause shows before its consequences), the strength of the evidence and how early in the
+    graph; the names only last, for a total order."""
     return sorted(findings, key=lambda f: (
-        _SEVERITY_RANK.get(f.severity, len(SEVERITIES)), not f.origin, -round(f.score, 3), f.column,
-        f.training_step if f.training_step is not None else 0, f.trial, f.node, f.detector))
+        _SEVERITY_RANK.get(f.severity, len(SEVERITIES)), not f.origin, -round(f.score, 3),
+        f.training_step if f.training_step is not None else 0, -round(strength(f), 3), f.column, f.trial, f.node,
+        f.detector))
 
 
 def document(findings: list[Finding], problems: list[str] | None = None,

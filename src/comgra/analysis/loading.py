@@ -25,7 +25,8 @@ from comgra.store.reader import TrialReader
 
 KEYS = ["training_step", "kind", "iteration", "node", "role", "tensor_type", "aggregation", "sample", "rank"]
 STATS = list(fmt.STATISTICS)
-COLUMNS = KEYS + STATS + ["svd_max", "num_neurons", "neurons"]
+COLUMNS = KEYS + STATS + ["svd_max", "num_neurons", "neurons", "shape"]
+SHAPE_KEYS = ["training_step", "iteration", "node", "role", "tensor_type"]
 # A trial of up to this many statistics rows is scanned in memory, whole; a bigger one is streamed node
 # group by node group (``comgra.analysis.streaming``), each group holding about this many rows at most.
 IN_MEMORY_ROWS = 600_000
@@ -70,6 +71,7 @@ class ChunkData:
 
     stats: pa.Table
     neurons: dict[str, _ArrowNeurons]  # "abs_max", "sample", "std", "parameter"
+    shapes: pa.Table | None = None  # per forward tensor and step: its shape (SHAPE_KEYS + shape)
 
 
 @dataclass
@@ -90,6 +92,8 @@ class TrialData:
     # what they made of them (``comgra.analysis.evidence_tables``).
     reader: Any = None
     tables: dict[str, Any] = field(default_factory=dict)
+    # Per forward tensor and step, its shape as a tuple (SHAPE_KEYS + shape); empty in a streamed scan.
+    shapes: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=[*SHAPE_KEYS, "shape"]))
 
 
 class ChunkCache:
@@ -153,7 +157,12 @@ def read_chunk(trial: TrialReader, path: Path) -> ChunkData:
 def chunk_data(table: pa.Table) -> ChunkData:
     # One Arrow chunk per column, not one per row group: the filters below run once, not per row group.
     table = table.combine_chunks()
-    return ChunkData(table.drop_columns(["neurons"]), _neuron_frames(table))
+    shapes = None
+    if "shape" in table.column_names:
+        one_row = pc.and_(pc.equal(table["kind"], fmt.FORWARD), pc.is_in(table["aggregation"], pa.array(["mean", "none"])))
+        shapes = table.filter(one_row).select([*SHAPE_KEYS, "shape"])
+        table = table.drop_columns(["shape"])
+    return ChunkData(table.drop_columns(["neurons"]), _neuron_frames(table), shapes)
 
 
 def recorded_rows(trial: TrialReader) -> int:
@@ -245,7 +254,8 @@ def assemble(context: TrialContext, parts: list[ChunkData]) -> TrialData:
     if observe_rows is not None:
         observe_rows(len(stats))
     return TrialData(context.trial, stats, neurons, context.steps, context.graphs, list(context.problems),
-                     reader=context.reader)
+                     reader=context.reader,
+                     shapes=_concat_shapes([p.shapes for p in parts if p.shapes is not None], context.known))
 
 
 def trial_context(trial: TrialReader) -> TrialContext:
@@ -277,6 +287,17 @@ def _concat(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:
     # Values of a step the index does not list (a crash between the two writes) are not a step.
     listed = pc.is_in(table["training_step"], pa.array(sorted(known), pa.int64()))
     return _frame(table if pc.all(listed).as_py() is not False else table.filter(listed))
+
+
+def _concat_shapes(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return pd.DataFrame(columns=[*SHAPE_KEYS, "shape"])
+    table = pa.concat_tables(tables)
+    table = table.filter(pc.is_in(table["training_step"], pa.array(sorted(known), pa.int64())))
+    frame = table.select(SHAPE_KEYS).to_pandas()
+    frame["shape"] = [tuple(s) if s is not None else () for s in table["shape"].to_pylist()]
+    return frame
 
 
 def _concat_neurons(parts: list[_ArrowNeurons], known: set[int]) -> NeuronRows:

@@ -49,6 +49,15 @@ def detect(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Fin
 
 
 def parts(data: TrialData) -> dict[tuple[str, str], ParameterPart]:
+    """Per parameter, its part; computed once per trial's data (two detectors ask)."""
+    found = getattr(data, "_parameter_parts", None)
+    if found is None:
+        found = _parts(data)
+        data._parameter_parts = found  # type: ignore[attr-defined]
+    return found
+
+
+def _parts(data: TrialData) -> dict[tuple[str, str], ParameterPart]:
     rows = data.neurons["parameter"]
     if not len(rows.keys):
         return {}

@@ -69,7 +69,9 @@ def environment() -> dict[str, str]:
 def fingerprint(options: ScanOptions) -> dict[str, Any]:
     """Everything a saved finding is valid for besides the data: the code (``environment``) and the
     sensitivity and thresholds it was scanned at. Saved findings with another fingerprint are stale."""
-    return {**environment(), "options": asdict(options)}
+    from comgra.analysis.custom import signature
+
+    return {**environment(), "options": asdict(options), "user_detectors": signature()}
 
 
 def code_version() -> str:

@@ -38,8 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from comgra.analysis import cooccurrence, correlation, evidence_detectors, graphs, loading, nonfinite, outliers
-from comgra.analysis import parameters, trends, units
+from comgra.analysis import (cooccurrence, correlation, evidence_detectors, graphs, loading, nonfinite, outliers,
+                             parameters, trends, units, updates)
+from comgra.analysis.detectors import explained
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import KEYS, STATS, TrialContext, TrialData
 from comgra.errors import SelectionError
@@ -117,6 +118,7 @@ class _Gathered:
     locator: Locator = field(default_factory=Locator)
     findings: list[Finding] = field(default_factory=list)  # of the detectors that judge a node by itself
     problems: list[str] = field(default_factory=list)
+    losses: list[pd.DataFrame] = field(default_factory=list)  # training_step, mean of the registered loss
 
 
 def scan_trial(trial: TrialReader, options: ScanOptions,
@@ -255,6 +257,9 @@ def _split_chunk(table: pa.Table, context: TrialContext, gathered: _Gathered, sp
         table = table.filter(listed)
     _gather_non_finite(table, gathered)
     _gather_samples(table, context, gathered)
+    losses = table.filter(pc.and_(pc.equal(table["kind"], fmt.FORWARD), pc.equal(table["tensor_type"], "loss")))
+    if losses.num_rows:  # one row per step: what explained() asks of the loss
+        gathered.losses.append(losses.select(["training_step", "mean"]).to_pandas())
     # Per-sample gradients: no detector of one node reads them (the non-finite ones were taken above).
     table = table.filter(pc.invert(pc.and_(pc.not_equal(table["kind"], fmt.FORWARD),
                                            pc.equal(table["aggregation"], "sample"))))
@@ -446,7 +451,9 @@ def _conclude(context: TrialContext, facts: graphs.GraphFacts, options: ScanOpti
             problems.append(f"detector {name} failed on trial {context.trial!r}: {type(error).__name__}: {error}")
     findings = evidence_detectors.sentinel_events.reattribute(skeleton, findings)
     findings.extend(cooccurrence.detect(findings, int(context.steps["training_step"].nunique())))
-    return rank_findings(findings), problems
+    losses = pd.concat(gathered.losses) if gathered.losses else pd.DataFrame({"training_step": [], "mean": []})
+    fall = updates.fall_of(losses.groupby("training_step")["mean"].mean().sort_index().to_numpy(np.float64))
+    return rank_findings(explained(findings, fall)), problems
 
 
 def _levels(gathered: _Gathered) -> pd.DataFrame:

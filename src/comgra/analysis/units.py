@@ -217,6 +217,12 @@ def one_sided_judged(data: TrialData, facts: GraphFacts, options: ScanOptions,
         if into_output:
             message += " It feeds the output without a learned layer in between: is an activation applied where " \
                        "none should be?"
+        # Never reaching zero (softmax, sigmoid, exp > 0; log_softmax < 0) is one-sided by definition, where a ReLU's
+        # exact zeros are not: a true finding, but not a problem.
+        by_definition = (low > 0) if negative_small else (high < 0)
+        if by_definition:
+            into_output = False
+            message += " It never reaches zero: a function one-sided by definition (softmax, sigmoid, log_softmax)."
         strength = (1.0 - ratio / limit) * (0.5 + 0.5 * share)
         findings.append(Finding(
             detector="one_sided", severity="warning" if into_output else "info",

@@ -132,6 +132,10 @@ def _serve(args: argparse.Namespace) -> int:
     from comgra.errors import ConfigError
     try:
         settings = load_settings(args.config)
+        if settings.anomalies.detectors:  # user detectors: the Findings tab and the REST API run them too
+            from comgra.analysis.custom import load_configured
+
+            load_configured(settings.anomalies.detectors)
     except ConfigError as error:
         raise UsageError(str(error)) from None
     return _run_server(group, host=args.host, port=args.port, visualization_file=visualization,

@@ -1,6 +1,6 @@
 """``comgra scan``: findings of a recording as a compact list (``--verbose``: the full text), or as JSON.
 
-    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME]
+    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME] [--detector M:F ...]
 
 The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
 to the terminal's width), grouped by trial, and ends with the command that opens the app on the first finding.
@@ -40,6 +40,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
     result.add_argument("--verbose", "-v", action="store_true",
                         help="print each finding's full text and its link, not one line per finding")
+    result.add_argument("--detector", action="append", metavar="MODULE:FUNCTION",
+                        help="also run this detector of your own (repeatable; see comgra.analysis.custom)")
     result.add_argument("--sensitivity", type=_sensitivity, default=None,
                         help="above 1 finds more, below 1 fewer (default: [anomalies] sensitivity of comgra.toml, "
                              "else 1)")
@@ -58,6 +60,7 @@ def run(arguments: list[str]) -> int:
     args = parser().parse_args(arguments)
     group = check_recording(args.path)
     options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
+    _load_user_detectors(args)
     try:
         with _Progress() as progress:
             result = Scanner(persist=True).scan(group, trials=args.trial, options=options, progress=progress.update)
@@ -70,6 +73,17 @@ def run(arguments: list[str]) -> int:
         print_findings(console, result.findings, result.problems, result.trials, verbose=args.verbose,
                        link=finding_link, path=str(args.path))
     return 0
+
+
+def _load_user_detectors(args: argparse.Namespace) -> None:
+    """The user detectors of ``--detector`` and of comgra.toml's ``[anomalies] detectors``, registered."""
+    from comgra.analysis.custom import load_configured
+    from comgra.config import load_settings
+
+    try:
+        load_configured([*load_settings(args.config).anomalies.detectors, *(args.detector or [])])
+    except ComgraError as error:
+        raise UsageError(str(error)) from None
 
 
 def _chosen_sensitivity(args: argparse.Namespace) -> float:
