@@ -225,10 +225,12 @@ class RunEvidence:
 
 
 def _fingerprints(tensors: list[torch.Tensor]) -> torch.Tensor | None:
-    """(sum, L2 norm) of each tensor in float64, stacked on one device: one transfer for all."""
+    """(sum, L2 norm) of each tensor in float64, stacked on one device: one transfer for all. A complex tensor's are
+    those of its magnitudes |z|, as everywhere in comgra."""
     if not tensors:
         return None
     device = tensors[0].device
+    tensors = [t.abs() if t.is_complex() else t for t in tensors]
     pairs = [torch.stack([t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64)]).to(device)
              for t in tensors]
     return torch.stack(pairs)
