@@ -24,6 +24,7 @@ from comgra.capture.modules import ModuleTracker, parameter_nodes
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import RankInfo
 from comgra.capture.registry import RECORDING_TYPES, Registration
+from comgra.capture.sharded import ShardCombiner
 from comgra.capture.step import StepOptions, StepRecording
 from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError
@@ -53,6 +54,7 @@ class Session:
     kpis_flushed_at: float = 0.0
     closed: bool = False
     metadata_name: str = fmt.TRIAL_META  # trial.json for the lead rank, rank-NNN.json for the others
+    combiner: ShardCombiner | None = None  # DTensors across ranks (capture/sharded.py), made at the first step
 
     @classmethod
     def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
@@ -110,8 +112,10 @@ class Session:
         if self.broken:
             return False
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
+        if self.combiner is None:
+            self.combiner = ShardCombiner.for_ranks(self.options.record_ranks, self.warn_once)
         self.step = StepRecording(training_step, batch_size, type_of_execution, options,
-                                  parameter_aliases=modules.aliases, report=self.warn_once)
+                                  parameter_aliases=modules.aliases, report=self.warn_once, combiner=self.combiner)
         self.per_sample_default = per_sample_default
         names = self.parameter_names  # a tied parameter once, under its first name
         self.step.register_parameters([Registration(name, -1, names[name][0], name, "parameter", "neuron", None, False,

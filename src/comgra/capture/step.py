@@ -18,6 +18,7 @@ import torch
 
 from comgra.capture import background
 from comgra.capture import graph as graphs
+from comgra.capture import sharded, shards
 from comgra.capture.registry import Registration
 from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table, unsummarisable
 from comgra.errors import RecordingError, did_you_mean
@@ -92,6 +93,10 @@ class StepRecording:
     _parameter_job: background.Job | None = None  # the parameters' statistics, on the worker (CPU only)
     # report(key, message): a warning once per key (Session.warn_once); None: nobody to tell (tests)
     report: Callable[[str, str], None] | None = None
+    # DTensors (capture/shards.py): this rank's parts, combined across ranks at the end of the step; None: left out
+    combiner: sharded.ShardCombiner | None = None
+    _shard_parts: list[shards.LocalPart] = field(default_factory=list)
+    _shard_fault: bool = False
 
     # -- registration -----------------------------------------------------------------------
     def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False,
@@ -125,9 +130,12 @@ class StepRecording:
         self.latest_by_name[registration.tensor_name] = key
         self._by_tensor_id.setdefault(id(tensor), key)
         registration.grad_fn = tensor.grad_fn
-        reason = unsummarisable(tensor)
+        value = shards.waited(tensor)  # a tensor-parallel layer's local output: the values its collective made
+        reason = unsummarisable(value)
         if reason is None:
-            self._capture_value(registration, tensor, live)
+            self._capture_value(registration, value, live)
+        elif shards.is_dtensor(tensor) and self.combiner is not None:
+            self._add_shard(fmt.FORWARD, registration, tensor)
         else:  # still a node of the graph, with no rows
             self._skip(registration, "values", reason)
         if tensor.grad_fn is not None:
@@ -154,6 +162,8 @@ class StepRecording:
             reason = unsummarisable(tensor)  # type: ignore[arg-type]
             if reason is None:
                 self._pending_forward.append((registration, tensor))  # type: ignore[arg-type]
+            elif shards.is_dtensor(tensor) and self.combiner is not None:  # FSDP2: this rank's shard, read now
+                self._add_shard(fmt.FORWARD, registration, tensor)  # type: ignore[arg-type]
             else:  # an FSDP2 parameter (a DTensor), whose .grad is one too: a node of the graph with no rows
                 self._skip(registration, "values and gradients", reason)
             registration.grad_fn = tensor.grad_fn  # type: ignore[union-attr]
@@ -180,6 +190,19 @@ class StepRecording:
                         f"comgra cannot summarise the {what} of tensor {registration.tensor_name!r} {reason}; they "
                         "are left out of the recording (no rows), the rest of the step is recorded and training "
                         "goes on. This warning is given once per tensor name.")
+
+    def _add_shard(self, kind: str, registration: Registration, tensor: torch.Tensor) -> None:
+        """This rank's part of a DTensor, from its local shard now (capture/shards.py); the ranks combine the
+        parts at the end of the step (capture/sharded.py). A fault here is flagged to the other ranks there."""
+        reason = shards.unsupported(tensor) or unsummarisable(shards.waited(tensor.to_local()))  # type: ignore[attr-defined]
+        if reason is not None:
+            self._skip(registration, "values" if kind == fmt.FORWARD else f"gradients ({kind!r})", reason)
+            return
+        try:
+            self._shard_parts.append(shards.local_part(kind, registration, tensor, self.options.max_neurons))
+        except Exception as error:  # noqa: BLE001 - the other ranks must still hear from this one
+            self._shard_fault = True
+            self._skip(registration, "shards", f"because reading its local shard failed ({type(error).__name__}: {error})")
 
     def add_gradient(self, tensor_name: str, grad: torch.Tensor) -> None:
         """Give the latest tensor registered as ``tensor_name`` a gradient that arrived outside its hook.
@@ -279,10 +302,13 @@ class StepRecording:
                 grad = self._grads.get(key)
             if grad is None:
                 continue
+            grad = shards.waited(grad)
             reason = unsummarisable(grad)
             if reason is None:
                 items.append((registration, grad))
-            else:  # the gradient of an FSDP2 parameter is a DTensor too
+            elif shards.is_dtensor(grad) and self.combiner is not None:  # the gradient of an FSDP2 parameter
+                self._add_shard(kind, registration, grad)
+            else:
                 self._skip(registration, f"gradients ({kind!r})", reason)
         # All gradients here, from their values now, in one batched call. The user holds the parameters'
         # (a later backward pass, clip_grad_norm_ or zero_grad(set_to_none=False) would change them in
@@ -300,6 +326,9 @@ class StepRecording:
     def to_tables(self, choice: SampleChoice, now: float | None = None) -> tuple[pa.Table, pa.Table]:
         """The tensors rows and the steps rows of this step (one host transfer)."""
         self._summarize_pending()
+        if self.combiner is not None and (self._shard_parts or self._shard_fault):
+            combined = self.combiner.combine(self.training_step, self._shard_parts, self._shard_fault)
+            self.blocks += sharded.blocks(combined)
         values = to_table(self.training_step, self._finished_blocks(), choice)
         rows = [{
             "training_step": self.training_step, "type_of_execution": self.type_of_execution,
@@ -331,6 +360,7 @@ class StepRecording:
         self._hooks.clear()
         self._grads.clear()
         self._pending_forward.clear()
+        self._shard_parts.clear()
         self._by_tensor_id.clear()
         self.keep_alive.clear()
         for tensor in self.switched_on_grad:  # leave the user's tensors as they were before the step
