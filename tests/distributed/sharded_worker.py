@@ -4,6 +4,9 @@
 
 MODE "fsdp2": fully_shard on each layer and on the model, each rank its own batch (data parallel); the
 parameters and their gradients are DTensors (Shard(0), uneven: 7 and 3 rows over 2 ranks).
+MODE "fault": as "fsdp2", recording steps 0, 2 and 4, with faults of comgra's own on rank 1: at step 2 reading a
+local shard fails (the ranks must agree to leave the step's DTensors out), at step 4 its recording stops (rank 0
+must not wait for it longer than comgra's collective timeout, here 5 s).
 MODE "tp": parallelize_module with ColwiseParallel and RowwiseParallel on a small MLP (outputs kept as
 DTensors), the same input on every rank; registered: the hidden activation (Shard(1)), the output (Replicate),
 the input split by rows (Shard(0), built with DTensor.from_local) and a Partial tensor (addends x * (rank + 1)).
@@ -30,7 +33,7 @@ from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 
 RECORDED_STEPS = {0, 2}
-STEPS = 4
+STEPS = 5
 BATCH = 4
 CALLS: Counter[str] = Counter()
 WAITS = ("wait_tensor", "_wrap_tensor_autograd")  # bookkeeping of functional collectives, not collectives
@@ -47,11 +50,17 @@ class CountCollectives(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def plain_model(mode: str) -> torch.nn.Sequential:
+    """The model before sharding; the test's unsharded reference is this one."""
+    torch.manual_seed(0)
+    if mode == "tp":
+        return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 5))
+    return torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+
+
 def model_of(mode: str) -> torch.nn.Module:
-    torch.manual_seed(0)  # the same initial weights on every rank, in both runs and in the test's reference
-    model = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)) if mode == "fsdp2" \
-        else torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 5))
-    if mode == "fsdp2":
+    model = plain_model(mode)
+    if mode in ("fsdp2", "fault"):
         from torch.distributed.fsdp import fully_shard
         fully_shard(model[0])
         fully_shard(model[2])
@@ -68,7 +77,7 @@ def model_of(mode: str) -> torch.nn.Module:
 
 def batch(mode: str, step: int, rank: int) -> torch.Tensor:
     """FSDP2: each rank its own samples; TP: the same samples on every rank."""
-    generator = torch.Generator().manual_seed(1000 * step + (rank if mode == "fsdp2" else 0))
+    generator = torch.Generator().manual_seed(1000 * step + (0 if mode == "tp" else rank))
     x = torch.randn(BATCH, 6, generator=generator)
     if step == 2 and mode == "tp":
         x[1, 3] = float("nan")  # a NaN in a sample that rank 0 holds of the input split by rows, an inf in rank 1's
@@ -83,6 +92,7 @@ def train(mode: str, recorder: ComgraRecorder | None, rank: int) -> tuple[list[f
         recorder.track_module("model", model)
     losses, calls = [], []
     for step in range(STEPS):
+        STEP[0] = step
         with CountCollectives():
             losses.append(one_step(mode, model, optimizer, recorder, step, rank))
         calls.append(dict(CALLS))
@@ -96,7 +106,7 @@ def one_step(mode: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     if recorder is not None:
         recorder.start_batch(step, BATCH)
         recorder.start_iteration()
-    if mode == "fsdp2":
+    if mode != "tp":
         if recorder is not None:
             recorder.register_tensor("x", x, is_input=True)
         output = model(x)
@@ -132,9 +142,38 @@ def _full(parameter: Any) -> torch.Tensor:
     return (parameter.full_tensor() if hasattr(parameter, "full_tensor") else parameter).detach().clone()
 
 
+def plant_faults(rank: int) -> None:
+    """Mode "fault": comgra's own faults on rank 1 (see the module's docstring)."""
+    from datetime import timedelta
+
+    from comgra.capture import session, sharded, shards
+    sharded.COLLECTIVE_TIMEOUT = timedelta(seconds=5)
+    if rank != 1:
+        return
+    read, finish = shards.local_part, session.Session.finish_iteration
+
+    def failing_read(kind: str, registration: Any, tensor: Any, max_neurons: int) -> Any:
+        if STEP[0] == 2:
+            raise RuntimeError("a planted fault in reading a shard")
+        return read(kind, registration, tensor, max_neurons)
+
+    def failing_finish(self: Any) -> None:
+        if STEP[0] == 4:
+            raise RuntimeError("a planted fault that stops the recording")
+        finish(self)
+    shards.local_part = failing_read  # type: ignore[assignment]
+    session.Session.finish_iteration = failing_finish  # type: ignore[method-assign]
+
+
+STEP = [0]
+
+
 def main(mode: str, root: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if mode == "fault":
+        RECORDED_STEPS.add(4)
+        plant_faults(rank)
     recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded(RECORDED_STEPS),
                               flush_seconds=60.0, resource_seconds=None, max_num_neurons_to_record=5)
     with_comgra, parameters_with, calls_with = train(mode, recorder, rank)
