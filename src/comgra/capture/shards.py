@@ -179,6 +179,7 @@ def _first_values(local: torch.Tensor, global_shape: tuple[int, ...], offset: tu
         inside &= (coordinate >= start) & (coordinate < start + size)
     if not inside.any():
         return out
-    index = tuple(torch.from_numpy(c[inside] - offset[1 + axis]) for axis, c in enumerate(coordinates))
-    out[:, inside] = local[(slice(None), *index)].double().cpu().numpy().reshape(rows, -1)
+    index: list[Any] = [slice(None)] + [torch.from_numpy(c[inside] - offset[1 + axis])
+                                        for axis, c in enumerate(coordinates)]
+    out[:, inside] = local[tuple(index)].double().cpu().numpy().reshape(rows, -1)
     return out
