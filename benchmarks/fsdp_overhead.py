@@ -15,16 +15,18 @@ Modes:
               pandas loaded) whose policy records no step: the fixed cost of having comgra in the process;
 ``every_10``  comgra records 1 step in 10: every parameter and gradient (DTensors, combined from the shards),
               the input and each layer's output (this rank's batch);
-``gathered``  as ``every_10``, and at each recorded step the full tensor of every parameter is gathered
-              (``full_tensor()``), as a recorder that gathers would: what the memory check must be able to see.
+``gathered``  as ``every_10``, and at each recorded step the full tensor of every parameter and gradient is
+              gathered (``full_tensor()``) and held at once, as a recorder that gathers would: what the memory
+              check must be able to see.
 
-Printed: comgra's collectives and bytes per recorded step (counted by comgra's combiner), the median time
-and peak RSS of each mode, their ratios to ``none``, and the peak RSS ratio to ``off`` (what recording adds
-beyond having comgra loaded).
+Printed: comgra's collectives and bytes per recorded step (counted by comgra's combiner), the median time,
+peak RSS and peak C heap in use (``HeapPeak``) of each mode, their ratios to ``none``, and the peak RSS ratio
+to ``off`` (what recording adds beyond having comgra loaded). The larger rank's figures count.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -32,11 +34,43 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 MODES = ("none", "off", "every_10", "gathered")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+class HeapPeak:
+    """The most bytes the C heap held in use (glibc's ``mallinfo2``: allocated chunks plus mmapped blocks), sampled
+    every 2 ms on a thread. Unlike the RSS high-water mark, it sees a transient allocation that lands in memory the
+    heap already holds (FSDP2 on the CPU leaves the heap at several times the shard size, so a gathered copy of
+    the whole model fits in what was freed, and ru_maxrss does not move)."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._done = threading.Event()
+        function = ctypes.CDLL("libc.so.6").mallinfo2
+        function.restype = _Mallinfo2
+        self._read = function
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.002):
+            info = self._read()
+            self.peak = max(self.peak, info.uordblks + info.hblkhd)
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join()
+        return self.peak / 2**20
 
 
 def worker(mode: str, steps: int, layers: int, width: int, root: str) -> None:
@@ -56,6 +90,7 @@ def worker(mode: str, steps: int, layers: int, width: int, root: str) -> None:
     batches = [torch.randn(16, width, generator=data) for _ in range(4)]
     recorder = _recorder(mode, root, model, steps)
     dist.barrier()
+    heap = HeapPeak()
     start = time.perf_counter()
     for step in range(steps):
         x = batches[step % len(batches)]
@@ -76,23 +111,26 @@ def worker(mode: str, steps: int, layers: int, width: int, root: str) -> None:
         loss.backward()
         if recording:
             if mode == "gathered" and recorder.recording_is_active():
-                gathered = [p.full_tensor() for p in model.parameters()]  # what gathering would hold at once
+                # what a gathering recorder would hold at once: every parameter and gradient, whole
+                gathered = [t.full_tensor() for p in model.parameters() for t in (p, p.grad)]
                 del gathered
             recorder.record_current_gradients("gradients")
             recorder.finish_iteration()
             recorder.finish_batch()
         optimizer.step()
     seconds = time.perf_counter() - start
+    heap_mib = heap.stop()
     combiner = recorder.session.combiner if recorder is not None else None
     collectives, moved = (combiner.collectives, combiner.bytes_moved) if combiner is not None else (0, 0)
     if recorder is not None:
         recorder.finalize()
-    figures = torch.tensor([seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0],
+    figures = torch.tensor([seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, heap_mib],
                            dtype=torch.float64)
     dist.all_reduce(figures, op=dist.ReduceOp.MAX)
     if rank == 0:
         recorded = len(range(0, steps, 10)) if mode not in ("none", "off") else 0
         print(json.dumps({"mode": mode, "seconds": figures[0].item(), "peak_rss_mib": figures[1].item(),
+                          "peak_heap_mib": figures[2].item(),
                           "collectives_per_recorded_step": collectives / recorded if recorded else 0,
                           "bytes_per_recorded_step": moved / recorded if recorded else 0}))
     dist.destroy_process_group()
@@ -146,12 +184,15 @@ def main() -> None:
     base_time = statistics.median(r["seconds"] for r in runs["none"])
     base_rss = statistics.median(r["peak_rss_mib"] for r in runs["none"])
     off_rss = statistics.median(r["peak_rss_mib"] for r in runs["off"])
-    print(f"{'mode':<10} {'seconds':>8} {'ratio':>6} {'peak RSS MiB':>13} {'ratio':>6} {'to off':>6} {'collectives':>12} "
-          f"{'bytes':>8}  (per recorded step; all rounds' seconds)")
+    base_heap = statistics.median(r["peak_heap_mib"] for r in runs["none"])
+    print(f"{'mode':<10} {'seconds':>8} {'ratio':>6} {'peak RSS MiB':>13} {'ratio':>6} {'to off':>6} "
+          f"{'heap MiB':>9} {'ratio':>6} {'collectives':>12} {'bytes':>8}  (per recorded step; all rounds' seconds)")
     for mode, values in runs.items():
         seconds = statistics.median(r["seconds"] for r in values)
         rss = statistics.median(r["peak_rss_mib"] for r in values)
+        heap = statistics.median(r["peak_heap_mib"] for r in values)
         print(f"{mode:<10} {seconds:8.2f} {seconds / base_time:6.3f} {rss:13.1f} {rss / base_rss:6.3f} {rss / off_rss:6.3f} "
+              f"{heap:9.1f} {heap / base_heap:6.3f} "
               f"{values[0]['collectives_per_recorded_step']:12.0f} {values[0]['bytes_per_recorded_step']:8.0f}  "
               + " ".join(f"{r['seconds']:.2f}" for r in values))
 
