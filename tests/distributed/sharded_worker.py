@@ -9,7 +9,8 @@ local shard fails (the ranks must agree to leave the step's DTensors out), at st
 must not wait for it longer than comgra's collective timeout, here 5 s).
 MODE "tp": parallelize_module with ColwiseParallel and RowwiseParallel on a small MLP (outputs kept as
 DTensors), the same input on every rank; registered: the hidden activation (Shard(1)), the output (Replicate),
-the input split by rows (Shard(0), built with DTensor.from_local) and a Partial tensor (addends x * (rank + 1)).
+the input split by rows (Shard(0), built with DTensor.from_local), a Partial tensor (addends x * (rank + 1)) and
+the input split by columns on a 2-D mesh of 1 x 2 ranks (Replicate, Shard(1)).
 
 Each rank trains the model twice from the same start, with comgra and without, counting every collective of
 torch.distributed it makes per step, and writes OUT/result-rNNN.json: the losses of both runs, whether the
@@ -114,7 +115,7 @@ def one_step(mode: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer
             recorder.register_tensor("output", output)
         loss = (output ** 2).mean()
     else:
-        from torch.distributed.tensor import DTensor, Partial, Shard
+        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
         clean = torch.nan_to_num(x, nan=0.0, posinf=1.0)
         hidden = model[1](model[0](clean))
         output = model[2](hidden)
@@ -123,6 +124,8 @@ def one_step(mode: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer
             rows = DTensor.from_local(x[rank * 2:(rank + 1) * 2], mesh, [Shard(0)])
             recorder.register_tensor("x_rows", rows, is_input=True)
             recorder.register_tensor("addends", DTensor.from_local(clean * (rank + 1), mesh, [Partial()]))
+            columns = DTensor.from_local(x[:, rank * 3:(rank + 1) * 3], MESH_2D[0], [Replicate(), Shard(1)])
+            recorder.register_tensor("x_columns", columns)  # a 2-D mesh (1 x 2)
             recorder.register_tensor("hidden", hidden)
             recorder.register_tensor("output", output)
         loss = (output.to_local() ** 2).mean()
@@ -166,6 +169,7 @@ def plant_faults(rank: int) -> None:
 
 
 STEP = [0]
+MESH_2D: list[Any] = []  # mode "tp": a 1 x 2 device mesh, made before training (making it is collective)
 
 
 def main(mode: str, root: str, out: str) -> None:
@@ -174,6 +178,9 @@ def main(mode: str, root: str, out: str) -> None:
     if mode == "fault":
         RECORDED_STEPS.add(4)
         plant_faults(rank)
+    if mode == "tp":
+        from torch.distributed.tensor import init_device_mesh
+        MESH_2D.append(init_device_mesh("cpu", (1, 2), mesh_dim_names=("replicated", "sharded")))
     recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded(RECORDED_STEPS),
                               flush_seconds=60.0, resource_seconds=None, max_num_neurons_to_record=5)
     with_comgra, parameters_with, calls_with = train(mode, recorder, rank)

@@ -149,7 +149,7 @@ def tp_reference() -> dict[int, dict[str, dict[str, torch.Tensor]]]:
         optimizer.zero_grad()
         (output ** 2).mean().backward()
         reference[step] = {
-            "forward": {"x_rows": x, "addends": clean * 3, "hidden": hidden.detach(), "output": output.detach(),
+            "forward": {"x_rows": x, "x_columns": x, "addends": clean * 3, "hidden": hidden.detach(), "output": output.detach(),
                         **parameters},
             "gradients": {"hidden": hidden.grad, "output": output.grad,  # type: ignore[dict-item]
                           **{f"model.{n}": p.grad.clone() for n, p in model.named_parameters()}}}
