@@ -201,6 +201,10 @@ def main() -> None:
               f"{heap:9.1f} {heap / base_heap:6.3f} "
               f"{values[0]['collectives_per_recorded_step']:12.0f} {values[0]['bytes_per_recorded_step']:8.0f}  "
               + " ".join(f"{r['seconds']:.2f}" for r in values))
+    print("peak RSS MiB of each round: " + "; ".join(
+        f"{mode} " + " ".join(f"{r['peak_rss_mib']:.0f}" for r in values) for mode, values in runs.items()))
+    print("peak heap MiB of each round: " + "; ".join(
+        f"{mode} " + " ".join(f"{r['peak_heap_mib']:.0f}" for r in values) for mode, values in runs.items()))
 
 
 if __name__ == "__main__":
