@@ -113,3 +113,17 @@ def test_wrapped_models_keep_the_models_parameter_names(one_rank: Any) -> None:
                                                          "model.1.bias"], type(wrapped)
             assert recorder.get_name_of_module(wrapped) == recorder.get_name_of_module(model) == "model"
             recorder.finalize()
+
+
+def test_dtensors_are_left_out_with_a_warning_where_not_every_rank_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """record_ranks='zero' in a run of 2 ranks: the other rank would never come to the collectives, so comgra
+    makes none and says why (once), instead of waiting."""
+    from comgra.capture import sharded
+    monkeypatch.setattr(sharded, "_world_size", lambda: 2)
+    said: list[tuple[str, str]] = []
+    combiner = sharded.ShardCombiner.for_ranks(frozenset({0}), lambda key, message: said.append((key, message)))
+    assert combiner.combine(0, [], False) == [] and combiner.combine(1, [], False) == []
+    assert combiner.group is None and combiner.collectives == 0
+    assert len({key for key, _ in said}) == 1 and "record_ranks='all'" in said[0][1]
+    assert sharded.ShardCombiner.for_ranks(frozenset({0, 1}), None).off is None
+    assert sharded.ShardCombiner.for_ranks(None, None).off is None
