@@ -10,7 +10,8 @@ must not wait for it longer than comgra's collective timeout, here 5 s).
 MODE "tp": parallelize_module with ColwiseParallel and RowwiseParallel on a small MLP (outputs kept as
 DTensors), the same input on every rank; registered: the hidden activation (Shard(1)), the output (Replicate),
 the input split by rows (Shard(0), built with DTensor.from_local), a Partial tensor (addends x * (rank + 1)) and
-the input split by columns on a 2-D mesh of 1 x 2 ranks (Replicate, Shard(1)).
+the input split by columns on a 2-D mesh of 1 x 2 ranks (Replicate, Shard(1)), and the input on a sub-mesh of
+one rank (left out with a warning).
 
 Each rank trains the model twice from the same start, with comgra and without, counting every collective of
 torch.distributed it makes per step, and writes OUT/result-rNNN.json: the losses of both runs, whether the
@@ -126,6 +127,8 @@ def one_step(mode: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer
             recorder.register_tensor("addends", DTensor.from_local(clean * (rank + 1), mesh, [Partial()]))
             columns = DTensor.from_local(x[:, rank * 3:(rank + 1) * 3], MESH_2D[0], [Replicate(), Shard(1)])
             recorder.register_tensor("x_columns", columns)  # a 2-D mesh (1 x 2)
+            own = DTensor.from_local(x, MESH_2D[0]["replicated"], [Replicate()])  # a mesh of this rank alone
+            recorder.register_tensor("x_on_a_sub_mesh", own)
             recorder.register_tensor("hidden", hidden)
             recorder.register_tensor("output", output)
         loss = (output.to_local() ** 2).mean()

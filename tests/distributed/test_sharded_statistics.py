@@ -171,7 +171,12 @@ def test_tensor_parallel_activations_are_the_whole_tensors(tmp_path: Path) -> No
             # comgra's three, and the one that reduces the Partial tensor ('addends') before its shards are read
             expected = {"allreduce_": 3, "all_reduce": 1} if step in (0, 2) else {}
             assert extra_collectives(results, rank, step) == expected, (rank, step)
-    assert "cannot summarise" not in stderr
+    sub_mesh = [line for line in stderr.splitlines() if "cannot summarise the values of tensor 'x_on_a_sub_mesh' "
+                "because its device mesh holds 1 of the world's 2 ranks (a sub-mesh)" in line]
+    assert len(sub_mesh) == 2, stderr[-3000:]  # once on each rank, not once per recorded step
+    assert stderr.count("cannot summarise") == 2
+    for rank in (0, 1):
+        assert rows_of(trial, 0, rank, "x_on_a_sub_mesh", "forward") == []
 
 
 @pytest.mark.slow
