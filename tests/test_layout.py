@@ -15,7 +15,8 @@ The imports are read with ``ast`` (every ``import`` in a module: at the top, ins
 - the one bridge between the sides: the control channel of a running training (``breakpoints.control``
   and the condition language it checks, ``breakpoints.conditions``: files and a loopback socket, no
   torch), used by the server and ``config`` (and aliased as ``comgra.live``, its old import path);
-- nothing imports ``server`` or ``cli`` from outside them; no torch in ``store``, ``analysis``,
+- nothing imports ``server`` or ``cli`` from outside them, but ``integrations.notebook``, which serves the app
+  from a Python session (``comgra.serve``, ``comgra.show``: imported when called); no torch in ``store``, ``analysis``,
   ``service``, ``server``, the shared leaves but ``objects``, or the control channel.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ MAY_IMPORT = {
     "profiling": {"store"},
     "breakpoints": {"store"},
     "examples": {"comgra", "recorder"},
-    "integrations": {"comgra", "recorder"},
+    "integrations": {"comgra", "recorder", "server"},  # integrations.notebook serves the app (comgra.serve/show)
     "live": set(),  # the old path of the control channel (comgra.live.control): an alias, nothing more
     **{unit: set(READ_SIDE[i + 1:]) for i, unit in enumerate(READ_SIDE)},
     "cli": {*READ_SIDE[1:], "examples"},  # ``comgra demo`` and ``comgra-test-run`` record the tutorial

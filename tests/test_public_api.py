@@ -12,7 +12,7 @@ import comgra
 import comgra.objects
 
 PUBLIC = {
-    "comgra": ["ComgraError", "TrainingAborted", "__version__", "my_recorder", "watch"],
+    "comgra": ["ComgraError", "TrainingAborted", "__version__", "my_recorder", "serve", "show", "watch"],
     "comgra.recorder": ["ComgraRecorder"],
     "comgra.objects": ["DecisionMakerForRecordings", "DecisionMakerForRecordingsFrequencyPerType",
                        "DecisionMakerForRecordingsHardcoded"],
@@ -43,11 +43,15 @@ RECORDER_METHODS = {
     "detach_while_keeping_connection": ["tensor"],
     "declare_that_all_different_types_of_execution_have_been_encountered": [],
     "decide_recording_of_batch": ["type_of_execution", "category_per_sample"],
-    "record_current_gradients": ["name_of_loss_group", "set_gradients_to_zero_if_not_a_parameter"],
+    "record_current_gradients": ["name_of_loss_group", "set_gradients_to_zero_if_not_a_parameter",
+                                 "scaler", "loss_scale"],  # ours, keyword-only: loss scaling (issue 23)
     "finish_iteration": [],
     "finish_batch": [],
     "finalize": [],
     "flush": ["timeout"],  # ours: make a run in progress readable up to now (issue 6)
+    "abandon_step": [],  # ours: drop a step an exception interrupted (issue 23, notebooks)
+    "batch": ["training_step", "current_batch_size", "type_of_execution",  # ours: start_batch ... finish_batch
+              "record_all_tensors_per_batch_index_by_default", "override__recording_is_active"],  # as a with block
     "record_kpi_in_graph": ["kpi_group", "kpi_name", "val", "timepoint", "record_even_if_recording_is_inactive"],
 }
 
@@ -82,6 +86,8 @@ def test_recorder_methods_match_the_original_api() -> None:
     assert init["max_num_neurons_to_record"].kind is inspect.Parameter.KEYWORD_ONLY
     assert init["flush_seconds"].kind is inspect.Parameter.KEYWORD_ONLY
     assert init["record_ranks"].kind is inspect.Parameter.KEYWORD_ONLY
+    gradients = inspect.signature(cls.record_current_gradients).parameters
+    assert [gradients[n].kind for n in ("scaler", "loss_scale")] == [inspect.Parameter.KEYWORD_ONLY] * 2
 
 
 def test_defaults_match_the_original_api() -> None:

@@ -1,10 +1,11 @@
-"""comgra's Python never runs inside a frame TorchDynamo traces: every entry point of the recorder leaves it.
+"""comgra's Python never runs inside a frame TorchDynamo traces.
 
-Called from a compiled forward (torch.compile), an entry point sees ``torch.compiler.is_compiling()`` and calls
-itself through ``torch.compiler.disable``, so that Dynamo ends its graph there and comgra runs eagerly on real
-tensors. Here the trace is simulated (tests/capture/test_unreadable_tensors.py has one real compiled run):
-every call of a recorded step goes through the way out, with its arguments intact, and records what eager
-calls record.
+A recorded step runs compiled models eagerly (comgra.capture.compiled; tests/compile/ has the real compiled
+runs), so a trace on such a step is the exception (a model compiled in the middle of it): then an entry point
+sees ``torch.compiler.is_compiling()`` and calls itself through ``torch.compiler.disable``, so that Dynamo ends
+its graph there and comgra runs eagerly on real tensors. On a step that takes no tensors the calls made in a
+compiled forward trace to nothing. Here the trace is simulated: every call of a recorded step goes through the
+way out, with its arguments intact, and records what eager calls record; on an unrecorded step none does.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def test_every_entry_point_leaves_a_traced_frame_and_records_as_eagerly(
     x = torch.randn(4, 3, generator=generator)
     _one_step(recorder, tiny_model, x, 0, dynamic=False)
     _one_step(recorder, tiny_model, x, 1, dynamic=True)
+    assert recorder.abandon_step() is False  # (no step open: it only has to leave the traced frame)
     recorder.flush()
     recorder.finalize()
     assert set(simulated_trace) == set(recorder_module._ENTRY_POINTS)
@@ -77,3 +79,18 @@ def test_every_entry_point_leaves_a_traced_frame_and_records_as_eagerly(
         expected = tiny_model(x).double().mean().item()
     assert mean_row["mean"] == pytest.approx(expected, rel=1e-5)
     assert {"net.0.weight", "x", "loss"} <= {r["tensor_name"] for r in rows}
+
+
+def test_on_a_step_that_takes_no_tensors_the_forwards_calls_trace_to_nothing(
+        simulated_trace: list[str], make_recorder: Any, tiny_model: Any, generator: Any) -> None:
+    recorder = make_recorder(set())
+    x = torch.randn(4, 3, generator=generator)
+    recorder.start_batch(0, 4)  # the loop's calls are outside the compiled model: here they take the way out
+    simulated_trace.clear()
+    recorder.register_tensor("x", x, is_input=True)  # these are the ones inside a compiled forward
+    hidden = recorder.detach_while_keeping_connection(tiny_model(x))
+    recorder.add_tensor_connection("x", hidden)
+    recorder.record_kpi_in_graph("kpis", "value", 1.0)
+    assert simulated_trace == [] and not hidden.requires_grad
+    recorder.record_kpi_in_graph("kpis", "value", 1.0, record_even_if_recording_is_inactive=True)
+    assert simulated_trace == ["record_kpi_in_graph"]  # wanted on every step: it leaves the trace

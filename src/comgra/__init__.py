@@ -6,23 +6,26 @@ The conventional global recorder lives here, as in the original Comgra::
     from comgra.recorder import ComgraRecorder
     comgra.my_recorder = ComgraRecorder(...)
 
-and ``comgra.watch(model)``, which records every module's output without naming tensors by hand.
+and ``comgra.watch(model)``, which records every module's output without naming tensors by hand;
+``comgra.serve(path)`` and ``comgra.show(path)`` run the app from Python and inside a Jupyter notebook.
 
 Importing comgra has no side effects and does not import torch.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from comgra._version import __version__
-from comgra.errors import ComgraError, TrainingAborted
+from comgra.errors import ComgraError, ConfigError, TrainingAborted
 
-__all__ = ["ComgraError", "TrainingAborted", "__version__", "my_recorder", "watch"]
+__all__ = ["ComgraError", "TrainingAborted", "__version__", "my_recorder", "serve", "show", "watch"]
 
 if TYPE_CHECKING:
     import torch
 
+    from comgra.integrations.notebook import AppURL
     from comgra.integrations.watch import Watch
     from comgra.recorder import ComgraRecorder
 
@@ -54,3 +57,48 @@ def watch(model: torch.nn.Module, *, recorder: ComgraRecorder | None = None, nam
 
     return watch_model(model, my_recorder if recorder is None else recorder, name=name, include=include,
                        exclude=exclude, max_depth=max_depth, track_parameters=track_parameters)
+
+
+def serve(path: str | Path | None = None, *, port: int | None = None, host: str = "127.0.0.1",
+          visualization_file: str | Path | None = None, poll_seconds: float = 2.0, findings_scan: bool = True,
+          allow_hosts: Iterable[str] = ()) -> AppURL:
+    """Serve the app for the group folder ``path`` (``comgra_root_path/group``) in a background thread and
+    return its URL, as ``comgra --path`` does on the command line; the URL's ``stop()`` ends it.
+
+    ``path=None``: the group of ``comgra.my_recorder``, flushed first. ``port=None``: a free port. A second call
+    for the same folder returns the running app's URL (with other options it replaces that app). The options
+    are those of ``comgra --path`` (``--visualization-file``, ``--poll-seconds``, ``--no-findings-scan``,
+    ``--allow-host``).
+
+        >>> url = comgra.serve("/tmp/comgra/my_group")  # doctest: +SKIP
+        >>> url.stop()  # doctest: +SKIP
+    """
+    from comgra.integrations.notebook import serve as serve_in_thread
+
+    return serve_in_thread(_group_to_show(path), port=port, host=host, visualization_file=visualization_file,
+                           poll_seconds=poll_seconds, findings_scan=findings_scan, allow_hosts=allow_hosts)
+
+
+def show(path: str | Path | None = None, *, height: int = 800, width: str | int = "100%", port: int | None = None,
+         **serve_options: Any) -> None:
+    """Show the app for the group folder ``path`` inline in a Jupyter notebook, in the output of the cell.
+
+    It is ``comgra.serve(path, ...)`` shown in an iframe ``height`` pixels high; outside a notebook kernel it
+    raises ``ConfigError`` (use ``comgra.serve``). ``path=None``: the group of ``comgra.my_recorder``.
+
+        >>> comgra.show("/tmp/comgra/my_group")  # doctest: +SKIP
+    """
+    from comgra.integrations.notebook import show as show_inline
+
+    show_inline(_group_to_show(path), height=height, width=width, port=port, **serve_options)
+
+
+def _group_to_show(path: str | Path | None) -> str | Path:
+    """``path``; for None the group of ``comgra.my_recorder``, flushed first so that the app shows every step so far."""
+    if path is not None:
+        return path
+    if my_recorder is None:
+        raise ConfigError("comgra.serve() and comgra.show() without a path show the group of comgra.my_recorder, "
+                          "and comgra.my_recorder is None; pass the group folder (comgra_root_path/group).")
+    my_recorder.flush()
+    return my_recorder.options.group_dir

@@ -12,19 +12,18 @@ not recorded every call returns after a flag check.
 """
 from __future__ import annotations
 
-import atexit
 import functools
-import sys
-import weakref
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from comgra._version import __version__
+from comgra.capture import gradients as scaling
 from comgra.capture import kpis as kpi_buffer
-from comgra.capture import stages
+from comgra.capture import compiled, open_recorders, stages, step_control
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
@@ -40,23 +39,9 @@ from comgra.objects import DecisionMakerForRecordings
 
 __all__ = ["ComgraRecorder"]
 
-# True while TorchDynamo traces (a constant in the traced code), False otherwise: a function that returns False,
-# 0.03 us a call (torch.compiler.is_compiling, which also asks TorchScript, 0.07 us).
-_is_compiling = torch.compiler.is_dynamo_compiling
-# The recorder's methods wrapped in torch.compiler.disable, made when first wanted (see _never_traced).
-_UNTRACED: dict[Callable[..., Any], Callable[..., Any]] = {}
-
-
-def _untraced(method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` run outside any graph TorchDynamo traces: called from a compiled forward, Dynamo stops its
-    graph there and runs comgra eagerly on the real tensors. Inside the trace comgra would see fake tensors
-    (its C kernel read them as memory: SIGSEGV), guard and recompile on its own state. Importing torch._dynamo
-    costs about a second, so the wrappers are made only where it is imported already (start_batch), or in the
-    trace itself."""
-    untraced = _UNTRACED.get(method)
-    if untraced is None:
-        untraced = _UNTRACED[method] = torch.compiler.disable(method, recursive=True)
-    return untraced
+# Under torch.compile (see comgra.capture.compiled): whether TorchDynamo traces now, and a method run outside its graph.
+_is_compiling = compiled.is_compiling
+_untraced = compiled.untraced
 
 
 def _never_traced(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -73,12 +58,8 @@ def _never_traced(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _prepare_untraced() -> None:
-    """Make the wrappers of every entry point while no trace runs, once torch.compile was imported (so that a
-    trace does not stop a second time to make them)."""
-    if "torch._dynamo" in sys.modules and len(_UNTRACED) < len(_ENTRY_POINTS):
-        for name in _ENTRY_POINTS:
-            method = getattr(ComgraRecorder, name)
-            _untraced(getattr(method, "untraced", method))
+    """The wrappers of every entry point, made while no trace runs (see compiled.prepare)."""
+    compiled.prepare(lambda: [getattr(m, "untraced", m) for m in (getattr(ComgraRecorder, n) for n in _ENTRY_POINTS)])
 
 
 class ComgraRecorder:
@@ -144,6 +125,8 @@ class ComgraRecorder:
         self.type_of_execution: str | None = None
         self._recording = False
         self._dynamic = False
+        self._takes_tensors = False  # this step takes tensors (recorded, or watched by a breakpoint): it runs eagerly
+        self._eager = compiled.EagerSteps()  # torch.compile's stance on such steps: see comgra.capture.compiled
         self._all_types_declared = False
         self._types_seen: set[str] = set()
         self._kpis = kpi_buffer.KpiBuffer()
@@ -152,9 +135,10 @@ class ComgraRecorder:
         self._on_finalize: list[Any] = []  # callables, e.g. removing comgra.watch's hooks
         self._step_listeners: list[Any] = []  # told at start_batch whether the step takes tensors, at finish_batch
         self.session: Session | None = None
-        if comgra_is_active:
+        if comgra_is_active:  # an earlier recorder of this trial (a notebook cell run again) is finished first
+            open_recorders.finish_earlier(self.options, self.rank_info.rank, self.rank_info.world_size)
             self.session = Session.open(self.options, __version__, self.rank_info)
-            atexit.register(_finalize_quietly, weakref.ref(self))
+            open_recorders.hold(self, self.session.directory, self.rank_info.rank)
         # Breakpoints and run control (comgra.breakpoints); None when comgra is off, so that costs nothing.
         self._breakpoints = RecorderBreakpoints.attach(self, breakpoints=breakpoints, settings=self.settings) \
             if comgra_is_active else None
@@ -222,14 +206,17 @@ class ComgraRecorder:
         _prepare_untraced()
         if self.current_stage != "inactive":
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
-                                 "is still open; call finish_batch() at the end of each training step.")
+                                 "is still open; call finish_batch() at the end of each training step, or "
+                                 "abandon_step() to drop a step that an exception interrupted.")
         if self.training_step is not None and training_step <= self.training_step:
             raise RecordingError(f"training_step={training_step} does not increase (the previous step was "
-                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call.")
+                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call, or "
+                                 "make a new ComgraRecorder to record from the start again.")
         known = isinstance(type_of_execution, str) and type_of_execution in self._types_seen
         if type_of_execution is not None and not known:  # a type is checked once, not on every step
             stages.check_type(type_of_execution)
             self._types_seen.add(type_of_execution)
+        step_control.opened(self)  # what abandon_step() goes back to
         self.training_step, self.type_of_execution = training_step, type_of_execution
         self._batch_size = current_batch_size
         self.current_stage = "started"
@@ -242,11 +229,12 @@ class ComgraRecorder:
         if self._breakpoints is not None:
             self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
                                                             record_all_tensors_per_batch_index_by_default)
+        self._takes_tensors = wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
         self.instruments.start_step(training_step, self._recording)
-        if self._step_listeners:  # comgra.watch puts its hooks on for a recorded step only
-            wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
-            for listener in list(self._step_listeners):
-                listener(wanted)
+        if wanted or self.instruments.wants_eager_step:  # compiled models run eagerly until the step ends (see
+            self._eager.enter()  # comgra.capture.compiled); a FLOPs step too (Profiler.counts_flops)
+        for listener in list(self._step_listeners):  # comgra.watch puts its hooks on for a recorded step only
+            listener(wanted)
 
     def _decide(self, step: int, type_of_execution: str | None, override: bool | None) -> bool:
         if self.session is None or self.session.broken:
@@ -279,13 +267,14 @@ class ComgraRecorder:
         """Name a tensor of the current iteration (or, with ``is_initial_value``, of none yet)."""
         if not self.comgra_is_active:
             return
-        if _is_compiling():  # in a compiled forward: see _untraced
+        if _is_compiling():  # in a compiled forward on a step that takes no tensors: traces to nothing
+            if not self._takes_tensors:
+                return
             return _untraced(ComgraRecorder.register_tensor)(  # type: ignore[no-any-return]
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
-        stages.check_registration(tensor_name, self.current_stage, is_initial_value)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
-        if not (watched or self._recording):
+        if not stages.registration_goes_on(self, tensor_name, tensor, is_initial_value, watched):  # or checkpointing's
             return
         arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
                                          flags=dict(is_input=is_input, is_parameter=is_parameter, is_target=is_target,
@@ -300,7 +289,8 @@ class ComgraRecorder:
     def add_tensor_connection(self, src: torch.Tensor | str, sink: torch.Tensor | str) -> None:
         """Draw an edge the autograd graph does not show (after detach(), or through integer tensors)."""
         if self.comgra_is_active and _is_compiling():
-            return _untraced(ComgraRecorder.add_tensor_connection)(self, src, sink)
+            return _untraced(ComgraRecorder.add_tensor_connection)(  # type: ignore[return-value]
+                self, src, sink) if self._takes_tensors else None
         if self._breakpoints is not None:
             self._breakpoints.keep(("connect", src, sink))
         if self._recording:
@@ -309,7 +299,8 @@ class ComgraRecorder:
     def detach_while_keeping_connection(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor.detach()``, still connected to ``tensor`` in the dependency graph."""
         if self.comgra_is_active and _is_compiling():
-            return _untraced(ComgraRecorder.detach_while_keeping_connection)(self, tensor)  # type: ignore[no-any-return]
+            return _untraced(ComgraRecorder.detach_while_keeping_connection)(self, tensor) \
+                if self._takes_tensors else tensor.detach()  # type: ignore[no-any-return]
         result = tensor.detach()
         if self._recording:
             if result.is_floating_point():
@@ -317,21 +308,23 @@ class ComgraRecorder:
             self.session.step.connect(tensor, result)  # type: ignore[union-attr]
         return result
 
-    def record_current_gradients(self, name_of_loss_group: str,
-                                 set_gradients_to_zero_if_not_a_parameter: bool = False) -> None:
-        """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group``."""
+    def record_current_gradients(self, name_of_loss_group: str, set_gradients_to_zero_if_not_a_parameter: bool = False,
+                                 *, scaler: Any = None, loss_scale: float | None = None) -> None:
+        """Snapshot the gradients of every registered tensor and parameter as ``name_of_loss_group`` (again: the last
+        call's are kept), unscaled by ``scaler=`` (a GradScaler) or ``loss_scale=`` (ours; capture/gradients.py)."""
         if self.comgra_is_active and _is_compiling():
-            return _untraced(ComgraRecorder.record_current_gradients)(self, name_of_loss_group,
-                                                                      set_gradients_to_zero_if_not_a_parameter)
-        if self._breakpoints is not None:  # may start recording this step (a gradient condition held)
-            self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter)
-        if not self._recording:
+            return _untraced(ComgraRecorder.record_current_gradients)(
+                self, name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scaler=scaler, loss_scale=loss_scale)
+        watched = self._breakpoints is not None and self._breakpoints.monitor.active
+        if not (watched or self._recording):
             return
-        if name_of_loss_group == "forward" or not stages.TYPE_PATTERN.match(str(name_of_loss_group)):
-            raise RecordingError(f"name_of_loss_group={name_of_loss_group!r} is not usable; use letters, digits, "
-                                 "'-' and '_', and not 'forward' (the name of the values themselves), e.g. 'gradients'.")
-        self._guarded(lambda session: session.step.record_gradients(
-            name_of_loss_group, set_gradients_to_zero_if_not_a_parameter))
+        scale = scaling.scale_of(scaler, loss_scale)  # a host read of the scale: on recorded (or watched) steps only
+        if watched:  # may start recording this step (a gradient condition held)
+            self._breakpoints.gradients(name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale)  # type: ignore[union-attr]
+        if self._recording:
+            stages.check_gradient_group(name_of_loss_group)
+            self._guarded(lambda session: session.step.record_gradients(
+                name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scale))
 
     def finish_iteration(self) -> None:
         if not self.comgra_is_active:
@@ -352,18 +345,12 @@ class ComgraRecorder:
         if _is_compiling():
             return _untraced(ComgraRecorder.decide_recording_of_batch)(self, type_of_execution, category_per_sample)
         self._check_stage("decide_recording_of_batch")
+        stages.check_decision(type_of_execution, self.type_of_execution, dynamic=self._dynamic,
+                              all_declared=self._all_types_declared, seen=self._types_seen)
         if not self._dynamic:
-            if type_of_execution != self.type_of_execution:
-                raise RecordingError(f"decide_recording_of_batch({type_of_execution!r}) disagrees with start_batch("
-                                     f"type_of_execution={self.type_of_execution!r}); pass None to start_batch to decide late.")
             return
         self._dynamic = False
         if type_of_execution is not None:
-            stages.check_type(type_of_execution)
-            if self._all_types_declared and type_of_execution not in self._types_seen:
-                raise RecordingError(f"type_of_execution={type_of_execution!r} appeared after "
-                                     "declare_that_all_different_types_of_execution_have_been_encountered(); "
-                                     f"known types: {sorted(self._types_seen)}.")
             self._types_seen.add(type_of_execution)
         self.type_of_execution = type_of_execution
         self._kpis.set_type(type_of_execution)
@@ -383,22 +370,26 @@ class ComgraRecorder:
             raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
                                  "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
         self.current_stage = "inactive"
-        for listener in list(self._step_listeners):
-            listener(False)
-        if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
-            self._breakpoints.settle()
-        if self._recording:
-            self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
-        self._recording = False
-        if self.session is not None:
-            self.session.flush_kpis(self._kpis, force=False)
-        self.instruments.finish_step()
+        try:
+            for listener in list(self._step_listeners):
+                listener(False)
+            if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
+                self._breakpoints.settle()
+            if self._recording:
+                self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
+            self._recording = False
+            if self.session is not None:
+                self.session.flush_kpis(self._kpis, force=False)
+            self.instruments.finish_step()
+        finally:
+            self._end_eager_step()
         if self._breakpoints is not None:  # pauses here when a breakpoint held; raises TrainingAborted on abort
             self._breakpoints.finish_batch()
 
     @_never_traced
     def finalize(self) -> None:
         """Write everything still buffered. Safe to call more than once."""
+        self._end_eager_step()
         on_finalize, self._on_finalize = self._on_finalize, []
         for action in on_finalize:  # comgra.watch's hooks go first: nothing may register into a closed trial
             action()
@@ -408,6 +399,21 @@ class ComgraRecorder:
             self.session.close(sorted(self._types_seen))
         if self._breakpoints is not None:
             self._breakpoints.close()
+        open_recorders.release(self)
+
+    @_never_traced
+    def abandon_step(self) -> bool:
+        """Drop the training step in progress, one an exception interrupted: nothing of it is stored, and
+        ``start_batch`` works again, also with the same ``training_step``. False where no step was open. Ours;
+        ``batch()`` calls it for you. See the README's "Notebooks"."""
+        return step_control.abandon(self)
+
+    def batch(self, training_step: int, current_batch_size: int, type_of_execution: str | None = "main_execution_type",
+              record_all_tensors_per_batch_index_by_default: bool = True,
+              override__recording_is_active: bool | None = None) -> AbstractContextManager[ComgraRecorder]:
+        """``with recorder.batch(step, len(x)):`` start_batch, then finish_batch, or abandon_step if it raises."""
+        return step_control.batch(self, (training_step, current_batch_size, type_of_execution,
+                                         record_all_tensors_per_batch_index_by_default, override__recording_is_active))
 
     @_never_traced
     def flush(self, timeout: float | None = 60.0) -> None:
@@ -432,6 +438,8 @@ class ComgraRecorder:
                             record_even_if_recording_is_inactive: bool = False) -> None:
         """A scalar for the Graphs tab. Tensors are moved to the host in batches, not one by one."""
         if self.comgra_is_active and _is_compiling():
+            if not (self._takes_tensors or record_even_if_recording_is_inactive):
+                return None  # traced to nothing
             return _untraced(ComgraRecorder.record_kpi_in_graph)(self, kpi_group, kpi_name, val, timepoint,
                                                                  record_even_if_recording_is_inactive)
         if self.session is None or not (self._recording or record_even_if_recording_is_inactive):
@@ -480,18 +488,16 @@ class ComgraRecorder:
         except Exception as error:  # noqa: BLE001
             report_fault(self.session, error)  # type: ignore[arg-type]
             self._recording = False
+            if self._breakpoints is None or not self._breakpoints.monitor.active:
+                self._end_eager_step()  # nothing more to take: compiled code runs compiled again
+
+    def _end_eager_step(self) -> None:
+        """The step takes no more tensors: the compiler's stance of before it (see comgra.capture.compiled)."""
+        self._takes_tensors = False
+        self._eager.leave()
 
 
 # The entry points that leave a traced frame: the rare ones through _never_traced, the others inline.
 _ENTRY_POINTS = tuple(name for name, value in vars(ComgraRecorder).items() if hasattr(value, "untraced")) + (
     "start_batch", "start_iteration", "register_tensor", "add_tensor_connection", "detach_while_keeping_connection",
     "record_current_gradients", "finish_iteration", "decide_recording_of_batch", "finish_batch", "record_kpi_in_graph")
-
-
-def _finalize_quietly(reference: weakref.ref) -> None:
-    recorder = reference()
-    if recorder is not None:
-        try:
-            recorder.finalize()
-        except Exception:  # noqa: BLE001 - at interpreter exit there is no one left to tell
-            pass

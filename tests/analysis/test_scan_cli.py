@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -34,15 +35,76 @@ def test_json_document_is_versioned_and_each_finding_links_to_its_selection(dead
     assert dead["selection"] == {"trial": "dead", "training_step": 0, "iteration": 0, "node_id": "layer0",
                                  "role": "layer0", "kind": "forward", "aggregation": "abs_max"}
     assert dead["link"] == ("/?tab=tensors&trial=dead&step=0&iteration=0&node=layer0&role=layer0&kind=forward"
-                            "&aggregation=abs_max")
+                            "&aggregation=abs_max&stat=" + dead["statistic"])
     severities = [f["severity"] for f in findings]
     assert severities == sorted(severities, key=["error", "warning", "info"].index)
 
 
-def test_table_and_trial_filter(dead_group, capsys) -> None:
-    assert main(["scan", "--path", str(dead_group), "--trial", "dead"]) == 0
+def test_verbose_and_trial_filter(dead_group, capsys) -> None:
+    assert main(["scan", "--path", str(dead_group), "--trial", "dead", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "dead_units" in out and "layer0" in out and "healthy" not in out
+
+
+def _json_findings(group, capsys) -> list[dict]:
+    assert main(["scan", "--path", str(group), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["findings"]
+
+
+def test_the_list_is_one_line_per_finding_within_the_width_and_ends_with_the_next_command(dead_group, capsys,
+                                                                                        monkeypatch) -> None:
+    findings = _json_findings(dead_group, capsys)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["scan", "--path", str(dead_group)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    trials = list(dict.fromkeys(f["trial"] for f in findings))
+    # a title, a heading per trial, a line per finding, the next command
+    assert len(lines) == 1 + len(trials) + len(findings) + 1
+    assert lines[0].startswith(f"{len(findings)} finding(s) in {len(trials)} trial(s)")
+    rows = [line for line in lines if re.match(r"^ +\d+ ", line)]
+    assert len(rows) == len(findings) and all(len(row) <= 100 for row in rows)
+    for row in rows:  # the rank, the severity and the node of the finding with that rank, in that order
+        number, severity, node = row.split()[:3]
+        finding = findings[int(number) - 1]
+        assert (severity, node) == (finding["severity"], finding["node"])
+    assert [line.rstrip(":") for line in lines if line.endswith(":") and not line[0].isspace()][1:] == trials
+    # The message of the input finding keeps its brackets: "|input[0]|" is not Rich markup.
+    input_finding = next(f for f in findings if "[0]" in f["message"])
+    row = rows[[int(r.split()[0]) for r in rows].index(findings.index(input_finding) + 1)]
+    assert "[0]" in row and row.rstrip("…") .split("  ")[-1].strip() in " ".join(input_finding["message"].split())
+    assert lines[-1] == ("Next, to open the app on finding 1: comgra --path " + str(dead_group)
+                         + f" --view '{findings[0]['link']}'")
+
+
+def test_verbose_prints_every_message_in_full_and_its_link(dead_group, capsys, monkeypatch) -> None:
+    findings = _json_findings(dead_group, capsys)
+    monkeypatch.setenv("COLUMNS", "100")
+    assert main(["scan", "--path", str(dead_group), "--verbose"]) == 0
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    for finding in findings:
+        assert " ".join(finding["message"].split()) in flat
+        assert f"{finding['detector']} · {finding['link']}" in out
+
+
+def test_no_part_of_a_finding_is_read_as_markup() -> None:
+    import io
+
+    from rich.console import Console
+
+    from comgra.analysis.findings import Finding
+    from comgra.cli.scan import print_findings
+
+    message = "x[i] is [bold]huge[/bold] at [red]step 3. Look at [link=http://e.example]it[/link]."
+    finding = Finding(detector="outlier", severity="warning", score=1.0, trial="[t]", node="x[i]", role=None,
+                      kind=None, training_step=3, message=message)
+    for verbose in (False, True):
+        out = io.StringIO()
+        print_findings(Console(file=out, width=200, highlight=False, markup=False), [finding], ["[yellow]damaged"],
+                       ["[t]"], verbose=verbose, link=lambda f: "/?tab=tensors&node=x%5Bi%5D", path="[p]")
+        text = out.getvalue()
+        assert "[t]:" in text and "x[i] @ step 3" in text and "[yellow]damaged" in text
+        assert ("is [bold]huge[/bold] at [red]step 3." in text) if not verbose else (message in text)
 
 
 @pytest.mark.parametrize("arguments, named", [

@@ -31,7 +31,7 @@ def test_link_names_the_selection_in_the_url_keys(service) -> None:
     query = {k: v[0] for k, v in parse_qs(urlparse(finding_link(dead)).query).items()}
     assert set(query) <= set(URL_KEYS)
     assert query == {"tab": "tensors", "trial": "dead", "step": "0", "iteration": "0", "node": "layer0",
-                     "role": "layer0", "kind": "forward", "aggregation": "abs_max"}
+                     "role": "layer0", "kind": "forward", "aggregation": "abs_max", "stat": dead.statistic}
 
 
 def test_filters_and_the_plotted_statistic_are_the_stores(service) -> None:
@@ -41,12 +41,15 @@ def test_filters_and_the_plotted_statistic_are_the_stores(service) -> None:
     assert len(filtered(found, None, None, ["dead"])) == len(found)
     assert findings_list(found).children
     dead = filtered(found, ["warning"], None, None)[0]
-    steps, values = statistic_series(service, dead)
+    series = statistic_series(service, dead)
+    assert series is not None and not series.over_iterations  # the selection's iteration holds every flagged step
+    steps, values = series.steps, series.values
     table = service.trial("dead").series(node="layer0", role="layer0", iteration=0, aggregation="abs_max",
                                          statistic="abs_mean")
     assert steps == table["training_step"].to_pylist() == list(range(8))
     assert values == table["value"].to_pylist() and set(values) == {0.0}
-    assert series_figure(dead, steps, values).data[0].y == tuple(values)
+    figure = series_figure(dead, series)
+    assert figure.data[0].y == tuple(values) and list(figure.data[1].x) == dead.steps
 
 
 def test_findings_at_the_same_steps_are_reported_as_occurring_together() -> None:

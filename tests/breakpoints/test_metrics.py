@@ -75,3 +75,16 @@ def test_many_tensors_are_measured_as_one() -> None:
     parts = [torch.tensor([3.0, -4.0]), torch.tensor([[12.0]])]
     got = tensor_metrics_of_many(parts, MetricPlan(("norm", "abs_max", "mean")))
     assert got == pytest.approx({"norm": 13.0, "abs_max": 12.0, "mean": 11.0 / 3})
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_complex_tensors_are_measured_by_their_magnitudes(count: int) -> None:
+    """As the recording has them (tests/capture/test_complex_tensors.py): the metrics of |z|, never of the real part."""
+    generator = torch.Generator().manual_seed(5)
+    tensors = [torch.complex(torch.randn(3, 7, generator=generator, dtype=torch.float64),
+                             torch.randn(3, 7, generator=generator, dtype=torch.float64))
+               for _ in range(count)]
+    magnitudes = np.concatenate([t.abs().double().numpy().reshape(-1) for t in tensors])
+    got = tensor_metrics_of_many(tensors, tuple(VALUE_METRICS))
+    want = _expected(magnitudes)
+    assert all(_same(got[name], want[name]) for name in VALUE_METRICS), (got, want)

@@ -59,6 +59,9 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
         link = page.locator(".bp-paused-link")
         href = link.get_attribute("href")
         assert href is not None and "step=2" in href and "trial=trial" in href
+        assert "node=loss" in href  # the link selects the breakpoint's target
+        for button in ("#bp-continue", "#bp-step", "#bp-abort"):
+            expect(page.locator(button)).to_be_enabled()
         assert control.run_state(trial_dir)["training_step"] == 2
 
         # With the 1-s poll stopped, an action still shows its result: the callback that performs it
@@ -89,6 +92,14 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
         page.evaluate("window.dash_clientside.set_props('bp-poll', {disabled: false})")  # the run's own changes
         page.evaluate("window.dash_clientside.set_props('poll', {disabled: false})")
         expect(page.locator("#bp-run-state [data-state]")).to_have_text("finished", timeout=60000)
+        for button in ("#bp-continue", "#bp-step", "#bp-abort"):  # nothing to continue on a finished run
+            expect(page.locator(button)).to_be_disabled()
+        # A target the recording does not hold is refused, with the closest name (the tab, not the training's stderr).
+        page.fill("#bp-target", "los")
+        page.fill("#bp-condition", "has_nan")
+        page.click("#bp-add")
+        expect(page.locator("#bp-message")).to_contain_text("did you mean 'loss'?", timeout=20000)
+        assert "los" not in [b["target"] for b in control.list_breakpoints(trial_dir)]
         _, errors = process.communicate(timeout=60)
         assert process.returncode == 0, errors[-2000:]
         assert len(json.loads((out / "losses-r000.json").read_text())) > 2
@@ -97,6 +108,7 @@ def test_the_breakpoints_tab_controls_a_run_in_progress(tmp_path: Path, serve: A
         page.goto(url + href)
         page.wait_for_selector("#stat-mean")
         page.wait_for_function("() => new URLSearchParams(location.search).get('step') === '2'")
+        page.wait_for_function("() => new URLSearchParams(location.search).get('node') === 'loss'")
         context.close()
     finally:
         if process.poll() is None:

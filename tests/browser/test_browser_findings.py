@@ -36,9 +36,9 @@ def test_a_click_on_a_finding_shows_the_selection_it_names(serve, open_page, dea
     page.page.wait_for_timeout(4000)  # under load the list re-renders more than once after a filter change
     expect(page.page.locator("#findings-list .finding")).to_have_count(1, timeout=20_000)
     item.get_by_role("button", name="Details").click()
-    detail = page.page.locator("#findings-detail")
+    detail = item.locator(".findings-detail")  # below the finding itself
     expect(detail.locator(".finding-series")).to_be_visible()
-    expect(detail).to_contain_text("dead_fraction: 1.0")
+    expect(detail).to_contain_text("dead_fraction: 1\n")
     item.get_by_role("link", name="Open in Tensors").click()
     page.page.wait_for_selector("#stat-mean")
     page.wait_for(node="layer0", training_step=finding.training_step, kind="forward")

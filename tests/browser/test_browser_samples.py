@@ -114,12 +114,25 @@ def test_the_graphs_tab_overlays_every_trial(app, recording):
     for trial in (BUGGED, FIXED):
         for row in store_rows(recording, trial, "kpis"):
             lines.setdefault(row["kpi_group"], set()).add((trial, row["kpi_name"], row["type_of_execution"]))
+    ranges: set[tuple[float, ...]] = set()
     for group, expected in lines.items():
         figure = app.page.locator(f"#kpi-graphs [data-kpi-group='{group}']")
         expect(figure).to_have_attribute("data-curves", str(len(expected)), timeout=SLOW)
-        expect(figure.locator(".legend .traces")).to_have_count(len(expected), timeout=SLOW)
-        names = figure.locator(".legend .legendtext").all_text_contents()
-        assert {n.split(" · ")[0] for n in names} == {BUGGED, FIXED}
+        figure.locator(".js-plotly-plot .legend").wait_for(timeout=SLOW)
+        traces = figure.locator(".js-plotly-plot").evaluate(
+            "el => el._fullData.filter(t => t.showlegend !== false).map(t => [t.legendgroup, t.name, t.line.color,"
+            " t.line.dash, t.meta])")
+        # A colour per trial, a line style per curve (the same in both trials), the legend grouped by trial.
+        assert {(group, meta) for group, _, _, _, meta in traces} == {
+            (trial, f"{trial} · {name}" + ("" if type_ in ("", None, "main_execution_type") else f" · {type_}"))
+            for trial, name, type_ in expected}
+        colours = {group: {colour for g, _, colour, _, _ in traces if g == group} for group in (BUGGED, FIXED)}
+        assert all(len(c) == 1 for c in colours.values()) and colours[BUGGED] != colours[FIXED]
+        dashes = {(name, dash) for _, name, _, dash, _ in traces}
+        assert len(dashes) == len({name for _, name, _, _, _ in traces})
+        assert "main_execution_type" not in " ".join(figure.locator(".legend").all_text_contents())
+        ranges.add(tuple(figure.locator(".js-plotly-plot").evaluate("el => el._fullLayout.xaxis.range")))
+    assert len(ranges) == 1  # the figures' x-axes line up
     assert not app.errors
 
 

@@ -1,11 +1,18 @@
 """A recorder's trial on disk: reusing a trial id, gradient groups, names that would collide in the graph."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from comgra.errors import RecordingError
+from comgra.store import GroupReader
 
 
 def _one_step(recorder, model, x: torch.Tensor) -> None:
@@ -18,9 +25,37 @@ def _one_step(recorder, model, x: torch.Tensor) -> None:
     recorder.finalize()
 
 
-def test_reusing_a_trial_id_keeps_the_earlier_recording(make_recorder, open_trial, store_root, tiny_model,
-                                                        capfd) -> None:
-    _one_step(make_recorder({0}), tiny_model, torch.ones(2, 3))
+def test_reusing_a_trial_id_in_one_process_keeps_the_earlier_recording_beside_it(
+        make_recorder, open_trial, store_root, tiny_model, capfd) -> None:
+    """A notebook runs its recorder cell again: the trial id names the new run, the earlier runs stay readable."""
+    for value in (1.0, 5.0, 7.0):
+        _one_step(make_recorder({0}), tiny_model, torch.full((2, 3), value))
+    assert "that recording is kept as trial 'trial~1'" in capfd.readouterr().err
+    assert GroupReader(store_root / "group").trials() == ["trial", "trial~1", "trial~2"]
+    means = {trial_id: open_trial(trial_id).selection(training_step=0, node="x", aggregation="mean")["mean"].to_pylist()
+             for trial_id in ("trial", "trial~1", "trial~2")}
+    assert means == {"trial": [7.0], "trial~1": [1.0], "trial~2": [5.0]}
+    assert not (store_root / "group" / ".replaced").exists()
+    kept = json.loads((store_root / "group" / "trials" / "trial~1" / "trial.json").read_text())
+    assert (kept["trial_id"], kept["earlier_run_of"]) == ("trial~1", "trial")
+
+
+def test_a_trial_of_another_process_is_moved_aside(make_recorder, open_trial, store_root, tiny_model, capfd) -> None:
+    """A script run again (or a notebook after its kernel restarted) replaces the trial, as Comgra did; the
+    earlier recording is moved to GROUP/.replaced/, not deleted."""
+    script = textwrap.dedent(f"""
+        import torch
+        from comgra.objects import DecisionMakerForRecordingsHardcoded
+        from comgra.recorder import ComgraRecorder
+        recorder = ComgraRecorder({str(store_root)!r}, "group", "trial", DecisionMakerForRecordingsHardcoded({{0}}))
+        recorder.start_batch(0, 2)
+        recorder.start_iteration()
+        recorder.register_tensor("x", torch.ones(2, 3), is_input=True)
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        recorder.finalize()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     _one_step(make_recorder({0}), tiny_model, torch.full((2, 3), 5.0))
     assert "earlier recording of trial 'trial' was moved" in capfd.readouterr().err
     (current,) = open_trial().selection(training_step=0, node="x", aggregation="mean").to_pylist()
@@ -28,6 +63,7 @@ def test_reusing_a_trial_id_keeps_the_earlier_recording(make_recorder, open_tria
     (earlier,) = (store_root / "group" / ".replaced").iterdir()
     assert earlier.name.startswith("trial-")
     assert any((earlier / "tensors").glob("*.parquet"))
+    assert GroupReader(store_root / "group").trials() == ["trial"]
 
 
 def test_gradient_groups_are_kept_apart(make_recorder, open_trial, tiny_model, generator) -> None:

@@ -151,3 +151,50 @@ def test_gradients_are_recorded_before_clipping(tmp_path: Path) -> None:
     assert float(recorded.norm()) > 10 * float(applied.norm())
     # atol: the float32 rounding of weight - lr * gradient, in units of the gradient
     assert torch.allclose(recorded * (1e-2 / (total + 1e-6)), applied, rtol=1e-3, atol=1e-6)
+
+
+PRECISIONS = {  # Lightning turns precision="16-mixed" on CPU into bf16; its MixedPrecision plugin with a scaler runs
+    "bf16-mixed": (dict(precision="bf16-mixed"), torch.bfloat16, None),
+    "16-mixed-with-GradScaler": (dict(plugins="16-mixed"), torch.float16, 1024.0),
+}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS, ids=PRECISIONS)
+def test_mixed_precision_gradients_are_unscaled_and_accumulated(tmp_path: Path, precision: str) -> None:
+    """8 samples, batches of 4, accumulate_grad_batches=2, under autocast (bf16, or fp16 with a real
+    torch.amp.GradScaler in Lightning's MixedPrecision plugin). The recorded parameter gradient is the one SGD
+    applied (the plugin unscaled it before on_before_optimizer_step: not divided twice); the recorded gradient
+    of layer0's output is the one this test computes in its own autocast run, unscaled; the loss is recorded
+    unscaled."""
+    from lightning.pytorch.plugins import MixedPrecision
+
+    arguments, dtype, scale = PRECISIONS[precision]
+    if "plugins" in arguments:
+        arguments = dict(plugins=[MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu", init_scale=scale))])
+    model, (x, y) = Regression(), _data(8, seed=6)
+    replica, hidden_grads, losses = Regression(), [], []
+    for i in (0, 1):
+        with torch.autocast("cpu", dtype=dtype, cache_enabled=False):
+            hidden = replica.layer0(x[4 * i:4 * i + 4])
+            loss = torch.nn.functional.mse_loss(replica.layer1(torch.tanh(hidden)), y[4 * i:4 * i + 4]) / 2
+        hidden.retain_grad()
+        (loss * (scale or 1.0)).backward()
+        hidden_grads.append(hidden.grad.float() / (scale or 1.0))
+        losses.append(float(loss.detach()))
+    before = model.layer0.weight.detach().flatten().clone()
+    callback = ComgraCallback(tmp_path / "store", "pl", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    trainer = _fit(tmp_path, model, callback, (x, y), max_epochs=1, accumulate_grad_batches=2, **arguments)
+    assert trainer.global_step == 1 and (scale is None) == (trainer.precision_plugin.scaler is None)
+    store = tmp_path / "store"
+    applied = (before - model.layer0.weight.detach().flatten()) / LR
+    recorded = _neurons(store, 0, "gradients")
+    assert torch.allclose(recorded, applied, rtol=1e-3, atol=1e-5)
+    assert torch.allclose(recorded, replica.layer0.weight.grad.flatten() / (scale or 1.0), rtol=1e-3, atol=1e-6)
+    for iteration, expected in enumerate(hidden_grads):
+        rows = {r["sample"]: r["neurons"] for r in _rows(store, 0, node="model.layer0", kind="gradients")
+                if r["iteration"] == iteration and r["aggregation"] == "sample"}
+        assert sorted(rows) == [0, 1, 2, 3]
+        assert torch.allclose(torch.tensor([rows[s] for s in range(4)]), expected, rtol=1e-3, atol=1e-6), iteration
+    recorded_losses = {r["iteration"]: r["mean"] for r in _rows(store, 0, node="loss", kind="forward")}
+    assert recorded_losses == {0: pytest.approx(losses[0], rel=1e-3), 1: pytest.approx(losses[1], rel=1e-3)}

@@ -159,7 +159,7 @@ class _FakeRecorder:
 def test_a_fault_of_comgras_own_warns_once_and_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from comgra.integrations.steps import IntegrationWarning, StepDriver
 
-    def broken(self: StepDriver) -> None:
+    def broken(self: StepDriver, *arguments: Any) -> None:
         raise RuntimeError("planted")
 
     monkeypatch.setattr(StepDriver, "gradients_and_finish", broken)
@@ -170,3 +170,65 @@ def test_a_fault_of_comgras_own_warns_once_and_training_goes_on(tmp_path: Path, 
         trainer = _train(tmp_path, model, _data(12, seed=5), callback)
     assert len([w for w in caught if issubclass(w.category, IntegrationWarning)]) == 1
     assert trainer.state.global_step == 3  # every step trained
+
+
+SCALE = 1024.0
+
+
+def _ln_f_gradients(model: Any) -> tuple[list[Any], Any]:
+    """The raw gradient of ``transformer.ln_f``'s output in each backward pass, caught by the test's own hook."""
+    caught: list[Any] = []
+
+    def keep(module: Any, args: Any, output: Any) -> None:
+        if output.requires_grad:
+            output.register_hook(lambda grad: caught.append(grad.detach().float().clone()))
+
+    return caught, model.transformer.ln_f.register_forward_hook(keep)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16-with-GradScaler"])
+def test_mixed_precision_gradients_are_unscaled_and_accumulated(tmp_path: Path, precision: str) -> None:
+    """8 samples, batches of 4, gradient_accumulation_steps=2: one optimizer step of two micro-batches under
+    autocast. bf16 runs on CPU as it is (accelerate's native AMP). fp16: on CPU accelerate neither autocasts
+    nor scales (it does on a GPU), so the test gives the Trainer's Accelerator what it makes on a GPU, a real
+    torch.amp.GradScaler (here on CPU) and native AMP; the Trainer's own code then scales each micro-batch's
+    loss, unscales and steps through it. The recorded parameter gradient is the one SGD applied; the recorded
+    gradient of ln_f's output is the raw one the test's hook caught, divided by the scale the test set."""
+    model, train = _model(), _data(8, seed=7)
+    before = model.transformer.h[0].mlp.c_fc.weight.detach().clone()
+    caught, handle = _ln_f_gradients(model)
+    dtypes: list[Any] = []
+    dtype_handle = model.transformer.h[0].mlp.c_fc.register_forward_hook(lambda m, a, output: dtypes.append(output.dtype))
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=1, learning_rate=0.1,
+        optim="sgd", lr_scheduler_type="constant", use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+        seed=0, gradient_accumulation_steps=2, max_grad_norm=0.0, bf16=precision == "bf16",
+        fp16=precision != "bf16")
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=train, callbacks=[callback])
+    scale = 1.0
+    if precision != "bf16":
+        assert trainer.accelerator.scaler is None  # accelerate on CPU: no scaler of its own
+        trainer.accelerator.native_amp, scale = True, SCALE
+        trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1000)
+    trainer.train()
+    handle.remove()
+    dtype_handle.remove()
+    assert trainer.state.global_step == 1 and len(caught) == 2
+    assert dtypes == [torch.bfloat16 if precision == "bf16" else torch.float16] * 2  # autocast ran
+    if precision != "bf16":
+        assert trainer.accelerator.scaler.get_scale() == SCALE  # no inf: the step was taken at this scale
+    applied = (before - model.transformer.h[0].mlp.c_fc.weight.detach()) / 0.1
+    store = tmp_path / "store"
+    (row,) = _rows(store, 0, node=PARAMETER, kind="gradients")
+    assert torch.allclose(torch.tensor(row["neurons"]), applied.flatten()[:len(row["neurons"])], rtol=1e-3, atol=1e-6)
+    _assert_statistics(row, applied)
+    for iteration, raw in enumerate(caught):
+        rows = {r["sample"]: r for r in _rows(store, 0, node="model.transformer.ln_f", kind="gradients")
+                if r["iteration"] == iteration and r["aggregation"] == "sample"}
+        assert sorted(rows) == [0, 1, 2, 3]
+        for sample, recorded in rows.items():
+            expected = raw[sample] / scale
+            assert recorded["abs_max"] == pytest.approx(float(expected.abs().max()), rel=1e-3), (iteration, sample)
+            assert recorded["mean"] == pytest.approx(float(expected.mean()), rel=1e-3, abs=1e-9), (iteration, sample)

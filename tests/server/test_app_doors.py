@@ -280,7 +280,7 @@ def test_reachable_from_other_machines_the_app_s_actions_need_the_token(group) -
             # With the cookie, from the page itself, the actions work, in the app and in the REST API alike.
             status, text = request(base + UPDATE, act_body(base, "bp-add", trial), opener=browser)
             assert "Added bp1" in text, text[:300]
-            status, _ = request(f"{base}/api/v1/trials/{trial}/breakpoints", {"target": "x", "condition": "has_nan"},
+            status, _ = request(f"{base}/api/v1/trials/{trial}/breakpoints", {"target": "loss", "condition": "has_nan"},
                                 opener=browser)
             assert status == 201
             status, text = request(base + UPDATE, act_body(base, "bp-step", trial),

@@ -62,7 +62,7 @@ def test_use_path_for_test_run_serves_that_folder(recording, monkeypatch):
     bundled = cli.bundled_visualization()
     assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": bundled,
                       "allow_hosts": [], "poll_seconds": 2.0, "findings_sensitivity": 1.0,  # [app] refresh_interval_s of comgra.toml
-                      "findings_scan": True}
+                      "findings_scan": True, "view": "/"}
     assert bundled.name == "custom_visualization.py" and "def create_visualization" in bundled.read_text()
     assert cli.main(["--use-path-for-test-run", "--visualization-file", __file__]) == 0  # the user's file wins
     assert served["visualization_file"] == Path(__file__)
@@ -70,6 +70,15 @@ def test_use_path_for_test_run_serves_that_folder(recording, monkeypatch):
     assert served["allow_hosts"] == ["lab.example", "proxy"]
     assert cli.main(["--use-path-for-test-run", "--no-findings-scan"]) == 0
     assert served["findings_scan"] is False
+    view = "/?tab=tensors&trial=t&step=40&node=out"  # what 'comgra scan' prints: the address opens this view
+    assert cli.main(["--use-path-for-test-run", "--view", view]) == 0
+    assert served["view"] == view
+
+
+def test_a_view_that_is_not_a_view_link_is_a_usage_error(recording, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--path", str(recording), "--view", "http://elsewhere.example/"])
+    assert exit_.value.code == 2 and "is not a view link" in capsys.readouterr().err
 
 
 def test_a_busy_port_is_reported(recording, capsys):

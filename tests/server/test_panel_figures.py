@@ -69,13 +69,44 @@ def kpis(names: list[str], steps: int = 50, spike: tuple[int, float] | None = No
     return pa.Table.from_pylist(rows, schema=fmt.KPIS_SCHEMA)
 
 
-def test_twelve_curves_of_two_trials_are_overlaid_in_twelve_distinct_looks():
-    tables = {"a": kpis([f"l{i}" for i in range(6)]), "b": kpis([f"l{i}" for i in range(6)])}
+def test_several_trials_are_coloured_by_trial_styled_by_curve_and_grouped_in_the_legend():
+    """24 curves, one colour each, made the bugged and the fixed trial look alike (issue 25, item 8)."""
+    names = [f"l{i}" for i in range(8)]
+    tables = {"a": kpis(names), "b": kpis(names)}
     ((group, figure),) = figures.kpi_overlay_figures(tables, KpiOptions(robust_range=False))
-    assert group == "loss" and len(figure.data) == 12
-    assert {trace.name.split(" · ")[0] for trace in figure.data} == {"a", "b"}
-    looks = {(trace.line.color, trace.line.dash) for trace in figure.data}
-    assert len(looks) == 12 and len({trace.line.color for trace in figure.data}) == 12
+    assert group == "loss" and len(figure.data) == 16
+    colour = {trial: {t.line.color for t in figure.data if t.legendgroup == trial} for trial in ("a", "b")}
+    assert len(colour["a"]) == len(colour["b"]) == 1 and colour["a"] != colour["b"]  # a colour per trial
+    for trial in ("a", "b"):  # a look per curve within a trial, the same look for the same curve in both
+        traces = [t for t in figure.data if t.legendgroup == trial]
+        assert [t.name for t in traces] == [f"{n} · train" for n in names] and traces[0].legendgrouptitle.text == trial
+        assert len({(t.line.dash, t.marker.symbol if t.marker else None) for t in traces}) == len(names)
+    looks = {t.name: (t.line.dash, t.marker.symbol) for t in figure.data if t.legendgroup == "a"}
+    assert looks == {t.name: (t.line.dash, t.marker.symbol) for t in figure.data if t.legendgroup == "b"}
+    assert figure.layout.legend.orientation == "h"  # under the plot: the plot keeps its width
+
+
+def test_one_trial_keeps_a_colour_per_curve_and_the_default_type_is_not_named():
+    table = kpis(["loss", "accuracy"])
+    table = table.set_column(table.schema.get_field_index("type_of_execution"), "type_of_execution",
+                             pa.array(["main_execution_type"] * table.num_rows))
+    ((_, figure),) = figures.kpi_overlay_figures({"a": table}, KpiOptions(robust_range=False))
+    assert sorted(t.name for t in figure.data) == ["accuracy", "loss"]  # no "· main_execution_type"
+    assert len({t.line.color for t in figure.data}) == 2
+
+
+def test_every_figure_spans_the_same_steps_and_a_filter_keeps_the_named_curves():
+    short = kpis(["loss"], steps=10)
+    other = pa.Table.from_pylist([{**row, "kpi_group": "accuracy", "kpi_name": "acc"} for row in
+                                  kpis(["acc"], steps=50).to_pylist()], schema=fmt.KPIS_SCHEMA)
+    entries = figures.kpi_overlay_figures({"a": pa.concat_tables([short, other])}, KpiOptions(robust_range=False))
+    ranges = {group: tuple(figure.layout.xaxis.range) for group, figure in entries}
+    assert set(ranges) == {"accuracy", "loss"} and len(set(ranges.values())) == 1  # the x-axes line up
+    low, high = ranges["loss"]
+    assert low < 0 and high > 49
+    filtered = figures.kpi_overlay_figures({"a": pa.concat_tables([short, other])},
+                                           KpiOptions(robust_range=False, name_filter="LOS"))
+    assert [(group, [t.name for t in figure.data]) for group, figure in filtered] == [("loss", ["loss · train"])]
 
 
 def test_styles_stay_distinct_far_beyond_plotlys_ten():

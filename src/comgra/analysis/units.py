@@ -222,7 +222,7 @@ def one_sided_judged(data: TrialData, facts: GraphFacts, options: ScanOptions,
             detector="one_sided", severity="warning" if into_output else "info",
             score=strength if into_output else 0.5 * strength, trial=data.trial,
             node=node, role=role, kind=fmt.FORWARD, training_step=first,
-            steps=[int(step) for step in sided["training_step"].iloc[:20]],
+            steps=[int(step) for step in sided["training_step"]],  # every one the message counts (listed_steps caps)
             iteration=_iteration_of(data, node, fmt.FORWARD, first), message=message,
             evidence={"negative_extent": max(0.0, -low), "positive_extent": max(0.0, high), "ratio": ratio,
                       "one_sided_steps": len(sided), "recorded_steps": len(steps),

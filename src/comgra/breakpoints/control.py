@@ -145,6 +145,9 @@ def read_breakpoints(trial_dir: str | Path) -> list[dict[str, Any]]:
 def run_state(trial_dir: str | Path) -> dict[str, Any]:
     """{"state": "running"|"paused"|"finished"|"unknown", "training_step", "breakpoint", "ranks", ...}.
 
+    A paused run also names the ``target``, ``condition`` and ``iteration`` of the breakpoint that paused it; a
+    finished run its ``reason`` ("aborted" when an Abort ended it).
+
     "unknown": no run has published a state, or its process on this host is gone without finishing.
     """
     document = read_run_document(trial_dir)
@@ -153,7 +156,8 @@ def run_state(trial_dir: str | Path) -> dict[str, Any]:
         state = "unknown"
     return {"state": state, "training_step": document.get("training_step"),
             "breakpoint": document.get("breakpoint"), "ranks": document.get("ranks", 1),
-            "type_of_execution": document.get("type_of_execution"), "reason": document.get("reason"),
+            "type_of_execution": document.get("type_of_execution"), "iteration": document.get("iteration"),
+            "target": document.get("target"), "condition": document.get("condition"), "reason": document.get("reason"),
             "hits": dict(document.get("hits", {})), "updated": document.get("updated"),
             "notice": document.get("notice")}
 

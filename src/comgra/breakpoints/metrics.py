@@ -41,6 +41,8 @@ class MetricPlan:
         if not self.names:
             return {}
         data = tensor.detach()
+        if data.is_complex():  # its magnitudes |z|, as the recording has them (never the real part alone)
+            data = data.abs()
         if not data.is_floating_point():
             data = data.double()
         count = data.numel()
@@ -97,4 +99,5 @@ def tensor_metrics_of_many(tensors: list[torch.Tensor], names: tuple[str, ...] |
     plan = names if isinstance(names, MetricPlan) else MetricPlan(names)
     if len(tensors) == 1:
         return plan(tensors[0])
-    return plan(torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors]))
+    return plan(torch.cat([(t.detach().abs() if t.is_complex() else t.detach()).reshape(-1).to(torch.float64)
+                           for t in tensors]))

@@ -200,6 +200,10 @@ class BreakpointMonitor:
                                   + (f" (breakpoint {hit.id}: {hit.target} {hit.condition.text!r})." if hit else "."))
         return action
 
+    def abandon_step(self) -> None:
+        """Forget the step in progress: what its checks found never settles, pauses or counts as a hit."""
+        self.step = StepState()
+
     def close(self) -> None:
         for handle in self._hook_handles:
             handle.remove()

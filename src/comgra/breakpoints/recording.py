@@ -127,11 +127,12 @@ class RecorderBreakpoints:
             self._gradient_hooks.append(tensor.register_hook(keep))
         return box
 
-    def gradients(self, name_of_loss_group: str, set_to_zero: bool) -> None:
+    def gradients(self, name_of_loss_group: str, set_to_zero: bool, scale: Any = None) -> None:
+        """``scale``: the call's loss scale (capture.gradients.GradientScale), for the replay."""
         if self.monitor.active:
             if self.monitor.check_gradients():
                 self.force_recording()
-            self.keep(("gradients", name_of_loss_group, set_to_zero))
+            self.keep(("gradients", name_of_loss_group, set_to_zero) + (() if scale is None else (scale,)))
 
     def keep(self, call: tuple[Any, ...]) -> None:
         """Remember a recording call of an unrecorded step, in case a breakpoint forces its recording.
@@ -152,6 +153,22 @@ class RecorderBreakpoints:
             self._fault(error)
 
     def finish_batch(self) -> None:
+        self._let_go_of_step()
+        try:
+            self.monitor.finish_batch(flush=self._flush)
+        except (TrainingAborted, KeyboardInterrupt):
+            raise
+        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
+            self._fault(error)
+
+    def abandon_step(self) -> None:
+        """The step was abandoned (``ComgraRecorder.abandon_step``): no check of it settles or pauses. Under
+        torch.distributed every rank must abandon the same step, as no rank then settles it with the others."""
+        self._let_go_of_step()
+        self.forced = False
+        self.monitor.abandon_step()
+
+    def _let_go_of_step(self) -> None:
         self.shadow = None
         for tensor in self._switched_on_grad:  # leave the user's tensors as they were before the step
             tensor.requires_grad_(False)
@@ -160,12 +177,6 @@ class RecorderBreakpoints:
         for handle in self._gradient_hooks:
             handle.remove()
         self._gradient_hooks.clear()
-        try:
-            self.monitor.finish_batch(flush=self._flush)
-        except (TrainingAborted, KeyboardInterrupt):
-            raise
-        except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
-            self._fault(error)
 
     def _fault(self, error: Exception) -> None:
         self.monitor.switch_off(f"an internal error: {type(error).__name__}: {error}")
@@ -209,7 +220,7 @@ def _replay(session: Any, call: tuple[Any, ...]) -> None:
     elif kind == "finish_iteration":
         session.finish_iteration()
     elif kind == "gradients":
-        session.step.record_gradients(call[1], call[2])
+        session.step.record_gradients(*call[1:])
     elif kind == "connect":
         session.step.connect(call[1], call[2])
 

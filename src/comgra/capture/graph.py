@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from comgra.capture.registry import Registration
+
 
 @dataclass
 class Connections:
@@ -26,6 +28,9 @@ class Connections:
     by_leaf: dict[int, Hashable] = field(default_factory=dict)  # id(leaf tensor) -> registration key
     extra_by_grad_fn: dict[Any, list[Any]] = field(default_factory=dict)  # grad_fn -> sources
     extra_by_leaf: dict[int, list[Any]] = field(default_factory=dict)  # id(leaf) -> sources
+    # grad_fn -> what the walk follows in place of its next_functions: a reentrant checkpoint's node leads to the
+    # recomputed outputs of its function (capture/checkpointing.py), as the uncheckpointed graph would
+    instead_of: dict[Any, list[Any]] = field(default_factory=dict)
 
     def add_manual(self, source: Any, sink: torch.Tensor, grad_fn: Any = None) -> None:
         """``source`` (a registration key or a tensor) feeds ``sink``, whose autograd node is ``grad_fn``
@@ -58,7 +63,8 @@ def _children_of_tensor(tensor: torch.Tensor, grad_fn: Any, connections: Connect
 
 
 def _children(fn: Any, connections: Connections) -> list[Any]:
-    children: list[Any] = [nf for nf, _ in fn.next_functions if nf is not None]
+    replaced = connections.instead_of.get(fn) if connections.instead_of else None
+    children: list[Any] = list(replaced) if replaced is not None else [nf for nf, _ in fn.next_functions if nf is not None]
     children.extend(connections.extra_by_grad_fn.get(fn, ()))
     variable = getattr(fn, "variable", None)  # AccumulateGrad of an unregistered leaf
     if variable is not None:
@@ -75,6 +81,7 @@ def _resolve(start: Any, connections: Connections, memo: dict[Any, frozenset]) -
     stack = [start]
     children_of: dict[Any, list[Any]] = {}
     by_grad_fn, by_leaf, extra_by_grad_fn = connections.by_grad_fn, connections.by_leaf, connections.extra_by_grad_fn
+    instead_of = connections.instead_of or None
     while stack:
         item = stack[-1]
         node = _as_node(item)
@@ -99,7 +106,8 @@ def _resolve(start: Any, connections: Connections, memo: dict[Any, frozenset]) -
                     memo[node] = frozenset([key])
                     stack.pop()
                     continue
-                children = [nf for nf, _ in next_functions if nf is not None]
+                replaced = instead_of.get(item) if instead_of is not None else None
+                children = list(replaced) if replaced is not None else [nf for nf, _ in next_functions if nf is not None]
                 children.extend(extra_by_grad_fn.get(item, ()))
                 if variable is not None:
                     children.extend(connections.extra_by_leaf.get(id(variable), ()))
@@ -175,3 +183,33 @@ def _longest_path_layers(incoming: dict[str, set[str]]) -> dict[str, int]:
 def graph_hash(document: dict[str, Any]) -> str:
     canonical = json.dumps({"nodes": document["nodes"], "edges": document["edges"]}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+_ROLE_OF_TYPE = {"calculated": "intermediate"}
+
+
+def outputs(nodes: dict[str, dict[str, Any]], edges: list[tuple[str, str]]) -> set[str]:
+    """The network's outputs: what is compared with a target (it shares a consumer with one);
+    without a registered target, what feeds a loss directly."""
+    def feeding(consumers: set[str]) -> set[str]:
+        return {s for s, t in edges if t in consumers and nodes[s]["role"] == "intermediate"}
+
+    targets = {n for n, node in nodes.items() if node["role"] == "target"}
+    compared = feeding({t for s, t in edges if s in targets})
+    return compared or feeding({n for n, node in nodes.items() if node["role"] == "loss"})
+
+
+def node_entry(node_id: str, registration: Registration, iteration: int,
+               groups_of_parameters: dict[str, str]) -> dict[str, Any]:
+    absolute = registration.iteration < 0
+    return {
+        "id": node_id,
+        "node": registration.node,
+        "role": _ROLE_OF_TYPE.get(registration.tensor_type, registration.tensor_type),
+        "tensor_type": registration.tensor_type,
+        "roles": [],
+        "has_batch": registration.batch_dim is not None,
+        "iteration_offset": 0 if absolute else registration.iteration - iteration,
+        "absolute_iteration": -1 if absolute else None,
+        "group": groups_of_parameters.get(registration.tensor_name, ""),
+    }

@@ -14,6 +14,7 @@ from comgra.store import format as fmt
 @dataclass
 class KpiBuffer:
     rows: list[tuple[str, str, str | None, int, Any]] = field(default_factory=list)
+    step_start: int = 0  # the points before this index came before the open step (abandon_step keeps only those)
 
     def add(self, group: str, name: str, type_of_execution: str | None, timepoint: int, value: Any) -> None:
         if isinstance(value, torch.Tensor):
@@ -34,7 +35,15 @@ class KpiBuffer:
         decided = type_of_execution or ""
         self.rows = [(g, n, decided if t is None else t, p, v) for g, n, t, p, v in self.rows]
 
+    def start_step(self) -> None:
+        self.step_start = len(self.rows)
+
+    def drop_step(self) -> None:
+        """Forget the points given since the open step started (those a flush took meanwhile are written)."""
+        del self.rows[self.step_start:]
+
     def take(self) -> pa.Table | None:
+        self.step_start = 0
         if not self.rows:
             return None
         rows, self.rows = self.rows, []

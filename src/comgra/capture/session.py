@@ -19,12 +19,13 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from comgra.capture.checkpointing import recomputing
 from comgra.capture.kpis import KpiBuffer
 from comgra.capture.modules import ModuleTracker, parameter_nodes
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import RankInfo
 from comgra.capture.registry import RECORDING_TYPES, Registration
-from comgra.capture.sharded import ShardCombiner
+from comgra.capture.sharded import ShardCombiner, StepShards
 from comgra.capture.step import StepOptions, StepRecording
 from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError
@@ -47,6 +48,7 @@ class Session:
     step: StepRecording | None = None
     per_sample_default: bool = True
     graphs_written: set[str] = field(default_factory=set)
+    graphs_of_step: dict[str, dict[str, Any]] = field(default_factory=dict)  # new graphs, written at finish_step
     warned: set[str] = field(default_factory=set)
     parameter_names: dict[str, tuple[str, str]] = field(default_factory=dict)
     modules: ModuleTracker | None = None
@@ -111,11 +113,12 @@ class Session:
                    modules: ModuleTracker, per_sample_default: bool) -> bool:
         if self.broken:
             return False
+        self.graphs_of_step.clear()
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
         if self.combiner is None:
             self.combiner = ShardCombiner.for_ranks(self.options.record_ranks, self.warn_once)
-        self.step = StepRecording(training_step, batch_size, type_of_execution, options,
-                                  parameter_aliases=modules.aliases, report=self.warn_once, combiner=self.combiner)
+        self.step = StepRecording(training_step, batch_size, type_of_execution, options, parameter_aliases=modules.aliases,
+                                  report=self.warn_once, dtensors=StepShards(self.combiner, options.max_neurons))
         self.per_sample_default = per_sample_default
         names = self.parameter_names  # a tied parameter once, under its first name
         self.step.register_parameters([Registration(name, -1, names[name][0], name, "parameter", "neuron", None, False,
@@ -129,11 +132,21 @@ class Session:
         """``watched``: a module output found by comgra.watch (see ``ComgraRecorder._register_watched``)."""
         step = self.step
         assert step is not None
+        if watched and recomputing():  # a module's forward hook, run again by torch.utils.checkpoint's recomputation
+            return step.checkpoints.recomputed(step, tensor_name, tensor, takeover=True)
         registration = _registration(step, tensor_name, tensor, index_of_batch_dimension, flags, recording_type,
                                      self.per_sample_default if record_per_batch_index is None else record_per_batch_index,
                                      node_name, role_within_node)
+        # Made inside a reentrant checkpoint's forward pass, under no_grad: it waits for the recomputation
+        # (capture/checkpointing.py), and is made a leaf that wants a gradient only where it is the function's input.
+        without_grad = not torch.is_grad_enabled() and tensor.grad_fn is None and not tensor.requires_grad
+        region = step.checkpoints.reentrant_forward(tensor_name) if not torch.is_grad_enabled() else None
+        if region is not None and not without_grad:
+            region = None
+        elif region is None and without_grad:  # perhaps inside another library's checkpoint
+            step.checkpoints.made_without_grad(registration)
         if tensor.is_floating_point() or tensor.is_complex():
-            if not tensor.requires_grad and tensor.grad_fn is None:
+            if not tensor.requires_grad and tensor.grad_fn is None and (region is None or region.is_argument(tensor)):
                 tensor.requires_grad_(True)  # so that its gradient can be recorded; undone at finish_batch
                 step.switched_on_grad.append(tensor)
         else:
@@ -144,16 +157,20 @@ class Session:
         registration.tensor = tensor
         if watched:
             self.warned.add(f"unconnected:{tensor_name}")
-        step.register(registration, tensor, takeover=watched)
+        step.register(registration, tensor, takeover=watched, region=region)
+
+    def recomputed(self, tensor_name: str, tensor: torch.Tensor) -> None:
+        """``register_tensor`` called again by activation checkpointing's recomputation (capture/checkpointing.py)."""
+        if self.step is not None:
+            self.step.checkpoints.recomputed(self.step, tensor_name, tensor)
 
     def finish_iteration(self) -> None:
         step = self.step
         assert step is not None
         groups = {name: group for name, (_, group) in self.parameter_names.items()}
         document, unconnected = step.finish_iteration(groups)
-        if document["hash"] not in self.graphs_written:
-            self.graphs_written.add(document["hash"])
-            self._put_json(f"graphs/{document['hash']}.json", document)
+        if document["hash"] not in self.graphs_written:  # written with the step: an abandoned step leaves none
+            self.graphs_of_step[document["hash"]] = document
         for name in unconnected:
             if getattr(step, "replayed", False):
                 break  # recorded from a breakpoint's replay: an input registered late has no edge; not the user's fault
@@ -171,8 +188,7 @@ class Session:
             raise RecordingError(f"category_per_sample has {len(categories)} entries but the batch has "
                                  f"{step.batch_size} samples; give one category per sample.")
         if not wanted:
-            step.close()
-            self.step = None
+            self.abandon_step()
             return False
         step.type_of_execution = type_of_execution
         step.choice = _balanced_choice([str(c) for c in categories], self.options.max_samples)
@@ -186,11 +202,20 @@ class Session:
                 list(range(min(step.batch_size, step.batch_size if self.options.max_samples is None
                                else self.options.max_samples))))
             values, steps = step.to_tables(choice)
+            for graph_hash, document in self.graphs_of_step.items():
+                self.graphs_written.add(graph_hash)
+                self._put_json(f"graphs/{graph_hash}.json", document)
             self._put_table("tensors", values)
             self._put_table("steps", steps)
             policy.mark_recording_on_this_step(step.training_step, step.type_of_execution)  # type: ignore[arg-type]
         finally:
-            step.close()
+            self.abandon_step()
+
+    def abandon_step(self) -> None:
+        """Let go of the step in progress; what it held never reaches the writer."""
+        self.graphs_of_step.clear()
+        if self.step is not None:
+            self.step.close()
             self.step = None
 
     def flush(self, timeout: float | None) -> None:
@@ -243,9 +268,7 @@ def report_fault(session: Session, error: BaseException) -> None:
     if session.broken:
         return
     session.broken = True
-    if session.step is not None:
-        session.step.close()
-        session.step = None
+    session.abandon_step()
     _warn(f"comgra stopped recording trial {session.options.trial_id!r} after an internal error: "
           f"{type(error).__name__}: {error}. Training goes on; steps flushed before this are readable "
           f"in {str(session.directory)!r}.")

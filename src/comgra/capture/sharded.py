@@ -32,9 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from comgra.capture import shards
+from comgra.capture.registry import Registration
 from comgra.capture.shards import EXTREMA, SUMS, LocalPart
 from comgra.capture.stats import Summary
-from comgra.capture.summaries import Block
+from comgra.capture.summaries import Block, unsummarisable
 
 COLLECTIVE_TIMEOUT = timedelta(seconds=120)
 _HEADER = 9  # step, -step, count, -count, hash high, -hash high, hash low, -hash low, fault
@@ -111,6 +113,37 @@ class ShardCombiner:
     def _warn(self, key: str, message: str) -> None:
         if self.report is not None:
             self.report(f"sharded:{key}", message)
+
+
+@dataclass
+class StepShards:
+    """This rank's parts of the DTensors of one recorded step, read from the local shards as they come
+    (capture/shards.py) and combined across the ranks at the step's end (``blocks``)."""
+
+    combiner: ShardCombiner
+    max_neurons: int
+    parts: list[LocalPart] = field(default_factory=list)
+    fault: bool = False  # reading a shard failed here: told to the other ranks in the header
+
+    def add(self, kind: str, registration: Registration, tensor: Any) -> str:
+        """Take this rank's part of ``tensor``: "" where taken, else why not (as ``unsummarisable`` says it). A
+        second reading under the same kind (gradient accumulation) replaces the first."""
+        reason = shards.unsupported(tensor) or unsummarisable(shards.waited(tensor.to_local()))
+        if reason is not None:
+            return reason
+        self.parts = [p for p in self.parts if (p.kind, p.registration.key) != (kind, registration.key)]
+        try:
+            self.parts.append(shards.local_part(kind, registration, tensor, self.max_neurons))
+        except Exception as error:  # noqa: BLE001 - the other ranks must still hear from this one
+            self.fault = True
+            return f"because reading its local shard failed ({type(error).__name__}: {error})"
+        return ""
+
+    def blocks(self, training_step: int) -> list[Block]:
+        """The blocks of the combined DTensors; no collective where this step met none."""
+        if not self.parts and not self.fault:
+            return []
+        return blocks(self.combiner.combine(training_step, self.parts, self.fault))
 
 
 def _world_size() -> int:

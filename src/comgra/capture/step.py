@@ -17,10 +17,13 @@ import pyarrow as pa
 import torch
 
 from comgra.capture import background
+from comgra.capture import gradients as scaling
 from comgra.capture import graph as graphs
 from comgra.capture import sharded, shards
+from comgra.capture.checkpointing import UNSEEN, Checkpoints, Region
 from comgra.capture.registry import Registration
-from comgra.capture.summaries import Block, SampleChoice, summarize_values, to_table, unsummarisable
+from comgra.capture.summaries import (Block, SampleChoice, complex_notice, summarize_values, to_table,
+                                      unsummarisable)
 from comgra.errors import RecordingError, did_you_mean
 from comgra.store import format as fmt
 
@@ -91,21 +94,20 @@ class StepRecording:
     _by_node_role: dict[tuple[str, str], list[Registration]] = field(default_factory=dict)
     parameter_aliases: dict[str, list[str]] = field(default_factory=dict)  # tied parameters: first name -> others
     _parameter_job: background.Job | None = None  # the parameters' statistics, on the worker (CPU only)
+    checkpoints: Checkpoints = field(default_factory=Checkpoints)  # torch.utils.checkpoint (capture/checkpointing.py)
     # report(key, message): a warning once per key (Session.warn_once); None: nobody to tell (tests)
     report: Callable[[str, str], None] | None = None
-    # DTensors (capture/shards.py): this rank's parts, combined across ranks at the end of the step; None: left out
-    combiner: sharded.ShardCombiner | None = None
-    _shard_parts: list[shards.LocalPart] = field(default_factory=list)
-    _shard_fault: bool = False
+    dtensors: sharded.StepShards | None = None  # this rank's parts of DTensors (capture/sharded.py); None: left out
 
     # -- registration -----------------------------------------------------------------------
     def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False,
-                 takeover: bool = False) -> None:
+                 takeover: bool = False, region: Region | None = None) -> None:
         """Remember ``tensor`` under ``registration``; ``live``: summarise the tensor itself at the first
         start_iteration (tracked parameters) instead of its value now. A tensor registered again under a
         second name depends on the earlier name only; ``takeover``: the second name is then the one that
         the tensor's consumers depend on (a block that returns its last layer's output: layer -> block ->
-        next block), else the first name stays that (the user's own registrations, as always)."""
+        next block), else the first name stays that (the user's own registrations, as always). ``region``: made without
+        a gradient in a reentrant checkpoint, the registration waits for the recomputation (capture/checkpointing.py)."""
         key = registration.key
         if key in self.registrations:
             raise RecordingError(
@@ -130,21 +132,24 @@ class StepRecording:
         self.latest_by_name[registration.tensor_name] = key
         self._by_tensor_id.setdefault(id(tensor), key)
         registration.grad_fn = tensor.grad_fn
-        value = shards.waited(tensor)  # a tensor-parallel layer's local output: the values its collective made
-        reason = unsummarisable(value)
+        reason = self._readable(fmt.FORWARD, registration, value := shards.waited(tensor))  # a TP layer's local output
         if reason is None:
+            if tensor.is_complex():
+                self._tell_complex(registration, tensor)
             self._capture_value(registration, value, live)
-        elif shards.is_dtensor(tensor) and self.combiner is not None:
-            self._add_shard(fmt.FORWARD, registration, tensor)
         else:  # still a node of the graph, with no rows
             self._skip(registration, "values", reason)
         if tensor.grad_fn is not None:
             owner = self.connections.by_grad_fn.get(tensor.grad_fn)
+            if owner is None and self.checkpoints.regions:  # the output of a reentrant checkpoint, registered inside
+                owner = self.checkpoints.registered_inside(tensor)
             if owner is None or takeover:
                 self.connections.by_grad_fn[tensor.grad_fn] = key
             registration.same_as = owner  # type: ignore[assignment]  # a registration key: (iteration, name)
         else:
             self.connections.by_leaf.setdefault(id(tensor), key)
+        if region is not None:
+            self.checkpoints.wait(region, registration, tensor)
         if tensor.requires_grad and registration.tensor_type != "parameter":
             self._hooks.append(tensor.register_hook(self._gradient_hook(key)))
 
@@ -159,11 +164,11 @@ class StepRecording:
             self._by_node_role[(registration.node, registration.role)] = [registration]
             self.latest_by_name[registration.tensor_name] = key
             self._by_tensor_id.setdefault(id(tensor), key)
-            reason = unsummarisable(tensor)  # type: ignore[arg-type]
+            reason = self._readable(fmt.FORWARD, registration, tensor)
             if reason is None:
+                if tensor.is_complex():  # type: ignore[union-attr]
+                    self._tell_complex(registration, tensor)  # type: ignore[arg-type]
                 self._pending_forward.append((registration, tensor))  # type: ignore[arg-type]
-            elif shards.is_dtensor(tensor) and self.combiner is not None:  # FSDP2: this rank's shard, read now
-                self._add_shard(fmt.FORWARD, registration, tensor)  # type: ignore[arg-type]
             else:  # an FSDP2 parameter (a DTensor), whose .grad is one too: a node of the graph with no rows
                 self._skip(registration, "values and gradients", reason)
             registration.grad_fn = tensor.grad_fn  # type: ignore[union-attr]
@@ -182,27 +187,25 @@ class StepRecording:
         else:
             self._pending_forward.append((registration, tensor.detach().clone()))
 
+    def _tell_complex(self, registration: Registration, tensor: torch.Tensor) -> None:
+        if self.report is not None:
+            self.report(f"complex:{registration.tensor_name}", complex_notice(registration.tensor_name, tensor.dtype))
+
     def _skip(self, registration: Registration, what: str, reason: str) -> None:
         """Leave out a value comgra cannot summarise, and say so once per tensor name: never a crash in the
         kernel, never a stop of the recording, never a wrong number recorded in silence."""
-        if self.report is not None:
+        if self.report is not None and reason:  # "": not left out (a DTensor's shard, taken by capture/sharded.py)
             self.report(f"unsummarisable:{registration.tensor_name}",
                         f"comgra cannot summarise the {what} of tensor {registration.tensor_name!r} {reason}; they "
                         "are left out of the recording (no rows), the rest of the step is recorded and training "
                         "goes on. This warning is given once per tensor name.")
 
-    def _add_shard(self, kind: str, registration: Registration, tensor: torch.Tensor) -> None:
-        """This rank's part of a DTensor, from its local shard now (capture/shards.py); the ranks combine the
-        parts at the end of the step (capture/sharded.py). A fault here is flagged to the other ranks there."""
-        reason = shards.unsupported(tensor) or unsummarisable(shards.waited(tensor.to_local()))  # type: ignore[attr-defined]
-        if reason is not None:
-            self._skip(registration, "values" if kind == fmt.FORWARD else f"gradients ({kind!r})", reason)
-            return
-        try:
-            self._shard_parts.append(shards.local_part(kind, registration, tensor, self.options.max_neurons))
-        except Exception as error:  # noqa: BLE001 - the other ranks must still hear from this one
-            self._shard_fault = True
-            self._skip(registration, "shards", f"because reading its local shard failed ({type(error).__name__}: {error})")
+    def _readable(self, kind: str, registration: Registration, tensor: Any) -> str | None:
+        """``unsummarisable(tensor)``, but "" for a DTensor whose shard this rank took (capture/sharded.py)."""
+        reason = unsummarisable(tensor)
+        if reason is not None and self.dtensors is not None and shards.is_dtensor(tensor):
+            return self.dtensors.add(kind, registration, tensor)
+        return reason
 
     def add_gradient(self, tensor_name: str, grad: torch.Tensor) -> None:
         """Give the latest tensor registered as ``tensor_name`` a gradient that arrived outside its hook.
@@ -290,26 +293,35 @@ class StepRecording:
             return summarize_values(kind, items, max_neurons=self.options.max_neurons, with_svd=self.options.with_svd)
         return summarize
 
-    def record_gradients(self, kind: str, zero_non_parameters: bool) -> None:
+    def record_gradients(self, kind: str, zero_non_parameters: bool, scale: scaling.GradientScale = scaling.NOT_GIVEN
+                         ) -> None:
+        """The gradients now, as group ``kind``, divided by ``scale``; a tensor whose gradient an earlier call of
+        the same group recorded keeps this call's (see capture/gradients.py)."""
         if kind not in self.kinds:
             self.kinds.append(kind)
         items: list[tuple[Registration, torch.Tensor]] = []
+        losses: list[tuple[str, torch.Tensor]] = []
         self._wait_for_parameters()  # record_current_gradients comes after optimizer.step(): long done
         for key, registration in self.registrations.items():
             if registration.tensor_type == "parameter":
                 grad = registration.tensor.grad if registration.tensor is not None else None
+                divisor = scale.parameters
             else:
                 grad = self._grads.get(key)
+                divisor = scale.activations
             if grad is None:
                 continue
-            grad = shards.waited(grad)
-            reason = unsummarisable(grad)
+            if registration.tensor_type == "loss":
+                losses.append((registration.tensor_name, grad))
+            reason = unsummarisable(grad := shards.waited(grad))
+            if reason is not None and self.dtensors is not None and shards.is_dtensor(grad):  # FSDP2's gradients
+                reason = self.dtensors.add(kind, registration, scaling.unscaled(grad, divisor))
             if reason is None:
-                items.append((registration, grad))
-            elif shards.is_dtensor(grad) and self.combiner is not None:  # the gradient of an FSDP2 parameter
-                self._add_shard(kind, registration, grad)
+                items.append((registration, scaling.unscaled(grad, divisor)))
             else:
                 self._skip(registration, f"gradients ({kind!r})", reason)
+        self._check_scale(kind, scale, losses)
+        self.blocks = scaling.supersede(self.blocks, kind, {registration.key for registration, _ in items})
         # All gradients here, from their values now, in one batched call. The user holds the parameters'
         # (a later backward pass, clip_grad_norm_ or zero_grad(set_to_none=False) would change them in
         # place, through .data with no version counter to tell), so they cannot wait for a worker. Starting
@@ -323,12 +335,18 @@ class StepRecording:
         if zero_non_parameters:
             self._grads.clear()
 
+    def _check_scale(self, kind: str, scale: scaling.GradientScale, losses: list[tuple[str, torch.Tensor]]) -> None:
+        """Warn where the gradients may be scaled without comgra knowing by what."""
+        if self.report is None:
+            return
+        suspected = None if scale.known else scaling.suspected_scale(losses)
+        if suspected is not None:
+            self.report(f"loss-scale:{kind}", scaling.warning_of_unknown_scale(kind, *suspected))
+
     def to_tables(self, choice: SampleChoice, now: float | None = None) -> tuple[pa.Table, pa.Table]:
         """The tensors rows and the steps rows of this step (one host transfer)."""
         self._summarize_pending()
-        if self.combiner is not None and (self._shard_parts or self._shard_fault):
-            combined = self.combiner.combine(self.training_step, self._shard_parts, self._shard_fault)
-            self.blocks += sharded.blocks(combined)
+        self.blocks += self.dtensors.blocks(self.training_step) if self.dtensors is not None else []
         values = to_table(self.training_step, self._finished_blocks(), choice)
         rows = [{
             "training_step": self.training_step, "type_of_execution": self.type_of_execution,
@@ -360,12 +378,13 @@ class StepRecording:
         self._hooks.clear()
         self._grads.clear()
         self._pending_forward.clear()
-        self._shard_parts.clear()
         self._by_tensor_id.clear()
+        self.checkpoints.clear()
         self.keep_alive.clear()
         for tensor in self.switched_on_grad:  # leave the user's tensors as they were before the step
-            tensor.requires_grad_(False)
-            tensor.grad = None
+            if tensor.is_leaf:  # else an autograd.Function's forward under no_grad returned it: it has a grad_fn now
+                tensor.requires_grad_(False)
+                tensor.grad = None
         self.switched_on_grad.clear()
         for registration in self.registrations.values():
             registration.tensor = None
@@ -376,6 +395,8 @@ class StepRecording:
     # -- the graph of one iteration -----------------------------------------------------------
     def _graph_of_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
         memo: dict[Any, frozenset] = {}
+        if self.checkpoints.regions:
+            self.checkpoints.settle(self)
         targets = [r for r in self.registrations.values() if r.iteration == self.iteration]
         edges: set[tuple[Any, Any]] = set()
         for registration in targets:
@@ -388,6 +409,8 @@ class StepRecording:
             else:
                 sources = graphs.dependencies(tensor, grad_fn, self.connections, memo)
             edges |= {(source, registration.key) for source in sources if source != registration.key}
+        if self.report is not None and self.checkpoints.unseen(memo, self.connections):
+            self.report("reentrant-unseen", UNSEEN)
         return self._document(targets, edges, groups_of_parameters)
 
     def _document(self, targets: list[Registration], edges: set[tuple[Any, Any]],
@@ -423,7 +446,7 @@ class StepRecording:
         for key in sorted(keys, key=lambda k: (k[0], k[1])):
             registration = self.registrations[key]
             node_id = self._node_id(registration)
-            node = nodes.setdefault(node_id, _node_entry(node_id, registration, self.iteration, groups_of_parameters))
+            node = nodes.setdefault(node_id, graphs.node_entry(node_id, registration, self.iteration, groups_of_parameters))
             if registration.role not in node["roles"]:
                 node["roles"].append(registration.role)
             aliases = self.parameter_aliases.get(registration.tensor_name)
@@ -431,7 +454,7 @@ class StepRecording:
                 node.setdefault("aliases", []).extend(a for a in aliases if a not in node.get("aliases", []))
         edge_rows = sorted({(self._node_id(self.registrations[s]), self.registrations[s].role,
                              self._node_id(self.registrations[t]), self.registrations[t].role) for s, t in edges})
-        for node_id in _outputs(nodes, [(e[0], e[2]) for e in edge_rows]):
+        for node_id in graphs.outputs(nodes, [(e[0], e[2]) for e in edge_rows]):
             nodes[node_id]["role"] = "output"
         node_list = list(nodes.values())
         graphs.layout(node_list, [(e[0], e[2]) for e in edge_rows])
@@ -452,36 +475,8 @@ class StepRecording:
         return f"{registration.node}*old" + ("" if back == 1 else str(back))
 
 
-_ROLE_OF_TYPE = {"calculated": "intermediate"}
 # Graph documents by everything they are computed from (StepRecording._document_key), shared by the
 # steps of a process; documents are never changed once made. Cleared when full: a network whose
 # graph changes every step would otherwise grow it without end.
 _DOCUMENTS: dict[tuple[Any, ...], tuple[dict[str, Any], list[str]]] = {}
 _MAX_CACHED_DOCUMENTS = 256
-
-
-def _outputs(nodes: dict[str, dict[str, Any]], edges: list[tuple[str, str]]) -> set[str]:
-    """The network's outputs: what is compared with a target (it shares a consumer with one);
-    without a registered target, what feeds a loss directly."""
-    def feeding(consumers: set[str]) -> set[str]:
-        return {s for s, t in edges if t in consumers and nodes[s]["role"] == "intermediate"}
-
-    targets = {n for n, node in nodes.items() if node["role"] == "target"}
-    compared = feeding({t for s, t in edges if s in targets})
-    return compared or feeding({n for n, node in nodes.items() if node["role"] == "loss"})
-
-
-def _node_entry(node_id: str, registration: Registration, iteration: int,
-                groups_of_parameters: dict[str, str]) -> dict[str, Any]:
-    absolute = registration.iteration < 0
-    return {
-        "id": node_id,
-        "node": registration.node,
-        "role": _ROLE_OF_TYPE.get(registration.tensor_type, registration.tensor_type),
-        "tensor_type": registration.tensor_type,
-        "roles": [],
-        "has_batch": registration.batch_dim is not None,
-        "iteration_offset": 0 if absolute else registration.iteration - iteration,
-        "absolute_iteration": -1 if absolute else None,
-        "group": groups_of_parameters.get(registration.tensor_name, ""),
-    }

@@ -1,7 +1,7 @@
 """From registered tensors to rows of the ``tensors`` table, with one host transfer per step."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,9 @@ class Block:
     summary: Summary
     has_batch: bool
     svd: torch.Tensor | None  # (S,) NaN where not computed
+    # Registration keys whose rows are not written: a later record_current_gradients call of the same group in
+    # the same step recorded their gradients again (capture/gradients.py).
+    superseded: set[tuple[int, str]] = field(default_factory=set)
 
 
 def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], *,
@@ -35,8 +38,12 @@ def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], 
     tensor, then its batch-first shape) made two tensor objects per tensor for the garbage collector to
     count, about a third of what a recorded step allocated."""
     groups: dict[tuple[Any, int | None], tuple[list[Registration], list[torch.Tensor]]] = {}
+    complex_values: dict[tuple[int, str], torch.Tensor] = {}  # their singular values are those of z, not of |z|
     for registration, value in items:
         batch_dim = registration.batch_dim
+        if value.is_complex():  # recorded as magnitudes |z| (README, "Complex tensors"); the kernels read real values
+            complex_values[registration.key] = value
+            value = value.detach().abs()
         if batch_dim:  # detached first: a view of a parameter would otherwise get an autograd node of its own
             value = registration.batch_first(value.detach())
         if value.is_neg():  # a lazy negation (torch._neg_view, the imaginary part of a conjugate): NumPy cannot read it
@@ -54,7 +61,8 @@ def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], 
         summary = summarize(values, batch_size=1 if size is None else size,
                             max_neurons=[0 if r.recording_type in ("kpis", "kpis_and_svd") else max_neurons
                                          for r in registrations])
-        blocks.append(Block(kind, registrations, summary, size is not None, _svd(kind, registrations, values, with_svd)))
+        blocks.append(Block(kind, registrations, summary, size is not None, _svd(kind, registrations, values, with_svd,
+                                                                             complex_values)))
     return blocks
 
 
@@ -64,12 +72,13 @@ def unsummarisable(tensor: torch.Tensor) -> str | None:
     comgra summarises dense real tensors of ``torch.Tensor``, ``nn.Parameter`` and their subclasses without a
     ``__torch_dispatch__`` of their own, on any device and with any strides. Anything else is left out with a warning (capture/step.py) rather than reaching a kernel that
     cannot read it (the C kernel of capture/fused.py would read a null or foreign pointer: SIGSEGV) or a
-    conversion that would record a wrong number (a DTensor's local shard under the whole tensor's name, the real
-    part of a complex tensor). Checked for each tensor of a recorded step: a few attribute reads."""
+    conversion that would record a wrong number (a DTensor's local shard under the whole tensor's name). A complex
+    tensor is summarised as its magnitudes |z| (``summarize_values``; ``complex_notice`` says so). Checked for each
+    tensor of a recorded step: a few attribute reads."""
     kind = type(tensor)
     if ((kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH)
             and tensor.layout is torch.strided
-            and not tensor.is_complex() and not tensor.is_quantized and not tensor.is_meta and not tensor.is_nested
+            and not tensor.is_quantized and not tensor.is_meta and not tensor.is_nested
             and not _is_functional(tensor) and not _is_functorch_wrapped(tensor)):
         return None
     return _reason(tensor)
@@ -96,9 +105,6 @@ def _reason(tensor: torch.Tensor) -> str:
                 "__torch_dispatch__, whose values comgra does not read")
     if tensor.layout is not torch.strided:
         return f"because its layout is {tensor.layout}; register tensor.to_dense() to record it"
-    if tensor.is_complex():
-        return (f"because it is complex ({tensor.dtype}): its statistics would drop the imaginary part; register "
-                "tensor.abs() or torch.view_as_real(tensor) to record it")
     if tensor.is_quantized:
         return f"because it is quantized ({tensor.dtype}); register tensor.dequantize() to record it"
     if tensor.is_meta:
@@ -109,16 +115,37 @@ def _reason(tensor: torch.Tensor) -> str:
             "(register it outside the transformed function)")
 
 
-def _svd(kind: str, registrations: list[Registration], values: list[torch.Tensor], with_svd: bool) -> torch.Tensor | None:
+def _with_complex_norms(wanted: list[tuple[int, Registration]], real: list[tuple[int, Registration]],
+                        norms: torch.Tensor | None, complex_values: dict[tuple[int, str], torch.Tensor]) -> torch.Tensor:
+    """The norms of ``wanted`` in order: those of ``real`` from ``norms``, the complex ones from matrix_norm."""
+    of_real = dict(zip([i for i, _ in real], norms.unbind() if norms is not None else ()))
+    return torch.stack([of_real[i] if i in of_real else torch.linalg.matrix_norm(
+        complex_values[r.key].detach().reshape(r.shape), ord=2).float() for i, r in wanted])
+
+
+def complex_notice(tensor_name: str, dtype: torch.dtype) -> str:
+    """What a user is told, once per tensor name, when a complex tensor is recorded: never a silent cast."""
+    return (f"Tensor {tensor_name!r} is complex ({dtype}): comgra records its magnitudes |z| (every statistic, "
+            "mean, abs_mean, std, min, max, abs_max, and the first values, for the values and the gradients) and not "
+            f"its phase. To record the real and imaginary parts, register torch.view_as_real(...) of it (or .real and "
+            ".imag under two names). This warning is given once per tensor name.")
+
+
+def _svd(kind: str, registrations: list[Registration], values: list[torch.Tensor], with_svd: bool,
+         complex_values: dict[tuple[int, str], torch.Tensor]) -> torch.Tensor | None:
     wanted = [(i, r) for i, r in enumerate(registrations)
               if r.batch_dim is None and len(r.shape) == 2
               and ((with_svd and r.tensor_type == "parameter") or r.recording_type == "kpis_and_svd")]
     if not wanted:
         return None
     device = values[0].device
+    real = [(i, r) for i, r in wanted if r.key not in complex_values]
     # Keyed by name and kind: the next recorded step of the same tensor starts from this one's vector.
-    norms = largest_singular_values([values[i].detach().reshape(r.shape) for i, r in wanted],
-                                    keys=[(kind, r.tensor_name, r.iteration) for _, r in wanted])
+    of_real = largest_singular_values([values[i].detach().reshape(r.shape) for i, r in real],
+                                      keys=[(kind, r.tensor_name, r.iteration) for _, r in real]) if real else None
+    # a complex matrix (rare): its exact spectral norm, in place of |z|'s
+    norms = of_real if len(real) == len(wanted) else _with_complex_norms(wanted, real, of_real, complex_values)
+    assert norms is not None
     if device.type == "cpu":  # in NumPy: three torch calls here cost more than the norms of small matrices
         on_host = np.full(len(values), np.nan, dtype=np.float32)
         on_host[[i for i, _ in wanted]] = norms.numpy()
@@ -233,7 +260,10 @@ class _BlockRows:
                     else np.full(n_rows * n_tensors, np.nan, dtype=np.float32))
         self.kept = np.tile(block.summary.kept, n_rows)
         per_sample = np.array([r.per_sample for r in block.registrations], dtype=bool)
-        self.keep = ((np.array(self.aggregation) != "sample")[:, None] | per_sample[None, :]).reshape(-1)
+        keep = (np.array(self.aggregation) != "sample")[:, None] | per_sample[None, :]
+        if block.superseded:
+            keep &= np.array([r.key not in block.superseded for r in block.registrations], dtype=bool)[None, :]
+        self.keep = keep.reshape(-1)
 
 
 def _rows(training_step: int, pieces: list[_BlockRows]) -> pa.Table:
@@ -272,7 +302,7 @@ def _layout_key(pieces: list[_BlockRows]) -> tuple[Any, ...]:
     return tuple((piece.block.kind, piece.stats.shape[0], tuple(piece.aggregation), tuple(piece.sample),
                   tuple(piece.category), tuple(piece.block.summary.sizes), tuple(piece.kept.tolist()),
                   tuple((r.tensor_name, r.iteration, r.node, r.role, r.tensor_type, r.shape, r.per_sample)
-                        for r in piece.block.registrations)) for piece in pieces)
+                        for r in piece.block.registrations), frozenset(piece.block.superseded)) for piece in pieces)
 
 
 def _layout(pieces: list[_BlockRows]) -> tuple[dict[str, Any], pa.Array, pa.Array | None]:

@@ -3,8 +3,9 @@
 Usage::
 
     comgra --path ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F] [--no-findings-scan]
+                             [--view '/?tab=...']   # the printed address opens this view
     comgra --use-path-for-test-run          # what comgra-test-run recorded
-    comgra demo [--steps 1500] [--path P]   # record a short tutorial run (needs torch), then serve it
+    comgra demo [--steps 300] [--path P]    # record a short tutorial run (needs torch), then serve it
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
     comgra scan --path ROOT/GROUP [--json]  # findings: anomalies and where they start (see comgra.cli.scan)
 
@@ -26,6 +27,7 @@ from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, posit
 __all__ = ["main"]
 
 DEMO_GROUP = "demo"
+DEMO_STEPS = 300
 
 
 def run() -> None:
@@ -87,16 +89,28 @@ def _parser() -> argparse.ArgumentParser:
                         help="a Python file with create_visualization(selection, data) for the Visualization tab")
     parser.add_argument("--config", type=Path,
                         help="a comgra.toml file (default: comgra.toml in the working directory, if there is one)")
+    parser.add_argument("--view", type=_view_link, default="/", metavar="LINK",
+                        help="a view link such as '/?tab=tensors&trial=t&step=40&node=out' (from 'comgra scan', the "
+                             "Findings tab or the REST API): the address printed at start opens it")
     parser.add_argument("--no-findings-scan", action="store_true",
                         help="scan nothing in the background: the Findings tab and the graph's badges show only "
                              "what 'comgra scan --path ...' saved in the recording")
     return parser
 
 
+def _view_link(text: str) -> str:
+    if not text.startswith("/?") and text != "/":
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a view link; it starts with '/?', e.g. "
+                                         "'/?tab=findings'")
+    return text
+
+
 def _demo_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="comgra demo",
                                      description="Record a short run of the tutorial network (needs torch), then open it.")
-    parser.add_argument("--steps", type=positive_int, default=1500, help="training steps per trial (default: 1500)")
+    parser.add_argument("--steps", type=positive_int, default=DEMO_STEPS,
+                        help=f"training steps per trial (default: {DEMO_STEPS}: enough for the tutorial's bug to be the "
+                             "first finding; see benchmarks/demo_fresh_clone.py for how long it takes)")
     parser.add_argument("--path", type=Path, help="root folder for the recording (default: a new temporary folder)")
     _add_server_options(parser)
     return parser
@@ -121,7 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as error:
         raise UsageError(str(error)) from None
     return _run_server(group, host=args.host, port=args.port, visualization_file=visualization,
-                       allow_hosts=args.allow_host, poll_seconds=settings.app.refresh_interval_s,
+                       allow_hosts=args.allow_host, poll_seconds=settings.app.refresh_interval_s, view=args.view,
                        findings_sensitivity=settings.anomalies.sensitivity, findings_scan=not args.no_findings_scan)
 
 
@@ -173,7 +187,7 @@ def _test_run_path() -> Path:
 
 def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,
                 allow_hosts: list[str] | None = None, poll_seconds: float = 2.0,
-                findings_sensitivity: float | None = None, findings_scan: bool = True) -> int:
+                findings_sensitivity: float | None = None, findings_scan: bool = True, view: str = "/") -> int:
     from comgra.errors import ConfigError, StoreError
     from comgra.server.app import create_app, make_http_server, url_of
 
@@ -185,7 +199,8 @@ def _run_server(group: Path, *, host: str, port: int, visualization_file: Path |
         raise UsageError(str(error)) from None
     except OSError as error:
         raise UsageError(f"cannot serve on {host}:{port} ({error.strerror or error}); try another --port.") from None
-    print(f"comgra: serving {group}\ncomgra: open {url_of(server)} in a browser (Ctrl+C to stop)", flush=True)
+    print(f"comgra: serving {group}\ncomgra: open {url_of(server).rstrip('/')}{view} in a browser (Ctrl+C to stop)",
+          flush=True)
     token = app.server.config.get("COMGRA_API_TOKEN")
     if token:  # bound beyond loopback: the REST API's state-changing calls need it
         print(f"comgra: REST API token (Authorization: Bearer ...): {token}", flush=True)

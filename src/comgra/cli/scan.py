@@ -1,6 +1,10 @@
-"""``comgra scan``: findings of a recording as a table, or as JSON for scripts.
+"""``comgra scan``: findings of a recording as a compact list (``--verbose``: the full text), or as JSON.
 
-    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--sensitivity S] [--target NAME]
+    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME]
+
+The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
+to the terminal's width), grouped by trial, and ends with the command that opens the app on the first finding.
+Nothing of a finding is read as Rich markup: a message that says ``x[i]`` prints ``x[i]``.
 
 Exit 0 with or without findings; 2 with a one-line message on a bad path, trial, target or
 option, or a recording of a newer format.
@@ -9,9 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shlex
 import sys
+import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +28,7 @@ from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
+DEFAULT_WIDTH = 100
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -28,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--path", type=Path, required=True, help="the group folder: comgra_root_path/group")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
+    result.add_argument("--verbose", "-v", action="store_true",
+                        help="print each finding's full text and its link, not one line per finding")
     result.add_argument("--sensitivity", type=_sensitivity, default=None,
                         help="above 1 finds more, below 1 fewer (default: [anomalies] sensitivity of comgra.toml, "
                              "else 1)")
@@ -54,7 +66,9 @@ def run(arguments: list[str]) -> int:
     if args.json:
         print(json.dumps(document(result.findings, result.problems, link=finding_link), indent=1))
     else:
-        _print_table(result.findings, result.problems, result.trials)
+        console = _console()
+        print_findings(console, result.findings, result.problems, result.trials, verbose=args.verbose,
+                       link=finding_link, path=str(args.path))
     return 0
 
 
@@ -118,24 +132,71 @@ class _Progress:
         self._bar.update(self._tasks[trial], completed=done, total=total)
 
 
-def _print_table(findings: list[Any], problems: list[str], trials: list[str]) -> None:
+def _console() -> Any:
     from rich.console import Console
-    from rich.table import Table
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    # Not a terminal (a pipe, a file): as wide as $COLUMNS says, else 100 columns.
+    width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "") or 0) or DEFAULT_WIDTH
+    return Console(width=width, highlight=False, markup=False, emoji=False)
+
+
+def print_findings(console: Any, findings: list[Any], problems: list[str], trials: list[str], *, verbose: bool,
+                   link: Callable[[Any], str], path: str) -> None:
+    """The findings on ``console``: one line each (``verbose``: the full text and the link), grouped by trial
+    in the order of their most important finding, numbered by rank overall; then the next command."""
+    from rich.text import Text
+
     if not findings:
         console.print(f"No findings in {len(trials)} trial(s).")
     else:
-        table = Table(title=f"{len(findings)} findings, most important first")
-        for column in ("#", "severity", "detector", "trial", "node", "step", "what"):
-            table.add_column(column, overflow="fold")
+        console.print(f"{len(findings)} finding(s) in {len({f.trial for f in findings})} trial(s), most important "
+                      "first" + ("" if verbose else " (--verbose: the full text)") + ":")
+        wide = min(28, max(len(_where(f)) for f in findings))
+        by_trial: dict[str, list[tuple[int, Any]]] = {}
         for number, finding in enumerate(findings, 1):
-            table.add_row(str(number), f"[{SEVERITY_STYLES.get(finding.severity, '')}]{finding.severity}",
-                          finding.detector, finding.trial, finding.node,
-                          "" if finding.training_step is None else str(finding.training_step), finding.message)
-        console.print(table)
+            by_trial.setdefault(finding.trial, []).append((number, finding))
+        for trial, numbered in by_trial.items():
+            console.print(Text(f"{trial}:", style="bold"))
+            for number, finding in numbered:
+                line = Text.assemble(f"{number:>3} ", (f"{finding.severity:<8}", SEVERITY_STYLES.get(finding.severity, "")),
+                                     f"{_where(finding):<{wide}}  ", "" if verbose else summary(finding))
+                if verbose:
+                    line.rstrip()  # in place: the padding of the node column
+                console.print(line, no_wrap=True, overflow="ellipsis")
+                if verbose:
+                    console.print(Text(textwrap.fill(" ".join(finding.message.split()), max(40, console.width - 1),
+                                                     initial_indent=" " * 12, subsequent_indent=" " * 12)),
+                                  soft_wrap=True)
+                    console.print(Text(f"{' ' * 12}{finding.detector} · {link(finding)}", style="dim"), soft_wrap=True)
     for problem in problems:
-        console.print(f"[yellow]{problem}", markup=True, highlight=False)
+        console.print(Text(problem, style="yellow"))
+    if findings:
+        console.print(Text("Next, to open the app on finding 1: " + open_command(path, link(findings[0])), style="bold"),
+                      soft_wrap=True)
+
+
+def _where(finding: Any) -> str:
+    return finding.node + ("" if finding.training_step is None else f" @ step {finding.training_step}")
+
+
+def summary(finding: Any) -> str:
+    """The first sentence of the message, without the node's name that the line shows already."""
+    text = first_sentence(finding.message)
+    if text.startswith(finding.node + " "):
+        text = re.sub(r"^\([^()]*\) ", "", text[len(finding.node) + 1:])
+    return text
+
+
+def first_sentence(message: str) -> str:
+    """The message up to its first sentence's end (". " followed by a capital or a digit), on one line."""
+    flat = " ".join(message.split())
+    match = re.search(r"\. (?=[A-Z0-9(])", flat)
+    return flat[:match.start() + 1] if match else flat
+
+
+def open_command(path: str, view: str) -> str:
+    """The shell command that serves the recording and prints the address of ``view``."""
+    return f"comgra --path {shlex.quote(path)} --view {shlex.quote(view)}"
 
 
 def main(arguments: list[str]) -> int:

@@ -56,16 +56,17 @@ class StepDriver:
         if self.open == TRAINING and self.recorder.current_stage == "forward":
             self.recorder.finish_iteration()
 
-    def record_gradients(self) -> None:
-        """The parameters' gradients, accumulated over the micro-batches (once per step: the first call)."""
+    def record_gradients(self, scaler: Any = None) -> None:
+        """The parameters' gradients, accumulated over the micro-batches (once per step: the first call), and the
+        activations' gradients; unscaled by ``scaler`` (the framework's GradScaler, None without one)."""
         if self.open == TRAINING and not self.gradients_recorded:
             self.gradients_recorded = True
-            self.recorder.record_current_gradients("gradients")
+            self.recorder.record_current_gradients("gradients", scaler=scaler)
 
-    def gradients_and_finish(self) -> None:
+    def gradients_and_finish(self, scaler: Any = None) -> None:
         """Before the optimizer step: the gradients (unless read already), and the step ends."""
         if self.open == TRAINING:
-            self.record_gradients()
+            self.record_gradients(scaler)
             self._finish()
 
     def finish_open_step(self) -> None:
@@ -87,14 +88,17 @@ class StepDriver:
         self.evaluation_done = False
 
     # -- both ----------------------------------------------------------------------------------
-    def loss(self, loss: Any) -> None:
-        """Register the loss of the current iteration (once: the first one seen)."""
+    def loss(self, loss: Any, scaler: Any = None) -> None:
+        """Register the loss of the current iteration (once: the first one seen). ``scaler``: the GradScaler that
+        scaled ``loss`` already; the loss is recorded divided by its scale (and without a gradient of its own)."""
         recorder = self.recorder
         if self.open is None or not isinstance(loss, torch.Tensor) or not recorder._takes_watched_tensors():
             return
         if self._loss_iteration == recorder._iteration_serial:
             return
         self._loss_iteration = recorder._iteration_serial
+        if scaler is not None and scaler.is_enabled():
+            loss = loss / scaler.get_scale()
         if loss.grad_fn is None and not loss.requires_grad:
             loss = loss.detach()  # evaluation: recorded by value; the caller's tensor keeps requires_grad=False
         recorder._register_watched("loss", loss, None, is_loss=True)

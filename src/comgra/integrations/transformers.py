@@ -12,7 +12,9 @@ clips gradients (``max_grad_norm``, 1.0 by default) before its last callback bef
 (``on_pre_optimizer_step``), so the gradients are read earlier: at the end of the backward pass of the
 step's last micro-batch (an autograd end-of-backward callback, queued by a hook on the loss the model
 returned; the last micro-batch is the one for which the Trainer's ``accelerate`` ``GradientState``
-says ``sync_gradients``), before clipping.** Where that cannot be set up (a loss that is not the model's
+says ``sync_gradients``), before clipping; under ``fp16`` they are still scaled then, and are divided by the
+scale of accelerate's ``GradScaler`` (``AcceleratedOptimizer.scaler``), as the activation gradients are.**
+Where that cannot be set up (a loss that is not the model's
 output ``loss``), they are read in ``on_pre_optimizer_step``, after clipping. Activation gradients are
 recorded as the backward pass made them, per micro-batch. Each micro-batch is an iteration
 of the step; a micro-batch smaller than the step's first (a ragged last batch) has its tensors recorded
@@ -20,6 +22,13 @@ without per-sample rows. The first batch of each evaluation run is recorded as a
 ``"evaluation"`` (see ``comgra.integrations.steps`` for the step numbers). Every value the Trainer logs
 (``loss``, ``grad_norm``, ``learning_rate``, ``eval_loss``, ...) becomes a KPI at the Trainer's
 ``global_step``, on every logging step.
+
+A model the Trainer compiles (``torch_compile=True``) or that was compiled with ``model.compile()``
+runs the callback's hooks inside the compiled graph, where they trace to nothing. The callback then
+starts each step in ``on_step_begin``, outside the model: a step the policy records runs eagerly
+(comgra's "force_eager" stance from there to the end of the step), and its hooks record as above; a
+step it does not record runs the compiled model untouched (comgra's step is opened with the configured
+``per_device_train_batch_size``; nothing of it is recorded). Evaluation runs are not recorded then.
 """
 from __future__ import annotations
 
@@ -37,6 +46,8 @@ from comgra.objects import DecisionMakerForRecordings, DecisionMakerForRecording
 from comgra.recorder import ComgraRecorder
 
 __all__ = ["ComgraCallback"]
+
+_is_compiling = torch.compiler.is_dynamo_compiling  # a constant in a traced hook
 
 
 class ComgraCallback(TrainerCallback):  # type: ignore[misc]
@@ -66,8 +77,10 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         self.watch: Any = None
         self._driver: StepDriver | None = None
         self._handles: list[Any] = []
+        self._compiled = False  # the model runs compiled: see _start_compiled_step
         self._in_training_step = False
         self._end_of_backward_queued = False  # in this optimizer step
+        self._scaler: Any = None  # the GradScaler of this optimizer step (fp16), or None
         self._guard = Guard("Trainer callback")
 
     # -- setting up --------------------------------------------------------------------------------
@@ -96,9 +109,26 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
             recorder.track_module("model", model)
         self._handles = [model.register_forward_pre_hook(self._before_model, with_kwargs=True),
                          model.register_forward_hook(self._after_model)]
+        self._compiled = bool(args.torch_compile) or getattr(model, "_compiled_call_impl", None) is not None
+
+    def _start_compiled_step(self, args: Any) -> None:
+        """A compiled model (see the module's docstring): a recorded step runs eagerly, its hooks start it; an
+        unrecorded one starts here, outside the compiled graph, where the hooks do nothing."""
+        driver, recorder = self._driver, self.recorder
+        assert driver is not None and recorder is not None
+        session, monitor = recorder.session, recorder._breakpoints
+        recorded = session is not None and not session.broken and (
+            recorder.decision_maker_for_recordings.is_record_on_this_step(driver.number + 1, TRAINING)
+            or (monitor is not None and monitor.monitor.active))
+        if recorded:
+            recorder._eager.enter()  # start_batch keeps it, finish_batch (or on_step_end) leaves it
+        else:
+            driver.training_batch(args.per_device_train_batch_size)
 
     # -- the model's calls -----------------------------------------------------------------------
     def _before_model(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        if _is_compiling():  # inside a compiled model, on a step that is not recorded: nothing to do
+            return
         self._guard.run(self._model_called, module, args, kwargs)
 
     def _model_called(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
@@ -111,6 +141,8 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
             driver.evaluation_batch(batch_size_of(args, kwargs))
 
     def _after_model(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if _is_compiling():
+            return
         driver = self._driver
         if driver is not None and driver.open is not None:
             loss = loss_of(output)
@@ -127,14 +159,19 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
         def queue(grad: torch.Tensor) -> None:
             engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients))  # type: ignore[union-attr]
+            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients,  # type: ignore[union-attr]
+                                                          self._scaler))
 
         loss.register_hook(queue)
 
     # -- the Trainer's events ----------------------------------------------------------------------
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
         self._in_training_step = True
         self._end_of_backward_queued = False
+        # fp16: accelerate's AcceleratedOptimizer holds the GradScaler that scales each micro-batch's loss
+        self._scaler = getattr(optimizer, "scaler", None)
+        if self._compiled and self._driver is not None and self._handles:
+            self._guard.run(self._start_compiled_step, args)
 
     def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
@@ -142,12 +179,14 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:
-            self._guard.run(self._driver.gradients_and_finish)
+            self._guard.run(self._driver.gradients_and_finish, self._scaler)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._in_training_step = False
         if self._driver is not None:
             self._guard.run(self._driver.finish_open_step)
+        if self.recorder is not None:
+            self.recorder._eager.leave()  # a recorded step whose model was never called
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._driver is not None:

@@ -109,7 +109,7 @@ class Watch:
         name = base if count == 1 else f"{base}@{count}"
         batch_size = self.recorder._batch_size
         for key, tensor in _tensors_of(output, "", 0):
-            if not tensor.is_floating_point():
+            if not (tensor.is_floating_point() or tensor.is_complex()):  # complex: recorded as |z|
                 continue  # token ids, masks: no gradient, no edge (see the module's docstring)
             if tensor.grad_fn is None and not tensor.requires_grad:
                 tensor = tensor.detach()  # recorded by value; the model's own tensor keeps requires_grad=False

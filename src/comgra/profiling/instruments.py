@@ -13,6 +13,11 @@ from comgra.profiling.profiler import ProfileOptions, Profiler
 from comgra.profiling.resources import DEFAULT_KEPT_SAMPLES, ResourceSampler
 
 RESOURCES_DOCUMENT = "resources-r{rank:03d}.json"
+COMPILED_MESSAGE = (
+    "comgra measured no module call on a profiled step: the profiled model runs compiled (torch.compile), as one "
+    "graph whose modules cannot be timed one by one. Its modules are measured (time, memory, FLOPs) on the steps "
+    "that run eagerly: the recorded steps and the step that counts FLOPs; the compiled steps have no rows in the "
+    "layers table. See the README's profiling section.")
 
 
 class Instruments:
@@ -41,9 +46,16 @@ class Instruments:
         if self.profiler is not None:
             self._guarded(lambda profiler: profiler.start_step(training_step, detail=recorded))
 
+    @property
+    def wants_eager_step(self) -> bool:
+        """The step counts FLOPs (see Profiler.counts_flops): the recorder runs it eagerly, as a recorded step."""
+        return self.profiler is not None and self.profiler.counts_flops
+
     def finish_step(self, force: bool = False) -> None:
         if self.profiler is not None:
             self._guarded(lambda profiler: profiler.finish_step())
+        if self.profiler is not None and self.profiler.unmeasured_steps == 1:
+            self.session.warn_once("instrument:compiled", COMPILED_MESSAGE)
         if self.profiler is not None:
             seconds = self.session.options.flush_seconds
             self._guarded(lambda profiler: self._put("layers", profiler.take(force=force, max_age=seconds)))
@@ -51,6 +63,10 @@ class Instruments:
             self._report("resource sampling", self.sampler.error)
             self.sampler.stop()
             self.sampler = None
+
+    def abandon_step(self) -> None:
+        if self.profiler is not None:
+            self._guarded(lambda profiler: profiler.abandon_step())
 
     def close(self) -> None:
         if self.sampler is not None:

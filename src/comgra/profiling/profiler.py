@@ -33,7 +33,9 @@ place, e.g. ``x += ...``, and puts two extra autograd nodes around every module)
 """
 from __future__ import annotations
 
+import re
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,6 +113,7 @@ class Profiler:
         self._grad_norms: dict[int, torch.Tensor] = {}
         self._flops: FlopCounterMode | None = None
         self._flops_counted = False
+        self.unmeasured_steps = 0  # profiled steps on which no module call was measured (a compiled model)
         self._step_start: Any = None
         self._step_host = 0.0
         self._epoch = (time.time(), time.perf_counter())  # maps perf_counter onto the wall clock
@@ -199,6 +202,7 @@ class Profiler:
         if (every is None and not self._flops_counted) or (every and seen % every == 0):
             self._flops_counted = True
             self._flops = FlopCounterMode(display=False)
+            _quiet_about_flop_hooks(True)
             self._flops.__enter__()
         self._step_host = time.perf_counter()
         self._step_start = self._marks.clock()
@@ -235,6 +239,8 @@ class Profiler:
             raise self.error  # the recorder reports it once and switches profiling off
         if records is None or self._step is None:
             return
+        if not records and self._layers:  # the forward ran inside a compiled graph (torch.compile): nothing to time
+            self.unmeasured_steps += 1
         capture = StepCapture(self._step, records, finishes, self._step_start, self._step_host)
         if self._detail:
             capture.statistics = to_host([(r, r[EXTRA].statistics) for r in records
@@ -250,6 +256,15 @@ class Profiler:
         self._pending_calls += len(records)
         self._step = None
 
+    def abandon_step(self) -> None:
+        """Drop the step in progress (an exception interrupted it, ``abandon_step``): none of its marks become rows."""
+        self._marks.close()
+        self._remove_norm_hooks()
+        self._end_flops()
+        for layer in self._layers:
+            layer.open = []
+        self._grad_norms, self._step = {}, None
+
     def take(self, *, force: bool, max_age: float = 2.0, max_rows: int = 4096) -> pa.Table | None:
         """The rows of the steps since the last take as one table, when there are many or they are ``max_age``
         seconds old (or ``force``): the rows are made then, for all those steps at once."""
@@ -262,10 +277,20 @@ class Profiler:
             self._since = time.monotonic()
         return None if not tables else tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
+    @property
+    def counts_flops(self) -> bool:
+        """This step counts FLOPs: it must run eagerly (a compiled model runs its Python, module by module).
+        TorchDynamo never compiles while a dispatch mode such as the FLOP counter is active: it would skip the
+        model's frame for good, and the model would not compile at all."""
+        return self._flops is not None
+
     def _end_flops(self) -> None:
         if self._flops is not None:
             mode, self._flops = self._flops, None
-            mode.__exit__(None, None, None)
+            try:
+                mode.__exit__(None, None, None)
+            finally:
+                _quiet_about_flop_hooks(False)
 
     def _parameter_done(self, index: int, parameter: torch.Tensor) -> None:
         if self._marks.records is None:
@@ -301,6 +326,22 @@ class Profiler:
             return self._epoch[0] - self._epoch[1], _no_seconds
         base = self._epoch[0] + (capture.host_start - self._epoch[1])
         return None, lambda mark: None if mark is None else base + capture.start.elapsed_time(mark) / 1000.0
+
+
+# The FLOP counter's module tracker puts global module hooks on; torch.compile(module) warns on each call of the
+# compiled module that such hooks fire once more for it (theirs: the counts per layer here are unaffected). Quiet
+# for the FLOPs step only, from the FLOP counter's start to its end, so that a user's warnings-as-errors holds.
+_FLOP_HOOKS_FILTER = ("ignore", re.compile(re.escape("Using `torch.compile(module)` when there are global hooks"), re.I),
+                      UserWarning, None, 0)
+
+
+def _quiet_about_flop_hooks(quiet: bool) -> None:
+    filters: Any = warnings.filters
+    if quiet and _FLOP_HOOKS_FILTER not in filters:
+        filters.insert(0, _FLOP_HOOKS_FILTER)
+    elif not quiet and _FLOP_HOOKS_FILTER in filters:
+        filters.remove(_FLOP_HOOKS_FILTER)
+    getattr(warnings, "_filters_mutated", lambda: None)()  # the cache of decisions made under the old filters
 
 
 def _no_seconds(mark: Any) -> None:

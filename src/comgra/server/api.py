@@ -30,7 +30,8 @@ from werkzeug.exceptions import HTTPException
 from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint,
                            did_you_mean)
 from comgra.server.api_spec import API_PREFIX, openapi_document
-from comgra.server.doors import TOKEN_CONFIG, ApiError, accept_token_link, check_state_change, trial_folder
+from comgra.server.doors import (TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
+                                 check_state_change, trial_folder)
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.store import format as fmt
 
@@ -405,6 +406,7 @@ class Routes:
         if request.method == "GET":
             return answer({"trial": trial, "breakpoints": control.list_breakpoints(directory)})
         body = json_body(("target", "condition", "enabled"), required=("target", "condition"))
+        check_breakpoint_target(self.service, trial, body["target"])
         created = control.add_breakpoint(directory, body["target"], body["condition"], body.get("enabled", True))
         return answer(created, 201)
 
@@ -419,6 +421,8 @@ class Routes:
         if any(body.get(k) is None and k in body for k in body):
             field = next(k for k in body if body[k] is None)
             raise ApiError(400, f"{field} must not be null.", field)
+        if "target" in body:
+            check_breakpoint_target(self.service, trial, body["target"])
         return answer(control.update_breakpoint(directory, breakpoint_id, **body))
 
     def run(self, trial: str) -> Response:

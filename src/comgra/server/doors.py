@@ -14,7 +14,7 @@ from urllib.parse import urlencode, urlsplit
 
 from flask import Response, current_app, request
 
-from comgra.errors import SelectionError, StoreError, did_you_mean
+from comgra.errors import BreakpointError, SelectionError, StoreError, did_you_mean
 from comgra.server.api_spec import API_PREFIX
 from comgra.service import RecordingService
 from comgra.store import format as fmt
@@ -45,6 +45,20 @@ def trial_folder(service: RecordingService, trial: object) -> Path:
         raise StoreError(f"Trial {trial!r} is a link to a folder outside the recording; comgra changes nothing "
                          "through it. Copy the trial in instead.")
     return directory
+
+
+def check_breakpoint_target(service: RecordingService, trial: str, target: object) -> None:
+    """Refuse a breakpoint target that is neither a tensor of the recorded graphs nor a tracked module of the
+    trial (BreakpointError on field ``target``, with the closest name). While nothing is recorded yet, the
+    recording knows no names and every target is let through: the training process checks it at its first step.
+    Other faults of the value (not a string, empty) are left to ``control``, which names them."""
+    if not isinstance(target, str) or not target.strip():
+        return
+    known = service.breakpoint_targets(trial)
+    name = target.strip()
+    if known and name not in known:
+        raise BreakpointError(f"target={name[:100]!r} is neither a tensor in the graphs of trial {trial!r} nor one of "
+                              f"its tracked modules" + did_you_mean(name[:100], known), field="target")
 
 
 def check_state_change() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import plotly.colors as pcolors
@@ -222,6 +223,7 @@ class KpiOptions:
     log_y: bool = False
     smoothing: float = 0.0  # 0 (none) to 0.99
     robust_range: bool = True  # the y-range of the bulk of the values; points beyond are drawn at its edge
+    name_filter: str = ""  # only the curves whose name holds this text (case-insensitive)
 
 
 def robust_range(values: np.ndarray, *, log_y: bool, fence: float = 4.0) -> tuple[float, float] | None:
@@ -243,11 +245,27 @@ def robust_range(values: np.ndarray, *, log_y: bool, fence: float = 4.0) -> tupl
     return low - pad, high + pad
 
 
+DEFAULT_TYPE = "main_execution_type"  # the recorder's type_of_execution when none is given: no news in a label
+TRIAL_COLOURS = ("#1F77B4", "#D62728", "#2CA02C", "#9467BD", "#FF7F0E", "#8C564B", "#E377C2", "#17BECF",
+                 "#7F7F7F", "#BCBD22")
+MARKERS = ("circle", "square", "diamond", "cross", "x", "triangle-up", "star", "hexagon")
+
+
+@dataclass(frozen=True)
+class KpiLine:
+    trial: str
+    label: str  # the curve's name within its trial: the KPI, its type of step where that says something
+    x: np.ndarray
+    y: np.ndarray
+
+
 def kpi_overlay_figures(tables: dict[str, pa.Table], options: KpiOptions = KpiOptions(),
                         max_points: int = MAX_POINTS) -> list[tuple[str, go.Figure]]:
-    """One figure per KPI group, a line per (trial, kpi_name, type_of_execution): the trials overlaid."""
-    lines: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = {}
-    several = len(tables) > 1
+    """One figure per KPI group, a line per (trial, kpi_name, type_of_execution): the trials overlaid, each
+    trial a colour and each curve a line style (the same curve in every trial), the legend grouped by trial,
+    and one x-range for every figure so that their steps line up."""
+    lines: dict[str, list[KpiLine]] = {}
+    wanted = options.name_filter.strip().lower()
     for trial, table in tables.items():
         if table.num_rows == 0:
             continue
@@ -255,41 +273,77 @@ def kpi_overlay_figures(tables: dict[str, pa.Table], options: KpiOptions = KpiOp
         x_all = table.column("timepoint").to_numpy()
         y_all = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
         for (group, name, type_), rows in _line_keys(table):
+            label = name if type_ in ("", None, DEFAULT_TYPE) else f"{name} · {type_}"
+            if wanted and wanted not in label.lower():
+                continue
             order = rows[np.argsort(x_all[rows], kind="stable")]
-            label = name if type_ in ("", None) else f"{name} · {type_}"
-            lines.setdefault(group, []).append((f"{trial} · {label}" if several else label, x_all[order], y_all[order]))
-    return [(group, _overlay_figure(group, entries, options, max_points)) for group, entries in sorted(lines.items())]
+            lines.setdefault(group, []).append(KpiLine(trial, label, x_all[order], y_all[order]))
+    steps = [line.x for entries in lines.values() for line in entries if len(line.x)]
+    x_range = (float(min(x.min() for x in steps)), float(max(x.max() for x in steps))) if steps else None
+    trials = [t for t in tables if any(line.trial == t for entries in lines.values() for line in entries)]
+    return [(group, _overlay_figure(group, entries, options, max_points, trials=trials, x_range=x_range))
+            for group, entries in sorted(lines.items())]
 
 
-def _overlay_figure(group: str, entries: list[tuple[str, np.ndarray, np.ndarray]], options: KpiOptions,
-                    max_points: int) -> go.Figure:
+def kpi_line_style(trial_index: int, curve_index: int, several: bool) -> dict[str, Any]:
+    """One trial: a colour per curve (``curve_style``). Several: the trial's colour, the curve's dash (and past
+    six curves a marker), so that the bugged and the fixed trial never look alike."""
+    if not several:
+        return {"line": curve_style(curve_index)}
+    line = {"color": TRIAL_COLOURS[trial_index % len(TRIAL_COLOURS)], "dash": DASHES[curve_index % len(DASHES)]}
+    rounds = curve_index // len(DASHES)
+    marker = {"symbol": MARKERS[(rounds - 1) % len(MARKERS)], "size": 5} if rounds else None
+    return {"line": line, "marker": marker}
+
+
+def _overlay_figure(group: str, entries: list[KpiLine], options: KpiOptions, max_points: int, *,
+                    trials: list[str], x_range: tuple[float, float] | None) -> go.Figure:
     figure = _kpi_figure(group)
-    everything = np.concatenate([y for _, _, y in entries]) if entries else np.array([])
+    several = len(trials) > 1
+    labels = list(dict.fromkeys(line.label for line in entries))
+    everything = np.concatenate([line.y for line in entries]) if entries else np.array([])
     bounds = robust_range(everything, log_y=options.log_y) if options.robust_range else None
-    for index, (label, x, y) in enumerate(entries):
-        style = curve_style(index)
-        smoothed = smooth(y, options.smoothing)
+    for line in entries:
+        style = kpi_line_style(trials.index(line.trial), labels.index(line.label), several)
+        colour = style["line"]["color"]
+        key = f"{line.trial} · {line.label}" if several else line.label
+        legendgroup = line.trial if several else key
+        grouping: dict[str, Any] = {"legendgroup": legendgroup}
+        if several:
+            grouping["legendgrouptitle"] = {"text": line.trial}
+        smoothed = smooth(line.y, options.smoothing)
         if options.smoothing > 0:  # the raw curve stays visible, faint, behind the smoothed one
-            rx, ry = downsample(x, y, max_points)
-            figure.add_trace(go.Scatter(x=rx, y=ry, mode="lines", name=f"{label} (raw)", legendgroup=label,
-                                        showlegend=False, opacity=0.25, line={"width": 1, "color": style["color"]},
-                                        hoverinfo="skip"))
-        sx, sy = downsample(x, smoothed, max_points)
-        figure.add_trace(go.Scatter(x=sx, y=sy, mode="lines", name=label, legendgroup=label,
-                                    line={"width": 1.6, **style}))
+            rx, ry = downsample(line.x, line.y, max_points)
+            figure.add_trace(go.Scatter(x=rx, y=ry, mode="lines", name=f"{line.label} (raw)", showlegend=False,
+                                        opacity=0.25, line={"width": 1, "color": colour}, hoverinfo="skip",
+                                        legendgroup=legendgroup))
+        sx, sy = downsample(line.x, smoothed, max_points)
+        marker = style.get("marker")
+        figure.add_trace(go.Scatter(x=sx, y=sy, mode="lines+markers" if marker else "lines", name=line.label,
+                                    line={"width": 1.6, **style["line"]}, meta=key,
+                                    hovertemplate=f"{key}<br>step %{{x}}: %{{y:.6g}}<extra></extra>",
+                                    **({"marker": marker} if marker else {}), **grouping))
         if bounds is not None:
-            _add_outliers(figure, label, x, y, bounds, options.log_y, style["color"])
+            _add_outliers(figure, key, line.x, line.y, bounds, options.log_y, colour, legendgroup)
     if options.log_y:
         figure.update_yaxes(type="log")
     if bounds is not None:
         figure.update_yaxes(range=list(bounds))
         figure.update_layout(title={"text": f"{group or 'KPIs'}<br><sup>y-range of the bulk of the values; "
                                             "▲▼ mark points beyond it (hover for the value)</sup>"})
+    if x_range is not None:  # every figure of the tab spans the same steps: their x-axes line up
+        pad = (x_range[1] - x_range[0]) * 0.02 or 0.5
+        figure.update_xaxes(range=[x_range[0] - pad, x_range[1] + pad])
+    # The legend under the plot, a group per trial: the plots keep the width, whatever the names' length.
+    legend_rows = len(labels) + 1 if several else -(-len(labels) // 4)  # a column per trial; else 4 a row
+    figure.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0, "groupclick": "toggleitem",
+                                 "tracegroupgap": 12},
+                         height=330 + 17 * min(40, legend_rows), margin={**_MARGIN, "b": 60})
     return figure
 
 
 def _add_outliers(figure: go.Figure, label: str, x: np.ndarray, y: np.ndarray, bounds: tuple[float, float],
-                  log_y: bool, colour: str) -> None:
+                  log_y: bool, colour: str, legendgroup: str) -> None:
     """Points outside the y-range, drawn on its edge as triangles that point the way they lie."""
     low, high = (10 ** bounds[0], 10 ** bounds[1]) if log_y else bounds
     for mask, edge, symbol in ((y > high, high, "triangle-up"), (y < low, low, "triangle-down")):
@@ -299,6 +353,56 @@ def _add_outliers(figure: go.Figure, label: str, x: np.ndarray, y: np.ndarray, b
         ox, oy = downsample(x[mask], y[mask])  # a long run can have thousands: keep each bucket's extremes
         figure.add_trace(go.Scatter(
             x=ox, y=np.full(len(ox), edge), mode="markers", name=f"{label} (beyond the range)",
-            legendgroup=label, showlegend=False, customdata=oy,
+            legendgroup=legendgroup, showlegend=False, customdata=oy,
             marker={"symbol": symbol, "size": 9, "color": colour, "line": {"width": 1, "color": "#222"}},
             hovertemplate=f"{label}<br>step %{{x}}: %{{customdata:.6g}}<extra>beyond the range</extra>"))
+
+
+# -- distributions across steps (TensorBoard's Distributions view) -------------------------------------
+BANDS = ((0, 8, 0.12), (1, 7, 0.22), (2, 6, 0.34), (3, 5, 0.48))  # (low, high) columns of PERCENTILES, opacity
+
+
+def distribution_figure(entries: Sequence[Any], *, title: str, current_step: int | None = None) -> go.Figure:
+    """One panel per trial, side by side on a shared y-axis: the percentile bands of the stored values
+    (0-100, 7-93, 16-84, 31-69), the median, and the exact min and max statistics dotted."""
+    from plotly.subplots import make_subplots
+
+    if not entries:
+        return empty_figure("No stored values of this tensor across steps.")
+    figure = make_subplots(rows=1, cols=len(entries), shared_yaxes=True, horizontal_spacing=0.03,
+                           subplot_titles=[e.trial for e in entries])
+    for column, entry in enumerate(entries, start=1):
+        colour = TRIAL_COLOURS[(column - 1) % len(TRIAL_COLOURS)]
+        x = entry.steps.tolist()
+        for low, high, opacity in BANDS:
+            figure.add_trace(go.Scatter(x=x, y=entry.percentiles[:, high].tolist(), mode="lines", line={"width": 0},
+                                        showlegend=False, hoverinfo="skip", legendgroup=entry.trial), row=1, col=column)
+            figure.add_trace(go.Scatter(x=x, y=entry.percentiles[:, low].tolist(), mode="lines", line={"width": 0},
+                                        fill="tonexty", fillcolor=_rgba(colour, opacity), showlegend=False,
+                                        hoverinfo="skip", legendgroup=entry.trial), row=1, col=column)
+        figure.add_trace(go.Scatter(x=x, y=entry.percentiles[:, 4].tolist(), mode="lines+markers", name="median",
+                                    line={"color": colour, "width": 1.6}, marker={"size": 4},
+                                    legendgroup=entry.trial, showlegend=column == 1,
+                                    hovertemplate="step %{x}: median %{y:.4g}<extra>" + entry.trial + "</extra>"),
+                         row=1, col=column)
+        for name, values in (("min", entry.minimum), ("max", entry.maximum)):
+            figure.add_trace(go.Scatter(x=x, y=values.tolist(), mode="lines", name=f"{name} (statistic)",
+                                        line={"color": colour, "width": 1, "dash": "dot"}, legendgroup=entry.trial,
+                                        showlegend=column == 1,
+                                        hovertemplate=f"step %{{x}}: {name} %{{y:.4g}}<extra>{entry.trial}</extra>"),
+                             row=1, col=column)
+        if current_step is not None:
+            figure.add_vline(x=current_step, line={"color": "#b00", "width": 1, "dash": "dot"}, row=1, col=column)
+        figure.update_xaxes(title_text="training step", row=1, col=column)
+    values = max(e.values_per_step for e in entries)
+    figure.update_layout(height=320, margin={**_MARGIN, "t": 60},
+                         title={"text": f"{title}<br><sup>bands: percentiles 0-100, 7-93, 16-84, 31-69 of the "
+                                        f"{values} stored values per step; dotted: min and max over all values</sup>",
+                                "font": {"size": 13}},
+                         legend={"orientation": "h", "yanchor": "bottom", "y": 1.08, "x": 1, "xanchor": "right"})
+    return figure
+
+
+def _rgba(colour: str, opacity: float) -> str:
+    red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red}, {green}, {blue}, {opacity})"

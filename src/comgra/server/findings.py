@@ -10,10 +10,13 @@ details plot the statistic that shows the problem across the recorded steps.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from typing import Any
 
 import plotly.graph_objects as go
-from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
+from dash import MATCH, Dash, Input, Output, State, ctx, dcc, html, no_update
 from dash.development.base_component import Component
 
 from comgra.analysis.findings import SEVERITIES, Finding
@@ -33,13 +36,14 @@ class ID:
     DETECTOR = "findings-detector"
     TRIAL = "findings-trial"
     LIST = "findings-list"
-    DETAIL = "findings-detail"
     COUNT = "findings-count"
     POLL = "findings-poll"  # dcc.Interval: enabled while the listed trials are being scanned
     SHOWN_VERSION = "findings-shown-version"  # dcc.Store: the findings_version the list shows
     BADGE_POLL = "findings-badge-poll"  # dcc.Interval: enabled while the shown trial is being scanned
     BADGE_VERSION = "findings-badge-version"  # dcc.Store: [trial, findings_version] of the badges sent
-    ROW = "finding-row"  # pattern-matching: {"type": ROW, "index": i}
+    ROW = "finding-row"  # pattern-matching: {"type": ROW, "index": i}: the Details button of finding i
+    ROW_DETAIL = "finding-detail"  # pattern-matching: where finding i's details open, right below it
+    ROW_SHOWN = "finding-detail-shown"  # pattern-matching: the detail drawn, for the scroll into view
 
 
 def panel() -> html.Div:
@@ -58,7 +62,6 @@ def panel() -> html.Div:
             html.Span(id=ID.COUNT, className="findings-count text-muted", role="status"),
         ]),
         dcc.Loading(html.Div(id=ID.LIST, className="findings-list"), delay_show=300),
-        html.Div(id=ID.DETAIL, className="findings-detail mt-3"),
         dcc.Interval(id=ID.POLL, interval=POLL_MS, disabled=True), dcc.Store(id=ID.SHOWN_VERSION),
         dcc.Interval(id=ID.BADGE_POLL, interval=POLL_MS, disabled=True), dcc.Store(id=ID.BADGE_VERSION),
     ])
@@ -93,18 +96,34 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
     if badges is not None and current_trial is not None:
         _register_badges(app, service, badges=badges, current_trial=current_trial, data_version=data_version)
 
-    @app.callback(Output(ID.DETAIL, "children"), Input({"type": ID.ROW, "index": ALL}, "n_clicks"),
+    @app.callback(Output({"type": ID.ROW_DETAIL, "index": MATCH}, "children"),
+                  Input({"type": ID.ROW, "index": MATCH}, "n_clicks"),
                   State(ID.SEVERITY, "value"), State(ID.DETECTOR, "value"), State(ID.TRIAL, "value"),
                   prevent_initial_call=True)
     def show_detail(clicks: Any, severities: Any, detectors: Any, trials: Any) -> Any:
+        """The details open right below the finding (a second click closes them): the list can be long, and
+        a panel below all of it looked, at 1280x800, as if the click did nothing."""
         trigger = ctx.triggered_id
-        if not isinstance(trigger, dict) or not any(clicks or []):
+        if not isinstance(trigger, dict) or not clicks:
             return no_update
+        if clicks % 2 == 0:
+            return None
         shown = filtered(service.findings_progress().findings, severities, detectors, trials)  # the list shown
         index = trigger.get("index")
         if not isinstance(index, int) or not 0 <= index < len(shown):
             return no_update
         return finding_detail(shown[index], statistic_series(service, shown[index]))
+
+    app.clientside_callback(  # the opened details in view, the finding's own line kept on screen
+        """function (children) {
+            var id = window.dash_clientside.callback_context.triggered_id;
+            if (!children || !id) return window.dash_clientside.no_update;
+            var box = document.getElementById(JSON.stringify({index: id.index, type: id.type}));
+            var item = box && box.closest(".finding");
+            if (item) item.scrollIntoView({block: item.offsetHeight > window.innerHeight ? "start" : "nearest"});
+            return id.index;
+        }""", Output({"type": ID.ROW_SHOWN, "index": MATCH}, "data"),
+        Input({"type": ID.ROW_DETAIL, "index": MATCH}, "children"), prevent_initial_call=True)
 
 
 def _register_badges(app: Dash, service: RecordingService, *, badges: str, current_trial: str,
@@ -167,37 +186,58 @@ def _item(index: int, finding: Finding) -> html.Li:
                         className="btn btn-link btn-sm p-0 finding-details"),
         ]),
         html.Div(finding.message, className="finding-message"),
+        html.Div(id={"type": ID.ROW_DETAIL, "index": index}, className="findings-detail"),
+        dcc.Store(id={"type": ID.ROW_SHOWN, "index": index}),
     ])
 
 
-def finding_detail(finding: Finding, series: tuple[list[int], list[float]] | None) -> Component:
+def finding_detail(finding: Finding, series: StepSeries | None) -> Component:
     children: list[Component] = [
         html.H2(f"{finding.detector}: {finding.node}", className="h6"),
-        html.P(finding.message),
         html.A("Open this selection in the Tensors view", href=finding_link(finding), className="finding-link"),
         html.Pre(_evidence_text(finding), className="finding-evidence small"),
     ]
-    if series is not None and len(series[0]):
-        children.append(dcc.Graph(figure=series_figure(finding, *series), className="finding-series",
+    if series is not None and len(series.steps):
+        children.append(dcc.Graph(figure=series_figure(finding, series), className="finding-series",
                                   config={"displayModeBar": False}))
     return html.Div(children, **attributes({"data-node": finding.node, "data-trial": finding.trial}))
 
 
-def series_figure(finding: Finding, steps: list[int], values: list[float]) -> go.Figure:
-    figure = go.Figure(go.Scatter(x=steps, y=values, mode="lines+markers", name=finding.statistic))
-    marked = [s for s in finding.steps if s in set(steps)]
+@dataclasses.dataclass(frozen=True)
+class StepSeries:
+    """A finding's statistic across the recorded steps; ``over_iterations``: per step, combined over the
+    iterations where the node was recorded (the tutorial's output exists only at each step's last iteration,
+    which differs between types of step)."""
+    steps: list[int]
+    values: list[float]
+    over_iterations: bool = False
+
+
+def series_figure(finding: Finding, series: StepSeries) -> go.Figure:
+    steps, values = series.steps, series.values
+    figure = go.Figure(go.Scatter(x=steps, y=values, mode="lines+markers", name=finding.statistic,
+                                  marker={"size": 5}))
+    known = set(steps)
+    marked = [s for s in finding.steps if s in known]
     if marked:
         lookup = dict(zip(steps, values))
-        figure.add_trace(go.Scatter(x=marked, y=[lookup[s] for s in marked], mode="markers", name="flagged",
+        figure.add_trace(go.Scatter(x=marked, y=[lookup[s] for s in marked], mode="markers",
+                                    name=f"flagged ({len(marked)})",
                                     marker={"size": 10, "symbol": "circle-open", "color": "crimson"}))
+    over = f", {COMBINED.get(finding.statistic, 'mean')} over each step's iterations" if series.over_iterations else ""
     figure.update_layout(height=260, margin={"l": 50, "r": 10, "t": 30, "b": 40},
-                         title=f"{finding.statistic} of {finding.node} ({finding.role}, {finding.kind}) across steps",
+                         title=f"{finding.statistic} of {finding.node} ({finding.role}, {finding.kind}) across steps{over}",
                          xaxis_title="training step")
     return figure
 
 
-def statistic_series(service: RecordingService, finding: Finding) -> tuple[list[int], list[float]] | None:
-    """The finding's statistic across steps, at the iteration and aggregation of its selection."""
+# How a step's values at several iterations become one point: the extremes stay extremes.
+COMBINED = {"min": "min", "max": "max", "abs_max": "max", "nan_count": "sum", "inf_count": "sum"}
+
+
+def statistic_series(service: RecordingService, finding: Finding) -> StepSeries | None:
+    """The finding's statistic across steps, at the iteration and aggregation of its selection; where that
+    iteration misses steps the finding names, per step over all the iterations the node was recorded at."""
     if finding.role is None or finding.kind is None:
         return None
     aggregation, sample = parse_aggregation(finding.aggregation or "mean")
@@ -208,16 +248,32 @@ def statistic_series(service: RecordingService, finding: Finding) -> tuple[list[
                                kind=finding.kind, columns=["iteration"]) if finding.training_step is not None else None
         if rows is not None and rows.num_rows and iteration not in rows["iteration"].to_pylist():
             iteration = rows["iteration"].to_pylist()[0]  # parameters live under iteration -1
-        table = trial.series(node=finding.node, role=finding.role, kind=finding.kind, iteration=iteration,
-                             aggregation=aggregation, sample=sample, statistic=finding.statistic)
+        read = functools.partial(trial.series, node=finding.node, role=finding.role, kind=finding.kind,
+                                 aggregation=aggregation, sample=sample, statistic=finding.statistic)
+        table = read(iteration=iteration)
+        at_iteration = set(table["training_step"].to_pylist())
+        if all(step in at_iteration for step in finding.steps):
+            return StepSeries(table["training_step"].to_pylist(), table["value"].to_pylist())
+        combine = COMBINED.get(finding.statistic, "mean")
+        every = read(iteration=None).group_by("training_step").aggregate([("value", combine)]).sort_by("training_step")
     except ComgraError:
         return None
-    return table["training_step"].to_pylist(), table["value"].to_pylist()
+    return StepSeries(every["training_step"].to_pylist(), every[f"value_{combine}"].to_pylist(), over_iterations=True)
 
 
 def _evidence_text(finding: Finding) -> str:
-    lines = [f"{key}: {value}" for key, value in finding.to_json()["evidence"].items()]
-    return "\n".join(lines)
+    """The numbers behind the message, rounded for reading (4 significant digits; the JSON keeps them all)."""
+    return "\n".join(f"{key}: {readable(value)}" for key, value in finding.to_json()["evidence"].items())
+
+
+def readable(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float, list, tuple)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(readable(v) for v in value) + "]"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
 def _options(values: Any) -> list[dict[str, str]]:

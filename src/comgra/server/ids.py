@@ -52,6 +52,7 @@ class ID:
     STATISTIC = "statistic-select"
     SERIES = "series-plot"
     HISTOGRAM = "histogram-plot"
+    DISTRIBUTION = "distribution-plot"  # the selected tensor's distribution across steps, trials side by side
     NETWORK = "network"
     NOTES = "notes"
     KPIS = "kpi-graphs"

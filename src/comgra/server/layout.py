@@ -12,6 +12,7 @@ from dash.development.base_component import Component
 from comgra.server import breakpoints as breakpoints_panel
 from comgra.server import compare, kpi_view, profile_panel, samples
 from comgra.server import findings as findings_panel
+from comgra.server import start_here
 from comgra.server.dom import attributes
 from comgra.server.graph_view import legend
 from comgra.server.ids import ID, TABS
@@ -81,6 +82,7 @@ def _notice_slot(topic: str) -> html.Div:
 def _tensors_panel() -> list[Component]:
     # The graph and the values side by side, so that the numbers are where the eye is (1280x800 shows both).
     return [
+        *start_here.panel(),
         _selectors(),
         html.Div(id=ID.NOTICE, className="notice selector-notice", role="status",
                  **attributes({"aria-live": "polite", "data-notice": "general"})),
@@ -151,5 +153,6 @@ def _plots() -> list[Component]:
             options=[{"label": s, "value": s} for s in PLOT_STATISTICS])),
         # Filled by callbacks: plotly.js then loads after the values are shown, not before.
         html.Div(id=ID.SERIES, className="series-plot"),
+        html.Div(id=ID.DISTRIBUTION, className="distribution-plot"),
         html.Div(id=ID.HISTOGRAM, className="histogram-plot"),
     ]

@@ -55,6 +55,7 @@ def panel() -> html.Div:
             dcc.Dropdown(id=ID.COLUMNS, multi=True, value=[], placeholder="Choose tensors…")]),
         html.P(id=ID.CAPTION, className="text-muted small mt-2", role="status"),
         DataTable(id=ID.TABLE, sort_action="native", sort_mode="multi", page_action="none",
+                  export_format="csv", export_headers="display",  # an "Export" button: the table as shown, as CSV
                              style_table={"overflowX": "auto", "maxHeight": "70vh", "overflowY": "auto"},
                              fixed_rows={"headers": True}, style_cell={"fontFamily": "monospace", "minWidth": "90px"},
                              style_header={"fontWeight": "bold", "whiteSpace": "normal", "height": "auto"}),

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 from typing import Any
+from urllib.parse import parse_qs
 
 from dash import ClientsideFunction, Dash, Input, Output, State, ctx, dcc, no_update
 from dash.exceptions import PreventUpdate
@@ -27,6 +28,7 @@ from comgra.server import figures
 from comgra.server.guards import INTERNAL_ERROR, guarded, raiser
 from comgra.server.ids import ID
 from comgra.server.values_view import values_data
+from comgra.service.distributions import distributions
 from comgra.server.view_state import (
     TRIGGER_KEYS, UNCHANGED_IF_EQUAL, ALL_RANKS, VIEW_INPUTS, VIEW_OUTPUTS, linked_wanted, next_wanted, remember,
     selection_from, skip_unchanged, view_outputs,
@@ -217,6 +219,23 @@ def _register_series(app: Dash, service: RecordingService) -> None:
             return _graph(guarded(raiser(error), figures.empty_figure))
         return _graph(guarded(lambda: figures.series_figure(
             lines, title=title, current_trial=selection.trial, current_step=selection.training_step),
+            figures.empty_figure))
+
+    @app.callback(Output(ID.STATISTIC, "value"), Input(ID.URL, "search"))
+    def statistic_from_link(search: Any) -> Any:
+        """A link with ``stat=`` (a finding's: "min" for a one-sided tensor) plots that statistic across steps."""
+        wanted = parse_qs(search.lstrip("?")).get("stat", [None])[-1] if isinstance(search, str) else None
+        return wanted if wanted in PLOT_STATISTICS else no_update
+
+    @app.callback(Output(ID.DISTRIBUTION, "children"), Input(ID.SHOWN, "data"), Input(ID.DATA_VERSION, "data"))
+    def update_distribution(shown: dict[str, Any] | None, _version: str) -> Any:
+        """TensorBoard's Distributions view: the tensor's stored values across steps, trials side by side."""
+        selection = selection_from(shown)
+        if selection is None:
+            return _graph(figures.empty_figure("Nothing selected."))
+        title = f"Distribution of {selection.node} [{selection.role}] across steps, {selection.kind}"
+        return _graph(guarded(lambda: figures.distribution_figure(
+            distributions(service, selection), title=title, current_step=selection.training_step),
             figures.empty_figure))
 
     # A callback of its own, so that the values are shown before the plots are drawn.

@@ -69,6 +69,9 @@ class RecordingService:
     def problems(self, trial_id: str) -> list[str]:
         return self.trial_questions.problems(trial_id)
 
+    def breakpoint_targets(self, trial_id: str) -> list[str]:
+        return self.trial_questions.breakpoint_targets(trial_id)
+
     def ranks(self, trial_id: str) -> list[int]:
         return self.trial_questions.ranks(trial_id)
 

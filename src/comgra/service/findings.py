@@ -38,7 +38,8 @@ def finding_link(finding: Finding) -> str:
     """The app's link that opens the selection showing a finding (built with ``view_link``)."""
 
     return view_link(finding.trial, training_step=finding.training_step, iteration=finding.iteration,
-                     node_id=finding.node, role=finding.role, kind=finding.kind, aggregation=finding.aggregation)
+                     node_id=finding.node, role=finding.role, kind=finding.kind, aggregation=finding.aggregation,
+                     statistic=finding.statistic)
 
 
 def scan_options(sensitivity: float | None = None, *, source: str = "sensitivity") -> ScanOptions:

@@ -59,21 +59,23 @@ URL_KEYS = {
     "tab": "tab", "trial": "trial", "type": "type_of_execution", "step": "training_step",
     "iteration": "iteration", "node": "node_id", "role": "role", "kind": "kind",
     "aggregation": "aggregation", "rank": "rank",
+    "stat": "statistic",  # not part of the selection: the statistic the Tensors view plots across steps
 }
 
 
 def view_link(trial: str, *, tab: str = "tensors", type_of_execution: str | None = None,
               training_step: int | None = None, iteration: int | None = None, node_id: str | None = None,
               role: str | None = None, kind: str | None = None, aggregation: str | None = None,
-              rank: int | None = None) -> str:
+              rank: int | None = None, statistic: str | None = None) -> str:
     """The app's relative link (``/?tab=...&trial=...``) that opens this view; None fields are left out.
+    ``statistic`` (``stat=``) is the one the Tensors view plots across steps.
 
     >>> view_link("trial_a", training_step=40, node_id="out", aggregation="sample:3")
     '/?tab=tensors&trial=trial_a&step=40&node=out&aggregation=sample%3A3'
     """
     values = {"tab": tab, "trial": trial, "type": type_of_execution, "step": training_step,
               "iteration": iteration, "node": node_id, "role": role, "kind": kind,
-              "aggregation": aggregation, "rank": rank}
+              "aggregation": aggregation, "rank": rank, "stat": statistic}
     return "/?" + urlencode({key: value for key, value in values.items() if value is not None})
 
 
@@ -91,7 +93,7 @@ def wanted_from_query(query: str | Mapping[str, Any]) -> dict[str, Any]:
     wanted: dict[str, Any] = {}
     for key, field_ in URL_KEYS.items():
         value = query.get(key)
-        if not isinstance(value, str) or key in ("tab", "role"):
+        if not isinstance(value, str) or key in ("tab", "role", "stat"):
             continue
         if field_ in _WANTED_INT:
             if value.lstrip("-").isdigit() and len(value) < 19:

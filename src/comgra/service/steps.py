@@ -125,7 +125,7 @@ class StepReads:
 
     def __init__(self, trials: TrialQuestions):
         self._trials = trials
-        self._indexes: dict[tuple[str, int | None], tuple[tuple[str, ...], StepIndex]] = {}
+        self._indexes: dict[tuple[str, int | None], tuple[tuple[str, ...], StepIndex, TrialReader]] = {}
         self._series: OrderedDict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._steps: OrderedDict[tuple[Any, ...], KeptStep] = OrderedDict()
         self._reading: dict[tuple[Any, ...], threading.Event] = {}  # steps being read now (see _read_steps)
@@ -158,12 +158,20 @@ class StepReads:
         names = tuple(trial.chunk_names("steps"))
         with self._lock:
             cached = self._indexes.get((trial_id, rank))
-            if cached is not None and cached[0] == names:
+            if cached is not None and cached[2] is not trial:  # a new run took the name: its chunks may have the
+                self._forget(trial_id)  # old run's names, so nothing kept of the old run may answer for it
+            elif cached is not None and cached[0] == names:
                 return cached[1]
         index = StepIndex(trial.steps(rank), names)
         with self._lock:
-            self._indexes[(trial_id, rank)] = (names, index)
+            self._indexes[(trial_id, rank)] = (names, index, trial)
         return index
+
+    def _forget(self, trial_id: str) -> None:
+        """Drop what is kept of a trial (under the lock): its folder was replaced (capture.open_recorders)."""
+        for kept in (self._indexes, self._series, self._steps):
+            for key in [k for k in kept if k[0] == trial_id]:
+                del kept[key]
 
     def statistic_series(self, trial_id: str, selection: Selection, statistic: str,
                          rank: int | None = None) -> tuple[np.ndarray, np.ndarray]:

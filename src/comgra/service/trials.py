@@ -62,6 +62,28 @@ class TrialQuestions:
         names = self.trial(trial_id).chunk_names("steps")
         return sorted({rank for name in names if (rank := fmt.rank_of(name)) is not None}) or [0]
 
+    def breakpoint_targets(self, trial_id: str) -> list[str]:
+        """The names a breakpoint of this trial can watch, as far as the recording knows them: the tensors
+        registered in any recorded graph (parameters are not targets) and the tracked modules. Empty while no
+        graph is recorded yet (the tensors are not known then); a graph that cannot be read is left out."""
+        trial = self.trial(trial_id)
+        names: set[str] = set()
+        for rank in self.ranks(trial_id):
+            for graph_hash in set(trial.steps(rank).column("graph").to_pylist()):
+                try:
+                    graph = trial.graph(graph_hash)
+                except StoreError:
+                    continue
+                names.update(n["id"] for n in graph["nodes"] if n.get("role") != "parameter")
+        if not names:
+            return []
+        stack = list(trial.metadata.get("modules") or [])
+        while stack:
+            module = stack.pop()
+            names.add(str(module.get("full_name") or module.get("name")))
+            stack.extend(module.get("submodules") or [])
+        return sorted(names)
+
 
 # -- module trees -------------------------------------------------------------
 def _with_totals(tree: Mapping[str, Any]) -> dict[str, Any]:

@@ -277,6 +277,15 @@ def final_name_of_temporary(name: str) -> str:
     return parts[2] if len(parts) == 3 else ""
 
 
+def folder_identity(directory: Path) -> tuple[int, int] | None:
+    """(device, inode) of a folder, None where it is gone: a folder put in its place under the same name differs."""
+    try:
+        status = os.stat(directory)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 def writer_lock_path(trial_directory: Path, rank: int) -> Path:
     return trial_directory / f".writer-r{rank:03d}.lock"
 

@@ -74,6 +74,9 @@ class GroupReader:
 
     def trial(self, trial_id: str) -> TrialReader:
         with self._lock:
+            kept = self._trials.get(trial_id)
+            if kept is not None and fmt.folder_identity(kept.directory) != kept.folder:
+                del self._trials[trial_id]  # a new run took the name (capture.open_recorders): read the new folder
             if trial_id not in self._trials:
                 known = self.trials()
                 if trial_id not in known:
@@ -92,6 +95,7 @@ class TrialReader:
 
     def __init__(self, directory: Path):
         self.directory = directory
+        self.folder = fmt.folder_identity(directory)  # what the chunk cache holds is of this folder only
         self.trial_id = directory.name
         self.metadata = _read_metadata(directory)
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
@@ -217,11 +221,12 @@ class TrialReader:
         files = [p for p in self._files("tensors", rank) if any(_covers(p.name, s) for s in steps)]
         return self._query(files, None, {"training_step": steps, "rank": rank})
 
-    def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
+    def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int | None,
                aggregation: str = "mean", sample: int = -1, statistic: str = "mean",
                rank: int | None = None, cancelled: Callable[[], bool] | None = None) -> pa.Table:
         """One statistic of one tensor across every recorded step: columns training_step, value, rank,
-        sorted by rank, then step (``rank=None``: every rank's line). ``cancelled()``, asked between
+        sorted by rank, then step (``rank=None``: every rank's line; ``iteration=None``: a row per recorded
+        iteration of each step, in no set order within the step). ``cancelled()``, asked between
         chunks, ends the read with ``series_read.ReadCancelled`` once it is true."""
         if statistic not in fmt.STATISTICS + ("svd_max",):
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
@@ -231,6 +236,14 @@ class TrialReader:
                                   cancelled)
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
+
+    def values_series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int,
+                      aggregation: str = "sample", sample: int | None = None, rank: int | None = None) -> pa.Table:
+        """Stored values of a tensor at every recorded step: training_step, sample, neurons, rank (sorted)."""
+        filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
+                   "aggregation": aggregation, "sample": sample, "rank": rank}
+        table = self._series_rows(self._files("tensors", rank), ["training_step", "sample", "neurons", "rank"], filters)
+        return table.sort_by([("rank", "ascending"), ("training_step", "ascending"), ("sample", "ascending")])
 
     def _series_rows(self, files: list[Path], columns: list[str], filters: dict[str, Any],
                      cancelled: Callable[[], bool] | None = None) -> pa.Table:

@@ -130,7 +130,7 @@ class ChunkWriter:
         except BaseException:
             os.close(self._lock)
             raise
-        self._identity = _identity(trial_dir)
+        self._identity = fmt.folder_identity(trial_dir)
         # After chunks an earlier writer of this rank left (a resumed shard): never reuse a name, and stay
         # newer than its merged chunks (see format.visible_chunks).
         self._seq = _next_seq(trial_dir, rank)
@@ -229,7 +229,7 @@ class ChunkWriter:
         """Refuse to write into a trial folder that was removed or replaced: recreating it would leave an
         index whose graphs and earlier chunks are gone."""
         # The folder's identity, not its trial.json: another rank may be replacing trial.json right now.
-        if _identity(self.trial_dir) != self._identity:
+        if fmt.folder_identity(self.trial_dir) != self._identity:
             raise TrialFolderGone(
                 f"the trial folder {str(self.trial_dir)!r} was removed or replaced while recording; comgra "
                 "stopped writing to it and did not recreate it")
@@ -468,14 +468,6 @@ def _next_seq(trial_dir: Path, rank: int) -> int:
     seqs = [fmt.seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(trial_dir / table)
             if fmt.rank_of(p.name) == rank]
     return max(seqs, default=-1) + 1
-
-
-def _identity(directory: Path) -> tuple[int, int] | None:
-    try:
-        status = os.stat(directory)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
 
 
 def _with_rank(table: pa.Table, rank: int) -> pa.Table:

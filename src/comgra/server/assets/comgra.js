@@ -30,7 +30,18 @@
     selection: null, clicks: 0, asks: 0, drawnAfter: 0, stepClicks: {},
     drawn: {}, drawnBoxes: {}, marks: {}, canvas: null, pending: false
   };
+  // Dark mode follows the system's preference (and its changes): Bootstrap's dark theme and comgra.css's.
+  var darkQuery = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+  function applyTheme() {
+    document.documentElement.setAttribute("data-bs-theme", darkQuery && darkQuery.matches ? "dark" : "light");
+  }
+  applyTheme();
+  if (darkQuery && darkQuery.addEventListener) darkQuery.addEventListener("change", applyTheme);
+
   var DRAW_MARGIN = 300;  // px of the screen drawn beyond each side of the visible part of the graph
+  // A new structure is fitted to the pane when that keeps the labels readable (at least this zoom); a graph
+  // that needs less starts at 1 and is scrolled to the selection.
+  var FIT_MIN = 0.5, PANE_MIN = 300, PANE_BOTTOM_GAP = 12;
   var VALUES_ROUTE = "_comgra/values";  // server/tensors.py: VALUES_ROUTE
 
   // -- layout ---------------------------------------------------------------------------------
@@ -170,6 +181,7 @@
       state.layout = null;
       return;
     }
+    sizePane(graph);
     var layout = state.layout = computeLayout(doc);
     var sizer = el("div", "graph-sizer");
     var canvas = state.canvas = el("div", "graph-canvas");
@@ -180,6 +192,23 @@
     graph.appendChild(sizer);
     applyZoom();
     graph.scrollLeft = left; graph.scrollTop = top;  // a box opened or closed: the view stays where it was
+    drawVisible();
+  }
+
+  // The pane reaches down to the window's bottom edge (a fixed share of the window left it below the fold at
+  // 1280x800, or left room unused on a tall screen).
+  function sizePane(graph) {
+    var top = graph.getBoundingClientRect().top + window.scrollY;
+    var height = Math.max(PANE_MIN, Math.round(window.innerHeight - top - PANE_BOTTOM_GAP)) + "px";
+    if (graph.style.height !== height) graph.style.height = height;
+  }
+
+  // The zoom at which the whole layout fits the pane, when it is readable; else 1.
+  function fitToPane(graph) {
+    if (!graph || !state.layout) return;
+    var fit = Math.min(1, (graph.clientWidth - 2) / state.layout.width, (graph.clientHeight - 2) / state.layout.height);
+    state.zoom = fit >= FIT_MIN ? Math.floor(fit * 100) / 100 : 1;
+    applyZoom();
     drawVisible();
   }
 
@@ -469,11 +498,81 @@
       select(node.getAttribute("data-node"));
       return;
     }
+    if (shortcut(event)) return;
     var direction = KEYS[event.key];
     if (!direction || (!node && busy(event.target)) || !tensorsVisible()) return;
     event.preventDefault();
     move(direction);
   });
+
+  // -- CSV of a table on the page: a button with data-csv-table="<id>" (numbers at full precision, from data-value)
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest && event.target.closest("[data-csv-table]");
+    if (!button) return;
+    var table = document.getElementById(button.getAttribute("data-csv-table"));
+    if (!table) return;
+    var quote = function (text) { return /[",\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text; };
+    var lines = Array.from(table.querySelectorAll("tr")).map(function (row) {
+      return Array.from(row.children).map(function (cell) {
+        var value = cell.getAttribute("data-value");
+        return quote(value !== null && value !== "None" ? value : cell.textContent.trim());
+      }).join(",");
+    });
+    var link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], { type: "text/csv" }));
+    link.download = button.getAttribute("data-csv-name") || "comgra.csv";
+    document.body.appendChild(link);
+    link.click();
+    window.setTimeout(function () { URL.revokeObjectURL(link.href); link.remove(); }, 1000);
+  });
+
+  // -- keyboard shortcuts: n / p (next / previous step), / (find a node), ? (this list), Escape -----------
+  var SHORTCUTS = [["n", "next recorded step"], ["p", "previous recorded step"], ["/", "find a node by name"],
+                   ["\u2190 \u2191 \u2193 \u2192", "move along the graph"], ["Enter", "select the focused node"],
+                   ["?", "show or hide this list"], ["Esc", "close it"]];
+  function shortcut(event) {
+    var help = document.getElementById("shortcut-help");
+    if (event.key === "Escape" && help) { help.remove(); return true; }
+    if (busy(event.target)) return false;  // typing in a field, or a slider or dropdown that has the keys
+    if (event.key === "?") { event.preventDefault(); toggleHelp(); return true; }
+    if (!tensorsVisible()) return false;
+    if (event.key === "n" || event.key === "p") {
+      var button = document.getElementById(event.key === "n" ? "step-next" : "step-prev");
+      if (button && !button.disabled) { event.preventDefault(); button.click(); }
+      return true;
+    }
+    if (event.key === "/") {  // opened when the key is released: the "/" itself must not land in the search field
+      event.preventDefault();
+      document.addEventListener("keyup", function open(up) {
+        if (up.key !== "/") return;
+        document.removeEventListener("keyup", open, true);
+        var search = document.getElementById("node-search");  // Dash 4: a button that opens a searchable list
+        if (!search) return;
+        search.focus();
+        if (search.getAttribute("aria-expanded") !== "true") search.click();
+      }, true);
+      return true;
+    }
+    return false;
+  }
+
+  function toggleHelp() {
+    var existing = document.getElementById("shortcut-help");
+    if (existing) { existing.remove(); return; }
+    var box = el("div", "shortcut-help");
+    box.id = "shortcut-help";
+    box.setAttribute("role", "dialog");
+    box.setAttribute("aria-label", "Keyboard shortcuts");
+    box.appendChild(el("div", "shortcut-title", "Keyboard shortcuts"));
+    SHORTCUTS.forEach(function (entry) {
+      var row = el("div", "shortcut-row");
+      row.appendChild(el("kbd", "", entry[0]));
+      row.appendChild(el("span", "", entry[1]));
+      box.appendChild(row);
+    });
+    box.addEventListener("click", function () { box.remove(); });
+    document.body.appendChild(box);
+  }
 
   function zoomBy(step) {
     var graph = document.getElementById("dependency-graph");
@@ -510,7 +609,14 @@
   document.addEventListener("scroll", function (event) {  // scroll does not bubble: listen while it is captured
     if (event.target && event.target.id === "dependency-graph") drawSoon();
   }, true);
-  window.addEventListener("resize", drawSoon);
+  function resizePane() {
+    var graph = document.getElementById("dependency-graph");
+    if (graph && state.layout && graph.offsetParent !== null) sizePane(graph);
+    drawSoon();
+  }
+  window.addEventListener("resize", resizePane);
+  // What is above the pane changes height too (a notice, a banner): its top moves, its bottom must not.
+  if (window.ResizeObserver) new ResizeObserver(resizePane).observe(document.body);
 
   // The hover card: full name, roles, min / mean / max at this step.
   function card() {
@@ -691,8 +797,10 @@
         state.collapsed = {};
         doc.boxes.forEach(function (box) { state.collapsed[box.id] = true; });
       }
+      var structureChanged = state.key !== hash;
       state.key = hash;
       render();
+      if (structureChanged) fitToPane(document.getElementById("dependency-graph"));
       redrawn = true;
     }
     // Findings' badges or the next step's values of the same node: the view stays where the user scrolled it.

@@ -1,0 +1,54 @@
+"""Dropping a training step that an exception interrupted: ``ComgraRecorder.abandon_step`` and ``batch``.
+
+In a notebook an exception inside a step (a shape mistake, a NaN check, Ctrl+C) leaves the recorder
+inside the step, and the next ``start_batch`` refuses to run. ``abandon_step`` closes the step as if it
+had not begun: nothing of it reaches the store (its tensors, its graph, its KPI points; notes are a log
+and stay), its hooks and the tensors it held are let go, the recorder's step counter goes back to the
+step before, and the recording policy never hears of it. ``batch`` is the context-manager form: it
+abandons the step when its block raises and finishes it when the block ends.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from comgra.capture import open_recorders
+
+
+def opened(recorder: Any) -> None:
+    """At ``start_batch``, before the step's number is taken: remember what ``abandon`` goes back to."""
+    if recorder.session is not None and recorder.session.closed:  # finalized: perhaps replaced by a new recorder
+        open_recorders.check_not_replaced(recorder)
+    recorder._step_before = recorder.training_step
+    recorder._kpis.start_step()
+
+
+def abandon(recorder: Any) -> bool:
+    """Close the open step without storing any of it; False where no step is open."""
+    if recorder.current_stage == "inactive":
+        return False
+    for listener in list(recorder._step_listeners):  # comgra.watch takes its hooks off
+        listener(False)
+    if recorder.session is not None:
+        recorder.session.abandon_step()
+    if recorder._breakpoints is not None:
+        recorder._breakpoints.abandon_step()
+    recorder.instruments.abandon_step()
+    recorder._kpis.drop_step()
+    recorder.current_stage = "inactive"
+    recorder._recording = recorder._dynamic = False
+    recorder.training_step = recorder._step_before
+    recorder._end_eager_step()  # a compiled model runs compiled again (see comgra.capture.compiled)
+    return True
+
+
+@contextmanager
+def batch(recorder: Any, start_batch_arguments: tuple[Any, ...]) -> Iterator[Any]:
+    recorder.start_batch(*start_batch_arguments)
+    try:
+        yield recorder
+    except BaseException:
+        recorder.abandon_step()
+        raise
+    recorder.finish_batch()

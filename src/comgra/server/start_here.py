@@ -1,0 +1,106 @@
+"""The "Start here" path above the Tensors view: the most important finding, the node that shows it and the
+plot that proves it, one click each.
+
+A newcomer opened the demo at step 0, iteration 0, where neither the output nor the loss is in the graph, and
+had to find the Findings tab alone. This strip appears once the background scan found a warning or an error
+(it fills in while the scan runs) and can be closed; the browser remembers that (local storage).
+
+- *The finding* opens the Findings tab, where it is listed first.
+- *The node that shows it* opens the Tensors view on the finding's selection (``finding_link``).
+- *The plot that proves it* opens the same selection with the finding's statistic across steps, every trial
+  a curve (the tutorial: the bugged trial's ``min`` of ``subnet_out__out`` stays near 0, the fixed one's
+  goes negative), and scrolls to that plot (``show=series``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash.development.base_component import Component
+
+from comgra.analysis.findings import Finding
+from comgra.errors import ComgraError
+from comgra.server.dom import attributes
+from comgra.service import RecordingService, finding_link, view_link
+
+__all__ = ["panel", "register", "start_here", "SHOW_SERIES"]
+
+SHOW_SERIES = "show=series"  # in a view link: scroll to the series plot once it is drawn
+POLL_MS = 1000
+GUIDED = ("error", "warning")  # the severities worth a newcomer's first click
+
+
+class ID:
+    BOX = "start-here"
+    POLL = "start-here-poll"
+    DISMISSED = "start-here-dismissed"  # dcc.Store in local storage: closed by the user
+    CLOSE = "start-here-close"
+    SCROLLED = "start-here-scrolled"
+
+
+def panel() -> list[Component]:
+    return [html.Div(id=ID.BOX, className="start-here"), dcc.Interval(id=ID.POLL, interval=POLL_MS),
+            dcc.Store(id=ID.DISMISSED, storage_type="local"), dcc.Store(id=ID.SCROLLED)]
+
+
+def guide_finding(found: list[Finding]) -> Finding | None:
+    """The finding the path starts from: the first (most important) error or warning, if any."""
+    return next((f for f in found if f.severity in GUIDED), None)
+
+
+def start_here(finding: Finding | None) -> Component | None:
+    """The strip for ``finding`` (None: nothing to show). A pure function: findings in, components out."""
+    if finding is None:
+        return None
+    link = finding_link(finding)
+    trials = "per trial"
+    steps = [
+        ("1", "The finding", view_link(finding.trial, tab="findings"), f"{finding.detector} ({finding.severity})"),
+        ("2", "The node that shows it", link,
+         finding.node + ("" if finding.training_step is None else f", step {finding.training_step}")),
+        ("3", "The plot that proves it", f"{link}&{SHOW_SERIES}", f"{finding.statistic} per step, {trials}"),
+    ]
+    return html.Div(className="start-here-box", role="region", **attributes({"aria-label": "Start here"}), children=[
+        html.Strong("Start here", className="start-here-title"),
+        html.Ol(className="start-here-steps", children=[
+            html.Li(className="start-here-step", title=finding.message if number == "1" else text,
+                    **attributes({"data-step": number}), children=[
+                html.A(label, href=href, className="start-here-link", title=href),
+                html.Span(" " + text, className="start-here-text")])
+            for number, label, href, text in steps]),
+        html.Button("\u00d7", id=ID.CLOSE, n_clicks=0, className="btn-close-text start-here-close",
+                    title="Close (comgra remembers it in this browser)", **attributes({"aria-label": "Close"})),
+    ])
+
+
+def register(app: Dash, service: RecordingService, *, series: str, url: str) -> None:
+    """The strip's callbacks; ``series`` is the id of the Tensors view's series plot, ``url`` the dcc.Location."""
+    @app.callback(Output(ID.BOX, "children"), Output(ID.POLL, "disabled"), Input(ID.POLL, "n_intervals"),
+                  Input(ID.DISMISSED, "data"))
+    def show(_tick: Any, dismissed: Any) -> Any:
+        if dismissed:
+            return None, True
+        try:
+            progress = service.findings_progress()
+        except ComgraError:
+            return None, True
+        return start_here(guide_finding(progress.findings)), not progress.pending
+
+    @app.callback(Output(ID.DISMISSED, "data"), Input(ID.CLOSE, "n_clicks"), prevent_initial_call=True)
+    def close(clicks: Any) -> Any:
+        return True if clicks else no_update
+
+    app.clientside_callback(  # "the plot that proves it": in view once drawn, once per page load
+        """function (children, search) {
+            if (!children || window.comgraSeriesShown || (search || "").indexOf("%s") < 0)
+                return window.dash_clientside.no_update;
+            window.comgraSeriesShown = true;
+            var tries = 0;
+            (function show() {  // Plotly draws after Dash rendered the children: wait for the plot (at most 10 s)
+                var plot = document.getElementById("%s");
+                var drawn = plot && plot.querySelector(".js-plotly-plot .main-svg");
+                if (drawn) plot.scrollIntoView({block: "center"});
+                else if (tries++ < 100) window.setTimeout(show, 100);
+            })();
+            return true;
+        }""" % (SHOW_SERIES, series), Output(ID.SCROLLED, "data"), Input(series, "children"), State(url, "search"))

@@ -1,0 +1,57 @@
+"""A tensor's distribution across steps (issue 25, item 9): percentiles of the stored values and the exact
+min and max statistics, per trial, computed here from the store's rows with NumPy."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from comgra.server import figures
+from comgra.service import RecordingService
+from comgra.service.distributions import PERCENTILES, distributions
+from comgra.store import GroupReader
+
+
+@pytest.mark.parametrize("aggregation", ["mean", "none"])
+def test_percentiles_and_extremes_equal_the_stores_rows(recording: Path, aggregation: str) -> None:
+    service = RecordingService(recording)
+    selection = service.resolve({}).selection
+    if aggregation == "none":  # a tensor without a batch dimension: a parameter
+        trial = GroupReader(recording).trial(selection.trial)
+        rows = [r for r in trial.selection(training_step=selection.training_step, aggregation="none").to_pylist()
+                if r["tensor_type"] == "parameter"]
+        selection = service.resolve({"trial": selection.trial, "training_step": selection.training_step,
+                                     "node_id": rows[0]["node"]}).selection
+        assert selection.aggregation == "none"
+    else:
+        assert selection.aggregation == "mean"
+    found = distributions(service, selection)
+    assert [d.trial for d in found] == service.trials()
+    for entry in found:
+        trial = GroupReader(recording).trial(entry.trial)
+        batched = selection.aggregation != "none"
+        expected_steps = []
+        for step in trial.steps()["training_step"].to_pylist():
+            rows = [r for r in trial.selection(training_step=step, node=selection.node, role=selection.role,
+                                               kind=selection.kind, iteration=selection.data_iteration).to_pylist()
+                    if r["aggregation"] == ("sample" if batched else "none")]
+            if rows and step not in expected_steps:
+                expected_steps.append(step)
+                index = list(entry.steps).index(step)
+                pooled = [v for r in rows for v in r["neurons"]]
+                assert np.allclose(entry.percentiles[index], np.percentile(pooled, PERCENTILES))
+                assert entry.minimum[index] == min(r["min"] for r in rows)
+                assert entry.maximum[index] == max(r["max"] for r in rows)
+        assert list(entry.steps) == sorted(expected_steps)
+
+
+def test_the_figure_puts_the_trials_side_by_side_on_one_y_axis(recording: Path) -> None:
+    service = RecordingService(recording)
+    selection = service.resolve({}).selection
+    found = distributions(service, selection)
+    figure = figures.distribution_figure(found, title="t", current_step=selection.training_step)
+    assert [a.text for a in figure.layout.annotations][:len(found)] == [d.trial for d in found]
+    medians = [t for t in figure.data if t.name == "median"]
+    assert [list(t.y) for t in medians] == [d.percentiles[:, 4].tolist() for d in found]
+    assert figure.layout.yaxis2.matches == "y" or figure.layout.yaxis2.showticklabels is False
