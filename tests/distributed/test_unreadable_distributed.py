@@ -3,8 +3,8 @@
 * DDP with find_unused_parameters=True and a registered output the loss does not use: comgra's gradient hook
   got None and raised in ``loss.backward()``.
 * FSDP2 (fully_shard, default settings): a DTensor parameter reached the C kernel (SIGSEGV); without the
-  kernel, recording stopped at the first recorded step. The parameters are now left out with one warning
-  each (recording a DTensor's statistics across ranks is not done yet), and everything else is recorded.
+  kernel, recording stopped at the first recorded step. The parameters and their gradients are now recorded
+  as whole tensors from their shards (their values are checked in test_sharded_statistics.py).
 
 Each rank trains the same model with comgra and without it: the losses and final parameters must agree.
 """
@@ -68,17 +68,15 @@ def test_ddp_with_an_output_the_loss_does_not_use(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_parameters_are_left_out_with_a_warning_and_the_rest_is_recorded(tmp_path: Path) -> None:
+def test_fsdp2_with_default_settings_records_parameters_and_everything_else(tmp_path: Path) -> None:
     group_dir, results, stderr = run_torchrun(tmp_path, "fsdp2")
     _assert_training_unchanged(results)
-    assert "stopped recording" not in stderr
-    for name in ("model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"):
-        reports = [line for line in stderr.splitlines() if f"tensor {name!r} because it is a DTensor" in line]
-        assert len(reports) == 2, (name, reports)  # once on each rank, not once per recorded step
+    assert "stopped recording" not in stderr and "because it is a DTensor" not in stderr
     for rank in (0, 1):
         assert GroupReader(group_dir).trial("trial").steps(rank=rank)["training_step"].to_pylist() == [0, 2]
         for step in (0, 2):
             kinds = _kinds(group_dir, step, rank)
             assert {("x", "forward"), ("used", "forward"), ("used", "gradients"), ("unused", "forward"),
                     ("loss", "forward")} <= kinds
-            assert not {name for name, _ in kinds if name.startswith("model.")}  # no shard under a whole tensor's name
+            for name in ("model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias"):
+                assert {(name, "forward"), (name, "gradients")} <= kinds

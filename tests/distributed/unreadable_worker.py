@@ -101,9 +101,11 @@ def main(mode: str, root: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
-    # Everything is written and the process group is gone. The interpreter's own teardown met native threads
-    # in the middle of their work and aborted ("terminate called without an active exception", one CI run in
-    # four, after both results were written); leave as comgra's CLI does (cli/app.run). Not yet explained.
+    # Everything is written and the process group is gone. The interpreter's own teardown after FSDP2 on gloo
+    # aborts now and then ("terminate called without an active exception", one CI run in four, after both
+    # results were written); leave as comgra's CLI does (cli/app.run). Not comgra's: benchmarks/fsdp_overhead.py
+    # --worker none, which never imports comgra, aborted the same way (torch's gloo teardown; cf.
+    # pytorch/pytorch#190489).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from comgra.capture.registry import Registration
+
 
 @dataclass
 class Connections:
@@ -181,3 +183,33 @@ def _longest_path_layers(incoming: dict[str, set[str]]) -> dict[str, int]:
 def graph_hash(document: dict[str, Any]) -> str:
     canonical = json.dumps({"nodes": document["nodes"], "edges": document["edges"]}, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+_ROLE_OF_TYPE = {"calculated": "intermediate"}
+
+
+def outputs(nodes: dict[str, dict[str, Any]], edges: list[tuple[str, str]]) -> set[str]:
+    """The network's outputs: what is compared with a target (it shares a consumer with one);
+    without a registered target, what feeds a loss directly."""
+    def feeding(consumers: set[str]) -> set[str]:
+        return {s for s, t in edges if t in consumers and nodes[s]["role"] == "intermediate"}
+
+    targets = {n for n, node in nodes.items() if node["role"] == "target"}
+    compared = feeding({t for s, t in edges if s in targets})
+    return compared or feeding({n for n, node in nodes.items() if node["role"] == "loss"})
+
+
+def node_entry(node_id: str, registration: Registration, iteration: int,
+               groups_of_parameters: dict[str, str]) -> dict[str, Any]:
+    absolute = registration.iteration < 0
+    return {
+        "id": node_id,
+        "node": registration.node,
+        "role": _ROLE_OF_TYPE.get(registration.tensor_type, registration.tensor_type),
+        "tensor_type": registration.tensor_type,
+        "roles": [],
+        "has_batch": registration.batch_dim is not None,
+        "iteration_offset": 0 if absolute else registration.iteration - iteration,
+        "absolute_iteration": -1 if absolute else None,
+        "group": groups_of_parameters.get(registration.tensor_name, ""),
+    }

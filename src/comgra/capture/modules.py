@@ -39,6 +39,10 @@ class ModuleTracker:
 
     def _tree(self, name: str, full_name: str, module: torch.nn.Module) -> dict[str, Any]:
         self.module_names.setdefault(id(module), full_name)
+        inner = unwrapped(module)
+        while inner is not module:  # a wrapper takes the name of what it wraps, and adds no level
+            module, inner = inner, unwrapped(inner)
+            self.module_names.setdefault(id(module), full_name)
         parameters: list[dict[str, Any]] = []
         # remove_duplicate=False: one parameter under two attribute names of a module is tied too.
         for parameter_name, parameter in module.named_parameters(recurse=False, remove_duplicate=False):
@@ -65,6 +69,20 @@ class ModuleTracker:
         except KeyError:
             raise RecordingError(f"Module {type(module).__name__} is not tracked; call "
                                  "track_module(name, module) on it or on a module that contains it.") from None
+
+
+# Wrappers that add a level to the names of module.named_parameters() but not to the model: DDP ("module."),
+# torch.compile ("_orig_mod."), FSDP1 ("_fsdp_wrapped_module."). FSDP2's fully_shard adds none.
+_WRAPPED_AS = {"DistributedDataParallel": "module", "DataParallel": "module", "OptimizedModule": "_orig_mod",
+               "FullyShardedDataParallel": "_fsdp_wrapped_module"}
+
+
+def unwrapped(module: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a wrapper of ``_WRAPPED_AS``, else ``module`` itself: the parameters are recorded under
+    the model's own names (``model.0.weight``, not ``model.module.0.weight``) whichever wrapper was tracked."""
+    attribute = _WRAPPED_AS.get(type(module).__name__)
+    inner = module._modules.get(attribute) if attribute is not None else None
+    return inner if isinstance(inner, torch.nn.Module) else module
 
 
 def parameter_nodes(names: list[str], visual_prefixes: list[str], node_prefixes: list[str]) -> dict[str, tuple[str, str]]:

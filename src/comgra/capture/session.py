@@ -25,6 +25,7 @@ from comgra.capture.modules import ModuleTracker, parameter_nodes
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import RankInfo
 from comgra.capture.registry import RECORDING_TYPES, Registration
+from comgra.capture.sharded import ShardCombiner, StepShards
 from comgra.capture.step import StepOptions, StepRecording
 from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError
@@ -57,6 +58,7 @@ class Session:
     metadata_name: str = fmt.TRIAL_META  # trial.json for the lead rank, rank-NNN.json for the others
     on_graph: Any = None  # told each recorded iteration's graph document (the sentinels learn the outputs)
     on_flush: Any = None  # called before a flush (the sentinels hand over their rows)
+    combiner: ShardCombiner | None = None  # DTensors across ranks (capture/sharded.py), made at the first step
 
     @classmethod
     def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
@@ -115,8 +117,10 @@ class Session:
             return False
         self.graphs_of_step.clear()
         options = StepOptions(self.options.max_neurons, self.options.with_svd, self.options.max_samples)
-        self.step = StepRecording(training_step, batch_size, type_of_execution, options,
-                                  parameter_aliases=modules.aliases, report=self.warn_once)
+        if self.combiner is None:
+            self.combiner = ShardCombiner.for_ranks(self.options.record_ranks, self.warn_once)
+        self.step = StepRecording(training_step, batch_size, type_of_execution, options, parameter_aliases=modules.aliases,
+                                  report=self.warn_once, dtensors=StepShards(self.combiner, options.max_neurons))
         self.per_sample_default = per_sample_default
         names = self.parameter_names  # a tied parameter once, under its first name
         self.step.register_parameters([Registration(name, -1, names[name][0], name, "parameter", "neuron", None, False,

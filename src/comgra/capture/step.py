@@ -19,6 +19,7 @@ import torch
 from comgra.capture import background
 from comgra.capture import gradients as scaling
 from comgra.capture import graph as graphs
+from comgra.capture import sharded, shards
 from comgra.capture.checkpointing import UNSEEN, Checkpoints, Region
 from comgra.capture.registry import Registration
 from comgra.capture.summaries import (Block, SampleChoice, complex_notice, summarize_values, to_table,
@@ -96,6 +97,7 @@ class StepRecording:
     checkpoints: Checkpoints = field(default_factory=Checkpoints)  # torch.utils.checkpoint (capture/checkpointing.py)
     # report(key, message): a warning once per key (Session.warn_once); None: nobody to tell (tests)
     report: Callable[[str, str], None] | None = None
+    dtensors: sharded.StepShards | None = None  # this rank's parts of DTensors (capture/sharded.py); None: left out
 
     # -- registration -----------------------------------------------------------------------
     def register(self, registration: Registration, tensor: torch.Tensor, *, live: bool = False,
@@ -130,11 +132,11 @@ class StepRecording:
         self.latest_by_name[registration.tensor_name] = key
         self._by_tensor_id.setdefault(id(tensor), key)
         registration.grad_fn = tensor.grad_fn
-        reason = unsummarisable(tensor)
+        reason = self._readable(fmt.FORWARD, registration, value := shards.waited(tensor))  # a TP layer's local output
         if reason is None:
             if tensor.is_complex():
                 self._tell_complex(registration, tensor)
-            self._capture_value(registration, tensor, live)
+            self._capture_value(registration, value, live)
         else:  # still a node of the graph, with no rows
             self._skip(registration, "values", reason)
         if tensor.grad_fn is not None:
@@ -162,7 +164,7 @@ class StepRecording:
             self._by_node_role[(registration.node, registration.role)] = [registration]
             self.latest_by_name[registration.tensor_name] = key
             self._by_tensor_id.setdefault(id(tensor), key)
-            reason = unsummarisable(tensor)  # type: ignore[arg-type]
+            reason = self._readable(fmt.FORWARD, registration, tensor)
             if reason is None:
                 if tensor.is_complex():  # type: ignore[union-attr]
                     self._tell_complex(registration, tensor)  # type: ignore[arg-type]
@@ -192,11 +194,18 @@ class StepRecording:
     def _skip(self, registration: Registration, what: str, reason: str) -> None:
         """Leave out a value comgra cannot summarise, and say so once per tensor name: never a crash in the
         kernel, never a stop of the recording, never a wrong number recorded in silence."""
-        if self.report is not None:
+        if self.report is not None and reason:  # "": not left out (a DTensor's shard, taken by capture/sharded.py)
             self.report(f"unsummarisable:{registration.tensor_name}",
                         f"comgra cannot summarise the {what} of tensor {registration.tensor_name!r} {reason}; they "
                         "are left out of the recording (no rows), the rest of the step is recorded and training "
                         "goes on. This warning is given once per tensor name.")
+
+    def _readable(self, kind: str, registration: Registration, tensor: Any) -> str | None:
+        """``unsummarisable(tensor)``, but "" for a DTensor whose shard this rank took (capture/sharded.py)."""
+        reason = unsummarisable(tensor)
+        if reason is not None and self.dtensors is not None and shards.is_dtensor(tensor):
+            return self.dtensors.add(kind, registration, tensor)
+        return reason
 
     def add_gradient(self, tensor_name: str, grad: torch.Tensor) -> None:
         """Give the latest tensor registered as ``tensor_name`` a gradient that arrived outside its hook.
@@ -304,10 +313,12 @@ class StepRecording:
                 continue
             if registration.tensor_type == "loss":
                 losses.append((registration.tensor_name, grad))
-            reason = unsummarisable(grad)
+            reason = unsummarisable(grad := shards.waited(grad))
+            if reason is not None and self.dtensors is not None and shards.is_dtensor(grad):  # FSDP2's gradients
+                reason = self.dtensors.add(kind, registration, scaling.unscaled(grad, divisor))
             if reason is None:
                 items.append((registration, scaling.unscaled(grad, divisor)))
-            else:  # the gradient of an FSDP2 parameter is a DTensor too
+            else:
                 self._skip(registration, f"gradients ({kind!r})", reason)
         self._check_scale(kind, scale, losses)
         self.blocks = scaling.supersede(self.blocks, kind, {registration.key for registration, _ in items})
@@ -335,6 +346,7 @@ class StepRecording:
     def to_tables(self, choice: SampleChoice, now: float | None = None) -> tuple[pa.Table, pa.Table]:
         """The tensors rows and the steps rows of this step (one host transfer)."""
         self._summarize_pending()
+        self.blocks += self.dtensors.blocks(self.training_step) if self.dtensors is not None else []
         values = to_table(self.training_step, self._finished_blocks(), choice)
         rows = [{
             "training_step": self.training_step, "type_of_execution": self.type_of_execution,
@@ -434,7 +446,7 @@ class StepRecording:
         for key in sorted(keys, key=lambda k: (k[0], k[1])):
             registration = self.registrations[key]
             node_id = self._node_id(registration)
-            node = nodes.setdefault(node_id, _node_entry(node_id, registration, self.iteration, groups_of_parameters))
+            node = nodes.setdefault(node_id, graphs.node_entry(node_id, registration, self.iteration, groups_of_parameters))
             if registration.role not in node["roles"]:
                 node["roles"].append(registration.role)
             aliases = self.parameter_aliases.get(registration.tensor_name)
@@ -442,7 +454,7 @@ class StepRecording:
                 node.setdefault("aliases", []).extend(a for a in aliases if a not in node.get("aliases", []))
         edge_rows = sorted({(self._node_id(self.registrations[s]), self.registrations[s].role,
                              self._node_id(self.registrations[t]), self.registrations[t].role) for s, t in edges})
-        for node_id in _outputs(nodes, [(e[0], e[2]) for e in edge_rows]):
+        for node_id in graphs.outputs(nodes, [(e[0], e[2]) for e in edge_rows]):
             nodes[node_id]["role"] = "output"
         node_list = list(nodes.values())
         graphs.layout(node_list, [(e[0], e[2]) for e in edge_rows])
@@ -463,36 +475,8 @@ class StepRecording:
         return f"{registration.node}*old" + ("" if back == 1 else str(back))
 
 
-_ROLE_OF_TYPE = {"calculated": "intermediate"}
 # Graph documents by everything they are computed from (StepRecording._document_key), shared by the
 # steps of a process; documents are never changed once made. Cleared when full: a network whose
 # graph changes every step would otherwise grow it without end.
 _DOCUMENTS: dict[tuple[Any, ...], tuple[dict[str, Any], list[str]]] = {}
 _MAX_CACHED_DOCUMENTS = 256
-
-
-def _outputs(nodes: dict[str, dict[str, Any]], edges: list[tuple[str, str]]) -> set[str]:
-    """The network's outputs: what is compared with a target (it shares a consumer with one);
-    without a registered target, what feeds a loss directly."""
-    def feeding(consumers: set[str]) -> set[str]:
-        return {s for s, t in edges if t in consumers and nodes[s]["role"] == "intermediate"}
-
-    targets = {n for n, node in nodes.items() if node["role"] == "target"}
-    compared = feeding({t for s, t in edges if s in targets})
-    return compared or feeding({n for n, node in nodes.items() if node["role"] == "loss"})
-
-
-def _node_entry(node_id: str, registration: Registration, iteration: int,
-                groups_of_parameters: dict[str, str]) -> dict[str, Any]:
-    absolute = registration.iteration < 0
-    return {
-        "id": node_id,
-        "node": registration.node,
-        "role": _ROLE_OF_TYPE.get(registration.tensor_type, registration.tensor_type),
-        "tensor_type": registration.tensor_type,
-        "roles": [],
-        "has_batch": registration.batch_dim is not None,
-        "iteration_offset": 0 if absolute else registration.iteration - iteration,
-        "absolute_iteration": -1 if absolute else None,
-        "group": groups_of_parameters.get(registration.tensor_name, ""),
-    }

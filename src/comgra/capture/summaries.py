@@ -95,8 +95,9 @@ _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor  # insid
 def _reason(tensor: torch.Tensor) -> str:
     kind = type(tensor)
     if kind.__name__ == "DTensor":
-        return ("because it is a DTensor (FSDP2's fully_shard, tensor parallelism): this rank holds only a shard, "
-                "and the shard's statistics recorded under the whole tensor's name would be wrong")
+        return ("because it is a DTensor (FSDP2's fully_shard, tensor parallelism) and no recorder session combines "
+                "its shards across ranks here (capture/sharded.py does in a recorded step): the shard's statistics "
+                "under the whole tensor's name would be wrong")
     if kind.__name__ in ("FakeTensor", "FunctionalTensor"):
         return f"because it is a {kind.__name__} of a graph being traced (torch.compile, torch.export): it has no values"
     if kind.__torch_dispatch__ is not _NO_DISPATCH:
