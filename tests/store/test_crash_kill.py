@@ -180,7 +180,8 @@ def _kill(pid: int) -> None:
 
 
 KEYS = {"steps": "training_step, iteration", "kpis": "timepoint", "notes": "seq",
-        "tensors": "training_step, kind, iteration, node, role, aggregation, sample"}
+        "tensors": "training_step, kind, iteration, node, role, aggregation, sample",
+        "runinfo": "training_step, subject, name, field", "sentinels": "training_step, name"}
 
 
 def _plain_duckdb(trial_dir: Path, table: str) -> tuple[int, int]:

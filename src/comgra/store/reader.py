@@ -15,7 +15,6 @@ are picked up on the next call.
 from __future__ import annotations
 
 import logging
-import numbers
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -97,7 +96,7 @@ class TrialReader:
         self.directory = directory
         self.folder = fmt.folder_identity(directory)  # what the chunk cache holds is of this folder only
         self.trial_id = directory.name
-        self.metadata = _read_metadata(directory)
+        self.metadata = validation.read_trial_metadata(directory)
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
         self._problems: dict[str, str] = {}
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
@@ -213,7 +212,7 @@ class TrialReader:
         if unknown:
             raise SelectionError(f"Unknown filter(s) {sorted(unknown)}; valid filters: {list(_SELECTION_FILTERS)}")
         # One value each (no lists here); None means "any", as in _query.
-        _check_filter_values({k: v for k, v in {"training_step": training_step, **filters}.items() if v is not None})
+        validation.check_filter_values({k: v for k, v in {"training_step": training_step, **filters}.items() if v is not None})
         files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)]
         return self._query(files, columns, {"training_step": training_step, **filters})
 
@@ -257,7 +256,7 @@ class TrialReader:
         away meanwhile, sends the read through DuckDB's route, which finds and reports it, or lists again."""
         if self.metadata.get("format_version", fmt.FORMAT_VERSION) < 2:  # format 1 has no rank column
             return self._query(files, columns, filters)
-        _check_filter_values({k: v for k, v in filters.items() if v is not None})
+        validation.check_filter_values({k: v for k, v in filters.items() if v is not None})
         self._series_reader.forget_all_but(files if filters["rank"] is None else self._files("tensors"))
         try:
             return self._series_reader.read(files, columns, filters, _TENSORS.empty_table().select(columns),
@@ -307,7 +306,7 @@ class TrialReader:
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
         active = {k: v for k, v in filters.items() if v is not None}
-        _check_filter_values(active, sets=True)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
+        validation.check_filter_values(active, sets=True)  # before DuckDB: a value it cannot bind must not look like a damaged chunk
         # DuckDB checks no page checksums: every column it reads or filters on is checked here first, once per chunk.
         files = self._verified("tensors", files, [*(columns or _TENSORS.names), *active], active.get("node"))
         if not files:
@@ -483,27 +482,6 @@ class TrialReader:
 _STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight listings in a row cannot all be stale
 
 
-def _check_filter_values(filters: dict[str, Any], *, sets: bool = False) -> None:
-    """Every value a string or a 64-bit integer; with ``sets``, also a list of such (``steps_selection``)."""
-    for key, value in filters.items():
-        if sets and isinstance(value, list) and value:
-            for item in value:
-                _check_filter_values({key: item})
-            continue
-        if isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
-                                      and -2**63 <= int(value) < 2**63):  # numpy ints too, but True is no step
-            continue
-        raise SelectionError(f"The filter {key}={value!r} is not a string or a 64-bit integer.")
-
-
 def _covers(name: str, training_step: int) -> bool:
     first, last = fmt.step_range_of(name)
     return first <= training_step <= last
-
-
-def _read_metadata(directory: Path) -> dict[str, Any]:
-    path = directory / fmt.TRIAL_META
-    if not validation.inside(path, directory):
-        raise StoreError(f"Trial metadata {str(path)!r} is a link to a file outside the trial; comgra reads nothing "
-                         "outside the recording. Copy the file in instead.")
-    return validation.check_metadata(validation.load_json(path, "Trial metadata"), path, fmt.FORMAT_VERSION)

@@ -10,6 +10,7 @@ the exact shape the writer gives it.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 import stat
@@ -18,7 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from comgra.errors import StoreError
+from comgra.errors import SelectionError, StoreError
+from comgra.store import format as fmt
 
 # capture/graph.py graph_hash: the first 16 hex digits of a sha256.
 _GRAPH_HASH = re.compile(r"[0-9a-f]{16}")
@@ -223,3 +225,26 @@ def module_tree_problem(tree: Any, depth: int = 0) -> str | None:
         if problem:
             return problem
     return None
+
+
+def check_filter_values(filters: dict[str, Any], *, sets: bool = False) -> None:
+    """A reader's query filters: every value a string or a 64-bit integer; with ``sets``, also a list of such
+    (``steps_selection``)."""
+    for key, value in filters.items():
+        if sets and isinstance(value, list) and value:
+            for item in value:
+                check_filter_values({key: item})
+            continue
+        if isinstance(value, str) or (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+                                      and -2**63 <= int(value) < 2**63):  # numpy ints too, but True is no step
+            continue
+        raise SelectionError(f"The filter {key}={value!r} is not a string or a 64-bit integer.")
+
+
+def read_trial_metadata(directory: Path) -> dict[str, Any]:
+    """trial.json of a trial folder, checked (never read through a link that leaves the trial)."""
+    path = directory / fmt.TRIAL_META
+    if not inside(path, directory):
+        raise StoreError(f"Trial metadata {str(path)!r} is a link to a file outside the trial; comgra reads nothing "
+                         "outside the recording. Copy the file in instead.")
+    return check_metadata(load_json(path, "Trial metadata"), path, fmt.FORMAT_VERSION)
