@@ -55,3 +55,26 @@ def test_the_figure_puts_the_trials_side_by_side_on_one_y_axis(recording: Path) 
     medians = [t for t in figure.data if t.name == "median"]
     assert [list(t.y) for t in medians] == [d.percentiles[:, 4].tolist() for d in found]
     assert figure.layout.yaxis2.matches == "y" or figure.layout.yaxis2.showticklabels is False
+
+
+def test_histograms_are_numpys_counts_of_the_pooled_stored_values_on_bins_shared_by_the_trials(recording: Path) -> None:
+    from comgra.service.distributions import histograms
+
+    service = RecordingService(recording)
+    selection = service.resolve({}).selection
+    found = histograms(service, selection)
+    assert list(found.counts) == service.trials()
+    pooled_all = []
+    for trial_id, counts in found.counts.items():
+        trial = GroupReader(recording).trial(trial_id)
+        for index, step in enumerate(found.steps[trial_id]):
+            rows = [r for r in trial.selection(training_step=int(step), node=selection.node, role=selection.role,
+                                               kind=selection.kind, iteration=selection.data_iteration).to_pylist()
+                    if r["aggregation"] == "sample"]
+            pooled = np.array([v for r in rows for v in r["neurons"]], dtype=np.float64)
+            pooled_all.append(pooled)
+            assert counts[index].tolist() == np.histogram(pooled, bins=found.edges)[0].tolist()
+    everything = np.concatenate(pooled_all)
+    assert found.edges[0] == everything.min() and found.edges[-1] == pytest.approx(everything.max())
+    figure = figures.histograms_figure(found, title="t")
+    assert [list(map(list, t.z)) for t in figure.data] == [c.tolist() for c in found.counts.values()]

@@ -403,6 +403,34 @@ def distribution_figure(entries: Sequence[Any], *, title: str, current_step: int
     return figure
 
 
+def histograms_figure(histograms: Any, *, title: str) -> go.Figure:
+    """TensorBoard's Histograms view, a panel per trial: a row per step, a column per bin (the same bins in every
+    trial), coloured by how many stored values fall in it."""
+    from plotly.subplots import make_subplots
+
+    trials = list(histograms.counts)
+    if not trials:
+        return empty_figure("No stored values of this tensor across steps.")
+    figure = make_subplots(rows=1, cols=len(trials), shared_yaxes=False, horizontal_spacing=0.05,
+                           subplot_titles=trials)
+    edges = histograms.edges
+    centres = ((edges[:-1] + edges[1:]) / 2).tolist()
+    top = max(int(c.max(initial=0)) for c in histograms.counts.values()) or 1
+    for column, trial in enumerate(trials, start=1):
+        figure.add_trace(go.Heatmap(
+            x=centres, y=histograms.steps[trial].tolist(), z=histograms.counts[trial].tolist(), name=trial, zmin=0,
+            zmax=top, colorscale="Blues", showscale=column == 1, xgap=1, ygap=1,
+            colorbar={"title": {"text": "values"}, "thickness": 12},
+            hovertemplate="step %{y}<br>value ≈ %{x:.4g}<br>%{z} values<extra>" + trial + "</extra>"), row=1, col=column)
+        figure.update_xaxes(title_text="value", range=[float(edges[0]), float(edges[-1])], row=1, col=column)
+    figure.update_yaxes(title_text="training step", autorange="reversed", matches="y", row=1, col=1)
+    figure.update_yaxes(matches="y")
+    figure.update_layout(height=340, margin={**_MARGIN, "t": 60}, title={
+        "text": f"{title}<br><sup>{len(centres)} bins of width {float(edges[1] - edges[0]):.3g}, the same in every "
+                "trial; the colour counts the stored values in a bin</sup>", "font": {"size": 13}})
+    return figure
+
+
 def _rgba(colour: str, opacity: float) -> str:
     red, green, blue = (int(colour[i:i + 2], 16) for i in (1, 3, 5))
     return f"rgba({red}, {green}, {blue}, {opacity})"

@@ -52,6 +52,7 @@ class ID:
     STATISTIC = "statistic-select"
     SERIES = "series-plot"
     HISTOGRAM = "histogram-plot"
+    DISTRIBUTION_MODE = "distribution-mode"  # TensorBoard's Distributions (bands) or Histograms (a row per step)
     DISTRIBUTION = "distribution-plot"  # the selected tensor's distribution across steps, trials side by side
     NETWORK = "network"
     NOTES = "notes"

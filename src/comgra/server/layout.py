@@ -154,6 +154,10 @@ def _plots() -> list[Component]:
             options=[{"label": s, "value": s} for s in PLOT_STATISTICS])),
         # Filled by callbacks: plotly.js then loads after the values are shown, not before.
         html.Div(id=ID.SERIES, className="series-plot"),
+        dcc.RadioItems(id=ID.DISTRIBUTION_MODE, value="bands", inline=True, className="distribution-mode",
+                       inputStyle={"marginRight": "0.3em", "marginLeft": "0.8em"},
+                       options=[{"label": "Distributions across steps", "value": "bands"},
+                                {"label": "Histograms (a row per step)", "value": "histograms"}]),
         html.Div(id=ID.DISTRIBUTION, className="distribution-plot"),
         html.Div(id=ID.HISTOGRAM, className="histogram-plot"),
     ]

@@ -28,7 +28,7 @@ from comgra.server import figures
 from comgra.server.guards import INTERNAL_ERROR, guarded, raiser
 from comgra.server.ids import ID
 from comgra.server.values_view import values_data
-from comgra.service.distributions import distributions
+from comgra.service.distributions import distributions, histograms
 from comgra.server.view_state import (
     TRIGGER_KEYS, UNCHANGED_IF_EQUAL, ALL_RANKS, VIEW_INPUTS, VIEW_OUTPUTS, linked_wanted, next_wanted, remember,
     selection_from, skip_unchanged, view_outputs,
@@ -227,12 +227,18 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         wanted = parse_qs(search.lstrip("?")).get("stat", [None])[-1] if isinstance(search, str) else None
         return wanted if wanted in PLOT_STATISTICS else no_update
 
-    @app.callback(Output(ID.DISTRIBUTION, "children"), Input(ID.SHOWN, "data"), Input(ID.DATA_VERSION, "data"))
-    def update_distribution(shown: dict[str, Any] | None, _version: str) -> Any:
-        """TensorBoard's Distributions view: the tensor's stored values across steps, trials side by side."""
+    @app.callback(Output(ID.DISTRIBUTION, "children"), Input(ID.SHOWN, "data"), Input(ID.DATA_VERSION, "data"),
+                  Input(ID.DISTRIBUTION_MODE, "value"))
+    def update_distribution(shown: dict[str, Any] | None, _version: str, mode: Any = None) -> Any:
+        """TensorBoard's Distributions view (or its Histograms view): the tensor's stored values across steps,
+        trials side by side."""
         selection = selection_from(shown)
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
+        if mode == "histograms":
+            title = f"Histograms of {selection.node} [{selection.role}] across steps, {selection.kind}"
+            return _graph(guarded(lambda: figures.histograms_figure(histograms(service, selection), title=title),
+                                  figures.empty_figure))
         title = f"Distribution of {selection.node} [{selection.role}] across steps, {selection.kind}"
         return _graph(guarded(lambda: figures.distribution_figure(
             distributions(service, selection), title=title, current_step=selection.training_step),

@@ -18,7 +18,7 @@ import numpy as np
 from comgra.errors import StoreError
 from comgra.service.selection import ANY_TYPE, Selection, parse_aggregation
 
-__all__ = ["PERCENTILES", "Distribution", "distributions"]
+__all__ = ["PERCENTILES", "Distribution", "Histograms", "distributions", "histograms"]
 
 # TensorBoard's: the median, the bands 31-69, 16-84, 7-93 and the range 0-100.
 PERCENTILES = (0, 7, 16, 31, 50, 69, 84, 93, 100)
@@ -61,16 +61,7 @@ def _of_trial(service: DistributionSource, trial_id: str, selection: Selection, 
     trial = service.trial(trial_id)
     where = {"node": selection.node, "role": selection.role, "kind": selection.kind,
              "iteration": selection.data_iteration, "rank": selection.rank}
-    values = trial.values_series(**where, aggregation="sample" if batched else "none").to_pydict()
-    if not values["training_step"]:
-        return None
-    pooled: dict[int, list[float]] = {}
-    for step, stored in zip(values["training_step"], values["neurons"]):
-        pooled.setdefault(int(step), []).extend(stored or [])
-    steps = np.array(sorted(pooled), dtype=np.int64)
-    if selection.type_of_execution != ANY_TYPE:  # as the series plot: iterations mean the same along the curve
-        steps = steps[np.isin(steps, service.step_index(trial_id, selection.rank).steps_of(selection.type_of_execution))]
-    steps = np.array([s for s in steps if np.isfinite(pooled[int(s)]).any()], dtype=np.int64)
+    steps, pooled = _pooled(service, trial_id, selection, batched)
     if not len(steps):
         return None
     percentiles = np.array([np.nanpercentile(np.asarray(pooled[int(s)], dtype=np.float64), PERCENTILES)
@@ -78,6 +69,55 @@ def _of_trial(service: DistributionSource, trial_id: str, selection: Selection, 
     extremes = {name: _statistic(trial, where, "mean" if batched else "none", name, steps) for name in ("min", "max")}
     return Distribution(trial_id, steps, percentiles, extremes["min"], extremes["max"],
                         max(len(pooled[int(s)]) for s in steps))
+
+
+def _pooled(service: DistributionSource, trial_id: str, selection: Selection,
+            batched: bool) -> tuple[np.ndarray, dict[int, list[float]]]:
+    """The steps (of the selection's type) with a finite stored value, and each step's stored values, pooled
+    over the samples of a batch."""
+    where = {"node": selection.node, "role": selection.role, "kind": selection.kind,
+             "iteration": selection.data_iteration, "rank": selection.rank}
+    values = service.trial(trial_id).values_series(**where, aggregation="sample" if batched else "none").to_pydict()
+    pooled: dict[int, list[float]] = {}
+    for step, stored in zip(values["training_step"], values["neurons"]):
+        pooled.setdefault(int(step), []).extend(stored or [])
+    steps = np.array(sorted(pooled), dtype=np.int64)
+    if selection.type_of_execution != ANY_TYPE:  # as the series plot: iterations mean the same along the curve
+        steps = steps[np.isin(steps, service.step_index(trial_id, selection.rank).steps_of(selection.type_of_execution))]
+    return np.array([s for s in steps if np.isfinite(pooled[int(s)]).any()], dtype=np.int64), pooled
+
+
+@dataclass(frozen=True)
+class Histograms:
+    """TensorBoard's Histograms view: ``counts[trial][i, j]`` is how many finite values stored at
+    ``steps[trial][i]`` fall in bin j of ``edges``, which span every trial's values (the same bins in all)."""
+
+    edges: np.ndarray
+    steps: dict[str, np.ndarray]
+    counts: dict[str, np.ndarray]
+
+
+def histograms(service: DistributionSource, selection: Selection, *, bins: int | None = None) -> Histograms:
+    """The selected tensor's histogram at every recorded step of each trial that has it, over shared bins
+    (default: up to 30, fewer where a step keeps few values: 5 values in 30 bins say nothing)."""
+    batched = parse_aggregation(selection.aggregation)[0] != "none"
+    read: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
+    for trial_id in service.trials():
+        try:
+            steps, pooled = _pooled(service, trial_id, selection, batched)
+        except StoreError:
+            continue
+        if len(steps):
+            values = [np.asarray(pooled[int(s)], dtype=np.float64) for s in steps]
+            read[trial_id] = (steps, [v[np.isfinite(v)] for v in values])
+    finite = np.concatenate([v for _, values in read.values() for v in values] or [np.array([])])
+    if bins is None:
+        bins = min(30, max(5, max((len(v) for _, values in read.values() for v in values), default=0) // 2))
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    edges = np.linspace(low - 0.5, high + 0.5, bins + 1) if low == high else np.linspace(low, high, bins + 1)
+    counts = {t: np.array([np.histogram(v, bins=edges)[0] for v in values], dtype=np.int64).reshape(len(steps), bins)
+              for t, (steps, values) in read.items()}
+    return Histograms(edges, {t: steps for t, (steps, _) in read.items()}, counts)
 
 
 def _statistic(trial: Any, where: dict[str, Any], aggregation: str, statistic: str, steps: np.ndarray) -> np.ndarray:
