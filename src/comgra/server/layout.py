@@ -43,6 +43,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         dcc.Interval(id=ID.POLL, interval=poll_ms),
         _header(title, tabs),
         html.Div(id=ID.BANNER, role="status"),
+        html.Div(id=ID.TAB_NOTICE, className="tab-notice", role="status", **attributes({"data-tabs": " ".join(tabs)})),
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
         html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
         html.Div(id=ID.panel("samples"), className="panel hidden", children=samples.panel()),

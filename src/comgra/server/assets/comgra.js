@@ -675,9 +675,15 @@
     return search;
   }
 
+  // An unknown ?tab= (a typo, a tab this app lacks) opens the default tab and says so: never a blank page.
   function tabFromUrl(search) {
-    var tab = new URLSearchParams(search || "").get("tab");
-    return tab ? tab : window.dash_clientside.no_update;
+    var tab = new URLSearchParams(search || "").get("tab"), skip = window.dash_clientside.no_update;
+    if (!tab) return [skip, ""];
+    var notice = document.getElementById("tab-notice");
+    var known = ((notice && notice.getAttribute("data-tabs")) || "").split(" ");
+    if (known.indexOf(tab) >= 0) return [tab, ""];
+    return [known[0] || "tensors", "There is no tab '" + tab.slice(0, 40) + "' (the tabs are " + known.join(", ") +
+            "): showing " + (known[0] || "tensors") + "."];
   }
 
   // -- the values panel (server/values_view.py says what it holds) -----------------------------------
