@@ -41,3 +41,40 @@ def test_an_unknown_tab_in_the_link_opens_the_default_tab_with_a_message(serve: 
     app.page.goto(serve(recording) + "?tab=notes")
     expect(app.page.locator("#panel-notes")).to_be_visible(timeout=SLOW)
     expect(app.page.locator("#tab-notice")).to_have_text("")
+
+
+TICKS = """(plot) => Array.from(document.querySelectorAll(plot + ' .%s text')).map(t => {
+    const r = t.getBoundingClientRect(), svg = document.querySelector(plot + ' .main-svg').getBoundingClientRect();
+    return {text: t.textContent, inside: r.left >= svg.left - 1 && r.right <= svg.right + 1 && r.top >= svg.top - 1
+            && r.bottom <= svg.bottom + 1}; })"""
+
+
+@pytest.mark.parametrize("width, height", [(1280, 800), (1024, 700)])
+def test_resources_reads_bytes_in_binary_units_and_its_axes_fit(browser: Any, serve: Any, recording: Path,
+                                                                width: int, height: int) -> None:
+    from comgra_page import ComgraPage
+    import pyarrow.dataset as ds
+
+    context = browser.new_context(viewport={"width": width, "height": height})
+    try:
+        app = ComgraPage(context.new_page(), recording)
+        app.load(serve(recording) + "?tab=resources", ".resource-plot .js-plotly-plot")
+        plot = '.resource-plot[data-kind="bytes"]'
+        expect(app.page.locator(plot + " .ytick text").first).to_be_visible(timeout=SLOW)
+        rows = ds.dataset(str(recording / "trials" / TRIAL / "resources"), format="parquet").to_table().to_pylist()
+        largest = max(r["value"] for r in rows if r["metric"].endswith("bytes") and "total" not in r["metric"])
+        unit = next(u for p, u in enumerate(["B", "KiB", "MiB", "GiB", "TiB"]) if largest < 1024 ** (p + 1))
+        yticks = app.page.evaluate(TICKS % "ytick", plot)
+        assert yticks and all(re.fullmatch(rf"[\d.,]+ {unit}", t["text"]) for t in yticks), yticks
+        title = app.page.locator(plot + " .gtitle").text_content()
+        assert title == f"Memory ({unit})"
+        for kind in ("bytes", "percent"):  # the time axis: one line of clock times, inside the figure
+            xticks = app.page.evaluate(TICKS % "xtick", f'.resource-plot[data-kind="{kind}"]')
+            assert xticks and all(re.fullmatch(r"\d\d:\d\d:\d\d", t["text"]) and t["inside"] for t in xticks), xticks
+            assert all(t["inside"] for t in app.page.evaluate(TICKS % "ytick", f'.resource-plot[data-kind="{kind}"]'))
+        # The percent plot names a GPU only where one was sampled.
+        percent_title = app.page.locator('.resource-plot[data-kind="percent"] .gtitle').text_content()
+        assert ("GPU" in percent_title) == any(str(r["source"]).startswith("gpu") for r in rows), percent_title
+        assert not app.errors
+    finally:
+        context.close()

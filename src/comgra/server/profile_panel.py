@@ -85,23 +85,54 @@ def slowest_table(rows: list[dict[str, Any]]) -> html.Table:
     return html.Table([html.Thead(header), html.Tbody(body)], className="table table-sm slowest-layers")
 
 
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def binary_unit(largest: float) -> tuple[str, float]:
+    """The binary unit (B, KiB, MiB, ...) in which ``largest`` bytes reads as a number below 1024, and its size."""
+    power = 0
+    while power < len(BINARY_UNITS) - 1 and abs(largest) >= 1024 ** (power + 1):
+        power += 1
+    return BINARY_UNITS[power], float(1024 ** power)
+
+
+def percent_title(members: list[dict[str, Any]]) -> str:
+    """Names only what was sampled: "GPU" only where a GPU's utilisation was recorded."""
+    parts = [name for name, present in (
+        ("CPU", any(s["metric"] == "cpu_percent" for s in members)),
+        ("GPU", any(str(s["source"]).startswith("gpu") for s in members)),
+        ("memory", any(s["metric"] == "memory_percent" for s in members))) if present]
+    named = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts) or "Use"
+    return f"{named[:1].upper()}{named[1:]} use (%)"
+
+
 def resource_figures(series: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
-    """One figure per kind of quantity (percent, bytes), one line per source and metric."""
+    """One figure per kind of quantity (percent, bytes), one line per source and metric.
+
+    Bytes read in binary units (KiB, MiB, GiB: plotly's own "8B" would mean 8 billion), the unit chosen by the
+    largest value; times as UTC clock times on one line, which the margin makes room for."""
     groups = {"percent": [s for s in series if s["metric"].endswith("percent")],
               "bytes": [s for s in series if s["metric"].endswith("bytes") and "total" not in s["metric"]]}
-    titles = {"percent": "CPU and GPU utilisation, memory (%)", "bytes": "Memory (bytes)"}
     figures = []
     for kind, members in groups.items():
         if not members:
             continue
+        unit, size = "%", 1.0
+        if kind == "bytes":
+            unit, size = binary_unit(max((abs(v) for s in members for v in s["value"] if v is not None), default=0.0))
         figure = go.Figure([go.Scatter(x=[dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in s["wall_time"]],
-                                       y=s["value"], mode="lines+markers",
+                                       y=[None if v is None else v / size for v in s["value"]], mode="lines+markers",
                                        name=f"{s['source']} {s['metric']}" + (f" (rank {s['rank']})" if s["rank"] else ""),
                                        customdata=s["training_step"],
-                                       hovertemplate="%{y}<br>training step %{customdata}<extra>%{fullData.name}</extra>")
+                                       hovertemplate=f"%{{y:.4~f}} {unit}<br>%{{x|%H:%M:%S.%L}} UTC<br>training step "
+                                                     "%{customdata}<extra>%{fullData.name}</extra>")
                             for s in members])
-        figure.update_layout(title={"text": titles[kind], "font": {"size": 13}}, height=320,
-                             margin={"t": 40, "l": 50, "r": 10, "b": 40}, legend={"orientation": "h"})
+        title = percent_title(members) if kind == "percent" else f"Memory ({unit})"
+        figure.update_layout(title={"text": title, "font": {"size": 13}}, height=320,
+                             margin={"t": 40, "l": 60, "r": 20, "b": 40}, legend={"orientation": "h", "y": -0.3},
+                             xaxis={"tickformat": "%H:%M:%S", "automargin": True, "title": {"text": "time (UTC)"}},
+                             yaxis={"exponentformat": "none", "automargin": True,
+                                    "ticksuffix": "" if kind == "percent" else f" {unit}"})
         figures.append((kind, figure))
     return figures
 
