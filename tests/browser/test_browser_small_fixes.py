@@ -78,3 +78,25 @@ def test_resources_reads_bytes_in_binary_units_and_its_axes_fit(browser: Any, se
         assert not app.errors
     finally:
         context.close()
+
+
+FLAME = """() => { const gd = document.querySelector('#profile-flame .js-plotly-plot');
+  return Array.from(gd.querySelectorAll('g.slice')).map(g => ({
+    id: g.__data__.data.data.id, fill: getComputedStyle(g.querySelector('path.surface')).fill,
+    text: (g.querySelector('text') || {textContent: ''}).textContent})); }"""
+
+
+def test_the_flame_graph_colours_by_module_in_both_phases_and_fills_its_root(serve: Any, open_page: Any,
+                                                                             recording: Path) -> None:
+    app = open_page(serve(recording) + "?tab=profile", recording, ready="#profile-flame .js-plotly-plot")
+    expect(app.page.locator("#profile-flame g.slice").first).to_be_visible(timeout=SLOW)
+    forward = {s["id"]: s for s in app.page.evaluate(FLAME)}
+    root = forward["net"]
+    assert root["text"].startswith("net") and root["fill"] not in ("rgba(0, 0, 0, 0)", "rgb(255, 255, 255)"), root
+    app.page.get_by_label("backward").check()
+    expect(app.page.locator("#profile-flame .gtitle")).to_have_text("backward time by module (s)", timeout=SLOW)
+    backward = {s["id"]: s for s in app.page.evaluate(FLAME)}
+    assert set(backward) == set(forward) and len(forward) > 3
+    assert {m: s["fill"] for m, s in backward.items()} == {m: s["fill"] for m, s in forward.items()}
+    assert len({s["fill"] for s in forward.values()}) > 1  # coloured by name, not one colour for all
+    assert not app.errors

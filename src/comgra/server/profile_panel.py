@@ -7,6 +7,7 @@ API call that returns its data.
 from __future__ import annotations
 
 import datetime as dt
+import zlib
 from typing import Any
 
 import plotly.graph_objects as go
@@ -64,11 +65,42 @@ def resources_panel() -> html.Div:
 
 
 # -- pure builders ---------------------------------------------------------------------------------
+FLAME_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
+                 "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")  # ColorBrewer Set3: light, so that labels read in black
+
+
+ALL_MODULES = "all tracked modules"  # the flame graph's root band where several modules were tracked side by side
+
+
+def module_colour(name: str) -> str:
+    """The same colour for a module in every phase, trial and process (a hash of its name, not its position)."""
+    return FLAME_COLOURS[zlib.crc32(name.encode()) % len(FLAME_COLOURS)]
+
+
+def flame_label(name: str) -> str:
+    """The last part of a module's name, with its parents' up to one that is not a number: "layers.0", not "0"."""
+    parts = name.split(".")
+    keep = 1
+    while keep < len(parts) and parts[-keep].isdigit():
+        keep += 1
+    return ".".join(parts[-keep:])
+
+
 def flame_figure(nodes: list[dict[str, Any]], phase: str) -> go.Figure:
-    """An icicle (a flame graph drawn top-down): a parent's bar spans its children's."""
+    """An icicle (a flame graph drawn top-down): a parent's bar spans its children's.
+
+    Each bar is coloured by its module's name. Modules tracked side by side (several roots) get a band of
+    their own above them, named: plotly would draw a blank one."""
+    roots = [n for n in nodes if not n["parent"]]
+    if len(roots) > 1:
+        nodes = [{"name": ALL_MODULES, "parent": "", "value": sum(n["value"] for n in roots), "self_value": 0.0,
+                  "calls": sum(n["calls"] for n in roots)}] + \
+                [{**n, "parent": n["parent"] or ALL_MODULES} for n in nodes]
+    colours = [module_colour(n["name"]) if n["name"] != ALL_MODULES else "#e9ecef" for n in nodes]
     figure = go.Figure(go.Icicle(
-        ids=[n["name"] for n in nodes], labels=[n["label"] for n in nodes], parents=[n["parent"] for n in nodes],
-        values=[n["value"] for n in nodes], branchvalues="total", tiling={"orientation": "v"},
+        ids=[n["name"] for n in nodes], labels=[flame_label(n["name"]) for n in nodes],
+        parents=[n["parent"] for n in nodes], values=[n["value"] for n in nodes], branchvalues="total",
+        tiling={"orientation": "v"}, marker={"colors": colours}, textfont={"color": "#212529"},
         customdata=[[n["self_value"] * 1e3, n["calls"]] for n in nodes],
         hovertemplate="<b>%{id}</b><br>%{value:.4f} s in total<br>%{customdata[0]:.3f} ms self"
                       "<br>%{customdata[1]} calls<extra></extra>"))
