@@ -100,3 +100,26 @@ def test_the_flame_graph_colours_by_module_in_both_phases_and_fills_its_root(ser
     assert {m: s["fill"] for m, s in backward.items()} == {m: s["fill"] for m, s in forward.items()}
     assert len({s["fill"] for s in forward.values()}) > 1  # coloured by name, not one colour for all
     assert not app.errors
+
+
+def test_the_trace_download_takes_a_step_range(serve: Any, open_page: Any, recording: Path) -> None:
+    import json
+
+    import pyarrow.dataset as ds
+
+    app = open_page(serve(recording) + "?tab=profile", recording, ready="#profile-flame .js-plotly-plot")
+    steps = sorted({r["training_step"] for r in ds.dataset(str(recording / "trials" / TRIAL / "layers"),
+                                                             format="parquet").to_table().to_pylist()})
+    first, last = steps[1], steps[-2]
+    app.page.fill("#profile-first-step", str(first))
+    app.page.fill("#profile-last-step", str(last))
+    app.page.keyboard.press("Enter")
+    link = app.page.locator("a.trace-download")
+    expect(link).to_have_attribute("href", re.compile(rf"first_step={first}&last_step={last}"), timeout=SLOW)
+    assert in_viewport(app.page, "#profile-first-step") and in_viewport(app.page, "a.trace-download")
+    with app.page.expect_download() as info:
+        link.click()
+    trace = json.loads(Path(info.value.path()).read_text())
+    shown = {e["args"]["training_step"] for e in trace["traceEvents"] if "training_step" in e.get("args", {})}
+    assert shown == {s for s in steps if first <= s <= last} and len(steps) > len(shown)
+    assert not app.errors

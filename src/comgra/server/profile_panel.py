@@ -24,6 +24,8 @@ SLOWEST = 20  # rows of the slowest-layers table
 
 class ID:
     PHASE = "profile-phase"
+    FIRST_STEP = "profile-first-step"
+    LAST_STEP = "profile-last-step"
     FLAME = "profile-flame"
     TABLE = "profile-table"
     LINKS = "profile-links"
@@ -47,6 +49,14 @@ def profile_panel() -> html.Div:
                 dcc.RadioItems(id=ID.PHASE, value="forward", inline=True, className="phase-radio",
                                options=[{"label": " forward ", "value": "forward"},
                                         {"label": " backward ", "value": "backward"}])]),
+            html.Div(className="selector", children=[
+                html.Label("Training steps", htmlFor=ID.FIRST_STEP, className="form-label"),
+                html.Div(className="d-flex align-items-center gap-1", children=[
+                    dcc.Input(id=ID.FIRST_STEP, type="number", min=0, step=1, placeholder="first", debounce=True,
+                              className="form-control form-control-sm step-bound"),
+                    html.Span("–"),
+                    dcc.Input(id=ID.LAST_STEP, type="number", min=0, step=1, placeholder="last", debounce=True,
+                              className="form-control form-control-sm step-bound")])]),
             html.Div(id=ID.LINKS, className="profile-links d-flex gap-3"),
         ]),
         html.Div(id=ID.FLAME, className="profile-flame"),
@@ -169,18 +179,30 @@ def resource_figures(series: list[dict[str, Any]]) -> list[tuple[str, go.Figure]
     return figures
 
 
-def profile_view(service: RecordingService, trial: str, phase: str) -> dict[str, Any]:
-    nodes = service.flame_graph(trial, phase)
-    links = [api_link(api_url(f"trials/{trial}/flamegraph", phase=phase), "Flame graph (API)"),
-             api_link(api_url(f"trials/{trial}/profile", phase=phase), "Slowest layers (API)"),
-             html.A("Download Chrome trace", href=api_url(f"trials/{trial}/trace", download=1),
-                    download=f"comgra-trace-{trial}.json", className="trace-download small",
-                    title="Opens in https://ui.perfetto.dev and chrome://tracing")]
+def step_bound(value: Any) -> int | None:
+    """A step range's bound as typed: a whole number from 0, or None (no bound)."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 \
+        and float(value).is_integer() else None
+
+
+def profile_view(service: RecordingService, trial: str, phase: str, first_step: int | None = None,
+                 last_step: int | None = None) -> dict[str, Any]:
+    """The views of the training steps from ``first_step`` to ``last_step`` (both included; None: no bound)."""
+    steps = {"first_step": first_step, "last_step": last_step}
+    nodes = service.flame_graph(trial, phase, **steps)
+    suffix = "" if first_step is None and last_step is None else \
+        f"-steps-{'' if first_step is None else first_step}-{'' if last_step is None else last_step}"
+    links = [api_link(api_url(f"trials/{trial}/flamegraph", phase=phase, **steps), "Flame graph (API)"),
+             api_link(api_url(f"trials/{trial}/profile", phase=phase, **steps), "Slowest layers (API)"),
+             html.A("Download Chrome trace", href=api_url(f"trials/{trial}/trace", download=1, **steps),
+                    download=f"comgra-trace-{trial}{suffix}.json", className="trace-download small",
+                    title="The training steps chosen at the left; opens in https://ui.perfetto.dev and chrome://tracing")]
     if not nodes:
-        message = html.P(f"No {phase} times in trial {trial!r}. Profile a module with "
+        where = "" if not suffix else " in these training steps"
+        message = html.P(f"No {phase} times in trial {trial!r}{where}. Profile a module with "
                          "recorder.track_module(name, module, profile=True).", className="text-muted no-profile")
         return {"flame": message, "table": None, "links": links[:2]}
-    rows = service.profile_summary(trial, phase, limit=SLOWEST)
+    rows = service.profile_summary(trial, phase, limit=SLOWEST, **steps)
     return {"flame": dcc.Graph(figure=flame_figure(nodes, phase), config={"displaylogo": False}),
             "table": slowest_table(rows), "links": links}
 
@@ -204,8 +226,8 @@ PANELS = {"profile": profile_panel, "resources": resources_panel}  # tab -> skel
 def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str, data_version: str) -> None:
     @app.callback(Output(ID.FLAME, "children"), Output(ID.TABLE, "children"), Output(ID.LINKS, "children"),
                   Input(tabs, "active_tab"), Input(current_trial, "data"), Input(ID.PHASE, "value"),
-                  Input(data_version, "data"))
-    def update_profile(active: str, trial: Any, phase: Any, _version: Any) -> Any:
+                  Input(data_version, "data"), Input(ID.FIRST_STEP, "value"), Input(ID.LAST_STEP, "value"))
+    def update_profile(active: str, trial: Any, phase: Any, _version: Any, first: Any, last: Any) -> Any:
         if active != "profile":
             return no_update, no_update, no_update
         trial = _trial(service, trial)
@@ -213,7 +235,7 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
             return html.P("This recording has no trials yet."), None, None
         phase = phase if phase in ("forward", "backward") else "forward"
         try:
-            view = profile_view(service, trial, phase)
+            view = profile_view(service, trial, phase, step_bound(first), step_bound(last))
         except ComgraError as error:
             return html.P(str(error), className="text-danger"), None, None
         return view["flame"], view["table"], view["links"]
