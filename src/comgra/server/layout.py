@@ -62,9 +62,10 @@ def _header(title: str, tabs: list[str]) -> html.Div:
     return html.Div(className="header d-flex flex-wrap align-items-center gap-3", children=[
         html.H1("comgra", className="brand"),
         html.Span(title, className="recording-path text-muted", title=title),
+        # The Trial selector shares the title's row; the tabs get a row of their own, the whole width.
+        _labelled("Trial", dcc.Dropdown(id=ID.TRIAL, clearable=False, searchable=True), "selector-trial", "trial"),
         dbc.Tabs(id=ID.TABS, active_tab="tensors", className="tabs",
                  children=[dbc.Tab(label=TAB_LABELS[t], tab_id=t) for t in tabs]),
-        _labelled("Trial", dcc.Dropdown(id=ID.TRIAL, clearable=False, searchable=True), "selector-trial", "trial"),
     ])
 
 
