@@ -37,6 +37,8 @@ def test_an_unknown_tab_in_the_link_opens_the_default_tab_with_a_message(serve: 
     assert in_viewport(app.page, "#tab-notice")
     expect(app.page.get_by_role("tab", name="Tensors")).to_have_class(re.compile(r"\bactive\b"))
     assert "tab=tensors" in app.page.url
+    app.page.get_by_role("tab", name="Notes").click()  # another tab: the notice goes
+    expect(notice).to_have_text("", timeout=SLOW)
     # A known tab opens it, with no notice.
     app.page.goto(serve(recording) + "?tab=notes")
     expect(app.page.locator("#panel-notes")).to_be_visible(timeout=SLOW)

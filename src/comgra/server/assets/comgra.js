@@ -686,6 +686,13 @@
             "): showing " + (known[0] || "tensors") + "."];
   }
 
+  // The notice goes once another tab is chosen.
+  function clearTabNotice(active) {
+    var notice = document.getElementById("tab-notice");
+    var first = ((notice && notice.getAttribute("data-tabs")) || "").split(" ")[0];
+    return active && active !== first ? "" : window.dash_clientside.no_update;
+  }
+
   // -- the values panel (server/values_view.py says what it holds) -----------------------------------
   function renderValues(data, selection) {
     state.selection = selection || null;
@@ -862,7 +869,8 @@
 
   window.dash_clientside = window.dash_clientside || {};
   window.dash_clientside.comgra = { renderGraph: renderGraph, searchOptions: searchOptions, notices: notices,
-                                    writeUrl: writeUrl, tabFromUrl: tabFromUrl, renderValues: renderValues,
+                                    writeUrl: writeUrl, tabFromUrl: tabFromUrl, clearTabNotice: clearTabNotice,
+                                    renderValues: renderValues,
                                     setSummaries: setSummaries };
   // ``reveal(id)``: scroll the graph to a node and draw it, as scrolling by hand does (tests, benchmarks).
   window.comgraGraph = { state: state, neighbour: neighbour, select: select, reveal: keepInView };
