@@ -72,7 +72,9 @@ def test_resources_reads_bytes_in_binary_units_and_its_axes_fit(browser: Any, se
         assert title == f"Memory ({unit})"
         for kind in ("bytes", "percent"):  # the time axis: one line of clock times, inside the figure
             xticks = app.page.evaluate(TICKS % "xtick", f'.resource-plot[data-kind="{kind}"]')
-            assert xticks and all(re.fullmatch(r"\d\d:\d\d:\d\d", t["text"]) and t["inside"] for t in xticks), xticks
+            assert xticks and all(re.fullmatch(r"\d\d:\d\d:\d\d(\.\d+)?", t["text"]) and t["inside"] for t in xticks), \
+                [t for t in xticks if not t["inside"] or not re.fullmatch(r"\d\d:\d\d:\d\d(\.\d+)?", t["text"])]
+            assert len({t["text"] for t in xticks}) == len(xticks), xticks  # each tick its own time
             assert all(t["inside"] for t in app.page.evaluate(TICKS % "ytick", f'.resource-plot[data-kind="{kind}"]'))
         # The percent plot names a GPU only where one was sampled.
         percent_title = app.page.locator('.resource-plot[data-kind="percent"] .gtitle').text_content()

@@ -127,6 +127,9 @@ def slowest_table(rows: list[dict[str, Any]]) -> html.Table:
     return html.Table([html.Thead(header), html.Tbody(body)], className="table table-sm slowest-layers")
 
 
+TIME_TICKS = [  # clock times on one line (plotly's own puts the date on a second line, which the margin cut)
+    {"dtickrange": [None, 1000], "value": "%H:%M:%S.%L"}, {"dtickrange": [1000, 86_400_000], "value": "%H:%M:%S"},
+    {"dtickrange": [86_400_000, None], "value": "%b %d, %H:%M"}]
 BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -171,8 +174,8 @@ def resource_figures(series: list[dict[str, Any]]) -> list[tuple[str, go.Figure]
                             for s in members])
         title = percent_title(members) if kind == "percent" else f"Memory ({unit})"
         figure.update_layout(title={"text": title, "font": {"size": 13}}, height=320,
-                             margin={"t": 40, "l": 60, "r": 20, "b": 40}, legend={"orientation": "h", "y": -0.3},
-                             xaxis={"tickformat": "%H:%M:%S", "automargin": True, "title": {"text": "time (UTC)"}},
+                             margin={"t": 40, "l": 60, "r": 50, "b": 40}, legend={"orientation": "h", "y": -0.3},
+                             xaxis={"tickformatstops": TIME_TICKS, "automargin": True, "title": {"text": "time (UTC)"}},
                              yaxis={"exponentformat": "none", "automargin": True,
                                     "ticksuffix": "" if kind == "percent" else f" {unit}"})
         figures.append((kind, figure))
