@@ -75,9 +75,10 @@ def test_the_resources_tab_plots_the_stored_samples(serve: Any, open_page: Any, 
     samples = [r for r in _store_rows(recording, "resources")
                if r["source"] == "process" and r["metric"] == "memory_bytes"]
     traces = app.page.evaluate("""() => Array.from(document.querySelectorAll('.resource-plot .js-plotly-plot'))
-        .flatMap(p => p.data.map(t => ({name: t.name, y: t.y})))""")
+        .flatMap(p => p.data.map(t => ({name: t.name, y: t.y, unit: (p.layout.yaxis.ticksuffix || "").trim()})))""")
     shown = next(t for t in traces if t["name"] == "process memory_bytes")
-    assert sorted(shown["y"]) == sorted(r["value"] for r in samples)
+    size = 1024 ** ["B", "KiB", "MiB", "GiB", "TiB"].index(shown["unit"])  # bytes are shown in binary units
+    assert sorted(v * size for v in shown["y"]) == pytest.approx(sorted(r["value"] for r in samples), rel=1e-12)
     status = app.page.locator("#resources-status")
     gpu = json.loads((recording / "trials" / TRIAL / "resources-r000.json").read_text())["gpu_status"]
     expect(status).to_have_text(f"GPU: {gpu}")

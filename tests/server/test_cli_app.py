@@ -132,3 +132,24 @@ def test_the_server_starts_binds_localhost_and_stops_cleanly(recording, app_late
         if process.poll() is None:
             process.kill()
             process.communicate()
+
+
+def test_help_lists_every_command_and_version_prints_the_version(capsys):
+    from comgra._version import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--help"])
+    assert exit_.value.code == 0
+    help_text = capsys.readouterr().out
+    for command in ("demo", "scan", "repair"):
+        assert re.search(rf"^\s+comgra {command}\s+\S", help_text, re.MULTILINE), command
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"comgra {__version__}"
+
+
+def test_an_unknown_command_is_named_not_a_missing_path(capsys):
+    assert cli.main(["foo", "--path", "x"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("comgra: error: unknown command 'foo'") and "--path is required" not in error
+    assert all(command in error for command in ("demo", "scan", "repair"))

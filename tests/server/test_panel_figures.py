@@ -137,3 +137,44 @@ def test_log_scale_and_smoothing():
         average, norm = 0.6 * average + 0.4 * value, 0.6 * norm + 0.4
         expected.append(average / norm)
     assert np.allclose(smoothed.y, expected)
+
+
+def test_resource_figures_use_binary_units_and_name_only_sampled_devices():
+    from comgra.server.profile_panel import binary_unit, resource_figures
+
+    assert binary_unit(1023) == ("B", 1.0) and binary_unit(1024) == ("KiB", 1024.0)
+    assert binary_unit(8 * 1024 ** 3) == ("GiB", float(1024 ** 3))
+
+    def series(source, metric, values):
+        return {"source": source, "metric": metric, "value": values, "wall_time": [1.0 + i for i in range(len(values))],
+                "training_step": list(range(len(values))), "rank": 0}
+
+    cpu_only = [series("process", "cpu_percent", [5.0, 7.0]), series("machine", "memory_percent", [40.0, 41.0]),
+                series("process", "memory_bytes", [3 * 1024 ** 3, 6 * 1024 ** 3])]
+    figures = dict(resource_figures(cpu_only))
+    assert figures["percent"].layout.title.text == "CPU and memory use (%)"
+    assert figures["bytes"].layout.title.text == "Memory (GiB)" and figures["bytes"].layout.yaxis.ticksuffix == " GiB"
+    assert list(figures["bytes"].data[0].y) == [3.0, 6.0]
+    with_gpu = dict(resource_figures(cpu_only + [series("gpu:0", "utilization_percent", [90.0, 95.0])]))
+    assert with_gpu["percent"].layout.title.text == "CPU, GPU and memory use (%)"
+
+
+def test_the_flame_graph_names_its_root_labels_numbered_children_and_colours_by_name():
+    from comgra.server.profile_panel import ALL_MODULES, flame_figure
+
+    def node(name, parent, value):
+        return {"name": name, "label": name.rsplit(".", 1)[-1], "parent": parent, "value": value,
+                "self_value": value, "calls": 1}
+
+    nodes = [node("encoder", "", 3.0), node("encoder.layers", "encoder", 2.0), node("encoder.layers.0", "encoder.layers", 1.0),
+             node("encoder.layers.1", "encoder.layers", 1.0), node("head", "", 1.0)]
+    trace = flame_figure(nodes, "forward").data[0]
+    parents = dict(zip(trace.ids, trace.parents))
+    assert [i for i, p in parents.items() if not p] == [ALL_MODULES]  # one root, named: never a blank band
+    assert parents["encoder"] == parents["head"] == ALL_MODULES
+    assert dict(zip(trace.ids, trace.values))[ALL_MODULES] == 4.0
+    labels = dict(zip(trace.ids, trace.labels))
+    assert labels["encoder.layers.0"] == "layers.0" and labels["encoder.layers"] == "layers"
+    backward = flame_figure(list(reversed(nodes[2:])), "backward").data[0]  # other modules, another order
+    colours = dict(zip(trace.ids, trace.marker.colors))
+    assert all(colours[i] == c for i, c in zip(backward.ids, backward.marker.colors))

@@ -28,6 +28,11 @@ __all__ = ["main"]
 
 DEMO_GROUP = "demo"
 DEMO_STEPS = 300
+COMMANDS = {  # the subcommands: `comgra --help` lists them, `comgra foo` names them
+    "demo": "record a short run of the tutorial network (needs torch), then open it",
+    "scan": "findings: anomalies and where they start ('comgra scan --path ROOT/GROUP [--json]')",
+    "repair": "remove what a crashed run left in a recording ('comgra repair PATH')",
+}
 
 
 def run() -> None:
@@ -61,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments[:1] == ["scan"]:
             from comgra.cli import scan
             return scan.run(arguments[1:])
+        if arguments and not arguments[0].startswith("-"):  # no option takes a bare word first
+            raise UsageError(f"unknown command {arguments[0][:80]!r}; the commands are {', '.join(COMMANDS)} "
+                             "(see 'comgra --help'), or open a recording with 'comgra --path ROOT/GROUP'.")
         return _serve(_parser().parse_args(arguments))
     except UsageError as error:
         print(f"comgra: error: {error}", file=sys.stderr)
@@ -77,9 +85,13 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    commands = "\n".join(f"  comgra {name:<8}{text}" for name, text in COMMANDS.items())
     parser = argparse.ArgumentParser(
         prog="comgra", description="Inspect a comgra recording in the browser. "
-        "'comgra demo --help' records and opens the tutorial.")
+        "'comgra demo --help' records and opens the tutorial.",
+        epilog=f"commands ('comgra COMMAND --help' for their options):\n{commands}",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"comgra {_version()}")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--path", type=Path, help="the group folder: comgra_root_path/group")
     where.add_argument("--use-path-for-test-run", action="store_true",
@@ -96,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="scan nothing in the background: the Findings tab and the graph's badges show only "
                              "what 'comgra scan --path ...' saved in the recording")
     return parser
+
+
+def _version() -> str:
+    from comgra._version import __version__
+    return __version__
 
 
 def _view_link(text: str) -> str:

@@ -32,6 +32,7 @@ class ID:
     POLL = "poll"
     TABS = "tabs"
     BANNER = "banner"
+    TAB_NOTICE = "tab-notice"  # says why a link's unknown ?tab= opened the default tab; data-tabs lists the tabs
     TRIAL = "trial-select"
     KIND = "kind-select"
     TYPE = "type-select"

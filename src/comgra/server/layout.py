@@ -43,6 +43,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         dcc.Interval(id=ID.POLL, interval=poll_ms),
         _header(title, tabs),
         html.Div(id=ID.BANNER, role="status"),
+        html.Div(id=ID.TAB_NOTICE, className="tab-notice", role="status", **attributes({"data-tabs": " ".join(tabs)})),
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
         html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
         html.Div(id=ID.panel("health"), className="panel hidden", children=health_view.panel()),
@@ -62,9 +63,10 @@ def _header(title: str, tabs: list[str]) -> html.Div:
     return html.Div(className="header d-flex flex-wrap align-items-center gap-3", children=[
         html.H1("comgra", className="brand"),
         html.Span(title, className="recording-path text-muted", title=title),
+        # The Trial selector shares the title's row; the tabs get a row of their own, the whole width.
+        _labelled("Trial", dcc.Dropdown(id=ID.TRIAL, clearable=False, searchable=True), "selector-trial", "trial"),
         dbc.Tabs(id=ID.TABS, active_tab="tensors", className="tabs",
                  children=[dbc.Tab(label=TAB_LABELS[t], tab_id=t) for t in tabs]),
-        _labelled("Trial", dcc.Dropdown(id=ID.TRIAL, clearable=False, searchable=True), "selector-trial", "trial"),
     ])
 
 

@@ -7,6 +7,7 @@ API call that returns its data.
 from __future__ import annotations
 
 import datetime as dt
+import zlib
 from typing import Any
 
 import plotly.graph_objects as go
@@ -23,6 +24,8 @@ SLOWEST = 20  # rows of the slowest-layers table
 
 class ID:
     PHASE = "profile-phase"
+    FIRST_STEP = "profile-first-step"
+    LAST_STEP = "profile-last-step"
     FLAME = "profile-flame"
     TABLE = "profile-table"
     LINKS = "profile-links"
@@ -46,6 +49,14 @@ def profile_panel() -> html.Div:
                 dcc.RadioItems(id=ID.PHASE, value="forward", inline=True, className="phase-radio",
                                options=[{"label": " forward ", "value": "forward"},
                                         {"label": " backward ", "value": "backward"}])]),
+            html.Div(className="selector", children=[
+                html.Label("Training steps", htmlFor=ID.FIRST_STEP, className="form-label"),
+                html.Div(className="d-flex align-items-center gap-1", children=[
+                    dcc.Input(id=ID.FIRST_STEP, type="number", min=0, step=1, placeholder="first", debounce=True,
+                              className="form-control form-control-sm step-bound"),
+                    html.Span("–"),
+                    dcc.Input(id=ID.LAST_STEP, type="number", min=0, step=1, placeholder="last", debounce=True,
+                              className="form-control form-control-sm step-bound")])]),
             html.Div(id=ID.LINKS, className="profile-links d-flex gap-3"),
         ]),
         html.Div(id=ID.FLAME, className="profile-flame"),
@@ -64,11 +75,42 @@ def resources_panel() -> html.Div:
 
 
 # -- pure builders ---------------------------------------------------------------------------------
+FLAME_COLOURS = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
+                 "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f")  # ColorBrewer Set3: light, so that labels read in black
+
+
+ALL_MODULES = "all tracked modules"  # the flame graph's root band where several modules were tracked side by side
+
+
+def module_colour(name: str) -> str:
+    """The same colour for a module in every phase, trial and process (a hash of its name, not its position)."""
+    return FLAME_COLOURS[zlib.crc32(name.encode()) % len(FLAME_COLOURS)]
+
+
+def flame_label(name: str) -> str:
+    """The last part of a module's name, with its parents' up to one that is not a number: "layers.0", not "0"."""
+    parts = name.split(".")
+    keep = 1
+    while keep < len(parts) and parts[-keep].isdigit():
+        keep += 1
+    return ".".join(parts[-keep:])
+
+
 def flame_figure(nodes: list[dict[str, Any]], phase: str) -> go.Figure:
-    """An icicle (a flame graph drawn top-down): a parent's bar spans its children's."""
+    """An icicle (a flame graph drawn top-down): a parent's bar spans its children's.
+
+    Each bar is coloured by its module's name. Modules tracked side by side (several roots) get a band of
+    their own above them, named: plotly would draw a blank one."""
+    roots = [n for n in nodes if not n["parent"]]
+    if len(roots) > 1:
+        nodes = [{"name": ALL_MODULES, "parent": "", "value": sum(n["value"] for n in roots), "self_value": 0.0,
+                  "calls": sum(n["calls"] for n in roots)}] + \
+                [{**n, "parent": n["parent"] or ALL_MODULES} for n in nodes]
+    colours = [module_colour(n["name"]) if n["name"] != ALL_MODULES else "#e9ecef" for n in nodes]
     figure = go.Figure(go.Icicle(
-        ids=[n["name"] for n in nodes], labels=[n["label"] for n in nodes], parents=[n["parent"] for n in nodes],
-        values=[n["value"] for n in nodes], branchvalues="total", tiling={"orientation": "v"},
+        ids=[n["name"] for n in nodes], labels=[flame_label(n["name"]) for n in nodes],
+        parents=[n["parent"] for n in nodes], values=[n["value"] for n in nodes], branchvalues="total",
+        tiling={"orientation": "v"}, marker={"colors": colours}, textfont={"color": "#212529"},
         customdata=[[n["self_value"] * 1e3, n["calls"]] for n in nodes],
         hovertemplate="<b>%{id}</b><br>%{value:.4f} s in total<br>%{customdata[0]:.3f} ms self"
                       "<br>%{customdata[1]} calls<extra></extra>"))
@@ -85,39 +127,85 @@ def slowest_table(rows: list[dict[str, Any]]) -> html.Table:
     return html.Table([html.Thead(header), html.Tbody(body)], className="table table-sm slowest-layers")
 
 
+TIME_TICKS = [  # clock times on one line (plotly's own puts the date on a second line, which the margin cut)
+    {"dtickrange": [None, 1000], "value": "%H:%M:%S.%L"}, {"dtickrange": [1000, 86_400_000], "value": "%H:%M:%S"},
+    {"dtickrange": [86_400_000, None], "value": "%b %d, %H:%M"}]
+BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def binary_unit(largest: float) -> tuple[str, float]:
+    """The binary unit (B, KiB, MiB, ...) in which ``largest`` bytes reads as a number below 1024, and its size."""
+    power = 0
+    while power < len(BINARY_UNITS) - 1 and abs(largest) >= 1024 ** (power + 1):
+        power += 1
+    return BINARY_UNITS[power], float(1024 ** power)
+
+
+def percent_title(members: list[dict[str, Any]]) -> str:
+    """Names only what was sampled: "GPU" only where a GPU's utilisation was recorded."""
+    parts = [name for name, present in (
+        ("CPU", any(s["metric"] == "cpu_percent" for s in members)),
+        ("GPU", any(str(s["source"]).startswith("gpu") for s in members)),
+        ("memory", any(s["metric"] == "memory_percent" for s in members))) if present]
+    named = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts) or "Use"
+    return f"{named[:1].upper()}{named[1:]} use (%)"
+
+
 def resource_figures(series: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
-    """One figure per kind of quantity (percent, bytes), one line per source and metric."""
+    """One figure per kind of quantity (percent, bytes), one line per source and metric.
+
+    Bytes read in binary units (KiB, MiB, GiB: plotly's own "8B" would mean 8 billion), the unit chosen by the
+    largest value; times as UTC clock times on one line, which the margin makes room for."""
     groups = {"percent": [s for s in series if s["metric"].endswith("percent")],
               "bytes": [s for s in series if s["metric"].endswith("bytes") and "total" not in s["metric"]]}
-    titles = {"percent": "CPU and GPU utilisation, memory (%)", "bytes": "Memory (bytes)"}
     figures = []
     for kind, members in groups.items():
         if not members:
             continue
+        unit, size = "%", 1.0
+        if kind == "bytes":
+            unit, size = binary_unit(max((abs(v) for s in members for v in s["value"] if v is not None), default=0.0))
         figure = go.Figure([go.Scatter(x=[dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in s["wall_time"]],
-                                       y=s["value"], mode="lines+markers",
+                                       y=[None if v is None else v / size for v in s["value"]], mode="lines+markers",
                                        name=f"{s['source']} {s['metric']}" + (f" (rank {s['rank']})" if s["rank"] else ""),
                                        customdata=s["training_step"],
-                                       hovertemplate="%{y}<br>training step %{customdata}<extra>%{fullData.name}</extra>")
+                                       hovertemplate=f"%{{y:.4~f}} {unit}<br>%{{x|%H:%M:%S.%L}} UTC<br>training step "
+                                                     "%{customdata}<extra>%{fullData.name}</extra>")
                             for s in members])
-        figure.update_layout(title={"text": titles[kind], "font": {"size": 13}}, height=320,
-                             margin={"t": 40, "l": 50, "r": 10, "b": 40}, legend={"orientation": "h"})
+        title = percent_title(members) if kind == "percent" else f"Memory ({unit})"
+        figure.update_layout(title={"text": title, "font": {"size": 13}}, height=320,
+                             margin={"t": 40, "l": 60, "r": 50, "b": 40}, legend={"orientation": "h", "y": -0.3},
+                             xaxis={"tickformatstops": TIME_TICKS, "automargin": True, "title": {"text": "time (UTC)"}},
+                             yaxis={"exponentformat": "none", "automargin": True,
+                                    "ticksuffix": "" if kind == "percent" else f" {unit}"})
         figures.append((kind, figure))
     return figures
 
 
-def profile_view(service: RecordingService, trial: str, phase: str) -> dict[str, Any]:
-    nodes = service.flame_graph(trial, phase)
-    links = [api_link(api_url(f"trials/{trial}/flamegraph", phase=phase), "Flame graph (API)"),
-             api_link(api_url(f"trials/{trial}/profile", phase=phase), "Slowest layers (API)"),
-             html.A("Download Chrome trace", href=api_url(f"trials/{trial}/trace", download=1),
-                    download=f"comgra-trace-{trial}.json", className="trace-download small",
-                    title="Opens in https://ui.perfetto.dev and chrome://tracing")]
+def step_bound(value: Any) -> int | None:
+    """A step range's bound as typed: a whole number from 0, or None (no bound)."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 \
+        and float(value).is_integer() else None
+
+
+def profile_view(service: RecordingService, trial: str, phase: str, first_step: int | None = None,
+                 last_step: int | None = None) -> dict[str, Any]:
+    """The views of the training steps from ``first_step`` to ``last_step`` (both included; None: no bound)."""
+    steps = {"first_step": first_step, "last_step": last_step}
+    nodes = service.flame_graph(trial, phase, **steps)
+    suffix = "" if first_step is None and last_step is None else \
+        f"-steps-{'' if first_step is None else first_step}-{'' if last_step is None else last_step}"
+    links = [api_link(api_url(f"trials/{trial}/flamegraph", phase=phase, **steps), "Flame graph (API)"),
+             api_link(api_url(f"trials/{trial}/profile", phase=phase, **steps), "Slowest layers (API)"),
+             html.A("Download Chrome trace", href=api_url(f"trials/{trial}/trace", download=1, **steps),
+                    download=f"comgra-trace-{trial}{suffix}.json", className="trace-download small",
+                    title="The training steps chosen at the left; opens in https://ui.perfetto.dev and chrome://tracing")]
     if not nodes:
-        message = html.P(f"No {phase} times in trial {trial!r}. Profile a module with "
+        where = "" if not suffix else " in these training steps"
+        message = html.P(f"No {phase} times in trial {trial!r}{where}. Profile a module with "
                          "recorder.track_module(name, module, profile=True).", className="text-muted no-profile")
         return {"flame": message, "table": None, "links": links[:2]}
-    rows = service.profile_summary(trial, phase, limit=SLOWEST)
+    rows = service.profile_summary(trial, phase, limit=SLOWEST, **steps)
     return {"flame": dcc.Graph(figure=flame_figure(nodes, phase), config={"displaylogo": False}),
             "table": slowest_table(rows), "links": links}
 
@@ -141,8 +229,8 @@ PANELS = {"profile": profile_panel, "resources": resources_panel}  # tab -> skel
 def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str, data_version: str) -> None:
     @app.callback(Output(ID.FLAME, "children"), Output(ID.TABLE, "children"), Output(ID.LINKS, "children"),
                   Input(tabs, "active_tab"), Input(current_trial, "data"), Input(ID.PHASE, "value"),
-                  Input(data_version, "data"))
-    def update_profile(active: str, trial: Any, phase: Any, _version: Any) -> Any:
+                  Input(data_version, "data"), Input(ID.FIRST_STEP, "value"), Input(ID.LAST_STEP, "value"))
+    def update_profile(active: str, trial: Any, phase: Any, _version: Any, first: Any, last: Any) -> Any:
         if active != "profile":
             return no_update, no_update, no_update
         trial = _trial(service, trial)
@@ -150,7 +238,7 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
             return html.P("This recording has no trials yet."), None, None
         phase = phase if phase in ("forward", "backward") else "forward"
         try:
-            view = profile_view(service, trial, phase)
+            view = profile_view(service, trial, phase, step_bound(first), step_bound(last))
         except ComgraError as error:
             return html.P(str(error), className="text-danger"), None, None
         return view["flame"], view["table"], view["links"]

@@ -129,9 +129,11 @@ def column_options(choices: list[SampleColumn], statistic: str, neuron: int, cho
 
 
 def table_columns(table: SamplesTable) -> list[dict[str, Any]]:
+    """The sample, its category and type of step where any row has one (an empty column only takes room), the values."""
     numeric = {"type": "numeric", "format": {"specifier": ".6g"}}
-    return [{"name": "sample", "id": "sample", "type": "numeric"}, {"name": "category", "id": "category"},
-            {"name": "type of step", "id": "type_of_execution"},
+    described = [{"name": name, "id": key} for name, key in (("category", "category"), ("type of step", "type_of_execution"))
+                 if any(row.get(key) not in (None, "") for row in table.rows)]
+    return [{"name": "sample", "id": "sample", "type": "numeric"}, *described,
             *[{"name": c.label, "id": c.key, **numeric} for c in table.columns]]
 
 

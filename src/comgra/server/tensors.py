@@ -181,8 +181,11 @@ def _register_graph(app: Dash, service: RecordingService) -> None:
                             Input(ID.NOTICES, "data"))
     app.clientside_callback(ClientsideFunction("comgra", "writeUrl"), Output(ID.URL_WRITTEN, "data"),
                             Input(ID.LINK, "data"), Input(ID.TABS, "active_tab"))
-    app.clientside_callback(ClientsideFunction("comgra", "tabFromUrl"), Output(ID.TABS, "active_tab"),
-                            Input(ID.URL, "search"))
+    app.clientside_callback(ClientsideFunction("comgra", "tabFromUrl"),
+                            [Output(ID.TABS, "active_tab"), Output(ID.TAB_NOTICE, "children")], Input(ID.URL, "search"))
+    app.clientside_callback(ClientsideFunction("comgra", "clearTabNotice"),
+                            Output(ID.TAB_NOTICE, "children", allow_duplicate=True), Input(ID.TABS, "active_tab"),
+                            prevent_initial_call=True)
 
     # A callback of its own: the hover cards' numbers never delay the values.
     @app.callback(Output(ID.NODE_SUMMARIES, "data"), Input(ID.STEP_KEY, "data"))

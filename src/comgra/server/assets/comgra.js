@@ -675,9 +675,22 @@
     return search;
   }
 
+  // An unknown ?tab= (a typo, a tab this app lacks) opens the default tab and says so: never a blank page.
   function tabFromUrl(search) {
-    var tab = new URLSearchParams(search || "").get("tab");
-    return tab ? tab : window.dash_clientside.no_update;
+    var tab = new URLSearchParams(search || "").get("tab"), skip = window.dash_clientside.no_update;
+    if (!tab) return [skip, ""];
+    var notice = document.getElementById("tab-notice");
+    var known = ((notice && notice.getAttribute("data-tabs")) || "").split(" ");
+    if (known.indexOf(tab) >= 0) return [tab, ""];
+    return [known[0] || "tensors", "There is no tab '" + tab.slice(0, 40) + "' (the tabs are " + known.join(", ") +
+            "): showing " + (known[0] || "tensors") + "."];
+  }
+
+  // The notice goes once another tab is chosen.
+  function clearTabNotice(active) {
+    var notice = document.getElementById("tab-notice");
+    var first = ((notice && notice.getAttribute("data-tabs")) || "").split(" ")[0];
+    return active && active !== first ? "" : window.dash_clientside.no_update;
   }
 
   // -- the values panel (server/values_view.py says what it holds) -----------------------------------
@@ -822,9 +835,42 @@
     return NOTICE_TOPICS.map(function (topic) { return data[topic] || ""; });
   }
 
+  // -- slider marks that never overlap ---------------------------------------------------------------
+  // The server chooses how many marks a slider gets without knowing its width; on a narrow window
+  // ("90100110" at 1024 px) the labels that would touch the one before are hidden, the last one kept.
+  function thinMarks() {
+    var GAP = 6;
+    document.querySelectorAll(".dash-slider-root").forEach(function (root) {
+      var marks = Array.prototype.slice.call(root.querySelectorAll(".dash-slider-mark"));
+      marks.forEach(function (mark) { mark.style.visibility = ""; });
+      if (marks.length < 3 || root.getBoundingClientRect().width === 0) return;
+      var boxes = marks.map(function (mark) { return mark.getBoundingClientRect(); }), kept = [0];
+      for (var i = 1; i < marks.length; i++) {
+        if (boxes[i].left >= boxes[kept[kept.length - 1]].right + GAP) kept.push(i);
+      }
+      var last = marks.length - 1;
+      if (kept[kept.length - 1] !== last) {  // the last value is always shown: drop kept ones it would touch
+        while (kept.length > 1 && boxes[kept[kept.length - 1]].right + GAP > boxes[last].left) kept.pop();
+        kept.push(last);
+      }
+      marks.forEach(function (mark, index) { if (kept.indexOf(index) < 0) mark.style.visibility = "hidden"; });
+    });
+  }
+  var thinning = false;
+  function thinSoon() {
+    if (thinning) return;
+    thinning = true;
+    window.requestAnimationFrame(function () { thinning = false; thinMarks(); });
+  }
+  window.addEventListener("resize", thinSoon);
+  new MutationObserver(thinSoon).observe(document.documentElement, {childList: true, subtree: true,
+                                                                    characterData: true, attributes: true,
+                                                                    attributeFilter: ["class"]});
+
   window.dash_clientside = window.dash_clientside || {};
   window.dash_clientside.comgra = { renderGraph: renderGraph, searchOptions: searchOptions, notices: notices,
-                                    writeUrl: writeUrl, tabFromUrl: tabFromUrl, renderValues: renderValues,
+                                    writeUrl: writeUrl, tabFromUrl: tabFromUrl, clearTabNotice: clearTabNotice,
+                                    renderValues: renderValues,
                                     setSummaries: setSummaries };
   // ``reveal(id)``: scroll the graph to a node and draw it, as scrolling by hand does (tests, benchmarks).
   window.comgraGraph = { state: state, neighbour: neighbour, select: select, reveal: keepInView };
