@@ -57,11 +57,17 @@ def test_the_health_tab_links_a_gradient_cell_to_its_selection(serve, open_page,
     expect(page.page.locator(".health-findings")).to_contain_text("out", timeout=30_000)
     page.page.screenshot(path=str(tmp_path / "health.png"), full_page=True)
     # The first layer's cell at the second recorded step (step 3): the grid is 2 layers x 4 steps.
-    box = heatmap.locator(".nsewdrag").bounding_box()
-    assert box is not None
-    page.page.mouse.move(box["x"] + box["width"] * 3 / 8, box["y"] + box["height"] / 4)  # hover, then click: as a user
+    # The cell's centre from plotly's own axes, measured just before the click (the page above the heatmap may
+    # still change size while the findings arrive, which moved a position measured earlier onto another cell).
+    def cell_centre() -> tuple[float, float]:
+        return tuple(page.page.evaluate("""() => {
+            const plot = document.querySelector('#health-gradients .js-plotly-plot');
+            const box = plot.getBoundingClientRect(), x = plot._fullLayout.xaxis, y = plot._fullLayout.yaxis;
+            return [box.left + x._offset + x.l2p(1), box.top + y._offset + y.l2p(0)];
+        }"""))
+    page.page.mouse.move(*cell_centre())  # hover, then click: as a user
     page.page.wait_for_timeout(300)
-    page.page.mouse.click(box["x"] + box["width"] * 3 / 8, box["y"] + box["height"] / 4)
+    page.page.mouse.click(*cell_centre())
     link = page.page.locator("#health-cell a")
     expect(link).to_contain_text("net.0", timeout=20_000)
     href = link.get_attribute("href")
