@@ -74,21 +74,25 @@ class EagerSteps:
         """Run every compiled model and function eagerly until ``leave()`` (where torch.compile is in use)."""
         if self._prior is not _NOT_SET or "torch._dynamo" not in sys.modules:
             return
-        from torch._dynamo import eval_frame
-
         try:
+            from torch._dynamo import eval_frame  # torch's own stance, read and set (set_stance hides the prior one)
+
             self._prior = eval_frame._set_stance(eval_frame.DynamoStance("force_eager"))
         except RuntimeError:  # called inside a compiled region (a compiled training step): the calls break the graph
+            pass
+        except Exception:  # noqa: BLE001 - a torch without this internal API: comgra's calls break the graph instead
             pass
 
     def leave(self) -> None:
         """The stance of before ``enter()`` again; nothing where ``enter()`` did not set one."""
         if self._prior is _NOT_SET:
             return
-        from torch._dynamo import eval_frame
-
         try:
+            from torch._dynamo import eval_frame
+
             eval_frame._set_stance(self._prior)
         except RuntimeError:  # inside a compiled region: the next leave() (finish_batch, finalize) restores it
             return
+        except Exception:  # noqa: BLE001 - never the training's fault; nothing more to restore
+            pass
         self._prior = _NOT_SET
