@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from comgra.server.ids import TABS
+
 BUGGED = "trial_bugged_original_version"
 FIXED = "trial_no_activation_function_on_output_layer"
 SLOW = 20_000  # ms
@@ -92,12 +94,12 @@ def test_the_header_keeps_trial_beside_the_title_and_every_tab_label_whole(sized
                                                                           height: int) -> None:
     from comgra.cli.app import bundled_visualization
 
-    app = sized_page(width, height, visualization_file=bundled_visualization())  # all eleven tabs
+    app = sized_page(width, height, visualization_file=bundled_visualization())  # every tab
     for tab in ("Tensors", "Samples", "Profile", "Visualization"):
         app.page.get_by_role("tab", name=tab).click()
         expect(app.page.get_by_role("tab", name=tab)).to_have_class(re.compile(r"\bactive\b"))
         header = app.page.evaluate(HEADER)
-        assert len(header["tabs"]) == 11 and header["tabs"][-1]["label"] == "Visualization"
+        assert len(header["tabs"]) == len(TABS) and header["tabs"][-1]["label"] == "Visualization"
         # The Trial selector on the title's row, not a row of its own; the tabs below them.
         assert header["trial"]["top"] < header["brand"]["bottom"] and header["brand"]["top"] < header["trial"]["bottom"]
         assert header["trial"]["bottom"] <= header["nav"]["top"] + 1 and header["trial"]["right"] <= width
