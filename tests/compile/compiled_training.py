@@ -43,22 +43,27 @@ BATCH = 4
 def train(recorder: Any, model: Any, forward: Callable[..., torch.Tensor], steps: int,
           after_step: Callable[[int], None] = lambda step: None, seed: int = 1) -> list[float]:
     """``steps`` steps of the documented loop on ``forward(ids, targets) -> loss`` (data from ``seed``); returns
-    the losses."""
+    the losses. ``comgra.my_recorder`` is ``recorder`` for these steps and what it was before afterwards (a module
+    fixture that trains must not leave it set for the tests after it)."""
+    previous = comgra.my_recorder
     comgra.my_recorder = recorder if recorder.comgra_is_active else None  # inactive: the model without comgra
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    losses = []
-    for step, (ids, targets) in enumerate(nano_gpt.batches(CONFIG, BATCH, steps, seed)):
-        recorder.start_batch(step, BATCH)
-        recorder.start_iteration()
-        loss = forward(ids, targets)
-        loss.backward()
-        recorder.record_current_gradients("gradients")
-        optimizer.step()
-        optimizer.zero_grad()
-        recorder.finish_iteration()
-        recorder.finish_batch()
-        losses.append(loss.item())
-        after_step(step)
+    try:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for step, (ids, targets) in enumerate(nano_gpt.batches(CONFIG, BATCH, steps, seed)):
+            recorder.start_batch(step, BATCH)
+            recorder.start_iteration()
+            loss = forward(ids, targets)
+            loss.backward()
+            recorder.record_current_gradients("gradients")
+            optimizer.step()
+            optimizer.zero_grad()
+            recorder.finish_iteration()
+            recorder.finish_batch()
+            losses.append(loss.item())
+            after_step(step)
+    finally:
+        comgra.my_recorder = previous
     return losses
 
 

@@ -275,9 +275,8 @@ def test_misuse_names_the_value_and_the_fix(make_recorder, tiny_gpt2, kwargs: di
         comgra.watch(tiny_gpt2(n_layer=1), recorder=make_recorder(), **kwargs)
 
 
-def test_misuse_without_a_recorder_twice_or_mid_step(make_recorder, tiny_gpt2, monkeypatch) -> None:
+def test_misuse_without_a_recorder_twice_or_mid_step(make_recorder, tiny_gpt2) -> None:
     model = tiny_gpt2(n_layer=1)
-    monkeypatch.setattr(comgra, "my_recorder", None)  # whatever an earlier test (a module fixture) left there
     with pytest.raises(RecordingError, match=r"set comgra.my_recorder = ComgraRecorder"):
         comgra.watch(model)
     recorder = make_recorder()
