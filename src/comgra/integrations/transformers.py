@@ -159,8 +159,16 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
         def queue(grad: torch.Tensor) -> None:
             engine = torch.autograd.Variable._execution_engine  # type: ignore[attr-defined]
-            engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients,  # type: ignore[union-attr]
-                                                          self._scaler))
+
+            def after_other_end_of_backward_callbacks() -> None:
+                # DDP queues its own end-of-backward callback (wait for the all-reduce, write the averaged
+                # gradients into .grad) when the first parameter gradient is ready, after this hook on the loss
+                # ran: a callback queued from a callback runs after it, so the gradients read are the all-reduced
+                # ones the optimizer applies, not this rank's local ones.
+                engine.queue_callback(lambda: self._guard.run(self._driver.record_gradients,  # type: ignore[union-attr]
+                                                              self._scaler))
+
+            engine.queue_callback(after_other_end_of_backward_callbacks)
 
         loss.register_hook(queue)
 
