@@ -30,6 +30,7 @@ from comgra.capture.session import Session, report_fault
 from comgra.capture.step import garbage_collector_paused
 from comgra.capture.evidence import RunEvidence
 from comgra.capture.modules import ModuleTracker
+from comgra.capture.modules import unwrapped as _unwrapped  # comgra.watch: a wrapped model's own module names
 from comgra.capture.watched import WatchedTensors
 from comgra.profiling.instruments import Instruments
 from comgra.profiling import profiler

@@ -37,6 +37,7 @@ class RunEvidence:
         self._step: tuple[int, str | None] = (0, None)
         self._tensors_seen: set[str] = set()
         self._grad_enabled = True  # at every registration of this step so far
+        self._history = False  # a tensor registered in this step carries autograd history (it was computed to train)
         self._autocast: dict[str, str] = {}  # device type -> autocast dtype, where autocast was on at a registration
         self._autocast_devices = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
         self._value_fingerprints: tuple[list[str], torch.Tensor | None] = ([], None)
@@ -96,7 +97,7 @@ class RunEvidence:
             return
         self._rows = rows = [("step", "", "batch_size", str(batch_size), float(batch_size))]
         self._tensors_seen = set()
-        self._grad_enabled, self._autocast = True, {}
+        self._grad_enabled, self._history, self._autocast = True, False, {}
         for root, module in self.modules.roots.items():
             for name, sub in module.named_modules():
                 full = f"{root}.{name}" if name else root
@@ -151,6 +152,7 @@ class RunEvidence:
         # The state the step's tensors were computed in: gradients off at any registration (evaluation under no_grad,
         # the inputs registered before it), autocast on at any (the inputs registered before entering it).
         self._grad_enabled = self._grad_enabled and torch.is_grad_enabled()
+        self._history = self._history or tensor.grad_fn is not None
         for device in self._autocast_devices:
             if device not in self._autocast and torch.is_autocast_enabled(device):
                 self._autocast[device] = str(torch.get_autocast_dtype(device)).replace("torch.", "")
@@ -196,7 +198,10 @@ class RunEvidence:
             self.gradients()
         rows, self._rows = self._rows, None
         if rows is not None and self._tensors_seen:
-            rows.append(("step", "", "grad_enabled", str(self._grad_enabled), float(self._grad_enabled)))
+            # A training step that also computes something under no_grad (a metric, model.generate()) is a training
+            # step still: autograd history on any of its tensors says so.
+            trains = self._grad_enabled or self._history
+            rows.append(("step", "", "grad_enabled", str(trains), float(trains)))
             for device in self._autocast_devices:
                 enabled = device in self._autocast
                 rows.append(("autocast", device, "enabled", str(enabled), float(enabled)))

@@ -25,7 +25,8 @@ EVALUATION = "evaluation"
 
 
 class IntegrationWarning(UserWarning):
-    """A callback stopped recording after a fault of comgra's own; the training goes on."""
+    """An integration could not record something (a callback stopped after a fault of comgra's own, a module
+    output ``comgra.watch`` cannot look into); the training goes on."""
 
 
 class StepDriver:

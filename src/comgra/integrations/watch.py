@@ -9,14 +9,22 @@ the model exactly as without comgra.
 
 Names: the output of ``model.transformer.h.0`` is ``<name>.transformer.h.0`` (``<name>``: the name the
 model is tracked under, ``"model"`` by default; the model's own output is ``<name>``); an element of a
-tuple, list or dict output (a ``transformers`` ``ModelOutput`` too) gets its key in brackets,
-``<name>.transformer.h.0.attn[0]``, ``<name>[logits]``; a module called again in the same iteration
-gets ``@2``, ``@3``, ... A tensor whose first dimension is the step's batch size (``start_batch``'s
+tuple, list or dict output (a ``transformers`` ``ModelOutput`` too) or a field of a dataclass output gets its
+key in brackets, ``<name>.transformer.h.0.attn[0]``, ``<name>[logits]``; an output of any other type holds
+nothing comgra can record (a warning says so, once per module); a module called again in the same iteration
+gets ``@2``, ``@3``, ... A model wrapped by ``torch.compile``, DDP or FSDP1 is watched under its own module
+names (``model.0``, not ``model._orig_mod.0`` or ``model.module.0``), as its parameters are. A tensor whose first dimension is the step's batch size (``start_batch``'s
 ``current_batch_size``) is recorded per sample; any other (GPT-2's position embeddings, of batch size 1;
 a scalar loss) is recorded without a batch dimension. Integer and boolean outputs (token ids, masks)
 are skipped: they carry no gradient and no edge. An output without autograd history (an evaluation step
 under ``torch.no_grad()``, a frozen module) is recorded by value, without edges, and its
 ``requires_grad`` is left alone.
+
+Calls with autograd off that are side computations are not recorded, so that they do not flood the step's
+graph: in an iteration that already recorded calls with autograd on (a metric under ``torch.no_grad()`` after
+the forward or backward pass, ``model.generate()`` inside a training step), no call with autograd off is
+recorded; and in any iteration, a module called again with autograd off after its first call (a decoding loop:
+``generate()`` calls every module once per new token) is recorded on its first call only.
 
 Where one module returns the output of another (BERT's layer returns its last LayerNorm's tensor), the
 outer name follows the inner one in the graph, and what consumes the tensor depends on the outer name:
@@ -24,14 +32,17 @@ outer name follows the inner one in the graph, and what consumes the tensor depe
 """
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from comgra.errors import ConfigError, RecordingError, did_you_mean
-from comgra.recorder import ComgraRecorder
+from comgra.integrations.steps import IntegrationWarning
+from comgra.recorder import ComgraRecorder, _unwrapped
 
 __all__ = ["Watch", "watch_model"]
 
@@ -56,6 +67,8 @@ class Watch:
         self.modules = list(modules)
         self._calls: dict[str, int] = {}  # calls of each module in the current iteration
         self._iteration = -1  # the recorder's iteration serial that _calls counts
+        self._with_grad = False  # the current iteration recorded a call with autograd on
+        self._unrecordable: set[str] = set()  # modules whose output type was reported as holding nothing recordable
         self._hooks = [(module, self._hook(_tensor_name(name, path))) for path, module in modules.items()]
         self._handles: list[Any] = []  # the hooks on the modules: during a recorded step only
         self.active = bool(modules)  # False after remove(), or where there is nothing to watch
@@ -103,12 +116,23 @@ class Watch:
     def _record(self, base: str, output: Any) -> None:
         serial = self.recorder._iteration_serial
         if serial != self._iteration:
-            self._iteration = serial
+            self._iteration, self._with_grad = serial, False
             self._calls.clear()
+        grad = torch.is_grad_enabled()
+        if not grad and (self._with_grad or base in self._calls):
+            return  # a side computation or a decoding loop (see the module's docstring)
+        self._with_grad = self._with_grad or grad
         count = self._calls[base] = self._calls.get(base, 0) + 1
         name = base if count == 1 else f"{base}@{count}"
         batch_size = self.recorder._batch_size
-        for key, tensor in _tensors_of(output, "", 0):
+        tensors = list(_tensors_of(output, "", 0))
+        if not tensors and not _holds_no_tensor_by_design(output) and base not in self._unrecordable:
+            self._unrecordable.add(base)
+            warnings.warn(f"comgra.watch: {base} returned a {type(output).__name__}, which comgra cannot look into "
+                          "(it records tensors, and tuples, lists, dicts and dataclasses of them); its output is not "
+                          "recorded. Register what matters with comgra.my_recorder.register_tensor(...).",
+                          IntegrationWarning, stacklevel=2)
+        for key, tensor in tensors:
             if not (tensor.is_floating_point() or tensor.is_complex()):  # complex: recorded as |z|
                 continue  # token ids, masks: no gradient, no edge (see the module's docstring)
             if tensor.grad_fn is None and not tensor.requires_grad:
@@ -136,7 +160,8 @@ def watch_model(model: torch.nn.Module, recorder: ComgraRecorder | None, *, name
         if isinstance(earlier, Watch) and earlier.model is model and earlier.active:
             raise RecordingError(f"This {type(model).__name__} is already watched as {earlier.name!r}; call remove() "
                                  "on the first handle before watching it again.")
-    all_modules = dict(model.named_modules())  # a module reused under two paths is hooked once, under the first
+    # The model's own module names, under a torch.compile / DDP wrapper too: the names its parameters are tracked by
+    all_modules = dict(_innermost(model).named_modules())  # a module reused under two paths is hooked once, the first
     selected = _select(all_modules, _patterns(include, "include"), _patterns(exclude, "exclude"), max_depth)
     resolved = _name_of(recorder, model, name, track_parameters)
     if not recorder.comgra_is_active:
@@ -204,12 +229,28 @@ def _tensor_name(name: str, path: str) -> str:
     return f"{name}.{path}" if path else name
 
 
+def _innermost(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside its wrappers (``torch.compile(DDP(model))`` too)."""
+    inner = _unwrapped(model)
+    return model if inner is model else _innermost(inner)
+
+
+def _holds_no_tensor_by_design(output: Any) -> bool:
+    """Outputs with nothing to record that need no warning: None, plain values, containers (of anything)."""
+    return output is None or isinstance(output, (bool, int, float, complex, str, bytes, Mapping, tuple, list)) or \
+        (dataclasses.is_dataclass(output) and not isinstance(output, type))
+
+
 def _tensors_of(output: Any, key: str, depth: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """(key suffix, tensor) for each tensor in a module's output: a tensor, or tuples, lists and mappings of them."""
+    """(key suffix, tensor) for each tensor in a module's output: a tensor, or tuples, lists, mappings and
+    dataclasses of them."""
     if isinstance(output, torch.Tensor):
         yield key, output
     elif depth >= _MAX_NESTING:
         return
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type) and not isinstance(output, Mapping):
+        for field in dataclasses.fields(output):
+            yield from _tensors_of(getattr(output, field.name, None), f"{key}[{field.name}]", depth + 1)
     elif isinstance(output, Mapping):  # dicts, and transformers' ModelOutput (an OrderedDict without None values)
         for item_key, value in output.items():
             yield from _tensors_of(value, f"{key}[{str(item_key).replace('*', '_')}]", depth + 1)
