@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from comgra.errors import StoreError
 from comgra.store import format as fmt
+from comgra.store import layout
 from comgra.store.repair import repair_trial
 
 
@@ -38,7 +39,7 @@ class TrialFolderGone(StoreError):
 # keeps, is written for size: zstd.
 FRESH_COMPRESSION = "lz4"
 MERGED_COMPRESSION = "zstd"
-_DICTIONARY = {name: fmt.dictionary_columns(schema) for name, schema in fmt.SCHEMAS.items()}
+_DICTIONARY = {name: fmt.dictionary_columns(schema) for name, schema in fmt.FILE_SCHEMAS.items()}
 _ROW_GROUP = {"tensors": fmt.TENSOR_ROW_GROUP}  # small row groups: see format.TENSOR_ROW_GROUP
 _FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
@@ -106,6 +107,7 @@ class ChunkWriter:
         rank: int = 0,
         merge_every: int = 16,
         max_merged_rows: int = 1_000_000,
+        compact_at_close: bool = True,
     ):
         self.trial_dir = trial_dir
         self.flush_seconds = flush_seconds
@@ -119,6 +121,7 @@ class ChunkWriter:
         self._seq = 0
         self.merge_every = merge_every
         self.max_merged_rows = max_merged_rows
+        self.compact_at_close = compact_at_close
         # The chunks written by this writer, per table and merge level: every table is compacted, so
         # that a long run leaves tens of files, not one per flush.
         self._levels: dict[str, dict[int, list[Path]]] = {name: {} for name in fmt.TABLES}
@@ -199,6 +202,8 @@ class ChunkWriter:
             return False
         elif kind == "stop":
             self._write_buffer()
+            if self.compact_at_close:
+                self._compact()
             return True
         due = self._buffer.since is not None and (
             time.monotonic() - self._buffer.since >= self._interval()
@@ -208,6 +213,16 @@ class ChunkWriter:
         if due:
             self._write_buffer()
         return False
+
+    def _compact(self) -> None:
+        """The run is over: each table of this rank becomes one file (store/compaction.py)."""
+        from comgra.store.compaction import compact_folder  # it builds on this module's encoding
+
+        for name in fmt.TABLES:
+            folder = layout.rank_dir(self.trial_dir, name, self.rank)
+            if len(fmt.chunk_names(folder)) > 1:
+                compact_folder(folder, name, check=self._check_trial_folder)
+        release_unused_memory(trim=True)
 
     def _interval(self) -> float:
         age = time.monotonic() - self._started
@@ -252,10 +267,10 @@ class ChunkWriter:
                 tables = buffer.tables[name]
                 if not tables:
                     continue
-                table = _with_rank(pa.concat_tables(tables), self.rank).cast(fmt.SCHEMAS[name])
+                table = layout.to_file(name, pa.concat_tables(tables))
                 first, last = _step_range(name, table)
-                folder = self.trial_dir / name
-                folder.mkdir(exist_ok=True)  # never the trial folder's parents: see _check_trial_folder
+                folder = layout.rank_dir(self.trial_dir, name, self.rank)
+                folder.mkdir(parents=True, exist_ok=True)  # outside the trial folder (format 3): see store/layout.py
                 path = folder / fmt.chunk_name(self._seq, first, last, self.rank)
                 staged.append(_Staged(name, path, _encode_temporary(name, path, table, FRESH_COMPRESSION)))
             self._publish(staged)
@@ -327,11 +342,11 @@ class ChunkWriter:
             parts, levels[level] = levels[level], []
             if sum(pq.read_metadata(p).num_rows for p in parts) > self.max_merged_rows:
                 continue  # big enough: these chunks stay as they are
-            table = pa.concat_tables([_read_part(p) for p in parts]).cast(fmt.SCHEMAS[name])
+            table = pa.concat_tables([_read_part(p) for p in parts]).cast(fmt.FILE_SCHEMAS[name])
             first = min(fmt.step_range_of(p.name)[0] for p in parts)
             last = max(fmt.step_range_of(p.name)[1] for p in parts)
             self._check_trial_folder()
-            merged = self.trial_dir / name / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
+            merged = layout.rank_dir(self.trial_dir, name, self.rank) / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
             self._seq += 1
             _write_chunk(name, merged, table)
             # At once after the merged chunk is in place: comgra's reader ignores covered parts, a plain
@@ -465,14 +480,9 @@ def _lock_trial(trial_dir: Path, rank: int) -> int:
 
 
 def _next_seq(trial_dir: Path, rank: int) -> int:
-    seqs = [fmt.seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(trial_dir / table)
+    seqs = [fmt.seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(layout.rank_dir(trial_dir, table, rank))
             if fmt.rank_of(p.name) == rank]
     return max(seqs, default=-1) + 1
-
-
-def _with_rank(table: pa.Table, rank: int) -> pa.Table:
-    """The rows of this writer's rank, marked as such (format 2); the capture code never sees ranks."""
-    return table.append_column(fmt.RANK_FIELD, pa.repeat(pa.scalar(rank, pa.int32()), table.num_rows))
 
 
 def _step_range(name: str, table: pa.Table) -> tuple[int, int]:
