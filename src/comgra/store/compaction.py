@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from comgra.store import format as fmt
 from comgra.store import layout
-from comgra.store import writer as writer_module
+from comgra.store.encoding import _read_part, _write_chunk
 
 # A compacted file holds about this many bytes (as its parts take on disk) at most: big enough that a long run
 # is a few files, small enough that an engine reads it in parallel row groups and a rewrite fits in memory.
@@ -78,7 +78,7 @@ def compact_folder(folder: Path, table: str, *, target_bytes: int = TARGET_BYTES
         if len(batch) < 2:
             tables.append(None)
             continue
-        merged = pa.concat_tables([writer_module._read_part(p) for p in batch])
+        merged = pa.concat_tables([_read_part(p) for p in batch])
         if merged.schema.names != fmt.FILE_SCHEMAS[table].names:
             report.skipped = "its chunks are not all of format 3"
             return report
@@ -99,7 +99,7 @@ def compact_folder(folder: Path, table: str, *, target_bytes: int = TARGET_BYTES
             check()
         path = folder / fmt.chunk_name(seq, first, last, report.rank, level)
         seq += 1
-        writer_module._write_chunk(table, path, merged)
+        _write_chunk(table, path, merged)
         for part in batch:  # after the merged file is in place: see format.visible_chunks
             part.unlink(missing_ok=True)
         report.after += 1

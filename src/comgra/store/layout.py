@@ -111,6 +111,18 @@ def rank_of_chunk(path: Path) -> int:
     return rank if rank is not None else 0
 
 
+def table_of_chunk(path: Path) -> str:
+    """The table a chunk belongs to: the folder above ``trial=<id>/rank=<r>/`` (format 3), else its own folder."""
+    if rank_of_folder(path.parent) is not None and path.parent.parent.name.startswith(f"{TRIAL_PARTITION}="):
+        return path.parent.parent.parent.name
+    return path.parent.name
+
+
+def chunk_label(path: Path) -> str:
+    """How messages name a chunk: ``<table>/<chunk name>`` (the chunk's name holds its rank)."""
+    return f"{table_of_chunk(path)}/{path.name}"
+
+
 def trial_partitions(group_dir: Path, trial_id: str) -> list[Path]:
     """Every table folder of one trial that exists (format 3): what moves with the trial, or is deleted with it.
     Tables comgra does not know (other tools' tables under the same rule) are included."""

@@ -137,7 +137,7 @@ class TrialReader:
         Every method that returns rows takes ``rank``: None means all ranks (tell them apart by
         the ``rank`` column), an int the rows of that rank only.
         """
-        return sorted({self._rank_of(p) for table in ("steps", "tensors") for p in self._files(table)})
+        return sorted({layout.rank_of_chunk(p) for table in ("steps", "tensors") for p in self._files(table)})
 
     def chunk_names(self, table: str) -> list[str]:
         """The names of a table's chunk files, sorted: a version token (a new chunk changes it), one scandir."""
@@ -146,10 +146,6 @@ class TrialReader:
     def _table_dirs(self, table: str) -> list[Path]:
         """The folders of ``table``'s chunks: one per rank (format 3), or the trial's ``<table>/`` (formats 1, 2)."""
         return layout.table_dirs(self.directory, table, self.format_version)
-
-    def _rank_of(self, path: Path) -> int:
-        """The rank of a chunk: its folder's (format 3) or its name's."""
-        return layout.rank_of_chunk(path)
 
     # -- small tables, cached per immutable chunk --------------------------------------------
     def steps(self, rank: int | None = None) -> pa.Table:
@@ -311,7 +307,7 @@ class TrialReader:
             log.debug("comgra: skipped %s", path, exc_info=error)
             return empty
         if "rank" in wanted and "rank" not in table.column_names:  # format 1: rank 0's; format 3: its folder's
-            table = table.append_column(fmt.RANK_FIELD, pa.array(np.full(table.num_rows, self._rank_of(path), np.int32)))
+            table = table.append_column(fmt.RANK_FIELD, pa.array(np.full(table.num_rows, layout.rank_of_chunk(path), np.int32)))
         return table.select(wanted)
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
@@ -362,7 +358,7 @@ class TrialReader:
         bad = set(self.problems)
         visible = [p for folder in self._table_dirs(table) for p in fmt.visible_chunks(
             [p for p in fmt.chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
-        return visible if rank is None else [p for p in visible if self._rank_of(p) == rank]
+        return visible if rank is None else [p for p in visible if layout.rank_of_chunk(p) == rank]
 
     def _own_chunk(self, path: Path) -> bool:
         # Format 3: inside the trial's folder of the table (GROUP/<table>/trial=<id>/).
@@ -468,7 +464,7 @@ class TrialReader:
                 try:
                     # Without a rank column a small table's rows are rank 0's (format 1, and tools that write
                     # chunks of the *_SCHEMA the recorder hands its writer), as they always were.
-                    read = chunk_checks.complete(table, self._read_small(table, path))
+                    read = chunk_checks.complete(table, chunk_checks.read_small(table, path, self.format_version))
                     kept = self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
                 except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
                     if not path.exists():
@@ -479,16 +475,6 @@ class TrialReader:
                     continue
             parts.append(kept)
         return parts
-
-    def _read_small(self, table: str, path: Path) -> pa.Table:
-        """One chunk of a small table, in the reader's schema (format.SCHEMAS): ``rank`` and the format-3 renames."""
-        if self.format_version >= 3:
-            validation.check_chunk_schema(pq.read_schema(path), fmt.FILE_SCHEMAS[table], rank_optional=True)
-            read = pq.read_table(path, schema=fmt.FILE_SCHEMAS[table], page_checksum_verification=True)
-            return layout.from_file(table, read, self._rank_of(path))
-        validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table], rank_optional=True)
-        return chunk_checks.with_rank_of_format_1(
-            pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True))
 
     def _each_step_once(self, path: Path, table: pa.Table) -> pa.Table:
         """A steps chunk with each (rank, training_step, iteration) once, reported if it held one twice: the writer
