@@ -12,10 +12,7 @@ there, ``comgra repair`` (or the next writer of the rank) deletes the covered pa
 """
 from __future__ import annotations
 
-import fcntl
-import os
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,22 +132,3 @@ def _size(path: Path) -> int:
 def _repeats_a_step(steps: pa.Table) -> bool:
     keys = set(zip(steps["training_step"].to_pylist(), steps["iteration"].to_pylist()))
     return len(keys) != steps.num_rows
-
-
-def compact_trial(trial_directory: Path, *, target_bytes: int = TARGET_BYTES) -> TrialCompaction:
-    """Compact every table of every rank of a finished format-3 trial. A trial with a live writer is skipped, and
-    while this runs it holds every rank's writer lock, so no writer starts meanwhile."""
-    report = TrialCompaction(trial_directory.name)
-    with ExitStack() as locks:
-        for lock in sorted(trial_directory.glob(".writer-r*.lock")):
-            descriptor = os.open(lock, os.O_RDWR)
-            locks.callback(os.close, descriptor)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                report.skipped_live = True
-                return report
-        for table in fmt.TABLES:
-            for folder in layout.table_dirs(trial_directory, table, 3):
-                report.partitions.append(compact_folder(folder, table, target_bytes=target_bytes))
-    return report

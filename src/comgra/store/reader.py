@@ -76,8 +76,8 @@ class GroupReader:
     def trial(self, trial_id: str) -> TrialReader:
         with self._lock:
             kept = self._trials.get(trial_id)
-            if kept is not None and fmt.folder_identity(kept.directory) != kept.folder:
-                del self._trials[trial_id]  # a new run took the name (capture.open_recorders): read the new folder
+            if kept is not None and (fmt.folder_identity(kept.directory) != kept.folder or kept.migrated()):
+                del self._trials[trial_id]  # a new run took the name (capture.open_recorders), or `comgra migrate`
             if trial_id not in self._trials:
                 known = self.trials()
                 if trial_id not in known:
@@ -100,6 +100,7 @@ class TrialReader:
         self.trial_id = directory.name
         self.metadata = validation.read_trial_metadata(directory)
         self.format_version = int(self.metadata.get("format_version", fmt.FORMAT_VERSION))
+        self._metadata_file = fmt.folder_identity(directory / fmt.TRIAL_META)
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
         self._problems: dict[str, str] = {}
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
@@ -114,6 +115,10 @@ class TrialReader:
         self._series_reader = SeriesReader()
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
         self._checks = chunk_checks.ChunkChecks()
+
+    def migrated(self) -> bool:
+        """Whether a trial of format 1 or 2 was migrated since it was opened (its trial.json was replaced)."""
+        return self.format_version < 3 and fmt.folder_identity(self.directory / fmt.TRIAL_META) != self._metadata_file
 
     def _keep_readable_modules(self) -> None:
         """Module trees not of the shape the recorder writes are left out of ``metadata`` and reported, so that
