@@ -146,11 +146,8 @@ class TrialReader:
 
     def chunk_names(self, table: str) -> list[str]:
         """The names of a table's chunk files, sorted: a version token (a new chunk changes it), one scandir."""
-        return sorted(name for folder in self._table_dirs(table) for name in fmt.chunk_names(folder))
-
-    def _table_dirs(self, table: str) -> list[Path]:
-        """The folders of ``table``'s chunks: one per rank (format 3), or the trial's ``<table>/`` (formats 1, 2)."""
-        return layout.table_dirs(self.directory, table, self.format_version)
+        folders = layout.table_dirs(self.directory, table, self.format_version)
+        return sorted(name for folder in folders for name in fmt.chunk_names(folder))
 
     # -- small tables, cached per immutable chunk --------------------------------------------
     def steps(self, rank: int | None = None) -> pa.Table:
@@ -312,7 +309,8 @@ class TrialReader:
             log.debug("comgra: skipped %s", path, exc_info=error)
             return empty
         if "rank" in wanted and "rank" not in table.column_names:  # format 1: rank 0's; format 3: its folder's
-            table = table.append_column(fmt.RANK_FIELD, pa.array(np.full(table.num_rows, layout.rank_of_chunk(path), np.int32)))
+            rank = layout.rank_of_chunk(path)
+            table = table.append_column(fmt.RANK_FIELD, pa.array(np.full(table.num_rows, rank, np.int32)))
         return table.select(wanted)
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
@@ -361,7 +359,8 @@ class TrialReader:
     def _files(self, table: str, rank: int | None = None) -> list[Path]:
         """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
         bad = set(self.problems)
-        visible = [p for folder in self._table_dirs(table) for p in fmt.visible_chunks(
+        folders = layout.table_dirs(self.directory, table, self.format_version)
+        visible = [p for folder in folders for p in fmt.visible_chunks(
             [p for p in fmt.chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
         return visible if rank is None else [p for p in visible if layout.rank_of_chunk(p) == rank]
 

@@ -338,7 +338,8 @@ class ChunkWriter:
             first = min(fmt.step_range_of(p.name)[0] for p in parts)
             last = max(fmt.step_range_of(p.name)[1] for p in parts)
             self._check_trial_folder()
-            merged = layout.rank_dir(self.trial_dir, name, self.rank) / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
+            folder = layout.rank_dir(self.trial_dir, name, self.rank)
+            merged = folder / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
             self._seq += 1
             _write_chunk(name, merged, table)
             # At once after the merged chunk is in place: comgra's reader ignores covered parts, a plain
