@@ -18,6 +18,7 @@ from comgra.errors import ConfigError  # noqa: E402
 from comgra.service import RecordingService  # noqa: E402
 from comgra.service.findings import MAX_SCAN_THREADS  # noqa: E402
 from comgra.store import format as fmt  # noqa: E402
+from comgra.store import layout
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_every_question_is_answered_by_one_scan_per_trial(two_trials, tmp_path, 
         assert sorted(counted_scans) == ["dead", "healthy"]
         # New data in one trial (a live run's flush): that trial alone is scanned again, once.
         version = service.findings_version("dead")
-        source = sorted((fmt.trial_dir(group, "dead") / "tensors").glob("*.parquet"))[0]
+        source = sorted((layout.rank_dir(fmt.trial_dir(group, "dead"), "tensors", 0)).glob("*.parquet"))[0]
         shutil.copy(source, source.with_name(fmt.chunk_name(999, 1000, 1000)))
         for _ in range(3):
             service.finding_badges("dead")

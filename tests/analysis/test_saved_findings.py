@@ -18,6 +18,7 @@ from comgra.analysis import loading  # noqa: E402
 from comgra.cli.app import main  # noqa: E402
 from comgra.service import RecordingService  # noqa: E402
 from comgra.store import format as fmt  # noqa: E402
+from comgra.store import layout
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def test_the_store_globs_never_see_the_saved_findings(group) -> None:
 
 def test_a_new_chunk_makes_the_saved_findings_stale_and_only_it_is_read(group, counted_scans, chunk_reads) -> None:
     trial = fmt.trial_dir(group, "dead")
-    tensors, steps = sorted((trial / "tensors").glob("*.parquet")), sorted((trial / "steps").glob("*.parquet"))
+    tensors, steps = sorted((layout.rank_dir(trial, "tensors", 0)).glob("*.parquet")), sorted((layout.rank_dir(trial, "steps", 0)).glob("*.parquet"))
     assert len(tensors) > 1 and len(steps) > 1
     held_back = group.parent / "held_back"
     held_back.mkdir()
@@ -249,7 +250,7 @@ def test_findings_saved_at_older_data_are_shown_until_the_new_scan_is_done(group
     import threading
 
     Scanner(persist=True).scan(group)
-    tensors = fmt.trial_dir(group, "dead") / "tensors"
+    tensors = layout.rank_dir(fmt.trial_dir(group, "dead"), "tensors", 0)
     new_chunk = tensors / fmt.chunk_name(999, 1000, 1000)  # the run went on after the scan
     shutil.copy(sorted(tensors.glob("*.parquet"))[0], new_chunk)
     release = threading.Event()

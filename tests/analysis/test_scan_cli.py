@@ -14,6 +14,7 @@ from planted import Network, mlp, record, record_dead_and_healthy  # noqa: E402
 from comgra.analysis import ScanOptions, Scanner  # noqa: E402
 from comgra.cli.app import main  # noqa: E402
 from comgra.store import format as fmt  # noqa: E402
+from comgra.store import layout
 
 FINDING_FIELDS = {"detector", "severity", "score", "trial", "node", "role", "kind", "training_step", "steps",
                   "iteration", "message", "evidence", "selection", "link"}
@@ -137,7 +138,7 @@ def test_newer_format_is_exit_2_naming_the_version(dead_group, tmp_path, capsys)
 def test_damaged_chunk_is_skipped_and_listed_while_the_rest_is_scanned(dead_group, tmp_path, capsys) -> None:
     group = tmp_path / "group"
     shutil.copytree(dead_group, group)
-    damaged = fmt.trial_dir(group, "dead") / "tensors" / fmt.chunk_name(50, 100, 100)
+    damaged = layout.rank_dir(fmt.trial_dir(group, "dead"), "tensors", 0) / fmt.chunk_name(50, 100, 100)
     damaged.write_bytes(b"not parquet at all")
     assert main(["scan", "--path", str(group), "--json", "--trial", "dead"]) == 0
     document = json.loads(capsys.readouterr().out)
@@ -158,7 +159,7 @@ def test_a_second_scan_reads_only_new_chunks(tmp_path, monkeypatch) -> None:
     assert count >= 1
     assert scanner.scan(group, options=ScanOptions()).findings == first.findings and len(reads) == count
     # A new chunk (a live run flushing): only it is read.
-    source = sorted((fmt.trial_dir(group, "live") / "tensors").glob("*.parquet"))[0]
+    source = sorted((layout.rank_dir(fmt.trial_dir(group, "live"), "tensors", 0)).glob("*.parquet"))[0]
     shutil.copy(source, source.with_name(fmt.chunk_name(999, 1000, 1000)))
     scanner.scan(group, options=ScanOptions(sensitivity=1.01))
     assert reads[count:] == [fmt.chunk_name(999, 1000, 1000)]

@@ -15,6 +15,7 @@ import pytest
 
 from comgra.store import GroupReader
 from comgra.store import format as fmt
+from comgra.store import layout
 
 torch = pytest.importorskip("torch")
 
@@ -119,7 +120,7 @@ def test_an_unreadable_graph_is_reported_and_no_origin_is_guessed_the_same_in_ev
 
 
 def _retype_mean(group: Path) -> Path:
-    (path,) = fmt.chunk_files(fmt.trial_dir(group, TRIAL) / "tensors")
+    (path,) = fmt.chunk_files(layout.rank_dir(fmt.trial_dir(group, TRIAL), "tensors", 0))
     data = pq.read_table(path)
     index = data.schema.get_field_index("mean")
     pq.write_table(data.set_column(index, pa.field("mean", pa.string()),

@@ -14,6 +14,7 @@ from planted import InfiniteGradient, Network, mlp, record  # noqa: E402
 
 from comgra.analysis import ScanOptions, Scanner, detectors, document, loading, streaming  # noqa: E402
 from comgra.store import GroupReader  # noqa: E402
+from comgra.store import layout
 
 BUDGET = 800  # rows: a few steps' worth of these small networks
 
@@ -152,7 +153,7 @@ def test_a_streamed_scan_reads_chunks_without_duckdb_and_still_lists_a_damaged_o
     from comgra.store.reader import TrialReader
 
     group = record(tmp_path, "dead", _networks()["dead"])
-    damaged = fmt.trial_dir(group, "dead") / "tensors" / fmt.chunk_name(50, 100, 100)
+    damaged = layout.rank_dir(fmt.trial_dir(group, "dead"), "tensors", 0) / fmt.chunk_name(50, 100, 100)
     damaged.write_bytes(b"not parquet at all")
     through_reader: list[str] = []
     read_tensor_chunk = TrialReader.read_tensor_chunk

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from comgra.store import layout
 
 TRIAL = "trial"
 
@@ -75,7 +76,7 @@ def test_a_body_beyond_the_limit_is_refused(client: Any) -> None:
 def test_answers_equal_the_store(client: Any, profiled_group: Path) -> None:
     import pyarrow.dataset as ds
 
-    layers = ds.dataset(str(profiled_group / "trials" / TRIAL / "layers"), format="parquet").to_table().to_pylist()
+    layers = ds.dataset(str(layout.trial_partition(profiled_group, "layers", TRIAL)), format="parquet", partitioning="hive").to_table().to_pylist()
     head = [r for r in layers if r["module"] == "net.head"]
     answer = client.get(f"/api/v1/trials/{TRIAL}/layers/net.head?limit=2").json["executions"]
     assert [r["forward_time"] for r in answer] == [r["forward_time"] for r in head][-2:]
@@ -83,10 +84,10 @@ def test_answers_equal_the_store(client: Any, profiled_group: Path) -> None:
     top = profile[0]
     assert top["module"] == "net" and top["calls"] == sum(r["module"] == "net" for r in layers)
     assert top["total"] == pytest.approx(sum(r["forward_time"] for r in layers if r["module"] == "net"))
-    kpis = ds.dataset(str(profiled_group / "trials" / TRIAL / "kpis"), format="parquet").to_table().to_pylist()
+    kpis = ds.dataset(str(layout.trial_partition(profiled_group, "kpis", TRIAL)), format="parquet", partitioning="hive").to_table().to_pylist()
     served = client.get(f"/api/v1/trials/{TRIAL}/kpis").json["kpis"]
     assert sorted(k["value"] for k in served) == sorted(k["value"] for k in kpis)
-    tensors = ds.dataset(str(profiled_group / "trials" / TRIAL / "tensors"), format="parquet").to_table().to_pylist()
+    tensors = ds.dataset(str(layout.trial_partition(profiled_group, "tensors", TRIAL)), format="parquet", partitioning="hive").to_table().to_pylist()
     loss = next(r for r in tensors if r["node"] == "loss" and r["training_step"] == 2 and r["kind"] == "forward")
     values = client.get(f"/api/v1/trials/{TRIAL}/values?step=2&node=loss").json
     assert values["values"]["mean"] == pytest.approx(loss["mean"])

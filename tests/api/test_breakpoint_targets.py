@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from comgra.store import layout
 
 from profiled_recording import GROUP, TRIAL
 
@@ -72,7 +73,7 @@ def test_before_any_graph_is_recorded_every_target_is_accepted(group_copy: Path)
     """A run that has recorded nothing yet: the recording knows no tensor names, the training checks them."""
     from comgra.server.app import create_app
 
-    shutil.rmtree(_trial_dir(group_copy) / "steps")
+    shutil.rmtree(layout.rank_dir(_trial_dir(group_copy), "steps", 0))
     app = create_app(group_copy, warm_up=False)
     try:
         answer = app.server.test_client().post(f"{T}/breakpoints", json={"target": "anything", "condition": "has_nan"})

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from comgra.store import format as fmt
+from comgra.store import layout
 
 pytest.importorskip("torch")
 
@@ -45,7 +46,7 @@ def client(group_dir: Path) -> Iterator[Any]:
 def overwrite(group_dir: Path, table: str) -> list[str]:
     """Every chunk of ``table`` replaced by junk; returns their names as ``problems`` lists them."""
     names = []
-    for path in fmt.chunk_files(fmt.trial_dir(group_dir, TRIAL) / table):
+    for path in fmt.chunk_files(layout.rank_dir(fmt.trial_dir(group_dir, TRIAL), table, 0)):
         path.write_bytes(b"junk" * 64)
         names.append(f"{table}/{path.name}")
     assert names
@@ -85,7 +86,7 @@ def test_values_of_a_step_whose_chunk_is_damaged_name_it(client: Any, group_dir:
 
 
 def test_findings_of_a_trial_with_a_retyped_chunk_are_not_an_empty_all_clear(client: Any, group_dir: Path) -> None:
-    (path,) = fmt.chunk_files(fmt.trial_dir(group_dir, TRIAL) / "tensors")[:1]
+    (path,) = fmt.chunk_files(layout.rank_dir(fmt.trial_dir(group_dir, TRIAL), "tensors", 0))[:1]
     data = pq.read_table(path)
     index = data.schema.get_field_index("mean")
     pq.write_table(data.set_column(index, pa.field("mean", pa.string()),

@@ -11,6 +11,7 @@ from playwright.sync_api import expect
 
 from comgra.store import GroupReader
 from comgra.store import format as fmt
+from comgra.store import layout
 
 BUGGED = "trial_bugged_original_version"
 FIXED = "trial_no_activation_function_on_output_layer"
@@ -263,7 +264,7 @@ def copy_last_step(trial, new_step: int) -> None:
             trial.steps().filter(pc.equal(trial.steps()["training_step"], last))
         rows = rows.set_column(rows.schema.get_field_index("training_step"), "training_step",
                                pa.array([new_step] * rows.num_rows, pa.int64()))
-        fmt.write_parquet_atomic(trial.directory / table / fmt.chunk_name(900, new_step, new_step), rows.cast(schema))
+        fmt.write_parquet_atomic(layout.rank_dir(trial.directory, table, 0) / fmt.chunk_name(900, new_step, new_step), rows.cast(schema))
 
 
 def test_bad_recordings_get_banners_and_the_rest_stays_usable(serve, open_page, fresh_recording):
@@ -271,7 +272,7 @@ def test_bad_recordings_get_banners_and_the_rest_stays_usable(serve, open_page, 
                           {"format_version": 1, "trial_id": "a_empty", "modules": []})
     fmt.write_json_atomic(fmt.trial_dir(fresh_recording, "b_future") / fmt.TRIAL_META,
                           {"format_version": fmt.FORMAT_VERSION + 1, "trial_id": "b_future"})
-    chunks = sorted((fmt.trial_dir(fresh_recording, BUGGED) / "tensors").glob("*.parquet"))
+    chunks = sorted((layout.rank_dir(fmt.trial_dir(fresh_recording, BUGGED), "tensors", 0)).glob("*.parquet"))
     chunks[-1].write_bytes(b"garbage")
     app = open_page(serve(fresh_recording), fresh_recording, ready="#banner .alert")
     expect(app.page.locator("#banner")).to_contain_text("has no recorded steps yet")

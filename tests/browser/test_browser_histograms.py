@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 from comgra_page import ComgraPage
+from comgra.store import layout
 from playwright.sync_api import expect
 
 SLOW = 30_000
@@ -15,8 +16,8 @@ HEATMAPS = """() => document.querySelector('#distribution-plot .js-plotly-plot')
 
 
 def pooled_values(recording, trial, row, steps_of_type):
-    rows = ds.dataset(str(recording / "trials" / trial / "tensors"), format="parquet").to_table().to_pylist()
-    steps = ds.dataset(str(recording / "trials" / trial / "steps"), format="parquet").to_table().to_pylist()
+    rows = ds.dataset(str(layout.trial_partition(recording, "tensors", trial)), format="parquet", partitioning="hive").to_table().to_pylist()
+    steps = ds.dataset(str(layout.trial_partition(recording, "steps", trial)), format="parquet", partitioning="hive").to_table().to_pylist()
     wanted = {r["training_step"] for r in steps if steps_of_type in (None, r["type_of_execution"])}
     pooled: dict[int, list[float]] = {}
     for r in rows:

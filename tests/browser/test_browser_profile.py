@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from comgra.store import layout
 from playwright.sync_api import expect
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
@@ -25,7 +26,7 @@ def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _store_rows(recording: Path, table: str) -> list[dict[str, Any]]:
-    return ds.dataset(str(recording / "trials" / TRIAL / table), format="parquet").to_table().to_pylist()
+    return ds.dataset(str(layout.trial_partition(recording, table, TRIAL)), format="parquet", partitioning="hive").to_table().to_pylist()
 
 
 def test_the_profile_tab_shows_the_stores_layers(serve: Any, open_page: Any, recording: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import expect
 
 from comgra.service import parse_aggregation
+from comgra.store import layout
 
 BUGGED = "trial_bugged_original_version"
 FIXED = "trial_no_activation_function_on_output_layer"
@@ -25,7 +26,7 @@ def app(serve, open_page, recording):
 
 
 def store_rows(recording, trial, table="tensors", **equal):
-    dataset = ds.dataset(str(recording / "trials" / trial / table), format="parquet")
+    dataset = ds.dataset(str(layout.trial_partition(recording, table, trial)), format="parquet", partitioning="hive")
     condition = None
     for key, value in equal.items():
         condition = (pc.field(key) == value) if condition is None else condition & (pc.field(key) == value)

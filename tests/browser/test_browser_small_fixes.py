@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from comgra.store import layout
 from playwright.sync_api import expect
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
@@ -63,7 +64,7 @@ def test_resources_reads_bytes_in_binary_units_and_its_axes_fit(browser: Any, se
         app.load(serve(recording) + "?tab=resources", ".resource-plot .js-plotly-plot")
         plot = '.resource-plot[data-kind="bytes"]'
         expect(app.page.locator(plot + " .ytick text").first).to_be_visible(timeout=SLOW)
-        rows = ds.dataset(str(recording / "trials" / TRIAL / "resources"), format="parquet").to_table().to_pylist()
+        rows = ds.dataset(str(layout.trial_partition(recording, "resources", TRIAL)), format="parquet", partitioning="hive").to_table().to_pylist()
         largest = max(r["value"] for r in rows if r["metric"].endswith("bytes") and "total" not in r["metric"])
         unit = next(u for p, u in enumerate(["B", "KiB", "MiB", "GiB", "TiB"]) if largest < 1024 ** (p + 1))
         yticks = app.page.evaluate(TICKS % "ytick", plot)
@@ -112,8 +113,8 @@ def test_the_trace_download_takes_a_step_range(serve: Any, open_page: Any, recor
     import pyarrow.dataset as ds
 
     app = open_page(serve(recording) + "?tab=profile", recording, ready="#profile-flame .js-plotly-plot")
-    steps = sorted({r["training_step"] for r in ds.dataset(str(recording / "trials" / TRIAL / "layers"),
-                                                             format="parquet").to_table().to_pylist()})
+    steps = sorted({r["training_step"] for r in ds.dataset(str(layout.trial_partition(recording, "layers", TRIAL)),
+                                                             format="parquet", partitioning="hive").to_table().to_pylist()})
     first, last = steps[1], steps[-2]
     app.page.fill("#profile-first-step", str(first))
     app.page.fill("#profile-last-step", str(last))

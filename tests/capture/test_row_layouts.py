@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from comgra.recorder import ComgraRecorder
 from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 from comgra.store import format as fmt
+from comgra.store import layout
 
 
 def test_rows_name_what_each_step_registered(tmp_path, record_step) -> None:
@@ -42,7 +43,7 @@ def test_rows_name_what_each_step_registered(tmp_path, record_step) -> None:
     for step in range(5):
         record_step(recorder, step, 4, forward(step))
     recorder.finalize()
-    table = pq.read_table(fmt.trial_dir(tmp_path / "g", "t") / "tensors").to_pandas()
+    table = pq.read_table(layout.rank_dir(fmt.trial_dir(tmp_path / "g", "t"), "tensors", 0)).to_pandas()
     rows = table[(table.kind == "forward") & (table.tensor_type != "parameter")
                  & table.aggregation.isin(["mean", "none"])]
     for step, expected in registered.items():

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from comgra.errors import RecordingError
 from comgra.store import GroupReader
+from comgra.store import layout
 
 
 def _one_step(recorder, model, x: torch.Tensor) -> None:
@@ -62,7 +63,7 @@ def test_a_trial_of_another_process_is_moved_aside(make_recorder, open_trial, st
     assert current["mean"] == 5.0
     (earlier,) = (store_root / "group" / ".replaced").iterdir()
     assert earlier.name.startswith("trial-")
-    assert any((earlier / "tensors").glob("*.parquet"))
+    assert any((layout.rank_dir(earlier, "tensors", 0)).glob("*.parquet"))
     assert GroupReader(store_root / "group").trials() == ["trial"]
 
 

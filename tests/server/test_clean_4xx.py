@@ -17,6 +17,7 @@ import pytest
 
 from comgra.store import GroupReader
 from comgra.store import format as fmt
+from comgra.store import layout
 
 pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).parents[1] / "api"))
@@ -121,7 +122,7 @@ def test_module_entries_of_an_unexpected_shape_are_left_out_and_reported(group_d
 
 
 def test_a_step_index_chunk_with_every_row_twice_lists_each_step_once(group_dir: Path, client: Any) -> None:
-    (path,) = fmt.chunk_files(fmt.trial_dir(group_dir, TRIAL) / "steps")
+    (path,) = fmt.chunk_files(layout.rank_dir(fmt.trial_dir(group_dir, TRIAL), "steps", 0))
     rows = pq.read_table(path)
     pq.write_table(pa.concat_tables([rows, rows]), path)
     trial = GroupReader(group_dir).trial(TRIAL)

@@ -10,6 +10,7 @@ import pytest
 from comgra.service import ANY_TYPE, RecordingService, parse_aggregation, series
 from comgra.store import GroupReader
 from comgra.store import format as fmt
+from comgra.store import layout
 
 BUGGED = "trial_bugged_original_version"
 FIXED = "trial_no_activation_function_on_output_layer"
@@ -162,7 +163,7 @@ def test_data_version_changes_when_a_run_writes_a_chunk(fresh_recording):
     index = service.step_index(trial)
     rows = index.table.slice(0, 1).to_pylist()
     rows[0]["training_step"] = 10**6
-    fmt.write_parquet_atomic(fmt.trial_dir(fresh_recording, trial) / "steps" / fmt.chunk_name(999, 10**6, 10**6),
+    fmt.write_parquet_atomic(layout.rank_dir(fmt.trial_dir(fresh_recording, trial), "steps", 0) / fmt.chunk_name(999, 10**6, 10**6),
                              pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA))
     assert service.data_version() != before
     assert service.step_index(trial).steps_of(ANY_TYPE)[-1] == 10**6
@@ -196,7 +197,7 @@ def test_a_corrupt_chunk_is_skipped_and_reported(fresh_recording):
     service = RecordingService(fresh_recording)
     trial = service.trials()[0]
     first = service.resolve({}).selection.training_step
-    chunks = sorted((fmt.trial_dir(fresh_recording, trial) / "tensors").glob("*.parquet"))
+    chunks = sorted((layout.rank_dir(fmt.trial_dir(fresh_recording, trial), "tensors", 0)).glob("*.parquet"))
     chunks[-1].write_bytes(b"not parquet at all")
     view = service.resolve({"training_step": first})
     assert view.row is not None
@@ -230,7 +231,7 @@ def test_a_series_is_read_once_until_a_run_writes_more(fresh_recording, monkeypa
     trial = service.step_index(BUGGED)
     rows = trial.table.slice(0, 1).to_pylist()
     rows[0]["training_step"] = 10**6
-    fmt.write_parquet_atomic(fmt.trial_dir(fresh_recording, BUGGED) / "steps" / fmt.chunk_name(999, 10**6, 10**6),
+    fmt.write_parquet_atomic(layout.rank_dir(fmt.trial_dir(fresh_recording, BUGGED), "steps", 0) / fmt.chunk_name(999, 10**6, 10**6),
                              pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA))
     series(service, selection, "mean")
     assert len(calls) == 3

@@ -13,6 +13,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from comgra.service import ANY_TYPE, NEURON, RecordingService, SampleColumn, parse_aggregation
+from comgra.store import layout
 
 BUGGED = "trial_bugged_original_version"
 FIXED = "trial_no_activation_function_on_output_layer"
@@ -25,7 +26,7 @@ def service(recording: Path) -> RecordingService:
 
 def store_rows(recording: Path, trial: str, **equal: object) -> list[dict]:
     """The tensors table's rows that match ``equal``, read with pyarrow's dataset API (not comgra's reader)."""
-    dataset = ds.dataset(str(recording / "trials" / trial / "tensors"), format="parquet")
+    dataset = ds.dataset(str(layout.trial_partition(recording, "tensors", trial)), format="parquet", partitioning="hive")
     condition = None
     for key, value in equal.items():
         term = pc.field(key) == value
@@ -34,7 +35,7 @@ def store_rows(recording: Path, trial: str, **equal: object) -> list[dict]:
 
 
 def steps_rows(recording: Path, trial: str) -> list[dict]:
-    return ds.dataset(str(recording / "trials" / trial / "steps"), format="parquet").to_table().to_pylist()
+    return ds.dataset(str(layout.trial_partition(recording, "steps", trial)), format="parquet", partitioning="hive").to_table().to_pylist()
 
 
 # -- a type of training step named "any" ------------------------------------------------------------------
@@ -180,7 +181,7 @@ def test_chunk_names_come_from_the_store_and_never_leave_the_group(recording):
 
     group = GroupReader(recording)
     names = group.chunk_names(BUGGED, "steps")
-    on_disk = sorted(p.name for p in (recording / "trials" / BUGGED / "steps").glob("*.parquet"))
+    on_disk = sorted(p.name for p in layout.rank_dir(recording / "trials" / BUGGED, "steps", 0).glob("*.parquet"))
     assert names == on_disk == group.trial(BUGGED).chunk_names("steps") and names
     for outside in ("..", "../..", "", ".", f"{BUGGED}/..", "no_such_trial"):
         assert group.chunk_names(outside, "steps") == []

@@ -10,6 +10,7 @@ import pytest
 from comgra.store import TrialReader
 from comgra.store import format as fmt
 from comgra.store.writer import ChunkWriter
+from comgra.store import layout
 
 
 def _tensor_row(step: int) -> pa.Table:
@@ -35,14 +36,14 @@ def _write_chunks(writer: ChunkWriter, steps: range) -> None:
 
 @pytest.mark.parametrize("chunks, merge_every, expected_files", [(3, 4, 3), (4, 4, 1), (17, 4, 2), (64, 4, 1)])
 def test_merged_chunks_keep_every_row_once(trial_dir: Path, chunks: int, merge_every: int, expected_files: int) -> None:
-    writer = ChunkWriter(trial_dir, merge_every=merge_every)
+    writer = ChunkWriter(trial_dir, merge_every=merge_every, compact_at_close=False)  # the tiers alone
     _write_chunks(writer, range(chunks))
     writer.close()
     reader = TrialReader(trial_dir)
     series = reader.series(node="x", role="x", iteration=0)
     assert series["training_step"].to_pylist() == list(range(chunks))
     assert series["value"].to_pylist() == [float(s) for s in range(chunks)]
-    assert len(list((trial_dir / "tensors").glob("*.parquet"))) == expected_files
+    assert len(list((layout.rank_dir(trial_dir, "tensors", 0)).glob("*.parquet"))) == expected_files
     for step in (0, chunks // 2, chunks - 1):
         assert reader.selection(training_step=step)["mean"].to_pylist() == [float(step)]
 
@@ -80,10 +81,10 @@ def test_a_reader_never_sees_a_row_twice_while_the_writer_merges(trial_dir: Path
 
 
 def test_merging_stops_at_max_merged_rows(trial_dir: Path) -> None:
-    writer = ChunkWriter(trial_dir, merge_every=2, max_merged_rows=3)
+    writer = ChunkWriter(trial_dir, merge_every=2, max_merged_rows=3, compact_at_close=False)
     _write_chunks(writer, range(8))
     writer.close()
-    names = sorted(p.name for p in (trial_dir / "tensors").glob("*.parquet"))
+    names = sorted(p.name for p in (layout.rank_dir(trial_dir, "tensors", 0)).glob("*.parquet"))
     assert len(names) == 4 and all(name.endswith("-l1.parquet") for name in names), names  # 4 rows > 3: no l2
     assert TrialReader(trial_dir).series(node="x", role="x", iteration=0)["training_step"].to_pylist() == list(range(8))
 
@@ -115,7 +116,7 @@ def test_every_table_is_compacted_so_a_long_run_leaves_few_files(trial_dir: Path
         writer.flush()
     writer.close()
     for table in fmt.TABLES:
-        assert len(list((trial_dir / table).glob("*.parquet"))) == 1, table  # 64 flushes: 4 x 4 x 4
+        assert len(list((layout.rank_dir(trial_dir, table, 0)).glob("*.parquet"))) == 1, table  # 64 flushes: 4 x 4 x 4
     reader = TrialReader(trial_dir)
     assert reader.steps()["training_step"].to_pylist() == list(range(64))
     assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(64))
@@ -157,6 +158,6 @@ def test_a_reader_lets_go_of_the_small_tables_of_chunks_merged_away(trial_dir: P
         assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(step + 1))
     writer.close()
     assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(64))
-    files = {p.name for p in (trial_dir / "kpis").glob("*.parquet")}
+    files = {p.name for p in (layout.rank_dir(trial_dir, "kpis", 0)).glob("*.parquet")}
     assert len(files) == 1
     assert {name for table, name in reader._cache if table == "kpis"} <= files  # 85 chunk versions were read

@@ -22,6 +22,7 @@ import pytest
 
 from comgra.store import TrialReader
 from comgra.store import format as fmt
+from comgra.store import layout
 
 NODES = 4
 WRITER = textwrap.dedent('''
@@ -33,7 +34,7 @@ WRITER = textwrap.dedent('''
 
     trial, seconds, merge_every, stop = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     fmt.write_json_atomic(trial / fmt.TRIAL_META, {"format_version": fmt.FORMAT_VERSION, "trial_id": trial.name})
-    writer = ChunkWriter(trial, flush_seconds=0.005, max_flush_seconds=0.005, merge_every=merge_every)
+    writer = ChunkWriter(trial, flush_seconds=0.005, max_flush_seconds=0.005, merge_every=merge_every, compact_at_close=False)
     base = {name: None for name in fmt.TENSORS_SCHEMA.names}
     base.update(kind="forward", iteration=0, tensor_type="calculated", aggregation="mean", sample=-1, shape=[1],
                 num_neurons=1)
@@ -71,7 +72,7 @@ def _plain_query(connection: duckdb.DuckDBPyConnection, trial_dir: Path, figures
     figures.queries += 1
     try:
         rows, keys = connection.execute("SELECT count(*), count(DISTINCT (training_step, node)) FROM read_parquet(?)",
-                                        [str(trial_dir / "tensors" / "*.parquet")]).fetchone()
+                                        [str(layout.rank_dir(trial_dir, "tensors", 0) / "*.parquet")]).fetchone()
     except duckdb.Error as error:
         figures.failed += 1
         figures.errors.add(str(error).splitlines()[0][:160])
@@ -97,7 +98,7 @@ def _comgra_queries(reader: TrialReader) -> int:
 
 def merged_chunks(trial_dir: Path) -> frozenset[str]:
     """The merged (level > 0) tensor chunks there now: a change between two listings is a compaction."""
-    return frozenset(name for name in fmt.chunk_names(trial_dir / "tensors")
+    return frozenset(name for name in fmt.chunk_names(layout.rank_dir(trial_dir, "tensors", 0))
                      if (chunk := fmt.parse_chunk_name(name)) is not None and chunk.level > 0)
 
 
@@ -126,7 +127,7 @@ def run_concurrently(directory: Path, *, seconds: float, merge_every: int,
     try:
         with duckdb.connect() as connection:
             while process.poll() is None and (enough is None or during < enough):
-                if any((trial_dir / "tensors").glob("*.parquet")):
+                if any((layout.rank_dir(trial_dir, "tensors", 0)).glob("*.parquet")):
                     before = merged_chunks(trial_dir)
                     for _ in range(10):  # plain queries are cheap: measure many
                         _plain_query(connection, trial_dir, figures)

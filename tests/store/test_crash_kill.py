@@ -28,6 +28,7 @@ import pytest
 from comgra.store import GroupReader
 from comgra.store import format as fmt
 from comgra.store.repair import repair_group
+from comgra.store import layout
 
 pytest.importorskip("torch")
 
@@ -186,7 +187,7 @@ KEYS = {"steps": "training_step, iteration", "kpis": "timepoint", "notes": "seq"
 
 def _plain_duckdb(trial_dir: Path, table: str) -> tuple[int, int]:
     """Rows and distinct keys of the documented glob, read as a user would."""
-    glob = str(trial_dir / table / "*.parquet")
+    glob = str(layout.rank_dir(trial_dir, table, 0) / "*.parquet")
     with duckdb.connect() as connection:
         return connection.execute(f"SELECT count(*), count(DISTINCT ({KEYS[table]})) FROM read_parquet(?)",
                                   [glob]).fetchone()
@@ -208,7 +209,7 @@ def _check_with_comgra(group: Path) -> dict[str, int]:
 
 def _check_plain_readers(trial_dir: Path, expected: dict[str, int]) -> None:
     for table in fmt.TABLES:
-        folder = trial_dir / table
+        folder = layout.rank_dir(trial_dir, table, 0)
         if not any(folder.glob("*.parquet")):
             continue
         rows, keys = _plain_duckdb(trial_dir, table)
@@ -220,7 +221,8 @@ def _check_plain_readers(trial_dir: Path, expected: dict[str, int]) -> None:
 
 
 def _leftovers(trial_dir: Path) -> list[str]:
-    return [str(p) for p in trial_dir.rglob(f"{fmt.TEMP_PREFIX}*")]
+    folders = [trial_dir, *layout.trial_partitions(layout.group_of(trial_dir), trial_dir.name)]
+    return [str(p) for folder in folders for p in folder.rglob(f"{fmt.TEMP_PREFIX}*")]
 
 
 @pytest.mark.slow
@@ -242,7 +244,7 @@ def test_sigkill_at_random_moments_and_inside_writes_and_compactions(tmp_path: P
             group = root / "group"
             trial_dir = fmt.trial_dir(group, "trial")
             for table in fmt.TABLES:  # the documented globs never match a file being written
-                assert not [p for p in (trial_dir / table).glob("*.parquet") if fmt.is_temporary(p.name)]
+                assert not [p for p in (layout.rank_dir(trial_dir, table, 0)).glob("*.parquet") if fmt.is_temporary(p.name)]
             expected = _check_with_comgra(group)
             before = _leftovers(trial_dir)
             if mode in ("chunk_write", "merge_write"):

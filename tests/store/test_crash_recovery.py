@@ -13,6 +13,7 @@ import pytest
 
 from comgra.store import GroupReader
 from comgra.store import format as fmt
+from comgra.store import layout
 
 pytest.importorskip("torch")
 
@@ -57,7 +58,7 @@ TRAINING_SCRIPT = textwrap.dedent('''
 
 
 def _flushed_steps_chunks(trial_dir: Path) -> int:
-    folder = trial_dir / "steps"
+    folder = layout.rank_dir(trial_dir, "steps", 0)
     return len([p for p in folder.glob("*.parquet") if not p.name.startswith(".")]) if folder.is_dir() else 0
 
 
@@ -83,8 +84,8 @@ def test_sigkill_mid_training_leaves_every_flushed_step_readable(tmp_path: Path)
     assert b"Traceback" not in stderr, stderr.decode()
 
     for table in fmt.TABLES:  # a half-written chunk, as a kill during a write leaves it
-        (trial_dir / table).mkdir(exist_ok=True)
-        (trial_dir / table / ".tmp-killed.parquet").write_bytes(b"PAR1 half written")
+        (layout.rank_dir(trial_dir, table, 0)).mkdir(parents=True, exist_ok=True)
+        (layout.rank_dir(trial_dir, table, 0) / ".tmp-killed.parquet").write_bytes(b"PAR1 half written")
 
     trial = GroupReader(root / "group").trial("trial")
     index = trial.steps().to_pylist()

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from comgra.errors import StoreError
 from comgra.store import GroupReader, TrialReader
 from comgra.store import format as fmt
+from comgra.store import layout
 
 torch = pytest.importorskip("torch")
 
@@ -88,7 +89,7 @@ def open_trial(group_dir: Path) -> TrialReader:
 
 
 def chunk(group_dir: Path, table: str) -> Path:
-    (path,) = fmt.chunk_files(trial_dir(group_dir) / table)  # flush_seconds=60: one chunk per table
+    (path,) = fmt.chunk_files(layout.rank_dir(trial_dir(group_dir), table, 0))  # flush_seconds=60: one chunk per table
     return path
 
 
@@ -266,7 +267,7 @@ def test_a_chunk_with_the_right_names_and_wrong_types_is_reported(group_dir: Pat
     every_answer(trial)  # no exception, whatever path reads the chunk
     assert list(trial.problems) == [str(bad)], case
     assert "not a chunk of this table" in trial.problem_reasons()[str(bad)]
-    table = bad.parent.name
+    table = layout.table_of_chunk(bad)
     if table == "tensors":
         assert all(trial.selection(training_step=s).num_rows == 0 for s in STEPS)
         assert trial.series(node="x", role="x", iteration=0).num_rows == 0
@@ -305,7 +306,7 @@ def _run_with_deadline(call: Callable[[], Any], seconds: float = 10.0) -> Any:
 
 def _fifo_chunk(table: str) -> Callable[[Path], Path]:
     def damage(group_dir: Path) -> Path:
-        path = trial_dir(group_dir) / table / fmt.chunk_name(99, 0, 3)
+        path = layout.rank_dir(trial_dir(group_dir), table, 0) / fmt.chunk_name(99, 0, 3)
         os.mkfifo(path)
         return path
     return damage
@@ -313,20 +314,20 @@ def _fifo_chunk(table: str) -> Callable[[Path], Path]:
 
 def _self_link_chunk(table: str) -> Callable[[Path], Path]:
     def damage(group_dir: Path) -> Path:
-        path = trial_dir(group_dir) / table / fmt.chunk_name(99, 0, 3)
+        path = layout.rank_dir(trial_dir(group_dir), table, 0) / fmt.chunk_name(99, 0, 3)
         path.symlink_to(path.name)
         return path
     return damage
 
 
 def _dangling_link_chunk(group_dir: Path) -> Path:
-    path = trial_dir(group_dir) / "tensors" / fmt.chunk_name(99, 0, 3)
+    path = layout.rank_dir(trial_dir(group_dir), "tensors", 0) / fmt.chunk_name(99, 0, 3)
     path.symlink_to("nothing-here.parquet")
     return path
 
 
 def _folder_named_like_a_chunk(group_dir: Path) -> Path:
-    path = trial_dir(group_dir) / "tensors" / fmt.chunk_name(99, 0, 3)
+    path = layout.rank_dir(trial_dir(group_dir), "tensors", 0) / fmt.chunk_name(99, 0, 3)
     path.mkdir()
     return path
 

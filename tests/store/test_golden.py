@@ -14,7 +14,8 @@ from comgra.store import GroupReader
 from comgra.store import format as fmt
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-VERSIONS = {1: GOLDEN / "format_v1" / "golden_group", 2: GOLDEN / "format_v2" / "golden_group"}
+VERSIONS = {1: GOLDEN / "format_v1" / "golden_group", 2: GOLDEN / "format_v2" / "golden_group",
+            3: GOLDEN / "format_v3" / "golden_group"}
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
@@ -97,11 +98,13 @@ def test_golden_v1_rows_are_rank_0() -> None:
     assert trial.series(node="x", role="x", iteration=0, statistic="min", rank=0)["value"].to_pylist() == [2.0, 202.0]
 
 
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_golden_v2_contents_rank_by_rank(rank: int) -> None:
-    """make_format_v2.py: x = arange(6).reshape(3, 2) + 100 * step + 1000 * rank, y = x @ [1, 2], loss = mean(y)."""
-    trial = GroupReader(VERSIONS[2]).trial("golden_trial")
-    assert trial.metadata["format_version"] == 2 and trial.metadata["world_size"] == 2
+def test_golden_v2_contents_rank_by_rank(rank: int, version: int) -> None:
+    """make_format_v2.py and make_format_v3.py: x = arange(6).reshape(3, 2) + 100 * step + 1000 * rank,
+    y = x @ [1, 2], loss = mean(y)."""
+    trial = GroupReader(VERSIONS[version]).trial("golden_trial")
+    assert trial.metadata["format_version"] == version and trial.metadata["world_size"] == 2
     assert trial.ranks() == [0, 1]
     index = trial.steps(rank=rank).to_pylist()
     assert [(r["training_step"], r["rank"]) for r in index] == [(0, rank), (2, rank)]
@@ -117,12 +120,31 @@ def test_golden_v2_contents_rank_by_rank(rank: int) -> None:
     series = trial.series(node="x", role="x", iteration=0, statistic="min", rank=rank)
     assert series["value"].to_pylist() == [2.0 + offset, 202.0 + offset]
     assert trial.kpis(rank=rank)["value"].to_pylist() == [8.0 + 3 * offset, 308.0 + 3 * offset, 608.0 + 3 * offset]
-    assert trial.notes(rank=rank) == [f"golden recording of format_version 2, rank {rank}"]
+    assert trial.notes(rank=rank) == [f"golden recording of format_version {version}, rank {rank}"]
 
 
-def test_golden_v2_all_ranks_side_by_side() -> None:
-    trial = GroupReader(VERSIONS[2]).trial("golden_trial")
+@pytest.mark.parametrize("version", [2, 3])
+def test_golden_v2_all_ranks_side_by_side(version: int) -> None:
+    trial = GroupReader(VERSIONS[version]).trial("golden_trial")
     series = trial.series(node="x", role="x", iteration=0, statistic="min")
     assert list(zip(series["rank"].to_pylist(), series["training_step"].to_pylist(), series["value"].to_pylist())) \
         == [(0, 0, 2.0), (0, 2, 202.0), (1, 0, 1002.0), (1, 2, 1202.0)]
     assert sorted(trial.selection(training_step=0, node="x", kind="forward", aggregation="mean")["rank"].to_pylist()) == [0, 1]
+
+
+def test_golden_v3_is_one_file_per_table_and_rank_with_hive_partitions() -> None:
+    """Format 3: every table a Hive-partitioned dataset that pyarrow reads as it is, ``rank`` from the folders."""
+    import pyarrow.dataset as ds
+
+    group_dir = VERSIONS[3]
+    trial = GroupReader(group_dir).trial("golden_trial")
+    for table in ("steps", "tensors", "kpis", "notes", "runinfo", "sentinels"):
+        files = sorted((group_dir / table).rglob("*.parquet"))
+        assert [p.parent.name for p in files] == ["rank=0", "rank=1"], table
+        assert all(p.parent.parent.name == "trial=golden_trial" for p in files)
+        plain = ds.dataset(group_dir / table, format="parquet", partitioning="hive").to_table()
+        assert "rank" not in ds.dataset(files[0], format="parquet").schema.names
+        assert plain.num_rows == {"steps": trial.steps, "kpis": trial.kpis}.get(table, lambda: plain)().num_rows
+    runinfo = trial.evidence("runinfo")
+    assert "value" in runinfo.column_names and "text" not in runinfo.column_names
+    assert trial.evidence("sentinels").schema.field("abs_max").type == fmt.SCHEMAS["sentinels"].field("abs_max").type

@@ -24,6 +24,7 @@ from comgra.service import RecordingService
 from comgra.store import GroupReader, TrialReader
 from comgra.store import format as fmt
 from comgra.store.writer import ChunkWriter
+from comgra.store import layout
 
 TRIAL = "trial_a"
 STEPS = (0, 10, 20)
@@ -51,7 +52,7 @@ def write_trial(group_dir: Path) -> Path:
     fmt.write_json_atomic(directory / fmt.TRIAL_META, {"format_version": fmt.FORMAT_VERSION, "trial_id": TRIAL,
                                                        "config": {}, "modules": []})
     fmt.write_json_atomic(directory / "graphs" / f"{HASH}.json", GRAPH)
-    writer = ChunkWriter(directory, flush_seconds=60.0)
+    writer = ChunkWriter(directory, flush_seconds=60.0, compact_at_close=False)
     for step in STEPS:
         writer.put_table("tensors", pa.Table.from_pylist(
             [_tensor_row(step, n, step + i) for i, n in enumerate("xy")], schema=fmt.TENSORS_SCHEMA))
@@ -69,12 +70,12 @@ def group_dir(tmp_path: Path) -> Path:
 
 
 def _a_chunk(directory: Path, table: str, step: int = 10) -> Path:
-    (path,) = [p for p in (directory / table).glob("*.parquet") if fmt.step_range_of(p.name) == (step, step)]
+    (path,) = [p for p in (layout.rank_dir(directory, table, 0)).glob("*.parquet") if fmt.step_range_of(p.name) == (step, step)]
     return path
 
 
 def _steps_chunk(directory: Path, rows: list[dict], schema: pa.Schema | None = None) -> Path:
-    path = directory / "steps" / fmt.chunk_name(900, 30, 30)
+    path = layout.rank_dir(directory, "steps", 0) / fmt.chunk_name(900, 30, 30)
     table = pa.Table.from_pylist(rows, schema=schema) if schema else pa.Table.from_pylist(rows)
     pq.write_table(table, path)
     return path
@@ -98,7 +99,8 @@ def _metadata(document: Any) -> Callable[[Path], Path]:
 
 def _stray(table: str, name: str, data: bytes = b"not parquet") -> Callable[[Path], Path]:
     def damage(directory: Path) -> Path:
-        path = directory / table / name
+        path = (directory if table == "." else layout.rank_dir(directory, table, 0)) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return path
     return damage
@@ -106,7 +108,7 @@ def _stray(table: str, name: str, data: bytes = b"not parquet") -> Callable[[Pat
 
 def _copy_of_a_chunk_named(name: str) -> Callable[[Path], Path]:
     def damage(directory: Path) -> Path:  # a readable Parquet file: only its name is foreign
-        path = directory / "tensors" / name
+        path = layout.rank_dir(directory, "tensors", 0) / name
         path.write_bytes(_a_chunk(directory, "tensors").read_bytes())
         return path
     return damage
@@ -129,7 +131,7 @@ def _hash_that_walks_out(directory: Path) -> Path:
 def _chunk_linked_outside(directory: Path) -> Path:
     outside = directory.parent.parent.parent / "elsewhere.parquet"
     outside.write_bytes(_a_chunk(directory, "tensors").read_bytes())
-    link = directory / "tensors" / fmt.chunk_name(901, 10, 10)
+    link = layout.rank_dir(directory, "tensors", 0) / fmt.chunk_name(901, 10, 10)
     link.symlink_to(outside)
     return link
 

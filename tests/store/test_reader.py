@@ -11,6 +11,7 @@ from comgra.errors import SelectionError, StoreError
 from comgra.store import GroupReader, TrialReader
 from comgra.store import format as fmt
 from comgra.store.writer import ChunkWriter
+from comgra.store import layout
 
 STEPS = (0, 10, 20)
 GRAPH_HASH = "00000000000000ab"  # the shape capture/graph.py graph_hash gives
@@ -30,7 +31,7 @@ def _write_trial(group_dir: Path, trial_id: str = "trial_a") -> Path:
     directory = fmt.trial_dir(group_dir, trial_id)
     fmt.write_json_atomic(directory / fmt.TRIAL_META, {"format_version": fmt.FORMAT_VERSION, "trial_id": trial_id})
     fmt.write_json_atomic(directory / "graphs" / f"{GRAPH_HASH}.json", GRAPH)
-    writer = ChunkWriter(directory, flush_seconds=60.0)
+    writer = ChunkWriter(directory, flush_seconds=60.0, compact_at_close=False)
     for step in STEPS:
         writer.put_table("tensors", pa.Table.from_pylist(
             [_tensor_row(step, node, step + i) for i, node in enumerate(("x", "y"))], schema=fmt.TENSORS_SCHEMA))
@@ -56,7 +57,7 @@ def group_dir(tmp_path: Path) -> Path:
 
 
 def _chunk_of(directory: Path, table: str, step: int) -> Path:
-    (path,) = [p for p in (directory / table).glob("*.parquet") if fmt.step_range_of(p.name) == (step, step)]
+    (path,) = [p for p in (layout.rank_dir(directory, table, 0)).glob("*.parquet") if fmt.step_range_of(p.name) == (step, step)]
     return path
 
 
@@ -114,7 +115,7 @@ def test_corrupt_tensor_chunk_is_skipped_and_listed(damage, group_dir: Path) -> 
 @pytest.mark.parametrize("table", ["steps", "kpis", "notes"])
 def test_corrupt_small_table_chunk_is_skipped_and_listed(table: str, damage, group_dir: Path) -> None:
     directory = fmt.trial_dir(group_dir, "trial_a")
-    bad = _chunk_of(directory, table, 10) if table != "notes" else sorted((directory / "notes").glob("*.parquet"))[1]
+    bad = _chunk_of(directory, table, 10) if table != "notes" else sorted((layout.rank_dir(directory, "notes", 0)).glob("*.parquet"))[1]
     damage(bad)
     trial = GroupReader(group_dir).trial("trial_a")
     assert trial.steps()["training_step"].to_pylist() == ([0, 20] if table == "steps" else list(STEPS))
@@ -126,9 +127,9 @@ def test_corrupt_small_table_chunk_is_skipped_and_listed(table: str, damage, gro
 def test_temporary_and_hidden_files_are_never_read(group_dir: Path) -> None:
     directory = fmt.trial_dir(group_dir, "trial_a")
     for table in fmt.TABLES:
-        (directory / table).mkdir(exist_ok=True)  # layers, resources: a recording without profiling has none
-        (directory / table / ".tmp-12345.parquet").write_bytes(b"half-written")
-        (directory / table / ".hidden.parquet").write_bytes(b"half-written")
+        (layout.rank_dir(directory, table, 0)).mkdir(parents=True, exist_ok=True)  # layers, resources: a recording without profiling has none
+        (layout.rank_dir(directory, table, 0) / ".tmp-12345.parquet").write_bytes(b"half-written")
+        (layout.rank_dir(directory, table, 0) / ".hidden.parquet").write_bytes(b"half-written")
     trial = GroupReader(group_dir).trial("trial_a")
     assert trial.steps().num_rows == len(STEPS)
     assert trial.series(node="x", role="x", iteration=0).num_rows == len(STEPS)
@@ -138,7 +139,7 @@ def test_temporary_and_hidden_files_are_never_read(group_dir: Path) -> None:
 def test_new_chunks_of_a_live_run_appear_on_the_next_call(group_dir: Path) -> None:
     trial = GroupReader(group_dir).trial("trial_a")
     assert trial.steps().num_rows == len(STEPS)
-    writer = ChunkWriter(fmt.trial_dir(group_dir, "trial_a"), flush_seconds=60.0)
+    writer = ChunkWriter(fmt.trial_dir(group_dir, "trial_a"), flush_seconds=60.0, compact_at_close=False)
     writer._seq = 100  # after the chunks already there, as a resumed writer would be
     writer.put_table("steps", pa.Table.from_pylist([{
         "training_step": 30, "type_of_execution": "main", "iteration": 0, "graph": GRAPH_HASH, "batch_size": 4,

@@ -13,6 +13,7 @@ from comgra.store import TrialReader
 from comgra.store import format as fmt
 from comgra.store.repair import repair_group, repair_trial
 from comgra.store.writer import ChunkWriter
+from comgra.store import layout
 
 
 def _kpi_rows(points: range) -> pa.Table:
@@ -24,7 +25,7 @@ def _kpi_rows(points: range) -> pa.Table:
 def _plain_count(trial_dir: Path, table: str) -> int:
     with duckdb.connect() as connection:
         return connection.execute("SELECT count(*) FROM read_parquet(?)",
-                                  [str(trial_dir / table / "*.parquet")]).fetchone()[0]
+                                  [str(layout.rank_dir(trial_dir, table, 0) / "*.parquet")]).fetchone()[0]
 
 
 def _crashed_trial(group: Path, trial_id: str = "t") -> Path:
@@ -32,34 +33,34 @@ def _crashed_trial(group: Path, trial_id: str = "t") -> Path:
     trial_dir = fmt.trial_dir(group, trial_id)
     fmt.write_json_atomic(trial_dir / fmt.TRIAL_META, {"format_version": fmt.FORMAT_VERSION, "trial_id": trial_id})
     parts = trial_dir.parent.parent / "parts"
-    writer = ChunkWriter(trial_dir, flush_seconds=60.0, merge_every=4)
+    writer = ChunkWriter(trial_dir, flush_seconds=60.0, merge_every=4, compact_at_close=False)
     for point in range(4):
         writer.put_table("kpis", _kpi_rows(range(point * 10, point * 10 + 10)))
         writer.flush()
         if point < 3:  # the merge happens at the 4th flush: keep copies of the parts it deletes
-            shutil.copytree(trial_dir / "kpis", parts, dirs_exist_ok=True)
+            shutil.copytree(layout.rank_dir(trial_dir, "kpis", 0), parts, dirs_exist_ok=True)
     writer.close()
-    shutil.copytree(trial_dir / "kpis", parts, dirs_exist_ok=True)
+    shutil.copytree(layout.rank_dir(trial_dir, "kpis", 0), parts, dirs_exist_ok=True)
     for part in parts.iterdir():  # put back all parts (not the 4th: it was never a separate file after the merge)
-        if not (trial_dir / "kpis" / part.name).exists() and "-l" not in part.name:
-            shutil.copy(part, trial_dir / "kpis" / part.name)
-    (trial_dir / "kpis" / f".tmp-1-abc-{fmt.chunk_name(99, 5, 5)}.partial").write_bytes(b"PAR1 half a chunk")
+        if not (layout.rank_dir(trial_dir, "kpis", 0) / part.name).exists() and "-l" not in part.name:
+            shutil.copy(part, layout.rank_dir(trial_dir, "kpis", 0) / part.name)
+    (layout.rank_dir(trial_dir, "kpis", 0) / f".tmp-1-abc-{fmt.chunk_name(99, 5, 5)}.partial").write_bytes(b"PAR1 half a chunk")
     (trial_dir / f".tmp-1-abd-{fmt.TRIAL_META}.partial").write_text('{"format_')
-    (trial_dir / "kpis" / "my_own_notes.parquet").write_bytes(b"a user's file, not a chunk")
+    (layout.rank_dir(trial_dir, "kpis", 0) / "my_own_notes.parquet").write_bytes(b"a user's file, not a chunk")
     return trial_dir
 
 
 def test_repair_removes_leftovers_and_covered_parts_and_reports_them(tmp_path: Path) -> None:
     trial_dir = _crashed_trial(tmp_path / "group")
-    (trial_dir / "kpis" / "my_own_notes.parquet").unlink()  # (a user's file would break the plain glob below)
+    (layout.rank_dir(trial_dir, "kpis", 0) / "my_own_notes.parquet").unlink()  # (a user's file would break the plain glob below)
     assert _plain_count(trial_dir, "kpis") == 70  # 40 rows, 30 of them twice
     assert TrialReader(trial_dir).kpis().num_rows == 40
 
     (report,) = repair_group(tmp_path / "group")
 
     assert report.trial_id == "t" and not report.skipped_live
-    assert len(report.covered_removed) == 3 and all(p.startswith("kpis/") for p in report.covered_removed)
-    assert sorted(report.temporary_removed) == sorted([f"kpis/.tmp-1-abc-{fmt.chunk_name(99, 5, 5)}.partial",
+    assert len(report.covered_removed) == 3 and all(p.startswith("kpis/trial=t/rank=0/") for p in report.covered_removed)
+    assert sorted(report.temporary_removed) == sorted([f"kpis/trial=t/rank=0/.tmp-1-abc-{fmt.chunk_name(99, 5, 5)}.partial",
                                                        f".tmp-1-abd-{fmt.TRIAL_META}.partial"])
     assert _plain_count(trial_dir, "kpis") == 40
     assert sorted(TrialReader(trial_dir).kpis()["timepoint"].to_pylist()) == list(range(40))
@@ -69,12 +70,12 @@ def test_repair_removes_leftovers_and_covered_parts_and_reports_them(tmp_path: P
 def test_repair_never_deletes_a_file_it_did_not_name(tmp_path: Path) -> None:
     trial_dir = _crashed_trial(tmp_path / "group")
     repair_trial(trial_dir)
-    assert (trial_dir / "kpis" / "my_own_notes.parquet").read_bytes() == b"a user's file, not a chunk"
+    assert (layout.rank_dir(trial_dir, "kpis", 0) / "my_own_notes.parquet").read_bytes() == b"a user's file, not a chunk"
 
 
 def test_a_trial_with_a_live_writer_is_skipped(tmp_path: Path) -> None:
     trial_dir = _crashed_trial(tmp_path / "group")
-    live = ChunkWriter(trial_dir, flush_seconds=60.0, rank=1)  # another rank records into this trial now
+    live = ChunkWriter(trial_dir, flush_seconds=60.0, rank=1, compact_at_close=False)  # another rank records into this trial now
     before = sorted(p.name for p in trial_dir.rglob("*"))
     try:
         (report,) = repair_group(tmp_path / "group")
@@ -87,9 +88,9 @@ def test_a_trial_with_a_live_writer_is_skipped(tmp_path: Path) -> None:
 
 def test_a_new_writer_repairs_what_a_crashed_writer_of_its_rank_left(tmp_path: Path) -> None:
     trial_dir = _crashed_trial(tmp_path / "group")
-    other_rank = trial_dir / "kpis" / f".tmp-7-abe-{fmt.chunk_name(3, 1, 1, rank=2)}.partial"
+    other_rank = layout.rank_dir(trial_dir, "kpis", 0) / f".tmp-7-abe-{fmt.chunk_name(3, 1, 1, rank=2)}.partial"
     other_rank.write_bytes(b"rank 2 may still be writing this")
-    writer = ChunkWriter(trial_dir, flush_seconds=60.0)
+    writer = ChunkWriter(trial_dir, flush_seconds=60.0, compact_at_close=False)
     writer.close()
     assert len(writer.repaired.covered_removed) == 3 and len(writer.repaired.temporary_removed) == 1
     assert other_rank.exists() and (trial_dir / f".tmp-1-abd-{fmt.TRIAL_META}.partial").exists()

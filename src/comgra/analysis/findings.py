@@ -108,7 +108,7 @@ def trial_signature(trial: TrialReader) -> tuple[str, ...]:
     """The version of a trial's data: the names of its tensors and steps chunks (chunks are immutable,
     so a trial whose names did not change has the same findings)."""
     return tuple(p.name for p in trial.tensor_chunks()) + tuple(
-        p.name for table in ("steps", "runinfo", "sentinels") for p in sorted((trial.directory / table).glob("*.parquet")))
+        name for table in ("steps", "runinfo", "sentinels") for name in trial.chunk_names(table))
 
 
 # The evidence that says how strong a finding is, beyond its (capped) score: findings of equal score are ordered

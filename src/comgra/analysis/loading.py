@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from comgra.errors import ComgraError
 from comgra.store import format as fmt
+from comgra.store import layout
 from comgra.store.reader import TrialReader
 
 KEYS = ["training_step", "kind", "iteration", "node", "role", "tensor_type", "aggregation", "sample", "rank"]
@@ -275,7 +276,7 @@ def trial_context(trial: TrialReader) -> TrialContext:
             unreadable.append(f"graphs/{graph_hash}.json: unreadable, so no finding of the steps it describes names "
                               f"where a problem starts ({error})")
     known = set(steps_frame["training_step"].tolist())
-    problems = [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in trial.problem_reasons().items()]
+    problems = [f"{layout.chunk_label(Path(p))}: {reason}" for p, reason in trial.problem_reasons().items()]
     return TrialContext(trial.trial_id, steps_frame, graphs, known, problems + unreadable, reader=trial)
 
 

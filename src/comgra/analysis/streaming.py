@@ -45,6 +45,7 @@ from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import KEYS, STATS, TrialContext, TrialData
 from comgra.errors import SelectionError
 from comgra.store import format as fmt
+from comgra.store import layout
 from comgra.store.reader import TrialReader
 
 GROUP_ROWS = 250_000
@@ -150,7 +151,7 @@ def _scan_trial(trial: TrialReader, options: ScanOptions,
                 for part in _chunk_parts(trial, path):
                     _split_chunk(part, context, gathered, spill)
             except (OSError, pa.ArrowException) as error:  # damaged past its first column: the rows before stay
-                gathered.problems.append(f"skipped {path.parent.name}/{path.name} from where it is damaged: {error}")
+                gathered.problems.append(f"skipped {layout.chunk_label(path)} from where it is damaged: {error}")
             if progress is not None:
                 progress(done, total)
         spill.close()

@@ -24,6 +24,7 @@ from typing import Any
 from comgra.capture.options import RecorderOptions
 from comgra.errors import RecordingError
 from comgra.store import format as fmt
+from comgra.store import layout
 
 # (trial folder, rank) -> the recorder that holds it open now (weakly: a recorder nobody holds is not kept alive)
 _OPEN: dict[tuple[Path, int], weakref.ref[Any]] = {}
@@ -78,6 +79,8 @@ def _keep_beside(directory: Path, trial_id: str) -> Path | None:
     kept = _free_sibling(directory)
     try:
         os.rename(directory, kept)
+        # Format 3: the trial's tables live outside its folder (store/layout.py) and are renamed with it.
+        layout.move_trial_partitions(layout.group_of(directory), trial_id, new_id=kept.name)
     except OSError:
         return None
     _name_the_copy(kept, trial_id)

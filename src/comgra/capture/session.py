@@ -31,6 +31,7 @@ from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError
 from comgra.objects import DecisionMakerForRecordings
 from comgra.store import format as fmt
+from comgra.store import layout
 from comgra.store.writer import ChunkWriter
 
 
@@ -302,10 +303,13 @@ def _stacklevel_of_caller() -> int:
 
 def _move_aside_earlier_trial(group_dir: Path, directory: Path) -> None:
     """The original deleted an existing trial folder; we keep it under GROUP/.replaced/."""
-    if directory.exists() and any(directory.iterdir()):
+    if (directory.exists() and any(directory.iterdir())) or layout.trial_partitions(group_dir, directory.name):
         target = group_dir / ".replaced" / f"{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(directory), str(target))
+        if directory.exists():
+            shutil.move(str(directory), str(target))
+        # Format 3: the trial's tables live outside its folder; they go with it (target/<table>/trial=<id>/).
+        layout.move_trial_partitions(group_dir, directory.name, target=target)
         print(f"comgra: an earlier recording of trial {directory.name!r} was moved to {str(target)!r}",
               file=sys.stderr)
 
@@ -325,7 +329,8 @@ def _move_aside_earlier_shard(group_dir: Path, directory: Path, ranks: RankInfo,
     target = group_dir / ".replaced" / (f"{directory.name}-{time.strftime('%Y%m%d-%H%M%S')}-"
                                         f"r{ranks.rank:03d}-{os.getpid()}")
     for path in owned:
-        destination = target / path.relative_to(directory)
+        destination = target / (path.relative_to(directory) if path.is_relative_to(directory)
+                                 else path.relative_to(group_dir))  # format 3: <table>/trial=<id>/rank=<r>/...
         destination.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(path), str(destination))
     print(f"comgra: rank {ranks.rank} moved its part of an earlier recording of trial {directory.name!r} to "
@@ -334,7 +339,9 @@ def _move_aside_earlier_shard(group_dir: Path, directory: Path, ranks: RankInfo,
 
 def _shard_files(directory: Path) -> list[Path]:
     """Metadata and chunks; never a dot file: another rank's temporary file may be in flight."""
-    files = list(directory.glob("*.json")) + [p for table in fmt.TABLES for p in fmt.chunk_files(directory / table)]
+    files = list(directory.glob("*.json")) + [p for table in fmt.TABLES for version in (2, 3)
+                                              for folder in layout.table_dirs(directory, table, version)
+                                              for p in fmt.chunk_files(folder)]
     return [p for p in files if not p.name.startswith(".") and p.is_file()]
 
 

@@ -7,6 +7,8 @@ Usage::
     comgra --use-path-for-test-run          # what comgra-test-run recorded
     comgra demo [--steps 300] [--path P]    # record a short tutorial run (needs torch), then serve it
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
+    comgra migrate GROUP                    # rewrite a recording of format 1 or 2 as format 3 (docs/format.md)
+    comgra compact GROUP                    # one Parquet file per table and rank for each finished trial
     comgra scan --path ROOT/GROUP [--json]  # findings: anomalies and where they start (see comgra.cli.scan)
 
 A bad path or option ends with a one-line message and exit code 2.
@@ -32,6 +34,8 @@ COMMANDS = {  # the subcommands: `comgra --help` lists them, `comgra foo` names 
     "demo": "record a short run of the tutorial network (needs torch), then open it",
     "scan": "findings: anomalies and where they start ('comgra scan --path ROOT/GROUP [--json]')",
     "repair": "remove what a crashed run left in a recording ('comgra repair PATH')",
+    "migrate": "rewrite a recording of format 1 or 2 as format 3 ('comgra migrate GROUP')",
+    "compact": "one Parquet file per table and rank for each finished trial ('comgra compact GROUP')",
 }
 
 
@@ -63,6 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(_demo_parser().parse_args(arguments[1:]))
         if arguments[:1] == ["repair"]:
             return _repair(arguments[1:])
+        if arguments[:1] in (["migrate"], ["compact"]):
+            return _migrate(arguments[0], arguments[1:])
         if arguments[:1] == ["scan"]:
             from comgra.cli import scan
             return scan.run(arguments[1:])
@@ -165,6 +171,17 @@ def _repair(arguments: list[str]) -> int:
 
     try:
         lines = repair.main(arguments)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    print("\n".join(lines))
+    return 0
+
+
+def _migrate(command: str, arguments: list[str]) -> int:
+    from comgra.cli import migrate
+
+    try:
+        lines = migrate.main(command, arguments)
     except ValueError as error:
         raise UsageError(str(error)) from None
     print("\n".join(lines))

@@ -34,6 +34,7 @@ from comgra.server.doors import (TOKEN_CONFIG, ApiError, accept_token_link, chec
                                  check_state_change, trial_folder)
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.store import format as fmt
+from comgra.store import layout
 
 INT_LIMIT = 2**62
 _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²" and "٣"
@@ -259,7 +260,7 @@ class Routes:
             reasons = self.service.trial(trial).problem_reasons()
         except ComgraError as error:
             return [str(error)]
-        return [f"{Path(p).parent.name}/{Path(p).name}: {reason}" for p, reason in reasons.items()]
+        return [f"{layout.chunk_label(Path(p))}: {reason}" for p, reason in reasons.items()]
 
     def _steps_filter(self) -> dict[str, int | None]:
         return {"first_step": int_arg("first_step"), "last_step": int_arg("last_step")}

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from comgra.errors import StoreError
 from comgra.store import format as fmt
+from comgra.store import layout
 from comgra.store.reader import GroupReader, TrialReader
 
 
@@ -53,7 +54,7 @@ class TrialQuestions:
             trial = self.trial(trial_id)
         except StoreError as error:
             return [str(error)]
-        return [f"Skipped {Path(p).parent.name}/{Path(p).name} of trial {trial_id!r}: {reason}. "
+        return [f"Skipped {layout.chunk_label(Path(p))} of trial {trial_id!r}: {reason}. "
                 "The rest of the trial is shown." for p, reason in trial.problem_reasons().items()]
 
     def ranks(self, trial_id: str) -> list[int]:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.store import format as fmt
-from comgra.store import validation
+from comgra.store import layout, validation
 
 CHECKED_KEPT = 4096  # chunk versions whose checks are kept before those of vanished files are let go
 
@@ -89,12 +89,13 @@ class ChunkChecks:
             self._checked[key] = Checked(checked.num_row_groups, checked.names, done)
 
 
-def with_rank_of_format_1(table: pa.Table) -> pa.Table:
-    """A format-1 chunk has no rank column (read back as nulls): its rows are rank 0's."""
+def with_rank_of_format_1(table: pa.Table, rank: int = 0) -> pa.Table:
+    """A chunk without a rank column (read back as nulls) holds the rows of ``rank``: 0 in format 1, its folder's in
+    format 3."""
     if table["rank"].null_count == 0:
         return table
     index = table.schema.get_field_index("rank")
-    return table.set_column(index, fmt.RANK_FIELD, pc.fill_null(table["rank"], pa.scalar(0, pa.int32())))
+    return table.set_column(index, fmt.RANK_FIELD, pc.fill_null(table["rank"], pa.scalar(rank, pa.int32())))
 
 
 # Columns every row of a small table has (the writer never leaves them empty): the step index is sorted
@@ -129,3 +130,16 @@ def complete(table_name: str, table: pa.Table) -> pa.Table:
     if empty:
         raise ValueError(f"null values in {empty}")
     return table
+
+
+def read_small(table: str, path: Path, format_version: int) -> pa.Table:
+    """One chunk of a small table, in the reader's schema (format.SCHEMAS): ``rank`` and the format-3 renames."""
+    schema = pq.read_schema(path)
+    if format_version >= 3 and "rank" not in schema.names:
+        validation.check_chunk_schema(schema, fmt.FILE_SCHEMAS[table], rank_optional=True)
+        read = pq.read_table(path, schema=fmt.FILE_SCHEMAS[table], page_checksum_verification=True)
+        return layout.from_file(table, read, layout.rank_of_chunk(path))
+    # Formats 1 and 2, and chunks of the recorder's row schema (tools): a missing rank is the chunk's own.
+    validation.check_chunk_schema(schema, fmt.SCHEMAS[table], rank_optional=True)
+    return with_rank_of_format_1(
+        pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True), layout.rank_of_chunk(path))

@@ -1,19 +1,24 @@
 """The layout of a recording on disk, its schemas and atomic file writes.
 
-A group folder holds one folder per trial::
+A group folder holds one folder of JSON documents per trial, and one Hive-partitioned Parquet dataset per
+table (format 3; see store/layout.py for the paths and the escaping of trial ids)::
 
     GROUP/trials/<trial_id>/
         trial.json                   metadata: format_version, modules, configuration (+ world_size)
         rank-<NNN>.json              under torch.distributed: the metadata of each rank but the lowest
         graphs/<hash>.json           one dependency graph per distinct structure
-        steps/<chunk>.parquet        one row per (training_step, iteration): the commit record
-        tensors/<chunk>.parquet      statistics and neuron values
-        kpis/<chunk>.parquet         scalars from record_kpi_in_graph
-        notes/<chunk>.parquet        lines from add_note
-        layers/<chunk>.parquet       per-layer profiling (track_module(..., profile=True))
-        resources/<chunk>.parquet    CPU, memory and GPU samples over time
-        runinfo/<chunk>.parquet      per recorded step: module modes, dtypes, optimizer groups, autocast
-        sentinels/<chunk>.parquet    per training step (every one): a few reductions of the loss and outputs
+    GROUP/<table>/trial=<escaped trial_id>/rank=<r>/<chunk>.parquet, for each table:
+        steps                        one row per (training_step, iteration): the commit record
+        tensors                      statistics and neuron values
+        kpis                         scalars from record_kpi_in_graph
+        notes                        lines from add_note
+        layers                       per-layer profiling (track_module(..., profile=True))
+        resources                    CPU, memory and GPU samples over time
+        runinfo                      per recorded step: module modes, dtypes, optimizer groups, autocast
+        sentinels                    per training step (every one): a few reductions of the loss and outputs
+
+Formats 1 and 2 kept each table inside the trial folder (``GROUP/trials/<trial_id>/<table>/<chunk>.parquet``);
+they still read, and ``comgra migrate`` rewrites them as format 3 (store/migrate.py).
 
 Chunk files are immutable and appear atomically (written under a temporary
 name, then renamed). A steps chunk is written after the tensors chunk it
@@ -37,7 +42,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 # 2: a ``rank`` column in every table (format 1 has none: its rows are rank 0's).
-FORMAT_VERSION = 2
+# 3: each table is a Hive-partitioned dataset GROUP/<table>/trial=<id>/rank=<r>/ (see store/layout.py); the files
+#    hold no ``rank`` column, and a column name has one type across all tables (FILE_RENAMES).
+FORMAT_VERSION = 3
 TRIALS_DIR = "trials"
 TRIAL_META = "trial.json"
 TABLES = ("steps", "tensors", "kpis", "notes", "layers", "resources", "runinfo", "sentinels")
@@ -170,6 +177,14 @@ SCHEMAS = {name: schema.append(RANK_FIELD) for name, schema in
            {"steps": STEPS_SCHEMA, "tensors": TENSORS_SCHEMA, "kpis": KPIS_SCHEMA, "notes": NOTES_SCHEMA,
             "layers": LAYERS_SCHEMA, "resources": RESOURCES_SCHEMA, "runinfo": RUNINFO_SCHEMA,
             "sentinels": SENTINELS_SCHEMA}.items()}
+# Format 3 on disk: a column name has one type across every table, so that an engine merges the schemas of the whole
+# group (Spark's mergeSchema). Two names had two types before: runinfo's text ``value`` (kpis and resources hold a
+# float64 ``value``) and sentinels' float64 ``abs_max`` (tensors hold a float32 one). comgra's reader gives the
+# rows back under the names above; the files name them as here.
+FILE_RENAMES = {"runinfo": {"value": "text"}, "sentinels": {"abs_max": "abs_max_f64"}}
+# The chunk files of format 3: the columns the recorder hands its writer, renamed as above, no ``rank``.
+FILE_SCHEMAS = {name: pa.schema([field.with_name(FILE_RENAMES.get(name, {}).get(field.name, field.name))
+                                 for field in schema if field.name != "rank"]) for name, schema in SCHEMAS.items()}
 
 
 

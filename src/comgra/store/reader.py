@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
-from comgra.store import chunk_checks, validation
+from comgra.store import chunk_checks, layout, validation
 from comgra.store.series_read import SeriesReader
 
 _TENSORS = fmt.SCHEMAS["tensors"]
@@ -69,13 +69,15 @@ class GroupReader:
         directory = fmt.trial_dir(self.path, trial_id)
         if "/" in trial_id or trial_id in ("", ".", "..") or not (directory / fmt.TRIAL_META).is_file():
             return []
-        return fmt.chunk_names(directory / table)
+        # Both layouts (no metadata read): a trial is in one of them, or in both for a moment while it migrates.
+        return sorted(name for version in (2, 3) for folder in layout.table_dirs(directory, table, version)
+                      for name in fmt.chunk_names(folder))
 
     def trial(self, trial_id: str) -> TrialReader:
         with self._lock:
             kept = self._trials.get(trial_id)
-            if kept is not None and fmt.folder_identity(kept.directory) != kept.folder:
-                del self._trials[trial_id]  # a new run took the name (capture.open_recorders): read the new folder
+            if kept is not None and (fmt.folder_identity(kept.directory) != kept.folder or kept.migrated()):
+                del self._trials[trial_id]  # a new run took the name (capture.open_recorders), or `comgra migrate`
             if trial_id not in self._trials:
                 known = self.trials()
                 if trial_id not in known:
@@ -97,6 +99,8 @@ class TrialReader:
         self.folder = fmt.folder_identity(directory)  # what the chunk cache holds is of this folder only
         self.trial_id = directory.name
         self.metadata = validation.read_trial_metadata(directory)
+        self.format_version = int(self.metadata.get("format_version", fmt.FORMAT_VERSION))
+        self._metadata_file = fmt.folder_identity(directory / fmt.TRIAL_META)
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
         self._problems: dict[str, str] = {}
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
@@ -111,6 +115,10 @@ class TrialReader:
         self._series_reader = SeriesReader()
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
         self._checks = chunk_checks.ChunkChecks()
+
+    def migrated(self) -> bool:
+        """Whether a trial of format 1 or 2 was migrated since it was opened (its trial.json was replaced)."""
+        return self.format_version < 3 and fmt.folder_identity(self.directory / fmt.TRIAL_META) != self._metadata_file
 
     def _keep_readable_modules(self) -> None:
         """Module trees not of the shape the recorder writes are left out of ``metadata`` and reported, so that
@@ -134,12 +142,12 @@ class TrialReader:
         Every method that returns rows takes ``rank``: None means all ranks (tell them apart by
         the ``rank`` column), an int the rows of that rank only.
         """
-        found = {fmt.rank_of(p.name) for table in ("steps", "tensors") for p in self._files(table)}
-        return sorted(r for r in found if r is not None)
+        return sorted({layout.rank_of_chunk(p) for table in ("steps", "tensors") for p in self._files(table)})
 
     def chunk_names(self, table: str) -> list[str]:
         """The names of a table's chunk files, sorted: a version token (a new chunk changes it), one scandir."""
-        return fmt.chunk_names(self.directory / table)
+        folders = layout.table_dirs(self.directory, table, self.format_version)
+        return sorted(name for folder in folders for name in fmt.chunk_names(folder))
 
     # -- small tables, cached per immutable chunk --------------------------------------------
     def steps(self, rank: int | None = None) -> pa.Table:
@@ -254,7 +262,7 @@ class TrialReader:
                      cancelled: Callable[[], bool] | None = None) -> pa.Table:
         """Only the row groups that can hold the node (see ``series_read``). A damaged chunk, or one merged
         away meanwhile, sends the read through DuckDB's route, which finds and reports it, or lists again."""
-        if self.metadata.get("format_version", fmt.FORMAT_VERSION) < 2:  # format 1 has no rank column
+        if self._format_1:  # format 1 has no rank column
             return self._query(files, columns, filters)
         validation.check_filter_values({k: v for k, v in filters.items() if v is not None})
         self._series_reader.forget_all_but(files if filters["rank"] is None else self._files("tensors"))
@@ -300,8 +308,9 @@ class TrialReader:
             self._report_problem(path, chunk_checks.damage_reason(error))
             log.debug("comgra: skipped %s", path, exc_info=error)
             return empty
-        if "rank" in wanted and "rank" not in table.column_names:  # format 1: every row is rank 0's
-            table = table.append_column(fmt.RANK_FIELD, pa.array(np.zeros(table.num_rows, np.int32)))
+        if "rank" in wanted and "rank" not in table.column_names:  # format 1: rank 0's; format 3: its folder's
+            rank = layout.rank_of_chunk(path)
+            table = table.append_column(fmt.RANK_FIELD, pa.array(np.full(table.num_rows, rank, np.int32)))
         return table.select(wanted)
 
     def _query(self, files: list[Path], columns: list[str] | None, filters: dict[str, Any]) -> pa.Table:
@@ -331,8 +340,12 @@ class TrialReader:
                 _TENSORS.empty_table().select(columns or _TENSORS.names)
 
     def _tensors_source(self) -> str:
-        """Format 1 has no rank column: all its rows are rank 0's, so a constant stands in for it."""
-        if self.metadata.get("format_version", fmt.FORMAT_VERSION) >= 2:
+        """Format 1 has no rank column: all its rows are rank 0's, so a constant stands in for it. Format 3 has it in
+        the folder names (``rank=<r>``), which DuckDB reads as a Hive partition."""
+        if self.format_version >= 3:
+            return ('(SELECT * EXCLUDE ("trial") FROM read_parquet(?, hive_partitioning = true, '
+                    "hive_types = {'trial': VARCHAR, 'rank': INTEGER}))")
+        if self.format_version >= 2:
             return "read_parquet(?)"
         return '(SELECT *, CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'
 
@@ -346,12 +359,14 @@ class TrialReader:
     def _files(self, table: str, rank: int | None = None) -> list[Path]:
         """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
         bad = set(self.problems)
-        paths = [p for p in fmt.chunk_files(self.directory / table) if str(p) not in bad and self._own_chunk(p)]
-        visible = fmt.visible_chunks(paths)
-        return visible if rank is None else [p for p in visible if fmt.rank_of(p.name) in (rank, None)]
+        folders = layout.table_dirs(self.directory, table, self.format_version)
+        visible = [p for folder in folders for p in fmt.visible_chunks(
+            [p for p in fmt.chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
+        return visible if rank is None else [p for p in visible if layout.rank_of_chunk(p) == rank]
 
     def _own_chunk(self, path: Path) -> bool:
-        problem = chunk_checks.not_own_chunk(path, self.directory)
+        # Format 3: inside the trial's folder of the table (GROUP/<table>/trial=<id>/).
+        problem = chunk_checks.not_own_chunk(path, self.directory if self.format_version < 3 else path.parent.parent)
         if problem:
             self._report_problem(path, problem)
         return problem is None
@@ -378,7 +393,7 @@ class TrialReader:
 
     def _verify(self, table: str, path: Path, wanted: frozenset[str], node: str | None = None) -> None:
         self._checks.verify(table, path, wanted, lambda count: self._row_groups(table, path, node, count),
-                            rank_optional=self._format_1)
+                            rank_optional=self.format_version != 2)
 
     def _row_groups(self, table: str, path: Path, node: str | None, count: int) -> list[int]:
         """The row groups a query reads: for one node of a tensors chunk, those its footer's bounds allow."""
@@ -388,7 +403,7 @@ class TrialReader:
 
     @property
     def _format_1(self) -> bool:
-        return bool(self.metadata.get("format_version", fmt.FORMAT_VERSION) < 2)
+        return self.format_version < 2
 
     def _refreshed(self, files: list[Path]) -> list[Path]:
         """The current chunks that hold the steps ``files`` held."""
@@ -439,7 +454,7 @@ class TrialReader:
         """Let go of the chunks of ``table`` no longer on disk: a live writer merges every flush's chunks away,
         and a server that kept them all grew with every chunk the run wrote (one scandir; removal is per key,
         so a request thread adding a chunk meanwhile loses nothing)."""
-        on_disk = set(fmt.chunk_names(self.directory / table))
+        on_disk = set(self.chunk_names(table))
         for key in [k for k in list(self._cache) if k[0] == table and k[1] not in on_disk]:
             self._cache.pop(key, None)
 
@@ -447,15 +462,13 @@ class TrialReader:
         """The chunks of one listing of ``table``; None when one of them vanished before it was read."""
         parts = []
         for path in self._files(table, rank):
-            key = (table, path.name)
+            key = (table, path.name)  # a chunk's name is unique across ranks: it holds the rank
             kept = self._cache.get(key)  # once: another thread may let go of a chunk merged away meanwhile
             if kept is None:
                 try:
                     # Without a rank column a small table's rows are rank 0's (format 1, and tools that write
                     # chunks of the *_SCHEMA the recorder hands its writer), as they always were.
-                    validation.check_chunk_schema(pq.read_schema(path), fmt.SCHEMAS[table], rank_optional=True)
-                    read = chunk_checks.complete(table, chunk_checks.with_rank_of_format_1(
-                        pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True)))
+                    read = chunk_checks.complete(table, chunk_checks.read_small(table, path, self.format_version))
                     kept = self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
                 except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
                     if not path.exists():

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from comgra.store import format as fmt
+from comgra.store import layout
 
 __all__ = ["TrialRepair", "repair_group", "repair_trial", "writer_is_alive"]
 
@@ -56,11 +57,17 @@ def repair_trial(trial_directory: Path, *, rank: int | None = None) -> TrialRepa
     if rank is None and _any_writer_alive(trial_directory):
         report.skipped_live = True
         return report
-    for folder in [trial_directory, *(trial_directory / name for name in (*fmt.TABLES, "graphs"))]:
+    # Both layouts: format 3's folders per table and rank (GROUP/<table>/trial=<id>/rank=<r>/), and the trial's own
+    # table folders of formats 1 and 2. Tables comgra does not know are never touched.
+    tables = {table: [folder for version in (2, 3) for folder in layout.table_dirs(trial_directory, table, version)
+                      if rank is None or version < 3 or layout.rank_of_folder(folder) == rank]
+              for table in fmt.TABLES}
+    for folder in [trial_directory, trial_directory / "graphs", *(f for folders in tables.values() for f in folders)]:
         if folder.is_dir() and not folder.is_symlink():
             _remove_temporary(folder, trial_directory, rank, report)
-    for table in fmt.TABLES:
-        _remove_covered(trial_directory / table, trial_directory, rank, report)
+    for folders in tables.values():
+        for folder in folders:
+            _remove_covered(folder, trial_directory, rank, report)
     return report
 
 
@@ -90,7 +97,7 @@ def _remove_temporary(folder: Path, trial_directory: Path, rank: int | None, rep
         if rank is not None and fmt.rank_of(fmt.final_name_of_temporary(path.name)) != rank:
             continue  # another rank's file, or a JSON document any rank may be writing
         path.unlink(missing_ok=True)
-        report.temporary_removed.append(str(path.relative_to(trial_directory)))
+        report.temporary_removed.append(_relative(path, trial_directory))
 
 
 def _remove_covered(folder: Path, trial_directory: Path, rank: int | None, report: TrialRepair) -> None:
@@ -103,5 +110,13 @@ def _remove_covered(folder: Path, trial_directory: Path, rank: int | None, repor
         if path in visible or (rank is not None and fmt.rank_of(path.name) != rank):
             continue
         path.unlink(missing_ok=True)
-        report.covered_removed.append(str(path.relative_to(trial_directory)))
+        report.covered_removed.append(_relative(path, trial_directory))
+
+
+def _relative(path: Path, trial_directory: Path) -> str:
+    """A path as the report names it: relative to the trial folder, or to the group (format 3's table folders)."""
+    for base in (trial_directory, layout.group_of(trial_directory)):
+        if path.is_relative_to(base):
+            return str(path.relative_to(base))
+    return str(path)
 

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.store import format as fmt
-from comgra.store import validation
+from comgra.store import layout, validation
 
 
 class ReadCancelled(Exception):
@@ -52,6 +52,7 @@ class _Bounds:
     node_max: list[str]
     sorted_by_node: bool  # False (a foreign or unsorted chunk, a missing statistic): every row group is read
     parsed_bytes: int  # the parsed footer's estimated memory
+    has_rank: bool = True  # format 3 has no rank column: its folder names the rank
 
     def row_groups(self, node: str) -> list[int]:
         if not self.sorted_by_node:
@@ -66,12 +67,13 @@ def _bounds(metadata: pq.FileMetaData) -> _Bounds:
     for index in range(metadata.num_row_groups):
         statistics = metadata.row_group(index).column(column).statistics
         if statistics is None or not statistics.has_min_max or not isinstance(statistics.min, str):
-            return _Bounds(metadata.num_row_groups, [], [], False, size)
+            return _Bounds(metadata.num_row_groups, [], [], False, size, "rank" in metadata.schema.names)
         # interned: the same few hundred node names bound the row groups of every chunk
         bounds.append((sys.intern(statistics.min), sys.intern(statistics.max)))
     low, high = [b[0] for b in bounds], [b[1] for b in bounds]
     ordered = all(a <= b for a, b in zip(low, low[1:])) and all(a <= b for a, b in zip(high, high[1:]))
-    return _Bounds(metadata.num_row_groups, low, high, ordered and all(a <= b for a, b in bounds), size)
+    return _Bounds(metadata.num_row_groups, low, high, ordered and all(a <= b for a, b in bounds), size,
+                   "rank" in metadata.schema.names)
 
 
 class SeriesReader:
@@ -103,11 +105,6 @@ class SeriesReader:
         chunk (the caller falls back to a read that finds and reports it), and ``ReadCancelled`` as soon as
         ``cancelled()`` is true between two chunks (a read of seconds, which a newer one made useless)."""
         active = {k: v for k, v in filters.items() if v is not None}
-        condition = None
-        for name, value in active.items():
-            term = pc.field(name) == value
-            condition = term if condition is None else condition & term
-        needed = list(dict.fromkeys([*columns, *active]))
         parts = []
         for path in paths:
             if cancelled is not None and cancelled():
@@ -115,11 +112,23 @@ class SeriesReader:
             bounds, metadata = self._footer_of(path)
             groups = bounds.row_groups(active["node"])
             if groups:
+                # A format-3 chunk holds one rank's rows, named by its folder: the rank is no column to filter.
+                rank = None if bounds.has_rank else layout.rank_of_chunk(path)
+                if rank is not None and active.get("rank", rank) != rank:
+                    continue
+                here = {k: v for k, v in active.items() if bounds.has_rank or k != "rank"}
+                condition = None
+                for name, value in here.items():
+                    term = pc.field(name) == value
+                    condition = term if condition is None else condition & term
+                needed = list(dict.fromkeys([*(c for c in columns if bounds.has_rank or c != "rank"), *here]))
                 # Each page read is checked against its checksum: a failure sends the caller to the reader's
                 # own route, which reports the chunk.
                 rows = pq.ParquetFile(path, metadata=metadata, page_checksum_verification=True).read_row_groups(
-                    groups, columns=needed, use_threads=False)
-                parts.append(rows.filter(condition).select(columns))
+                    groups, columns=needed, use_threads=False).filter(condition)
+                if rank is not None and "rank" in columns:
+                    rows = rows.append_column(fmt.RANK_FIELD, pa.repeat(pa.scalar(rank, pa.int32()), rows.num_rows))
+                parts.append(rows.select(columns))
         return pa.concat_tables(parts) if parts else empty
 
     def row_groups_of(self, path: Path, node: str) -> list[int]:
@@ -137,7 +146,7 @@ class SeriesReader:
             return bounds, metadata
         metadata = pq.read_metadata(path)
         # A column of the right name and another type is junk, not values (raises validation.ChunkDamaged).
-        validation.check_chunk_schema(metadata.schema.to_arrow_schema(), fmt.SCHEMAS["tensors"], rank_optional=False)
+        validation.check_chunk_schema(metadata.schema.to_arrow_schema(), fmt.SCHEMAS["tensors"], rank_optional=True)
         bounds = _bounds(metadata)
         with self._lock:
             if key not in self._bounds:

@@ -18,13 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.errors import StoreError
 from comgra.store import format as fmt
+from comgra.store import layout
+from comgra.store.compaction import compact_folder
+from comgra.store.encoding import (FRESH_COMPRESSION, MERGED_COMPRESSION, _encode, _encode_temporary,  # noqa: F401
+                                   _read_part, _sorted, _tensor_order, _write_chunk, write_flushed_chunk)
 from comgra.store.repair import repair_trial
 
 
@@ -32,14 +35,6 @@ class TrialFolderGone(StoreError):
     """The trial folder was removed or replaced while a run was recording into it."""
 
 
-# How chunks are encoded. A flush's chunks are merged away after ``merge_every`` flushes, so they are written
-# for speed: LZ4 (LZ4_RAW, which DuckDB, pandas, polars and Spark 3.3+ read) took 5.2 ms of CPU for ResNet-18's
-# 5-step tensors chunk against zstd's 8.5 ms, for 4.5% more bytes. A merged chunk, which is what a long run
-# keeps, is written for size: zstd.
-FRESH_COMPRESSION = "lz4"
-MERGED_COMPRESSION = "zstd"
-_DICTIONARY = {name: fmt.dictionary_columns(schema) for name, schema in fmt.SCHEMAS.items()}
-_ROW_GROUP = {"tensors": fmt.TENSOR_ROW_GROUP}  # small row groups: see format.TENSOR_ROW_GROUP
 _FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
 
@@ -106,6 +101,7 @@ class ChunkWriter:
         rank: int = 0,
         merge_every: int = 16,
         max_merged_rows: int = 1_000_000,
+        compact_at_close: bool = True,
     ):
         self.trial_dir = trial_dir
         self.flush_seconds = flush_seconds
@@ -119,6 +115,7 @@ class ChunkWriter:
         self._seq = 0
         self.merge_every = merge_every
         self.max_merged_rows = max_merged_rows
+        self.compact_at_close = compact_at_close
         # The chunks written by this writer, per table and merge level: every table is compacted, so
         # that a long run leaves tens of files, not one per flush.
         self._levels: dict[str, dict[int, list[Path]]] = {name: {} for name in fmt.TABLES}
@@ -199,6 +196,8 @@ class ChunkWriter:
             return False
         elif kind == "stop":
             self._write_buffer()
+            if self.compact_at_close:
+                self._compact()
             return True
         due = self._buffer.since is not None and (
             time.monotonic() - self._buffer.since >= self._interval()
@@ -208,6 +207,14 @@ class ChunkWriter:
         if due:
             self._write_buffer()
         return False
+
+    def _compact(self) -> None:
+        """The run is over: each table of this rank becomes one file (store/compaction.py)."""
+        for name in fmt.TABLES:
+            folder = layout.rank_dir(self.trial_dir, name, self.rank)
+            if len(fmt.chunk_names(folder)) > 1:
+                compact_folder(folder, name, check=self._check_trial_folder)
+        release_unused_memory(trim=True)
 
     def _interval(self) -> float:
         age = time.monotonic() - self._started
@@ -252,10 +259,10 @@ class ChunkWriter:
                 tables = buffer.tables[name]
                 if not tables:
                     continue
-                table = _with_rank(pa.concat_tables(tables), self.rank).cast(fmt.SCHEMAS[name])
+                table = layout.to_file(name, pa.concat_tables(tables))
                 first, last = _step_range(name, table)
-                folder = self.trial_dir / name
-                folder.mkdir(exist_ok=True)  # never the trial folder's parents: see _check_trial_folder
+                folder = layout.rank_dir(self.trial_dir, name, self.rank)
+                folder.mkdir(parents=True, exist_ok=True)  # outside the trial folder (format 3): see store/layout.py
                 path = folder / fmt.chunk_name(self._seq, first, last, self.rank)
                 staged.append(_Staged(name, path, _encode_temporary(name, path, table, FRESH_COMPRESSION)))
             self._publish(staged)
@@ -327,11 +334,12 @@ class ChunkWriter:
             parts, levels[level] = levels[level], []
             if sum(pq.read_metadata(p).num_rows for p in parts) > self.max_merged_rows:
                 continue  # big enough: these chunks stay as they are
-            table = pa.concat_tables([_read_part(p) for p in parts]).cast(fmt.SCHEMAS[name])
+            table = pa.concat_tables([_read_part(p) for p in parts]).cast(fmt.FILE_SCHEMAS[name])
             first = min(fmt.step_range_of(p.name)[0] for p in parts)
             last = max(fmt.step_range_of(p.name)[1] for p in parts)
             self._check_trial_folder()
-            merged = self.trial_dir / name / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
+            folder = layout.rank_dir(self.trial_dir, name, self.rank)
+            merged = folder / fmt.chunk_name(self._seq, first, last, self.rank, level + 1)
             self._seq += 1
             _write_chunk(name, merged, table)
             # At once after the merged chunk is in place: comgra's reader ignores covered parts, a plain
@@ -341,18 +349,6 @@ class ChunkWriter:
             levels.setdefault(level + 1, []).append(merged)
             level += 1
         return level > 0
-
-
-def _read_part(path: Path) -> pa.Table:
-    """A chunk read on this (the writer's) thread alone, so that the memory is this thread's to hand back.
-
-    ``pq.read_table`` fetches the column chunks on Arrow's I/O thread pool (``pre_buffer``), even with
-    ``use_threads=False``: the pages its buffers came from then stay cached in those idle threads' heaps,
-    where releasing on this thread never reaches them, and RSS kept each merge's high-water mark.
-    """
-    # Checked: a part whose pages fail their checksums must not be merged into a chunk with fresh, valid ones.
-    with pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True) as part:
-        return part.read(use_threads=False)
 
 
 def release_unused_memory(*, trim: bool) -> None:
@@ -382,76 +378,6 @@ def _find_malloc_trim() -> Any:
 _MALLOC_TRIM = _find_malloc_trim()
 
 
-def _write_chunk(name: str, path: Path, table: pa.Table) -> None:
-    """A merged chunk, in place at once (tmp file, fsync, rename, fsync of the folder)."""
-    table = _sorted(name, table)
-    fmt._write_atomic(path, lambda tmp: _encode(name, tmp, table, MERGED_COMPRESSION))
-
-
-def write_flushed_chunk(name: str, path: Path, table: pa.Table) -> None:
-    """``table``, already in the writer's row order, encoded as a flush encodes it, in place at once. For
-    tools that write chunks the writer would have written (benchmarks/synthetic_recording.py's presorted
-    chunks, which skip the sort)."""
-    fmt._write_atomic(path, lambda tmp: _encode(name, tmp, table, FRESH_COMPRESSION))
-
-
-def _encode_temporary(name: str, path: Path, table: pa.Table, compression: str) -> Path:
-    """``table`` as a Parquet file under a temporary name beside ``path``; the caller renames it."""
-    table = _sorted(name, table)
-    return fmt.write_temporary(path, lambda tmp: _encode(name, tmp, table, compression))
-
-
-def _encode(name: str, tmp: Path, table: pa.Table, compression: str) -> None:
-    pq.write_table(table, tmp, compression=compression, row_group_size=_ROW_GROUP.get(name, 4096),
-                   write_statistics=True, use_dictionary=_DICTIONARY[name], write_page_checksum=fmt.PAGE_CHECKSUMS)
-
-
-def _sorted(name: str, table: pa.Table) -> pa.Table:
-    """A tensors chunk is sorted so that a series is one run (see format.TENSOR_SORT)."""
-    if name != "tensors":
-        return table
-    order = _tensor_order(table)
-    return table.sort_by(fmt.TENSOR_SORT) if order is None else table.take(order)
-
-
-def _tensor_order(table: pa.Table) -> pa.Array | None:
-    """The row order of ``table.sort_by(fmt.TENSOR_SORT)``, found faster; None where it cannot be (nulls, overflow).
-
-    Arrow's sort compares up to seven columns, four of them strings, row by row: 64 ms for a merge of 16
-    ResNet-18 chunks (45,000 rows). Here each string column becomes its rank among its few distinct values,
-    the six series columns one integer key, and NumPy sorts by that key and the step: 25 ms, the same order
-    (both sorts are stable)."""
-    key = np.zeros(table.num_rows, np.int64)
-    room = 2 ** 62
-    for name, _ in fmt.TENSOR_SORT[:-1]:
-        column = table[name]
-        if column.null_count:
-            return None
-        code, span = _string_ranks(column) if pa.types.is_string(column.type) else _offsets(column)
-        room //= span
-        if room < 1:
-            return None
-        key = key * span + code
-    return pa.array(np.lexsort((table["training_step"].to_numpy(), key)))
-
-
-def _string_ranks(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
-    """Each value's rank among the column's distinct values (in Arrow's order), and how many there are."""
-    encoded = pc.dictionary_encode(column).combine_chunks()
-    order = pc.sort_indices(encoded.dictionary).to_numpy()
-    ranks = np.empty(len(order), np.int64)
-    ranks[order] = np.arange(len(order))
-    return ranks[encoded.indices.to_numpy()], max(1, len(order))
-
-
-def _offsets(column: pa.ChunkedArray) -> tuple[np.ndarray, int]:
-    values = column.to_numpy().astype(np.int64)
-    if not len(values):
-        return values, 1
-    values = values - values.min()
-    return values, int(values.max()) + 1
-
-
 def _lock_trial(trial_dir: Path, rank: int) -> int:
     """Hold this rank's writer lock for the writer's life (the kernel frees it when the process dies)."""
     descriptor = os.open(fmt.writer_lock_path(trial_dir, rank), os.O_RDWR | os.O_CREAT, 0o666)
@@ -465,14 +391,9 @@ def _lock_trial(trial_dir: Path, rank: int) -> int:
 
 
 def _next_seq(trial_dir: Path, rank: int) -> int:
-    seqs = [fmt.seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(trial_dir / table)
+    seqs = [fmt.seq_of(p.name) for table in fmt.TABLES for p in fmt.chunk_files(layout.rank_dir(trial_dir, table, rank))
             if fmt.rank_of(p.name) == rank]
     return max(seqs, default=-1) + 1
-
-
-def _with_rank(table: pa.Table, rank: int) -> pa.Table:
-    """The rows of this writer's rank, marked as such (format 2); the capture code never sees ranks."""
-    return table.append_column(fmt.RANK_FIELD, pa.repeat(pa.scalar(rank, pa.int32()), table.num_rows))
 
 
 def _step_range(name: str, table: pa.Table) -> tuple[int, int]:
