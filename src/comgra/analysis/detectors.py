@@ -12,7 +12,7 @@ from collections.abc import Callable
 from comgra.analysis import (cooccurrence, correlation, curves, custom, evidence_detectors, graphs, nonfinite, outliers,
                              parameters, structure, trends, unit_patterns, units, updates)
 from comgra.analysis.detectors_names import BUILT_IN
-from comgra.analysis.findings import Finding, ScanOptions, rank_findings
+from comgra.analysis.findings import Finding, ScanOptions, rank_findings, summarised
 from comgra.analysis.loading import TrialData
 from comgra.errors import SelectionError
 
@@ -86,7 +86,8 @@ def explained(findings: list[Finding], loss_fall: float | None = None) -> list[F
     own layer learns (a bias before a normalisation, a key bias under softmax); and consequences ranked below their
     causes: a loss that does not decrease where another warning says why (lowered to info), a batch spread that
     collapses where units die or weights shrink (no longer an origin); gradients that vanish once the loss has fallen
-    three orders of magnitude (to info: a converged loss has small gradients)."""
+    three orders of magnitude (to info: a converged loss has small gradients). Then findings that repeat over many
+    tensors are folded into one per cause (``findings.summarised``)."""
     vanished = {f.node for f in findings if f.detector == "vanishing_gradient"}
     for finding in findings:
         node = finding.node
@@ -115,4 +116,4 @@ def explained(findings: list[Finding], loss_fall: float | None = None) -> list[F
             finding.severity = "info"
             finding.origin = False
             finding.message += f" Other findings say why (e.g. {causes[0].detector} at {causes[0].node})."
-    return findings
+    return summarised(rank_findings(findings))  # one finding per cause, not per tensor
