@@ -93,3 +93,37 @@ CASES = [
          "Forum: mixed precision gives no speed-up; a layer left in an autocast(enabled=False) region",
          ("model.proj",), ("run_modes",), evidence=NOT_RECORDED, architecture="MLP"),
 ]
+
+
+def zero_grad_forgotten_cnn(run: Run, bug: bool) -> None:
+    """'Loss goes up after a few iterations' (PyTorch forum): a small CNN trained with SGD and momentum, the loop
+    copied from the tutorial without ``optimizer.zero_grad()``: every backward adds to the gradients of all the
+    steps before, so the steps grow until the loss jumps up."""
+    torch.manual_seed(run.seed)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(16, 4))
+    templates = torch.randn(4, 1, 8, 8, generator=run.generator)
+    watch = comgra.watch(model, recorder=run.recorder, name="model")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    try:
+        for step in range(run.steps):
+            y = run.randint(4, 32)
+            x = templates[y] + 0.5 * run.randn(32, 1, 8, 8)
+            with run.step(step, 32):
+                run.recorder.register_tensor("input", x, is_input=True)
+                run.recorder.register_tensor("target", y, is_target=True)
+                loss = cross_entropy(model(x), y)
+                run.recorder.register_tensor("loss", loss, is_loss=True)
+                if not bug:
+                    optimizer.zero_grad()
+                loss.backward()
+                run.recorder.record_current_gradients("gradients")
+            optimizer.step()
+    finally:
+        watch.remove()
+
+
+CASES.append(Case("zero_grad_forgotten_cnn", zero_grad_forgotten_cnn,
+                  "PyTorch forum 'loss goes up after a few iterations': the tutorial loop without optimizer.zero_grad()",
+                  ("model.0", "model.3", "model.7"), ("stale_gradient",), architecture="CNN"))
