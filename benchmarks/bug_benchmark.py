@@ -55,7 +55,9 @@ def evaluate(case, findings: list) -> tuple[list[dict], int | None, int | None]:
     loud = [f for f in findings if f.severity in LOUD]
     rank = node_rank = None
     for index, finding in enumerate(loud, start=1):
-        right_node = _matches(finding.node, case.nodes)
+        # A summary finding (one cause over many tensors) names every tensor it lists.
+        named = [finding.node] + [m.get("node", "") for m in finding.evidence.get("members", [])]
+        right_node = any(_matches(node, case.nodes) for node in named)
         if right_node and node_rank is None:
             node_rank = index
         if right_node and finding.detector in case.symptoms and rank is None:

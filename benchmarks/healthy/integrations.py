@@ -96,7 +96,7 @@ def ddp_run(ctx: Context) -> None:
     """torchrun --nproc_per_node=2 of ``ddp_worker.py`` (gloo on CPU): a ResNet-shaped model under DDP."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0",
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(HERE / "ddp_worker.py"), str(ctx.root), ctx.trial, str(ctx.steps), str(ctx.every)],
                           capture_output=True, text=True, env=env, timeout=600)
     if done.returncode:

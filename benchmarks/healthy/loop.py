@@ -98,7 +98,7 @@ def train(ctx: Context, model: torch.nn.Module, batch: Callable[[], Any], loss_o
                 if micro == plan.accumulate - 1:
                     if plan.scaler:
                         plan.scaler.unscale_(plan.optimizer)
-                    recorder.record_current_gradients("gradients")
+                    recorder.record_current_gradients("gradients", scaler=plan.scaler)
                 recorder.finish_iteration()
             if plan.clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), plan.clip)
@@ -138,4 +138,4 @@ def _autocast(dtype: torch.dtype | None) -> Any:
 
 
 def _size(batch: Any) -> int:
-    return int((batch["input_ids"] if isinstance(batch, dict) else batch[0]).shape[0])
+    return int((next(iter(batch.values())) if isinstance(batch, dict) else batch[0]).shape[0])

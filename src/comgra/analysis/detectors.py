@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import numpy as np
+
 from comgra.analysis import (cooccurrence, correlation, curves, custom, evidence_detectors, graphs, nonfinite, outliers,
                              parameters, structure, trends, unit_patterns, units, updates)
 from comgra.analysis.detectors_names import BUILT_IN
@@ -71,7 +73,30 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
     findings = evidence_detectors.sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    return rank_findings(explained(findings, updates.loss_fall(data))), problems
+    return rank_findings(explained(findings, updates.loss_fall(data), learning_of(data, facts))), problems
+
+
+LEARNS = 0.1  # a parameter whose relative updates are at least this share of the model's median ones learns
+LEARNING_PACE = 1e-4  # ... or at least this share of its size per step (10% in a thousand steps; 1e-3 is typical)
+
+
+def learning_of(data: TrialData, facts: graphs.GraphFacts) -> dict[str, bool]:
+    """Node -> whether it learns at the pace of the rest of the model: a parameter whose median relative update per
+    step is at least ``LEARNS`` of the median over all parameters (or ``LEARNING_PACE``), or a tensor computed
+    directly from parameters that all do. An adaptive optimizer (Adam) sizes a step by the gradient's own history, so a small gradient can move its
+    parameter as much as any other."""
+    paces = {node: pace for (node, _role), part in parameters.parts(data).items()
+             if (pace := updates.pace(part)) is not None}
+    if not paces:
+        return {}
+    typical = float(np.median(list(paces.values())))
+    limit = min(LEARNS * typical, LEARNING_PACE)
+    learns = {node: pace >= limit for node, pace in paces.items()}
+    for node in facts.learned:
+        sources = [s for s, targets in facts.feeds.items() if node in targets and s in paces]
+        if sources and node not in paces:
+            learns[node] = all(paces[s] >= limit for s in sources)
+    return learns
 
 
 LOSS_SYMPTOMS = ("loss_not_decreasing",)
@@ -81,14 +106,21 @@ COLLAPSE_CAUSES = ("dead_units", "parameter_shrinking", "identical_units")
 CONVERGED_FALL = 1000.0  # a loss this many times below its start: gradients that vanish have nothing left to learn
 
 
-def explained(findings: list[Finding], loss_fall: float | None = None) -> list[Finding]:
+def explained(findings: list[Finding], loss_fall: float | None = None,
+              learning: dict[str, bool] | None = None) -> list[Finding]:
     """Findings that are true by construction lowered to info: a bias whose gradient vanishes while the weight of its
     own layer learns (a bias before a normalisation, a key bias under softmax); and consequences ranked below their
     causes: a loss that does not decrease where another warning says why (lowered to info), a batch spread that
     collapses where units die or weights shrink (no longer an origin); gradients that vanish once the loss has fallen
     three orders of magnitude (to info: a converged loss has small gradients). Then findings that repeat over many
     tensors are folded into one per cause (``findings.summarised``)."""
-    vanished = {f.node for f in findings if f.detector == "vanishing_gradient"}
+    for finding in findings:  # a small gradient is a problem where it stops learning, not where Adam rescales it
+        if finding.detector == "vanishing_gradient" and finding.severity == "warning" and (learning or {}).get(
+                finding.node):
+            finding.severity = "info"
+            finding.message += (" Its updates are of the same size as the rest of the model's all the same (the "
+                                "optimizer scales each step by the gradient's own history): it learns.")
+    vanished = {f.node for f in findings if f.detector == "vanishing_gradient" and f.severity == "warning"}
     for finding in findings:
         node = finding.node
         if finding.detector == "vanishing_gradient" and node.endswith(".bias") and \

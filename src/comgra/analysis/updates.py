@@ -65,6 +65,17 @@ def _stopped(data: TrialData, facts: GraphFacts, node: str, role: str, part: par
         return None
     steps = part.steps.astype(int).tolist()
     stop = steps[last_move + 1]
+    dtype = parameters._runinfo_by_name(data, "dtype").get(role, "").removeprefix("torch.")
+    if dtype in parameters.MANTISSA_BITS:  # its steps shrank below what the format resolves: rounding, by design
+        return Finding(detector="parameter_stopped", severity="info", score=0.4, statistic="mean",
+                       message=f"{role} changes until step {stop} and not at all in the {still} recorded steps after "
+                               f"it, although it gets a gradient (up to {part.gradient:.3g}): it is stored in {dtype}, "
+                               "where an update below half the format's resolution at its values rounds back to the "
+                               "old value (a decaying learning rate makes the updates that small). Keep float32 "
+                               "master weights if it should go on learning.",
+                       evidence={"stopped_at": stop, "still_pairs": still, "moving_pairs": int(moving.sum()),
+                                 "max_gradient": part.gradient, "cause": "rounding", "dtype": dtype},
+                       **_base(data, facts, node, role, steps[last_move + 1:], stop))
     return Finding(detector="parameter_stopped", severity="warning", score=0.85, statistic="mean",
                    message=f"{role} changes until step {stop} and not at all in the {still} recorded steps after it, "
                            f"although it gets a gradient (up to {part.gradient:.3g}): did a learning-rate schedule "
@@ -117,6 +128,16 @@ def _tiny(data: TrialData, facts: GraphFacts, node: str, role: str, part: parame
                    evidence={"update_to_weight_ratio": ratio, "pairs": int(valid.sum()),
                              "orders_of_magnitude": float(np.log10(TINY_UPDATE / ratio))},
                    **_base(data, facts, node, role, steps, steps[0]))
+
+
+def pace(part: parameters.ParameterPart) -> float | None:
+    """The median relative change of a parameter per training step (None with too few recorded steps)."""
+    steps = np.asarray(part.steps, dtype=np.float64)
+    valid = part.norms > 0
+    if len(steps) < 3 or valid.sum() < 2:
+        return None
+    gaps = np.maximum(np.diff(steps), 1.0)
+    return float(np.median(part.changes[valid] / part.norms[valid] / gaps[valid]))
 
 
 def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
