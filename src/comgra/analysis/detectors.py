@@ -73,30 +73,35 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
     findings = evidence_detectors.sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    return rank_findings(explained(findings, updates.loss_fall(data), learning_of(data, facts))), problems
+    learning, moving = learning_of(data, facts)
+    return rank_findings(explained(findings, updates.loss_fall(data), learning, moving)), problems
 
 
 LEARNS = 0.1  # a parameter whose relative updates are at least this share of the model's median ones learns
-LEARNING_PACE = 1e-4  # ... or at least this share of its size per step (10% in a thousand steps; 1e-3 is typical)
+MOVING_SHARE = 0.5  # a loss that holds while most of the parameters learn is at its level, not stuck
+LEARNING_PACE = updates.TINY_UPDATE  # ... or at least this share of its size per step (below it: far too small)
 
 
-def learning_of(data: TrialData, facts: graphs.GraphFacts) -> dict[str, bool]:
+def learning_of(data: TrialData, facts: graphs.GraphFacts) -> tuple[dict[str, bool], float | None]:
     """Node -> whether it learns at the pace of the rest of the model: a parameter whose median relative update per
     step is at least ``LEARNS`` of the median over all parameters (or ``LEARNING_PACE``), or a tensor computed
-    directly from parameters that all do. An adaptive optimizer (Adam) sizes a step by the gradient's own history, so a small gradient can move its
+    directly from parameters that all do. And the share of the parameters that learn so, where the median parameter
+    moves at least ``LEARNING_PACE`` of its size per step (0 where it does not; None without parameters). An adaptive optimizer (Adam) sizes a step by the gradient's own history, so a small gradient can move its
     parameter as much as any other."""
     paces = {node: pace for (node, _role), part in parameters.parts(data).items()
              if (pace := updates.pace(part)) is not None}
     if not paces:
-        return {}
+        return {}, None
     typical = float(np.median(list(paces.values())))
     limit = min(LEARNS * typical, LEARNING_PACE)
     learns = {node: pace >= limit for node, pace in paces.items()}
+    # The model as a whole moves at a learning pace, and this share of its parameters with it.
+    moving = sum(learns.values()) / len(paces) if typical >= LEARNING_PACE else 0.0
     for node in facts.learned:
         sources = [s for s, targets in facts.feeds.items() if node in targets and s in paces]
         if sources and node not in paces:
             learns[node] = all(paces[s] >= limit for s in sources)
-    return learns
+    return learns, moving
 
 
 LOSS_SYMPTOMS = ("loss_not_decreasing",)
@@ -107,7 +112,7 @@ CONVERGED_FALL = 1000.0  # a loss this many times below its start: gradients tha
 
 
 def explained(findings: list[Finding], loss_fall: float | None = None,
-              learning: dict[str, bool] | None = None) -> list[Finding]:
+              learning: dict[str, bool] | None = None, moving: float | None = None) -> list[Finding]:
     """Findings that are true by construction lowered to info: a bias whose gradient vanishes while the weight of its
     own layer learns (a bias before a normalisation, a key bias under softmax); and consequences ranked below their
     causes: a loss that does not decrease where another warning says why (lowered to info), a batch spread that
@@ -142,6 +147,14 @@ def explained(findings: list[Finding], loss_fall: float | None = None,
     for finding in findings:
         if finding.detector == "collapse" and any(c.column <= finding.column for c in upstream):
             finding.origin = False
+    if moving is not None and moving >= MOVING_SHARE:
+        for finding in findings:  # the parameters do change at a learning pace: the loss is at its level already
+            if finding.detector == "loss_not_decreasing" and finding.severity == "warning":
+                finding.severity = "info"
+                finding.message += (f" Yet {moving:.0%} of the parameters change at a learning pace (the median "
+                                    f"one by at least {LEARNING_PACE:g} of its size per step): a loss that holds its level while the model learns is "
+                                    "a pretrained model fine-tuned gently, a converged run, or a plateau before the "
+                                    "loss falls; look again if it stays there.")
     causes = [f for f in findings if f.severity in ("error", "warning") and f.detector not in LOSS_SYMPTOMS]
     for finding in findings:
         if finding.detector in LOSS_SYMPTOMS and causes:
