@@ -32,10 +32,10 @@ SCAN_SECONDS_TARGET = 5.0
 
 
 def all_cases() -> list:
-    from bugs import controls, programs_data, programs_model, programs_training, programs_unrecorded
+    from bugs import controls, programs_data, programs_issue32, programs_model, programs_training, programs_unrecorded
 
     return (programs_training.CASES + programs_model.CASES + programs_data.CASES + programs_unrecorded.CASES
-            + controls.CASES)
+            + programs_issue32.CASES + controls.CASES)
 
 
 @dataclass
@@ -55,7 +55,9 @@ def evaluate(case, findings: list) -> tuple[list[dict], int | None, int | None]:
     loud = [f for f in findings if f.severity in LOUD]
     rank = node_rank = None
     for index, finding in enumerate(loud, start=1):
-        right_node = _matches(finding.node, case.nodes)
+        # A summary finding (one cause over many tensors) names every tensor it lists.
+        named = [finding.node] + [m.get("node", "") for m in finding.evidence.get("members", [])]
+        right_node = any(_matches(node, case.nodes) for node in named)
         if right_node and node_rank is None:
             node_rank = index
         if right_node and finding.detector in case.symptoms and rank is None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import numpy as np
+
 from comgra.analysis import (cooccurrence, correlation, curves, custom, evidence_detectors, graphs, nonfinite, outliers,
                              parameters, structure, trends, unit_patterns, units, updates)
 from comgra.analysis.detectors_names import BUILT_IN
-from comgra.analysis.findings import Finding, ScanOptions, rank_findings
+from comgra.analysis.findings import Finding, ScanOptions, rank_findings, summarised
 from comgra.analysis.loading import TrialData
 from comgra.errors import SelectionError
 
@@ -71,7 +73,35 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
     findings = evidence_detectors.sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    return rank_findings(explained(findings, updates.loss_fall(data))), problems
+    learning, moving = learning_of(data, facts)
+    return rank_findings(explained(findings, updates.loss_fall(data), learning, moving)), problems
+
+
+LEARNS = 0.1  # a parameter whose relative updates are at least this share of the model's median ones learns
+MOVING_SHARE = 0.5  # a loss that holds while most of the parameters learn is at its level, not stuck
+LEARNING_PACE = updates.TINY_UPDATE  # ... or at least this share of its size per step (below it: far too small)
+
+
+def learning_of(data: TrialData, facts: graphs.GraphFacts) -> tuple[dict[str, bool], float | None]:
+    """Node -> whether it learns at the pace of the rest of the model: a parameter whose median relative update per
+    step is at least ``LEARNS`` of the median over all parameters (or ``LEARNING_PACE``), or a tensor computed
+    directly from parameters that all do. And the share of the parameters that learn so, where the median parameter
+    moves at least ``LEARNING_PACE`` of its size per step (0 where it does not; None without parameters). An adaptive optimizer (Adam) sizes a step by the gradient's own history, so a small gradient can move its
+    parameter as much as any other."""
+    paces = {node: pace for (node, _role), part in parameters.parts(data).items()
+             if (pace := updates.pace(part)) is not None}
+    if not paces:
+        return {}, None
+    typical = float(np.median(list(paces.values())))
+    limit = min(LEARNS * typical, LEARNING_PACE)
+    learns = {node: pace >= limit for node, pace in paces.items()}
+    # The model as a whole moves at a learning pace, and this share of its parameters with it.
+    moving = sum(learns.values()) / len(paces) if typical >= LEARNING_PACE else 0.0
+    for node in facts.learned:
+        sources = [s for s, targets in facts.feeds.items() if node in targets and s in paces]
+        if sources and node not in paces:
+            learns[node] = all(paces[s] >= limit for s in sources)
+    return learns, moving
 
 
 LOSS_SYMPTOMS = ("loss_not_decreasing",)
@@ -81,13 +111,21 @@ COLLAPSE_CAUSES = ("dead_units", "parameter_shrinking", "identical_units")
 CONVERGED_FALL = 1000.0  # a loss this many times below its start: gradients that vanish have nothing left to learn
 
 
-def explained(findings: list[Finding], loss_fall: float | None = None) -> list[Finding]:
+def explained(findings: list[Finding], loss_fall: float | None = None,
+              learning: dict[str, bool] | None = None, moving: float | None = None) -> list[Finding]:
     """Findings that are true by construction lowered to info: a bias whose gradient vanishes while the weight of its
     own layer learns (a bias before a normalisation, a key bias under softmax); and consequences ranked below their
     causes: a loss that does not decrease where another warning says why (lowered to info), a batch spread that
     collapses where units die or weights shrink (no longer an origin); gradients that vanish once the loss has fallen
-    three orders of magnitude (to info: a converged loss has small gradients)."""
-    vanished = {f.node for f in findings if f.detector == "vanishing_gradient"}
+    three orders of magnitude (to info: a converged loss has small gradients). Then findings that repeat over many
+    tensors are folded into one per cause (``findings.summarised``)."""
+    for finding in findings:  # a small gradient is a problem where it stops learning, not where Adam rescales it
+        if finding.detector == "vanishing_gradient" and finding.severity == "warning" and (learning or {}).get(
+                finding.node):
+            finding.severity = "info"
+            finding.message += (" Its updates are of the same size as the rest of the model's all the same (the "
+                                "optimizer scales each step by the gradient's own history): it learns.")
+    vanished = {f.node for f in findings if f.detector == "vanishing_gradient" and f.severity == "warning"}
     for finding in findings:
         node = finding.node
         if finding.detector == "vanishing_gradient" and node.endswith(".bias") and \
@@ -109,10 +147,18 @@ def explained(findings: list[Finding], loss_fall: float | None = None) -> list[F
     for finding in findings:
         if finding.detector == "collapse" and any(c.column <= finding.column for c in upstream):
             finding.origin = False
+    if moving is not None and moving >= MOVING_SHARE:
+        for finding in findings:  # the parameters do change at a learning pace: the loss is at its level already
+            if finding.detector == "loss_not_decreasing" and finding.severity == "warning":
+                finding.severity = "info"
+                finding.message += (f" Yet {moving:.0%} of the parameters change at a learning pace (the median "
+                                    f"one by at least {LEARNING_PACE:g} of its size per step): a loss that holds its level while the model learns is "
+                                    "a pretrained model fine-tuned gently, a converged run, or a plateau before the "
+                                    "loss falls; look again if it stays there.")
     causes = [f for f in findings if f.severity in ("error", "warning") and f.detector not in LOSS_SYMPTOMS]
     for finding in findings:
         if finding.detector in LOSS_SYMPTOMS and causes:
             finding.severity = "info"
             finding.origin = False
             finding.message += f" Other findings say why (e.g. {causes[0].detector} at {causes[0].node})."
-    return findings
+    return summarised(rank_findings(findings))  # one finding per cause, not per tensor

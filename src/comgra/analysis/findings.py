@@ -157,3 +157,65 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and value in (float("inf"), float("-inf")):
         return "inf" if value > 0 else "-inf"
     return value
+
+
+# The detectors whose findings are a property of one tensor among many alike (not an event of a step, a curve, a
+# pair of ranks, nor a detector whose one name covers several causes): folded into one summary when they repeat.
+PER_TENSOR = frozenset({
+    "parameter_frozen", "parameter_not_updated", "parameter_stopped", "parameter_shrinking",
+    "parameter_changes_without_gradient", "update_ratio", "vanishing_gradient", "exploding_gradient", "growth",
+    "collapse", "dead_units", "saturated_units", "one_sided", "identical_units", "sparse_units", "growth_along_edge",
+    "accidental_detach"})
+SUMMARY_MIN = 3  # this many findings of one detector and severity in a trial become one that lists them
+MAX_MEMBERS = 1000  # listed in a summary's evidence (the count says how many there are)
+
+
+def summarised(findings: list[Finding]) -> list[Finding]:
+    """One finding per cause: the findings of one detector and severity on ``SUMMARY_MIN`` or more tensors of a
+    trial (a frozen base of hundreds of tensors, a dozen LayerNorm weights rounded away in bf16) become one, at the
+    place of the first of them (``findings`` ranked first), that names their module and lists them in its
+    evidence (``members``: node, first step, the statistic's selection), expandable in the app."""
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for finding in findings:
+        if finding.detector in PER_TENSOR and not finding.evidence.get("members"):
+            groups.setdefault((finding.trial, finding.detector, finding.severity), []).append(finding)
+    folded = {id(f) for group in groups.values() if len(group) >= SUMMARY_MIN for f in group}
+    result = []
+    for finding in findings:
+        if id(finding) not in folded:
+            result.append(finding)
+            continue
+        group = groups[(finding.trial, finding.detector, finding.severity)]
+        if group[0] is finding:
+            result.append(_summary(group))
+    return result
+
+
+def _summary(group: list[Finding]) -> Finding:
+    first = group[0]
+    nodes = [f.node for f in group]
+    module = _common_module(nodes)
+    where = f"of {module}" if module else "across the model"
+    listed = ", ".join(nodes[:4]) + (f" and {len(nodes) - 4} more" if len(nodes) > 4 else "")
+    members = [{"node": f.node, "role": f.role, "training_step": f.training_step,
+                "score": round(f.score, 3)} for f in group[:MAX_MEMBERS]]
+    return Finding(
+        detector=first.detector, severity=first.severity, score=max(f.score for f in group), trial=first.trial,
+        node=first.node, role=first.role, kind=first.kind, training_step=first.training_step,
+        message=f"{len(group)} tensors {where} ({listed}), one cause. The first: {first.message}",
+        steps=list(first.steps), iteration=first.iteration,
+        evidence={**first.evidence, "count": len(group), "module": module, "members": members},
+        aggregation=first.aggregation, statistic=first.statistic, origin=any(f.origin for f in group),
+        column=min(f.column for f in group))
+
+
+def _common_module(nodes: list[str]) -> str:
+    """The longest dotted prefix the nodes share ('' where they share none)."""
+    parts = [n.split(".") for n in nodes]
+    shared = []
+    for pieces in zip(*parts):
+        if len(set(pieces)) != 1:
+            break
+        shared.append(pieces[0])
+    common = ".".join(shared)
+    return common if common not in nodes else ".".join(shared[:-1])

@@ -92,7 +92,53 @@ def judged(data: TrialData, facts: GraphFacts, options: ScanOptions,
         finding = _finding(data, facts, node, role, part, options)
         if finding is not None:
             findings.append(finding)
+    rounded = [f for f in findings if f.evidence.get("cause") == "rounding"]
+    learning = sum(1 for part in found.values() if part.changed and len(part.steps) >= 2)
+    if rounded and learning >= len(rounded):
+        for finding in rounded:  # most parameters learn: the precision the run chose, not a broken run
+            finding.severity, finding.score = "info", 0.5
     return findings
+
+
+# Mantissa bits of the low-precision formats: a value v resolves steps of 2 ** (floor(log2 |v|) - bits).
+MANTISSA_BITS = {"bfloat16": 7, "float16": 10}
+
+
+def _runinfo_by_name(data: TrialData, field: str) -> dict[str, str]:
+    """Parameter name -> the last recorded value of a runinfo field of it (empty where not recorded)."""
+    key = f"_parameter_{field}"
+    found = getattr(data, key, None)
+    if found is None:
+        from comgra.analysis import evidence_tables
+
+        rows = evidence_tables.runinfo_field(data, "parameter", field)
+        found = dict(zip(rows["name"].astype(str), rows["value"].astype(str))) if len(rows) else {}
+        setattr(data, key, found)
+    return found
+
+
+def _not_updated(role: str, gradient: float, span: str, part: ParameterPart, data: TrialData) -> tuple[str, dict]:
+    """The cause the evidence supports for a parameter that gets a gradient and never changes: its updates rounded
+    away in a low-precision format (where it is stored in one and, if known, is in the optimizer), or left out of
+    the optimizer."""
+    dtype = _runinfo_by_name(data, "dtype").get(role, "").removeprefix("torch.")
+    groups = _runinfo_by_name(data, "optimizer_group")
+    in_optimizer = None if not groups else bool(groups.get(role))
+    values = np.abs(np.concatenate([part.first, part.last]))
+    values = values[np.isfinite(values) & (values > 0)]
+    if dtype in MANTISSA_BITS and in_optimizer is not False and len(values):
+        size = float(np.median(values))
+        resolution = 2.0 ** (np.floor(np.log2(size)) - MANTISSA_BITS[dtype])
+        known = "it is in the optimizer, but " if in_optimizer else ""
+        return (f"{role} gets a gradient (up to {gradient:.3g}) but never changes over {span}: {known}it is stored in "
+                f"{dtype}, which at its values (about {size:.3g}) resolves steps of {resolution:.2g}; an update below "
+                f"{resolution / 2:.2g} (an Adam step moves a parameter by about the learning rate) rounds back to the "
+                f"old value. Keep float32 master weights (autocast, a mixed-precision optimizer, stochastic or "
+                f"Kahan-compensated updates)" + ("." if in_optimizer else ", unless it is left out of the optimizer."),
+                {"cause": "rounding", "dtype": dtype, "typical_value": size, "resolution": float(resolution),
+                 "in_optimizer": in_optimizer})
+    return (f"{role} gets a gradient (up to {gradient:.3g}) but never changes over {span}: is it left out of the "
+            "optimizer?", {"cause": "not_in_optimizer" if in_optimizer is False else "unknown", "dtype": dtype or None})
 
 
 def _finding(data: TrialData, facts: GraphFacts, node: str, role: str, part: ParameterPart,
@@ -104,10 +150,9 @@ def _finding(data: TrialData, facts: GraphFacts, node: str, role: str, part: Par
     has_gradient = gradient > 0 and np.isfinite(gradient)
     span = f"steps {steps[0]} to {steps[-1]} ({len(steps)} recorded)"
     if not changed and has_gradient:
+        message, cause = _not_updated(role, gradient, span, part, data)
         return Finding(detector="parameter_not_updated", severity="warning", score=0.9, statistic="mean",
-                       message=f"{role} gets a gradient (up to {gradient:.3g}) but never changes over {span}: is it "
-                               "left out of the optimizer?",
-                       evidence={"max_gradient": gradient, "steps": len(steps)}, **base)
+                       message=message, evidence={"max_gradient": gradient, "steps": len(steps), **cause}, **base)
     if not changed:
         return Finding(detector="parameter_frozen", severity="info", score=0.5, statistic="mean",
                        message=f"{role} never changes over {span} and gets no gradient: frozen.",

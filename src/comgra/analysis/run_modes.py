@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from comgra.analysis import evidence_tables as tables
-from comgra.analysis import graphs
+from comgra.analysis import graphs, module_types
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.loading import TrialData
 
@@ -23,7 +23,51 @@ MAX_LISTED_MODULES = 8
 
 
 def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> list[Finding]:
-    return _modes(data) + _dtypes(data, facts)
+    return _modes(data) + _dtypes(data, facts) + _outside_autocast(data, facts)
+
+
+LOW_PRECISION = ("bfloat16", "float16")
+AUTOCAST_LAYERS = ("linear", "conv")  # module classes whose output autocast computes in its low precision
+
+
+def _outside_autocast(data: TrialData, facts: graphs.GraphFacts) -> list[Finding]:
+    """A layer autocast computes in low precision (Linear, Conv, transformers' Conv1D) whose output is float32 on
+    every training step where autocast is on, while most such layers' outputs are bfloat16/float16: it runs
+    outside autocast (an ``autocast(enabled=False)`` region, its input or weight cast to float32 first)."""
+    enabled = tables.with_phase(data, tables.runinfo_field(data, "autocast", "enabled"))
+    if not len(enabled):
+        return []
+    on = {(int(r), int(s)) for r, s, v, p in zip(enabled["rank"], enabled["training_step"], enabled["value"],
+                                                 enabled["phase"]) if v == "True" and p == tables.TRAINING}
+    dtypes = tables.runinfo_field(data, "tensor", "dtype")
+    if not on or not len(dtypes):
+        return []
+    types = module_types.types(data)
+    layers = {name for name, kind in types.items() if any(word in kind.lower() for word in AUTOCAST_LAYERS)}
+    rows = dtypes[[(int(r), int(s)) in on and str(n) in layers for r, s, n in
+                   zip(dtypes["rank"], dtypes["training_step"], dtypes["name"])]]
+    if not len(rows):
+        return []
+    seen = rows.groupby("name", observed=True)["value"].agg(lambda values: set(values.astype(str)))
+    low = sorted(str(n) for n, v in seen.items() if v <= set(LOW_PRECISION))
+    full = sorted(str(n) for n, v in seen.items() if v == {"float32"})
+    if not low or not full or len(full) >= len(low):
+        return []  # autocast computes nothing in low precision here, or most layers are float32: not one layer's doing
+    steps = sorted({int(s) for r, s in on})
+    precision = sorted({d for n in low for d in seen[n]})[0]
+    findings = []
+    for name in sorted(full, key=lambda n: (facts.column.get(n, 0), n)):
+        findings.append(Finding(
+            detector="run_modes", severity="warning", score=0.8, trial=data.trial, node=name, role=name,
+            kind="forward", training_step=steps[0], steps=steps,
+            message=f"{name} ({types.get(name)}) computes in float32 on every training step where autocast is on "
+                    f"({len(steps)} recorded), while {len(low)} other layers of its kind compute in {precision}: it "
+                    "runs outside autocast (a torch.autocast(enabled=False) region, or its input or weight cast to "
+                    "float32 before it). Full precision there costs time and memory; if it is not meant to, move it "
+                    "inside the autocast region.",
+            evidence={"problem": "outside_autocast", "low_precision_layers": len(low), "precision": precision,
+                      "float32_layers": full}, aggregation="none", column=facts.column.get(name, 0)))
+    return findings
 
 
 def _module_kinds(data: TrialData) -> dict[str, str]:

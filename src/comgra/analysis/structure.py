@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from comgra.analysis import module_types
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
 from comgra.analysis.loading import TrialData, as_text
@@ -137,6 +138,8 @@ def growth_along_edges(data: TrialData, facts: GraphFacts, options: ScanOptions)
     for node in sorted(sources):
         if node not in wide.columns or facts.is_loss_like(node) or facts.role.get(node) in ("input", "target"):
             continue
+        if module_types.is_normalisation(data, node):
+            continue  # a normalisation sets its output's scale itself (unit scale from 0.02-scale inputs by design)
         inputs = sorted(s for s in sources[node] if s in wide.columns and facts.role.get(s) not in ("parameter", "target"))
         if not inputs:
             continue

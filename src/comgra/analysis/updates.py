@@ -24,6 +24,7 @@ STALE_SHARE = 0.6
 STALE_GROWTH_WITH_FALLING_LOSS = 2.0
 LOSS_FALL = 10.0
 ACCUMULATION_SLACK = 2.0  # growth up to this many times the ratio of the steps summed is still accumulation
+RISING_LOSS_MARGIN = 3.0  # under a rising loss, gradients must grow this many times more than the loss rises
 
 
 def updates(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
@@ -64,6 +65,17 @@ def _stopped(data: TrialData, facts: GraphFacts, node: str, role: str, part: par
         return None
     steps = part.steps.astype(int).tolist()
     stop = steps[last_move + 1]
+    dtype = parameters._runinfo_by_name(data, "dtype").get(role, "").removeprefix("torch.")
+    if dtype in parameters.MANTISSA_BITS:  # its steps shrank below what the format resolves: rounding, by design
+        return Finding(detector="parameter_stopped", severity="info", score=0.4, statistic="mean",
+                       message=f"{role} changes until step {stop} and not at all in the {still} recorded steps after "
+                               f"it, although it gets a gradient (up to {part.gradient:.3g}): it is stored in {dtype}, "
+                               "where an update below half the format's resolution at its values rounds back to the "
+                               "old value (a decaying learning rate makes the updates that small). Keep float32 "
+                               "master weights if it should go on learning.",
+                       evidence={"stopped_at": stop, "still_pairs": still, "moving_pairs": int(moving.sum()),
+                                 "max_gradient": part.gradient, "cause": "rounding", "dtype": dtype},
+                       **_base(data, facts, node, role, steps[last_move + 1:], stop))
     return Finding(detector="parameter_stopped", severity="warning", score=0.85, statistic="mean",
                    message=f"{role} changes until step {stop} and not at all in the {still} recorded steps after it, "
                            f"although it gets a gradient (up to {part.gradient:.3g}): did a learning-rate schedule "
@@ -118,6 +130,16 @@ def _tiny(data: TrialData, facts: GraphFacts, node: str, role: str, part: parame
                    **_base(data, facts, node, role, steps, steps[0]))
 
 
+def pace(part: parameters.ParameterPart) -> float | None:
+    """The median relative change of a parameter per training step (None with too few recorded steps)."""
+    steps = np.asarray(part.steps, dtype=np.float64)
+    valid = part.norms > 0
+    if len(steps) < 3 or valid.sum() < 2:
+        return None
+    gaps = np.maximum(np.diff(steps), 1.0)
+    return float(np.median(part.changes[valid] / part.norms[valid] / gaps[valid]))
+
+
 def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list[Finding]:
     """Gradients that grow steadily in most parameters at once: summed over steps (zero_grad never called)."""
     stats = data.stats
@@ -127,8 +149,11 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
     grown = []
     total = 0
     fall = loss_fall(data)
-    if fall is None or fall < 1.0:
-        return []  # a loss that grows (or is not recorded) explains growing gradients: not stale ones
+    if fall is None:
+        return []
+    # A loss that grows explains gradients that grow as much (a divergence); gradients that grow far more than the
+    # loss does (a cross-entropy that rises 2x under gradients 100x larger) are not this step's: they are summed.
+    rising = fall < 1.0
     needed = STALE_GROWTH_WITH_FALLING_LOSS if fall >= LOSS_FALL else STALE_GROWTH
     for (node, kind), group in rows.groupby(["node", "kind"], sort=True, observed=True):
         series = group.groupby("training_step")["abs_mean"].max().sort_index()
@@ -145,7 +170,9 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
         # not accumulation (an explosion, a loss pushing back), whatever else it is.
         at = series.index.to_numpy(np.float64) - float(series.index.min()) + 1.0
         summed = float(np.median(at[-quarter:])) / float(np.median(at[:quarter]))
-        if early > 0 and late / early > ACCUMULATION_SLACK * summed:
+        if rising and late / early < RISING_LOSS_MARGIN / fall:
+            continue  # grows about as much as the loss rises: the loss's own gradient
+        if early > 0 and late / early > ACCUMULATION_SLACK * summed and not rising:
             continue
         if early > 0 and late / early >= needed / options.sensitivity and trend > (0.5 if needed < STALE_GROWTH else 0.8):
             grown.append((late / early, float(trend), str(node), str(kind), series))
@@ -160,8 +187,8 @@ def stale_gradients(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
         iteration=parameters._first_iteration(data, steps[0]),
         message=f"The gradients of {len(grown)} of {total} parameters grow steadily over training ({node}: "
                 f"{factor:.1f}x from the first quarter of the recorded steps to the last, Spearman {trend:.2f}) "
-                f"while the loss falls {fall:.3g}x: "
-                "gradients that are summed over steps rather than the current step's. Is optimizer.zero_grad() "
+                + (f"while the loss rises only {1 / fall:.3g}x: " if rising else f"while the loss falls {fall:.3g}x: ")
+                + "gradients that are summed over steps rather than the current step's. Is optimizer.zero_grad() "
                 "called every step?",
         evidence={"growth_factor": factor, "loss_fall": fall, "parameters_growing": len(grown), "parameters": total,
                   "growing": sorted(g[2] for g in grown)[:20], "orders_of_magnitude": float(np.log10(factor))},

@@ -186,9 +186,22 @@ def _item(index: int, finding: Finding) -> html.Li:
                         className="btn btn-link btn-sm p-0 finding-details"),
         ]),
         html.Div(finding.message, className="finding-message"),
+        *_members(finding),
         html.Div(id={"type": ID.ROW_DETAIL, "index": index}, className="findings-detail"),
         dcc.Store(id={"type": ID.ROW_SHOWN, "index": index}),
     ])
+
+
+def _members(finding: Finding) -> list[Component]:
+    """The tensors a summary finding stands for (one cause over many tensors), folded until opened."""
+    members = finding.evidence.get("members")
+    if not isinstance(members, list) or not members:
+        return []
+    count = finding.evidence.get("count", len(members))
+    return [html.Details(className="finding-members small", children=[
+        html.Summary(f"{count} tensors"),
+        html.Ul([html.Li(str(m.get("node")) + (f" · step {m['training_step']}" if m.get("training_step") is not None
+                                                else ""), className="finding-member") for m in members])])]
 
 
 def finding_detail(finding: Finding, series: StepSeries | None) -> Component:
@@ -263,7 +276,8 @@ def statistic_series(service: RecordingService, finding: Finding) -> StepSeries 
 
 def _evidence_text(finding: Finding) -> str:
     """The numbers behind the message, rounded for reading (4 significant digits; the JSON keeps them all)."""
-    return "\n".join(f"{key}: {readable(value)}" for key, value in finding.to_json()["evidence"].items())
+    return "\n".join(f"{key}: {readable(value)}" for key, value in finding.to_json()["evidence"].items()
+                     if key != "members")  # listed in the finding's own fold
 
 
 def readable(value: Any) -> str:
