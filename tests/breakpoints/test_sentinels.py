@@ -60,3 +60,22 @@ def test_only_the_losses_and_outputs_by_default() -> None:
     sentinels.configure(None, enabled=False, pause_on_error=False)
     sentinels.start_batch(1, None, 2, recorded=False)
     assert not sentinels.wants("logits", False)
+
+
+def test_tensors_of_several_dtypes_in_one_step_each_against_its_own_reduction() -> None:
+    tensors = {"loss": torch.tensor(2.5), "logits": torch.tensor([[1.0, -7.0], [3.0, 0.25]], dtype=torch.bfloat16),
+               "counts": torch.tensor([4, -9, 1]), "wide": torch.tensor([-1e300, 2.0], dtype=torch.float64),
+               "nan_loss": torch.tensor(math.nan)}
+    rows, said = _rows(tensors)
+    by_name = {r["name"]: r for r in rows}
+    for name, tensor in tensors.items():
+        row = by_name[name]
+        magnitude = tensor.abs().double()
+        if name == "nan_loss":
+            assert row["has_nan"] and row["event"] == "nan"
+            continue
+        assert row["event"] is None and row["numel"] == tensor.numel()
+        assert row["abs_max"] == pytest.approx(float(magnitude.max()), rel=1e-6)
+        assert row["norm"] == pytest.approx(float(torch.linalg.vector_norm(tensor.double() if not
+                                                                           tensor.is_floating_point() else tensor)), rel=1e-2)
+    assert len(said) == 1
