@@ -46,6 +46,7 @@ def test_a_large_parameter_is_fingerprinted_to_float32_precision_and_a_small_one
             assert found[(step, name, "value_sum")] == pytest.approx(total, rel=tolerance, abs=1e-6)
             assert found[(step, name, "value_norm")] == pytest.approx(norm, rel=tolerance)
             assert found[(step, name, "grad_norm")] == pytest.approx(grads[name], rel=tolerance)
+    assert not [key for key in found if key[2] == "grad_sum"]  # read by rank agreement only: not computed here
     # The frozen-parameter detector's reading: an updated weight's fingerprint moved, by far more than 1e-7.
     before, after = found[(0, "net.weight", "value_norm")], found[(1, "net.weight", "value_norm")]
     assert abs(after - before) > 1e-5 * abs(before)

@@ -9,7 +9,7 @@ dtype and ``requires_grad``, each optimizer group's learning rate and weight dec
 whether gradients were enabled while the step's tensors were registered, and the batch size. About a
 hundred bytes per module and parameter per recorded step; nothing on the other steps. The fingerprints are
 float64 numbers; a distributed run reduces every tensor in float64, a one-process run the large ones in their
-own precision (see EXACT_ELEMENTS).
+own precision (see EXACT_ELEMENTS) and leaves out the gradients' sums, which only rank agreement reads.
 
 The sentinels (``comgra.breakpoints.sentinels``, given to this object by the recorder) run on every step.
 """
@@ -187,7 +187,7 @@ class RunEvidence:
         try:
             with_grad = [(n, p.grad) for n, p in self.modules.parameters.items()
                          if p.grad is not None and not hasattr(p.grad, "to_local")]
-            found = _fingerprints([g.detach() for _, g in with_grad], self.exact)
+            found = _fingerprints([g.detach() for _, g in with_grad], self.exact, sums=self.exact)
             self._grad_fingerprints = ([n for n, _ in with_grad], found / scale if found is not None and scale != 1.0
                                        else found)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
@@ -212,8 +212,11 @@ class RunEvidence:
             for subject, found in (("value", found_values), ("grad", found_grads)):
                 if found[1] is None:
                     continue
+                # grad_sum: read by rank agreement only (a distributed run); a one-process run does not compute it
+                with_sum = subject == "value" or self.exact
                 for name, (total, norm) in zip(found[0], found[1].tolist()):
-                    rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
+                    if with_sum:
+                        rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
                     rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
             self._put(rows)
         self.sentinels.finish_batch(pausable=pausable)
@@ -236,10 +239,10 @@ class RunEvidence:
 EXACT_ELEMENTS = 65536
 
 
-def _fingerprints(tensors: list[torch.Tensor], exact: bool = True) -> torch.Tensor | None:
+def _fingerprints(tensors: list[torch.Tensor], exact: bool = True, sums: bool = True) -> torch.Tensor | None:
     """(sum, L2 norm) of each tensor, stacked as float64 on one device: one transfer for all; ``exact``: reduced in
-    float64 whatever the size (see EXACT_ELEMENTS). A complex tensor's are those of its magnitudes |z|, as
-    everywhere in comgra."""
+    float64 whatever the size (see EXACT_ELEMENTS); without ``sums`` the first column repeats the norm (not computed).
+    A complex tensor's are those of its magnitudes |z|, as everywhere in comgra."""
     if not tensors:
         return None
     device = tensors[0].device
@@ -249,6 +252,7 @@ def _fingerprints(tensors: list[torch.Tensor], exact: bool = True) -> torch.Tens
             t = t.abs()
         wide = exact or t.numel() <= EXACT_ELEMENTS or not t.is_floating_point()
         dtype = torch.float64 if wide else (None if t.dtype in (torch.float32, torch.float64) else torch.float32)
-        pair = torch.stack([t.sum(dtype=dtype), torch.linalg.vector_norm(t, dtype=dtype)])
+        norm = torch.linalg.vector_norm(t, dtype=dtype)
+        pair = torch.stack([t.sum(dtype=dtype) if sums else norm, norm])
         pairs.append((pair if pair.dtype == torch.float64 else pair.double()).to(device))
     return torch.stack(pairs)
