@@ -147,7 +147,7 @@ def _gpt_batch(step: int) -> Any:
 def _gpt2() -> tuple[nn.Module, Callable[..., Any]]:
     from transformers import GPT2Config, GPT2LMHeadModel
     config = GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=64,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
 
     def forward(model: nn.Module, rec: Any, batch: Any) -> torch.Tensor:

@@ -101,6 +101,16 @@ def instrument() -> None:
     _patch(summaries, "summarize_values", "statistics")
     _patch(summaries, "to_table", "rows: transfer + Arrow table")
     _patch(session.Session, "finish_step", "rows: finish_step, queue")
+    _patch(step.StepRecording, "to_tables", "rows: to_tables")
+    _patch(step.StepRecording, "record_gradients", "gradients: snapshot")
+    _patch(summaries, "largest_singular_values", "statistics: spectral norms")
+    _patch(evidence.RunEvidence, "_put", "evidence: Arrow table")
+    try:
+        from comgra.capture import background
+        _patch(background.Job, "wait", "waiting for the statistics worker")
+    except ImportError:
+        pass
+    _patch(writer.ChunkWriter, "_put", "queue to the writer (GIL waits)")
     _patch(session.Session, "flush_kpis", "KPIs")
     for name in ("start_batch", "register", "gradients", "finish_batch"):
         _patch(evidence.RunEvidence, name, "evidence: modes, dtypes, groups")
@@ -273,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-ratios", action="store_true")
     parser.add_argument("--no-breakdown", action="store_true")
     parser.add_argument("--profile", action="store_true", help="cross-check the timers with cProfile")
+    parser.add_argument("--every", type=int, default=0, help="the breakdown's policy gap (default: the workload's)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     try:
@@ -297,9 +308,9 @@ def main(argv: list[str] | None = None) -> None:
             instrument()
             for name in args.workload:
                 workload = wl.WORKLOADS[name]
-                steps = args.steps or max(30, 3 * workload.every)
-                report_breakdown(f"{name} (1 in {workload.every})",
-                                 breakdown(workload, f"every{workload.every}", steps, root, args.profile))
+                every = args.every or workload.every
+                steps = args.steps or max(30, 3 * every)
+                report_breakdown(f"{name} (1 in {every})", breakdown(workload, f"every{every}", steps, root, args.profile))
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 
