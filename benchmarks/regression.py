@@ -3,6 +3,7 @@ workloads of benchmarks/breakdown_workloads.py; prints a table of ratios.
 
     python benchmarks/regression.py                       # against main~1 (the commit before the last merge)
     python benchmarks/regression.py --ref main --workload mlp conv --rounds 5
+    python benchmarks/regression.py --workload --app       # the app alone: node clicks and the first page
 
 The reference commit is checked out with ``git worktree add --detach`` into a temporary folder (removed
 afterwards). Each measurement is a child process that runs this tree's workload code against one side's
@@ -82,6 +83,15 @@ def _worktree(ref: str, folder: Path) -> Path:
     return target
 
 
+def _app(reference: Path, folder: Path, options: argparse.Namespace) -> None:
+    """benchmarks/app_latency.py of this tree, with the reference's src as its baseline: its table, as it prints it."""
+    command = [sys.executable, str(HERE / "app_latency.py"), "--baseline-src", str(reference / "src"), "--nodes", "15",
+               "--nodes", "1000", "--scale", "1", "--repeats", str(options.app_repeats), "--no-rss",
+               "--out", str(folder / "app")]
+    print("\napp: " + " ".join(command[1:]), flush=True)
+    subprocess.run(command, env=dict(os.environ, PYTHONPATH=str(REPOSITORY / "src")), check=False)
+
+
 def _cell(results: list[dict[str, Any]], clock: str) -> str:
     ratios = [r[clock][0] for r in results]
     extra = statistics.median(r[f"{clock}_ms_per_step"][0] for r in results)
@@ -91,12 +101,16 @@ def _cell(results: list[dict[str, Any]], clock: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ref", default="main~1", help="the reference commit (any git revision)")
-    parser.add_argument("--workload", nargs="+", choices=sorted(DEFAULT_MODES), default=["mlp", "conv", "attention",
+    parser.add_argument("--workload", nargs="*", choices=sorted(DEFAULT_MODES), default=["mlp", "conv", "attention",
                                                                                           "gpt2", "gpt_compiled"])
     parser.add_argument("--rounds", type=int, default=3, help="child processes per side, workload and mode")
     parser.add_argument("--child-rounds", type=int, default=5, help="interleaved rounds inside each child")
     parser.add_argument("--blocks", type=int, default=1, help="policy gaps per block")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
+    parser.add_argument("--app", action="store_true",
+                        help="also the app in the browser (benchmarks/app_latency.py --baseline-src: node clicks, "
+                             "first page, 15 and 1,000 nodes), the reference's server right before this tree's")
+    parser.add_argument("--app-repeats", type=int, default=15)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="every10", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
@@ -116,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         reference = _worktree(options.ref, Path(folder))
         try:
             sides = {"ref": reference, "now": REPOSITORY}
-            print(f"\n{'workload':<13}{'mode':<10}{'side':<5}{'training thread CPU':<36}{'wall clock':<36}")
+            if options.workload:
+                print(f"\n{'workload':<13}{'mode':<10}{'side':<5}{'training thread CPU':<36}{'wall clock':<36}")
             rows = []
             for workload in options.workload:
                 for mode in DEFAULT_MODES[workload]:
@@ -132,10 +147,13 @@ def main(argv: list[str] | None = None) -> None:
                     extra = {side: statistics.median(r["thread_ms_per_step"][0] for r in results[side])
                              for side in results}
                     rows.append((workload, mode, medians, extra))
+            if options.app:
+                _app(reference, Path(folder), options)
         finally:
             subprocess.run(["git", "-C", str(REPOSITORY), "worktree", "remove", "--force", str(reference)],
                            capture_output=True, text=True)
-    print("\nsummary, training thread CPU: ratio to plain training, ref -> now (now/ref of comgra's extra ms)")
+    if rows:
+        print("\nsummary, training thread CPU: ratio to plain training, ref -> now (now/ref of comgra's extra ms)")
     for workload, mode, medians, extra in rows:
         change = extra["now"] / extra["ref"] if extra["ref"] > 0 else float("nan")
         print(f"  {workload:<13}{mode:<10}{medians['ref']:6.3f}x -> {medians['now']:6.3f}x   extra "
