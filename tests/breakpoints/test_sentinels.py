@@ -79,3 +79,26 @@ def test_tensors_of_several_dtypes_in_one_step_each_against_its_own_reduction() 
         assert row["norm"] == pytest.approx(float(torch.linalg.vector_norm(tensor.double() if not
                                                                            tensor.is_floating_point() else tensor)), rel=1e-2)
     assert len(said) == 1
+
+
+def test_the_device_path_stacks_reductions_of_several_dtypes_and_reads_them_in_order() -> None:
+    """On a GPU the reductions stay tensors until finish_batch stacks them (bfloat16 logits beside a float32 output
+    become float64 there, on the device) and copies them; a CPU loss's floats sit between them. Run here with CPU
+    tensors in the device path's place."""
+    from comgra.breakpoints import sentinels as module
+
+    tables: list[Any] = []
+    sentinels = Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None)
+    step = module._Step(7, "training", 2, recorded=False)
+    step.names = [("logits", "output", 4), ("loss", "loss", 1), ("hidden", "marked", 3)]
+    step.parts = [tuple(torch.tensor(v, dtype=torch.bfloat16) for v in (-3.0, 2.0, 4.0)), (0.5, 0.5, 0.5),
+                  tuple(torch.tensor(v) for v in (-1.0, 8.0, 9.0))]
+    module._start_transfer(step)
+    assert step.host is not None and step.host.dtype == torch.float64 and step.host.shape == (2, 3)
+    sentinels._read(step, pausable=False)
+    sentinels.close()
+    rows = {r["name"]: r for table in tables for r in table.to_pylist()}
+    assert (rows["logits"]["abs_max"], rows["logits"]["norm"]) == (3.0, 4.0)
+    assert (rows["loss"]["abs_max"], rows["loss"]["norm"]) == (0.5, 0.5)
+    assert (rows["hidden"]["abs_max"], rows["hidden"]["norm"]) == (8.0, 9.0)
+    assert rows["batch"]["numel"] == 2 and all(r["training_step"] == 7 for r in rows.values())

@@ -235,10 +235,11 @@ def _start_transfer(step: _Step) -> None:
         step.host = None
         return
     first = reduced[0][0]
-    if any(part[0].device != first.device or part[0].dtype != first.dtype for part in reduced):
-        values = [value.double().cpu() for part in reduced for value in part]  # (rare: tensors on several devices)
-    else:
-        values = [value for part in reduced for value in part]
+    values = [value for part in reduced for value in part]
+    if any(part[0].device != first.device for part in reduced):  # rare: tensors on several devices (a sync each)
+        values = [value.double().cpu() for value in values]
+    elif any(part[0].dtype != first.dtype for part in reduced):  # bfloat16 logits beside a float32 loss: on the device
+        values = [value.double() for value in values]
     stacked = torch.stack(values).view(-1, 3)
     if stacked.device.type != "cuda":
         step.host = stacked.cpu()
