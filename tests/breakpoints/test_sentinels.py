@@ -60,3 +60,45 @@ def test_only_the_losses_and_outputs_by_default() -> None:
     sentinels.configure(None, enabled=False, pause_on_error=False)
     sentinels.start_batch(1, None, 2, recorded=False)
     assert not sentinels.wants("logits", False)
+
+
+def test_tensors_of_several_dtypes_in_one_step_each_against_its_own_reduction() -> None:
+    tensors = {"loss": torch.tensor(2.5), "logits": torch.tensor([[1.0, -7.0], [3.0, 0.25]], dtype=torch.bfloat16),
+               "counts": torch.tensor([4, -9, 1]), "wide": torch.tensor([-1e300, 2.0], dtype=torch.float64),
+               "nan_loss": torch.tensor(math.nan)}
+    rows, said = _rows(tensors)
+    by_name = {r["name"]: r for r in rows}
+    for name, tensor in tensors.items():
+        row = by_name[name]
+        magnitude = tensor.abs().double()
+        if name == "nan_loss":
+            assert row["has_nan"] and row["event"] == "nan"
+            continue
+        assert row["event"] is None and row["numel"] == tensor.numel()
+        assert row["abs_max"] == pytest.approx(float(magnitude.max()), rel=1e-6)
+        assert row["norm"] == pytest.approx(float(torch.linalg.vector_norm(tensor.double() if not
+                                                                           tensor.is_floating_point() else tensor)), rel=1e-2)
+    assert len(said) == 1
+
+
+def test_the_device_path_stacks_reductions_of_several_dtypes_and_reads_them_in_order() -> None:
+    """On a GPU the reductions stay tensors until finish_batch stacks them (bfloat16 logits beside a float32 output
+    become float64 there, on the device) and copies them; a CPU loss's floats sit between them. Run here with CPU
+    tensors in the device path's place."""
+    from comgra.breakpoints import sentinels as module
+
+    tables: list[Any] = []
+    sentinels = Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None)
+    step = module._Step(7, "training", 2, recorded=False)
+    step.names = [("logits", "output", 4), ("loss", "loss", 1), ("hidden", "marked", 3)]
+    step.parts = [tuple(torch.tensor(v, dtype=torch.bfloat16) for v in (-3.0, 2.0, 4.0)), (0.5, 0.5, 0.5),
+                  tuple(torch.tensor(v) for v in (-1.0, 8.0, 9.0))]
+    module._start_transfer(step)
+    assert step.host is not None and step.host.dtype == torch.float64 and step.host.shape == (2, 3)
+    sentinels._read(step, pausable=False)
+    sentinels.close()
+    rows = {r["name"]: r for table in tables for r in table.to_pylist()}
+    assert (rows["logits"]["abs_max"], rows["logits"]["norm"]) == (3.0, 4.0)
+    assert (rows["loss"]["abs_max"], rows["loss"]["norm"]) == (0.5, 0.5)
+    assert (rows["hidden"]["abs_max"], rows["hidden"]["norm"]) == (8.0, 9.0)
+    assert rows["batch"]["numel"] == 2 and all(r["training_step"] == 7 for r in rows.values())

@@ -235,6 +235,7 @@ def test_the_distribution_across_steps_shows_every_trial_side_by_side(serve, sma
     page = small_page
     page.goto(serve(tutorial) + f"?trial={TRIAL_BUGGED}&node=subnet_pre__hidden_state")
     page.wait_for_selector('#dependency-graph .graph-node.selected[data-node="subnet_pre__hidden_state"]')
+    page.locator("#distribution-plot").scroll_into_view_if_needed()  # drawn only in view (issue 34)
     page.locator("#distribution-plot .js-plotly-plot .main-svg").first.wait_for()
     iteration = int(page.locator('#values [data-field="iteration"]').inner_text())
     medians = {trial: (x, y) for trial, x, y in page.evaluate(DISTRIBUTION)}

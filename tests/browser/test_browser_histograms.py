@@ -41,6 +41,7 @@ def test_the_histograms_are_the_stored_values_of_both_trials_on_shared_bins(brow
         expected = {t: pooled_values(recording, t, row, kind) for t in trials}
         assert all(len(series) >= 10 for series in expected.values())
         app.page.get_by_text("Histograms (a row per step)").click()
+        app.page.locator("#distribution-plot").scroll_into_view_if_needed()  # drawn only in view (issue 34)
         app.page.wait_for_function("() => { const p = document.querySelector('#distribution-plot .js-plotly-plot');"
                                    " return p && p.data.length && p.data.every(t => t.type === 'heatmap'); }",
                                    timeout=SLOW)

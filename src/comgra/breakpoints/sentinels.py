@@ -50,8 +50,10 @@ class _Step:
     batch_size: int
     recorded: bool
     names: list[tuple[str, str, int]] = field(default_factory=list)  # (name, source, numel) of each reduced tensor
-    parts: list[torch.Tensor] = field(default_factory=list)  # per tensor: (min, max, norm) on its device
-    host: torch.Tensor | None = None  # the stacked results on the host (pinned, filled asynchronously on CUDA)
+    # per tensor: (min, max, norm), as three 0-d tensors on its device, or as floats where they cost nothing to read
+    # (a CPU scalar: the loss)
+    parts: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    host: torch.Tensor | None = None  # the stacked tensor results on the host (pinned, filled asynchronously on CUDA)
     ready: Any = None  # the CUDA event after the copy; None: ``host`` is complete
 
 
@@ -69,7 +71,7 @@ class Sentinels:
         self.outputs: set[str] = set()  # output tensors' names, learned from the recorded steps' graphs
         self.step: _Step | None = None
         self._waiting: _Step | None = None  # the previous step's results, read at the next step (CUDA)
-        self._rows: dict[str, list[Any]] = {name: [] for name in fmt.SENTINELS_SCHEMA.names}
+        self._rows: list[tuple[Any, ...]] = []  # in the order of fmt.SENTINELS_SCHEMA
         self._said: set[tuple[str, str]] = set()
         self.events: list[tuple[int, str, str]] = []  # (training_step, name, event) of the errors seen so far
 
@@ -120,14 +122,22 @@ class Sentinels:
         count = data.numel()
         step.names.append((name, source, count))
         if count == 0 or data.is_nested:
-            step.parts.append(torch.full((3,), math.nan, dtype=torch.float64, device=data.device))
+            step.parts.append((math.nan, math.nan, math.nan))
+            return
+        if count == 1 and data.device.type == "cpu" and not data.is_complex():  # a loss: read now, no kernel
+            value = float(data.item())
+            step.parts.append((value, value, abs(value)))
             return
         if data.is_complex():
             data = data.abs()
         elif not data.is_floating_point():
             data = data.double()
-        low, high = torch.aminmax(data)
-        step.parts.append(torch.stack([low.double(), high.double(), torch.linalg.vector_norm(data).double()]))
+        low, high = torch.aminmax(data)  # two kernels
+        norm = torch.linalg.vector_norm(data)
+        if data.device.type == "cpu":  # read now (the kernels have run): three reads cost less than a stack
+            step.parts.append((float(low.item()), float(high.item()), float(norm.item())))
+        else:  # stacked and copied to the host at finish_batch, read a step later
+            step.parts.append((low, high, norm))
 
     def finish_batch(self, *, pausable: bool) -> None:
         """The step's reductions go to the host; the previous step's (CUDA) or this step's (CPU) are read."""
@@ -159,8 +169,9 @@ class Sentinels:
     def _read(self, step: _Step, *, pausable: bool) -> None:
         if step.ready is not None:
             step.ready.synchronize()
-        values = step.host.tolist() if step.host is not None else []
-        rows = self._rows
+        read = iter(step.host.tolist() if step.host is not None else [])
+        values = [part if isinstance(part[0], float) else next(read) for part in step.parts]
+        step.parts = []
         errors: list[tuple[str, str]] = []
         for (name, source, count), (low, high, norm) in zip(step.names, values):
             nan = count > 0 and math.isnan(high)
@@ -175,15 +186,13 @@ class Sentinels:
             errors.append(("batch", "zero_batch"))
         for name, event in errors:
             self._event(step, name, event, pausable)
-        if len(rows["training_step"]) >= ROWS_PER_TABLE or errors:
+        if len(self._rows) >= ROWS_PER_TABLE or errors:
             self._put_rows()
 
     def _add(self, step: _Step, name: str, source: str, count: int, nan: bool, inf: bool, abs_max: float,
              norm: float, event: str | None) -> None:
-        for column, value in zip(fmt.SENTINELS_SCHEMA.names, (
-                step.training_step, step.type_of_execution, name, source, count, nan, inf, abs_max, norm,
-                step.recorded, event)):
-            self._rows[column].append(value)
+        self._rows.append((step.training_step, step.type_of_execution, name, source, count, nan, inf, abs_max, norm,
+                           step.recorded, event))
 
     def _event(self, step: _Step, name: str, event: str, pausable: bool) -> None:
         self.events.append((step.training_step, name, event))
@@ -209,11 +218,10 @@ class Sentinels:
         monitor.step.held.add(monitor.step.hit.id)
 
     def _put_rows(self) -> None:
-        if not self._rows["training_step"]:
+        if not self._rows:
             return
-        table = pa.table(self._rows, schema=fmt.SENTINELS_SCHEMA)
-        self._rows = {name: [] for name in fmt.SENTINELS_SCHEMA.names}
-        self.put(table)
+        rows, self._rows = self._rows, []
+        self.put(pa.table(dict(zip(fmt.SENTINELS_SCHEMA.names, map(list, zip(*rows)))), schema=fmt.SENTINELS_SCHEMA))
 
     def flush(self) -> None:
         """Hand the rows so far to the writer (the recorder's flush and a pause)."""
@@ -222,13 +230,17 @@ class Sentinels:
 
 def _start_transfer(step: _Step) -> None:
     """Stack the step's reductions and start their copy to the host (asynchronous on CUDA)."""
-    if not step.parts:
-        step.host = torch.zeros((0, 3), dtype=torch.float64)
+    reduced = [part for part in step.parts if not isinstance(part[0], float)]
+    if not reduced:
+        step.host = None
         return
-    devices = {part.device for part in step.parts}
-    parts = step.parts if len(devices) == 1 else [part.cpu() for part in step.parts]
-    stacked = torch.stack(parts)
-    step.parts = []
+    first = reduced[0][0]
+    values = [value for part in reduced for value in part]
+    if any(part[0].device != first.device for part in reduced):  # rare: tensors on several devices (a sync each)
+        values = [value.double().cpu() for value in values]
+    elif any(part[0].dtype != first.dtype for part in reduced):  # bfloat16 logits beside a float32 loss: on the device
+        values = [value.double() for value in values]
+    stacked = torch.stack(values).view(-1, 3)
     if stacked.device.type != "cuda":
         step.host = stacked.cpu()
         return

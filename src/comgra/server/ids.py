@@ -55,6 +55,7 @@ class ID:
     HISTOGRAM = "histogram-plot"
     DISTRIBUTION_MODE = "distribution-mode"  # TensorBoard's Distributions (bands) or Histograms (a row per step)
     DISTRIBUTION = "distribution-plot"  # the selected tensor's distribution across steps, trials side by side
+    DISTRIBUTION_SHOWN = "distribution-shown"  # dcc.Store: whether the distribution plot is in view (comgra.js)
     NETWORK = "network"
     NOTES = "notes"
     KPIS = "kpi-graphs"

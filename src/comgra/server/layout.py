@@ -160,6 +160,8 @@ def _plots() -> list[Component]:
                        inputStyle={"marginRight": "0.3em", "marginLeft": "0.8em"},
                        options=[{"label": "Distributions across steps", "value": "bands"},
                                 {"label": "Histograms (a row per step)", "value": "histograms"}]),
+        # Computed only while in view (issue 34): comgra.js sets DISTRIBUTION_SHOWN as the plot scrolls in and out.
+        dcc.Store(id=ID.DISTRIBUTION_SHOWN, data=False),
         html.Div(id=ID.DISTRIBUTION, className="distribution-plot"),
         html.Div(id=ID.HISTOGRAM, className="histogram-plot"),
     ]

@@ -19,7 +19,7 @@ import math
 from typing import Any
 from urllib.parse import parse_qs
 
-from dash import ClientsideFunction, Dash, Input, Output, State, ctx, dcc, no_update
+from dash import ClientsideFunction, Dash, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 from flask import Response, request
 
@@ -231,10 +231,15 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         return wanted if wanted in PLOT_STATISTICS else no_update
 
     @app.callback(Output(ID.DISTRIBUTION, "children"), Input(ID.SHOWN, "data"), Input(ID.DATA_VERSION, "data"),
-                  Input(ID.DISTRIBUTION_MODE, "value"))
-    def update_distribution(shown: dict[str, Any] | None, _version: str, mode: Any = None) -> Any:
+                  Input(ID.DISTRIBUTION_MODE, "value"), Input(ID.DISTRIBUTION_SHOWN, "data"))
+    def update_distribution(shown: dict[str, Any] | None, _version: str, mode: Any = None,
+                            in_view: Any = True) -> Any:
         """TensorBoard's Distributions view (or its Histograms view): the tensor's stored values across steps,
-        trials side by side."""
+        trials side by side; read and drawn only while the plot is in view (a node click does not wait for it)."""
+        if not in_view:
+            if ctx.triggered_id == ID.DISTRIBUTION_SHOWN:
+                raise PreventUpdate  # scrolled out of view: what is drawn stays
+            return distribution_later()
         selection = selection_from(shown)
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
@@ -254,6 +259,12 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
         return _graph(guarded(lambda: neuron_figure(service, selection), figures.empty_figure))
+
+
+def distribution_later() -> Any:
+    """In the distribution plot's place while it is out of view: nothing is read for it until it comes into view."""
+    return html.Div("The distribution across steps is drawn when it comes into view.",
+                    className="distribution-later text-muted small")
 
 
 def neuron_figure(service: RecordingService, selection: Selection) -> Any:

@@ -867,6 +867,25 @@
                                                                     characterData: true, attributes: true,
                                                                     attributeFilter: ["class"]});
 
+  // The distribution plot is read and drawn only while it is in view (issue 34): an IntersectionObserver tells the
+  // server callback through the "distribution-shown" store, as the plot scrolls in and out (and as tabs hide it).
+  var distribution = { element: null, observer: null, shown: false };
+  function watchDistribution() {
+    var element = document.getElementById("distribution-plot");
+    var dc = window.dash_clientside;
+    if (!element || element === distribution.element || !window.IntersectionObserver || !(dc && dc.set_props)) return;
+    if (distribution.observer) distribution.observer.disconnect();
+    distribution.element = element;
+    distribution.observer = new IntersectionObserver(function (entries) {
+      var shown = entries[entries.length - 1].isIntersecting;
+      if (shown === distribution.shown) return;
+      distribution.shown = shown;
+      window.dash_clientside.set_props("distribution-shown", { data: shown });
+    });
+    distribution.observer.observe(element);
+  }
+  new MutationObserver(watchDistribution).observe(document.documentElement, {childList: true, subtree: true});
+
   window.dash_clientside = window.dash_clientside || {};
   window.dash_clientside.comgra = { renderGraph: renderGraph, searchOptions: searchOptions, notices: notices,
                                     writeUrl: writeUrl, tabFromUrl: tabFromUrl, clearTabNotice: clearTabNotice,

@@ -1,0 +1,65 @@
+"""The fingerprints' precision where their cost was cut (issue 34): a one-process run reduces a large tensor in its own
+float32, a distributed run (and every small tensor) in float64; what the readers need of each, against the test's own."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from comgra.capture import evidence
+from comgra.objects import DecisionMakerForRecordingsHardcoded
+from comgra.recorder import ComgraRecorder
+from comgra.store import GroupReader
+
+
+def test_a_large_parameter_is_fingerprinted_to_float32_precision_and_a_small_one_exactly(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(512, 256)  # a weight of 131,072 elements: above EXACT_ELEMENTS; its bias below
+    assert net.weight.numel() > evidence.EXACT_ELEMENTS >= net.bias.numel()
+    recorder = ComgraRecorder(tmp_path, "group", "trial", DecisionMakerForRecordingsHardcoded({0, 1}))
+    recorder.track_module("net", net)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    expected = []
+    for step in range(2):
+        values = {f"net.{n}": (float(p.detach().double().sum()), float(p.detach().double().norm()))
+                  for n, p in net.named_parameters()}
+        recorder.start_batch(step, 4)
+        recorder.start_iteration()
+        x = torch.randn(4, 512)
+        recorder.register_tensor("x", x, is_input=True)
+        loss = net(x).pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        optimizer.zero_grad()
+        loss.backward()
+        recorder.record_current_gradients("gradients")
+        expected.append((values, {f"net.{n}": float(p.grad.double().norm()) for n, p in net.named_parameters()}))
+        recorder.finish_iteration()
+        recorder.finish_batch()
+        optimizer.step()
+    recorder.finalize()
+    rows = GroupReader(tmp_path / "group").trial("trial").evidence("runinfo").to_pylist()
+    found = {(r["training_step"], r["name"], r["field"]): r["number"] for r in rows if r["subject"] == "parameter"}
+    for step, (values, grads) in enumerate(expected):
+        for name, (total, norm) in values.items():
+            tolerance = 1e-9 if name == "net.bias" else 1e-5  # float32 pairwise sums: about 1e-7 relative
+            assert found[(step, name, "value_sum")] == pytest.approx(total, rel=tolerance, abs=1e-6)
+            assert found[(step, name, "value_norm")] == pytest.approx(norm, rel=tolerance)
+            assert found[(step, name, "grad_norm")] == pytest.approx(grads[name], rel=tolerance)
+    assert not [key for key in found if key[2] == "grad_sum"]  # read by rank agreement only: not computed here
+    # The frozen-parameter detector's reading: an updated weight's fingerprint moved, by far more than 1e-7.
+    before, after = found[(0, "net.weight", "value_norm")], found[(1, "net.weight", "value_norm")]
+    assert abs(after - before) > 1e-5 * abs(before)
+
+
+def test_a_distributed_run_reduces_every_tensor_in_float64() -> None:
+    torch.manual_seed(0)
+    large = torch.randn(300_000) + 1e3  # a float32 sum of these loses digits that float64 keeps
+    exact = evidence._fingerprints([large], exact=True)
+    cheap = evidence._fingerprints([large], exact=False)
+    reference = large.double()
+    assert exact.dtype == cheap.dtype == torch.float64
+    assert float(exact[0, 0]) == pytest.approx(float(reference.sum()), rel=1e-12)
+    assert float(exact[0, 1]) == pytest.approx(float(reference.norm()), rel=1e-12)
+    assert float(cheap[0, 0]) == pytest.approx(float(reference.sum()), rel=1e-5)
+    assert float(cheap[0, 1]) == pytest.approx(float(reference.norm()), rel=1e-5)
