@@ -7,6 +7,7 @@ Usage::
     comgra --use-path-for-test-run          # what comgra-test-run recorded
     comgra demo [--steps 300] [--path P]    # record a short tutorial run (needs torch), then serve it
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
+    comgra sync LOCAL URL                   # upload a local recording (a crashed run's spool) to s3://... (cli.sync)
     comgra scan --path ROOT/GROUP [--json]  # findings: anomalies and where they start (see comgra.cli.scan)
 
 A bad path or option ends with a one-line message and exit code 2.
@@ -22,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, positive_int
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, positive_int, recording_path
 
 __all__ = ["main"]
 
@@ -32,6 +33,7 @@ COMMANDS = {  # the subcommands: `comgra --help` lists them, `comgra foo` names 
     "demo": "record a short run of the tutorial network (needs torch), then open it",
     "scan": "findings: anomalies and where they start ('comgra scan --path ROOT/GROUP [--json]')",
     "repair": "remove what a crashed run left in a recording ('comgra repair PATH')",
+    "sync": "upload a local recording (a crashed run's spool) to a URL ('comgra sync LOCAL URL')",
 }
 
 
@@ -63,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(_demo_parser().parse_args(arguments[1:]))
         if arguments[:1] == ["repair"]:
             return _repair(arguments[1:])
+        if arguments[:1] == ["sync"]:
+            from comgra.cli import sync
+            return sync.run(arguments[1:])
         if arguments[:1] == ["scan"]:
             from comgra.cli import scan
             return scan.run(arguments[1:])
@@ -93,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"comgra {_version()}")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--path", type=Path, help="the group folder: comgra_root_path/group")
+    where.add_argument("--path", type=recording_path, help="the group folder: comgra_root_path/group, or its URL "
+                       "(s3://bucket/runs/group, gs://, az://, hdfs://)")
     where.add_argument("--use-path-for-test-run", action="store_true",
                        help="open what comgra-test-run recorded in its default location")
     _add_server_options(parser)
@@ -171,10 +177,12 @@ def _repair(arguments: list[str]) -> int:
     return 0
 
 
-def _repair_closed_trials(group: Path) -> None:
+def _repair_closed_trials(group: Path | str) -> None:
     """Make the plain read of closed or crashed trials exact once the app has opened them (live ones are skipped)."""
     import os
 
+    if isinstance(group, str):  # a URL: read through a mirror; 'comgra repair URL' repairs the store itself
+        return
     from comgra.store.repair import repair_group
 
     if not os.access(group, os.W_OK):
