@@ -185,6 +185,10 @@ def _s3_options(options: dict[str, Any]) -> dict[str, Any]:
         split = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
         options["endpoint_override"] = split.netloc + split.path.rstrip("/")
         options.setdefault("scheme", split.scheme)
+    # One PutObject for a small file, not a three-request multipart upload; bounded waits on a stalled connection.
+    options.setdefault("allow_delayed_open", True)
+    options.setdefault("connect_timeout", 10.0)
+    options.setdefault("request_timeout", 60.0)
     region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
     if region:
         options.setdefault("region", region)

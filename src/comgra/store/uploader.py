@@ -149,7 +149,7 @@ class Uploader:
     message) until the backlog drains."""
 
     def __init__(self, local: Path, remote: Location, *, journal_root: Path | None = None, interval: float = 1.0,
-                 limit_bytes: int | None = None, workers: int = 4, max_attempts: int = 6):
+                 limit_bytes: int | None = None, workers: int = 4, max_attempts: int = 3):
         self.local = local
         self.remote = remote
         self.journal = Journal(journal_root or local, remote.url)
@@ -164,6 +164,7 @@ class Uploader:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._deadline: float | None = None
         self._pass_lock = threading.Lock()
 
     # -- the thread ------------------------------------------------------------------------------
@@ -173,15 +174,34 @@ class Uploader:
         return self
 
     def _loop(self) -> None:
+        next_pass = 0.0
         while not self._stop.is_set():
-            self.run_pass()
-            delay = self.interval if not self.failures else min(30.0, self.interval * 2 ** min(self.failures, 5))
-            self._wake.wait(delay)
+            if time.monotonic() >= next_pass:
+                self.run_pass()
+                # Backoff while the store fails: 2, 4, ... 30 s between passes (each pass retries each request too).
+                next_pass = time.monotonic() + (self.interval if not self.failures else
+                                                min(30.0, self.interval * 2 ** min(self.failures, 5)))
+            else:
+                self.measure_backlog()  # the spool keeps growing while the store is away: the limit holds meanwhile
+            self._wake.wait(self.interval)
             self._wake.clear()
+
+    def measure_backlog(self) -> int:
+        """Bytes of the spool not uploaded yet (a local listing, no network); sets ``full``."""
+        self.journal.read_new()
+        waiting = 0
+        for key, (size, mtime) in (local_files(self.local) if self.local.is_dir() else {}).items():
+            entry = self.journal.entries.get(key)
+            if entry is None or entry.op != "U" or (entry.size, entry.mtime) != (size, mtime):
+                waiting += size
+        if self.limit_bytes is not None:
+            self.full = waiting > self.limit_bytes
+        return waiting
 
     def finish(self, timeout: float) -> PassResult:
         """Upload what is left (passes until nothing is pending, or ``timeout`` seconds), then stop the thread."""
         deadline = time.monotonic() + timeout
+        self._deadline = deadline  # retries inside a pass stop there too
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -225,6 +245,8 @@ class Uploader:
                     result.pending_bytes += size
                     continue
             todo.append((key, size, mtime))
+        if self.limit_bytes is not None:  # what waits now, before this pass sends anything
+            self.full = sum(size for _, size, _ in todo) + result.pending_bytes > self.limit_bytes
         data = [item for item in todo if not is_commit(item[0])]
         commits = [item for item in todo if is_commit(item[0])]
         self._send(data, result)
@@ -295,7 +317,8 @@ class Uploader:
             except FileNotFoundError:
                 raise
             except OSError:
-                if attempt == self.max_attempts - 1 or self._stop.is_set() and attempt >= 2:
+                late = self._deadline is not None and time.monotonic() + delay > self._deadline
+                if attempt == self.max_attempts - 1 or late:
                     raise
                 time.sleep(delay)
                 delay = min(8.0, delay * 2)
