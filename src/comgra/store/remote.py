@@ -71,7 +71,11 @@ class Mirror:
             if not force and self._refreshed_at is not None and now - self._refreshed_at < self.refresh_seconds:
                 return False
             self._refreshed_at = now
-            remote = self.location.list_files()
+            try:
+                remote = self.location.list_files()
+            except OSError:  # once more: a listing that met a dropped connection
+                time.sleep(0.2)
+                remote = self.location.list_files()
             self.listings += 1
             self.remote_files = len(remote)
             self.local.mkdir(parents=True, exist_ok=True)
@@ -120,7 +124,16 @@ class Mirror:
             raise StoreError(f"comgra could not read {self.location.url!r}: {errors[0]}") from errors[0]
 
     def _fetch_one(self, key: str, mtime: int) -> None:
-        data = self.location.download(key)
+        for attempt in range(3):  # a dropped connection or a 503 the filesystem's own retries did not absorb
+            try:
+                data = self.location.download(key)
+                break
+            except FileNotFoundError:
+                raise
+            except OSError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.2 * 4 ** attempt)
         path = self.local / key
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.parent / f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}-{path.name}.partial"
