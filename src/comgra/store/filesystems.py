@@ -37,7 +37,7 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _ONE_SLASH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")  # s3:/bucket: what Path() makes of s3://bucket
 # The extra that installs what a scheme needs, where pyarrow alone may not serve it.
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure",
-          "adl": "azure", "hdfs": "hdfs"}
+          "adl": "azure"}
 _PYARROW = {"s3": "S3FileSystem", "s3a": "S3FileSystem", "gs": "GcsFileSystem", "gcs": "GcsFileSystem",
             "hdfs": "HadoopFileSystem"}
 SUPPORTED = "s3://, gs://, az://, abfs://, hdfs://, file:// and local paths (or any scheme fsspec knows)"
@@ -171,8 +171,9 @@ def _filesystem(scheme: str, url: str, host: str, options: dict[str, Any]) -> pa
             raise ConfigError(f"storage options {sorted(options)} for {url!r}: {error}. See pyarrow.fs.{kind} for "
                               "the keys it takes ([storage.options." + scheme + "] in comgra.toml).") from None
         except (OSError, ImportError) as error:
-            raise ConfigError(f"comgra cannot open {url!r}: {error}. Install what this store needs with "
-                              f"pip install 'comgra[{EXTRAS[scheme]}]'.") from None
+            need = ("a Hadoop client (HADOOP_HOME, libhdfs.so, CLASSPATH) and Java, which pyarrow's HadoopFileSystem "
+                    "loads" if scheme == "hdfs" else f"pip install 'comgra[{EXTRAS[scheme]}]'")
+            raise ConfigError(f"comgra cannot open {url!r}: {error}. Install what this store needs: {need}.") from None
     return _fsspec(scheme, url, options)
 
 
