@@ -214,7 +214,7 @@ def _test_run_path() -> Path:
     return path
 
 
-def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,
+def _run_server(group: Path | str, *, host: str, port: int, visualization_file: Path | None,
                 allow_hosts: list[str] | None = None, poll_seconds: float = 2.0,
                 findings_sensitivity: float | None = None, findings_scan: bool = True, view: str = "/") -> int:
     from comgra.errors import ConfigError, StoreError

@@ -48,7 +48,7 @@ def is_url(path: Any) -> bool:
     if not isinstance(path, str):
         return False
     match = _SCHEME.match(path)
-    return bool(match) and match.group(1).lower() not in ("file", "local")
+    return match is not None and match.group(1).lower() not in ("file", "local")
 
 
 def local_path(path: str | os.PathLike[str]) -> Path:

@@ -91,7 +91,7 @@ class Mirror:
             status = (self.local / key).stat()
         except FileNotFoundError:
             return True
-        return status.st_size != size or (mtime and status.st_mtime_ns != mtime)
+        return status.st_size != size or (mtime != 0 and status.st_mtime_ns != mtime)
 
     def _fetch(self, keys: list[str], remote: dict[str, tuple[int, int]]) -> None:
         errors: list[BaseException] = []
