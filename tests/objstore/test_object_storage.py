@@ -176,7 +176,7 @@ def test_a_live_run_appears_in_the_mirror_and_merged_parts_go(s3_env: str, tmp_p
     (local / "trials" / "t" / "steps" / "s0.parquet").write_bytes(b"s" * 10)
     assert uploader.run_pass().uploaded == 4
     mirror = Mirror(location, tmp_path / "mirror", refresh_seconds=0)
-    mirror.refresh()
+    mirror.refresh(force=True)
     assert sorted(mirror._local_keys()) == sorted(location.list_files())
     merged = local / "trials" / "t" / "tensors" / "merged.parquet"
     merged.write_bytes(b"m" * 300)
@@ -186,7 +186,7 @@ def test_a_live_run_appears_in_the_mirror_and_merged_parts_go(s3_env: str, tmp_p
     result = Uploader(local, location, journal_root=tmp_path).run_pass()
     assert (result.uploaded, result.deleted) == (1, 3)
     assert sorted(location.list_files()) == sorted(["trials/t/tensors/merged.parquet", "trials/t/steps/s0.parquet"])
-    mirror.refresh()
+    mirror.refresh(force=True)
     assert sorted(mirror._local_keys()) == sorted(location.list_files())
     assert (mirror.local / "trials/t/tensors/merged.parquet").read_bytes() == b"m" * 300
 
@@ -223,3 +223,31 @@ def test_the_spool_limit_stops_recording_once_and_training_goes_on(tmp_path: Pat
     assert sum("spool" in m and "stopped recording" in m for m in messages) == 1, messages
     assert any("comgra sync" in m for m in messages), messages  # finalize says what is left and how to send it
     assert recorder.session is not None and recorder.session.broken
+
+
+def test_a_question_does_not_wait_for_a_refresh_under_way(s3_env: str, tmp_path: Path) -> None:
+    import threading
+
+    train(f"{s3_env}/runs", "t1", steps=3)
+    group = GroupReader(f"{s3_env}/runs/{GROUP}")
+    mirror = group.mirror
+    listing = mirror.location.list_files
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_listing() -> dict[str, tuple[int, int]]:
+        entered.set()
+        release.wait(30)
+        return listing()
+
+    object.__setattr__(mirror.location, "list_files", slow_listing)
+    mirror.refresh_seconds = 0.0
+    mirror._refreshed_at = time.monotonic() - 60
+    poll = threading.Thread(target=group.trials)
+    poll.start()
+    assert entered.wait(30)
+    started = time.monotonic()
+    assert group.trials() == ["t1"]  # answered from the mirror as it is, while the poll's listing is under way
+    assert group.trial("t1").steps().num_rows == 3
+    assert time.monotonic() - started < 5
+    release.set()
+    poll.join(30)

@@ -50,6 +50,7 @@ class Mirror:
         self.listings = 0  # remote listings so far (one per refresh)
         self.downloads = 0
         self.remote_files = 0  # objects the last listing found
+        self.last_refresh_seconds = 0.0
         self._refreshed_at: float | None = None
         self._lock = threading.Lock()
 
@@ -66,25 +67,37 @@ class Mirror:
     def refresh(self, *, force: bool = False) -> bool:
         """Bring the mirror up to date with one listing; False (and nothing done) when the last refresh is
         younger than ``refresh_seconds``."""
-        with self._lock:
-            now = time.monotonic()
-            if not force and self._refreshed_at is not None and now - self._refreshed_at < self.refresh_seconds:
-                return False
-            self._refreshed_at = now
-            try:
-                remote = self.location.list_files()
-            except OSError:  # once more: a listing that met a dropped connection
-                time.sleep(0.2)
-                remote = self.location.list_files()
-            self.listings += 1
-            self.remote_files = len(remote)
-            self.local.mkdir(parents=True, exist_ok=True)
-            wanted = [key for key, (size, mtime) in remote.items() if not key.split("/")[-1].startswith(".")
-                      and ".." not in key.split("/") and self._differs(key, size, mtime)]
-            self._fetch([key for key in wanted if not is_commit(key)], remote)
-            self._fetch([key for key in wanted if is_commit(key)], remote)  # the index after its data
-            self._forget([key for key in self._local_keys() if key not in remote])
-            return True
+        # A refresh under way on another thread (the app's poll) answers for this one: the caller reads the mirror as
+        # it is, rather than waiting for a second listing.
+        if not self._lock.acquire(blocking=force or self._refreshed_at is None):
+            return False
+        try:
+            return self._refresh(force)
+        finally:
+            self._lock.release()
+
+    def _refresh(self, force: bool) -> bool:
+        now = time.monotonic()
+        # A listing that takes long (a group of thousands of trials) is not repeated back to back.
+        interval = max(self.refresh_seconds, 2 * self.last_refresh_seconds)
+        if not force and self._refreshed_at is not None and now - self._refreshed_at < interval:
+            return False
+        self._refreshed_at = now
+        try:
+            remote = self.location.list_files()
+        except OSError:  # once more: a listing that met a dropped connection
+            time.sleep(0.2)
+            remote = self.location.list_files()
+        self.listings += 1
+        self.remote_files = len(remote)
+        self.local.mkdir(parents=True, exist_ok=True)
+        wanted = [key for key, (size, mtime) in remote.items() if not key.split("/")[-1].startswith(".")
+                  and ".." not in key.split("/") and self._differs(key, size, mtime)]
+        self._fetch([key for key in wanted if not is_commit(key)], remote)
+        self._fetch([key for key in wanted if is_commit(key)], remote)  # the index after its data
+        self._forget([key for key in self._local_keys() if key not in remote])
+        self.last_refresh_seconds = time.monotonic() - now
+        return True
 
     def _differs(self, key: str, size: int, mtime: int) -> bool:
         try:
