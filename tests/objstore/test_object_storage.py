@@ -189,6 +189,12 @@ def test_a_live_run_appears_in_the_mirror_and_merged_parts_go(s3_env: str, tmp_p
     mirror.refresh(force=True)
     assert sorted(mirror._local_keys()) == sorted(location.list_files())
     assert (mirror.local / "trials/t/tensors/merged.parquet").read_bytes() == b"m" * 300
+    # Deleting the spool's copy of a trial (to free the node's disk) deletes nothing in the store.
+    import shutil
+
+    shutil.rmtree(local / "trials" / "t")
+    assert Uploader(local, location, journal_root=tmp_path).run_pass().deleted == 0
+    assert len(location.list_files()) == 2
 
 
 def test_comgra_sync_and_repair_on_a_url(s3_env: str, tmp_path: Path, capsys) -> None:

@@ -260,9 +260,11 @@ class Uploader:
             return
         # Sent by this process or by one that died (before it deleted them remotely), and gone here: merged into
         # a chunk this pass or an earlier one uploaded. Those of a living process of this node are its own to delete.
+        # Only a file whose folder is still there went by a merge: a spool (or a trial in it) that someone deleted
+        # deletes nothing in the store.
         gone = [key for key, entry in list(self.journal.entries.items())
                 if entry.op in "PU" and key not in present and (entry.pid == os.getpid() or not _alive(entry.pid))
-                and not (self.local / key).exists()]
+                and not (self.local / key).exists() and (self.local / key).parent.is_dir()]
         for key in gone:
             self._with_retries(lambda key=key: self.remote.delete(key))
             self.journal.append("D", key)
