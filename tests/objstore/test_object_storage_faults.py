@@ -126,3 +126,26 @@ def test_twenty_kills_during_uploads_lose_nothing(s3_env: str, s3_server: str, t
     assert_same_recording(GroupReader(url), local, "t1", steps)
     total, distinct = plain_tensor_rows(url, "t1")
     assert total == distinct == sum(len(local.trial("t1").selection(training_step=s)) for s in range(steps))
+
+
+def test_two_uploaders_of_one_spool_share_the_work(s3_env: str, s3_server: str, tmp_path: Path,
+                                                   monkeypatch) -> None:
+    """The ranks of one node (or a sweep's trials) share a spool: two ``comgra sync`` at once finish it together,
+    with nothing missing and few files sent twice."""
+    recorder = train(tmp_path / "runs", "t1", steps=12)
+    group = recorder.options.group_dir
+    url = f"{s3_env}/runs/{GROUP}"
+    proxy = FaultyProxy(s3_server, Faults(stall=1.0, stall_seconds=0.05, seed=5))  # every request a little slow
+    environment = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        syncs = [subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "sync", str(group), url],
+                                  env=environment, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        outputs = [sync.communicate(timeout=300)[0] for sync in syncs]
+    finally:
+        proxy.close()
+    assert all(sync.returncode == 0 for sync in syncs), outputs
+    sent = sum(int(out.split("comgra sync: ")[1].split(" file")[0]) for out in outputs)
+    files = local_files(group)
+    assert len(files) <= sent <= len(files) * 1.3, outputs
+    assert set(open_location(url).list_files()) == set(files)
+    assert_same_recording(GroupReader(url), GroupReader(group), "t1", 12)

@@ -70,6 +70,10 @@ class Journal:
 
     def read_new(self) -> None:
         """The lines other processes appended since the last read."""
+        with self._lock:
+            self._read_new()
+
+    def _read_new(self) -> None:
         try:
             with open(self.path, "rb") as stream:
                 stream.seek(self._offset)
@@ -282,6 +286,11 @@ class Uploader:
                     if not queue or result.errors:
                         return
                     key, size, mtime = queue.pop(0)
+                if self._claimed_elsewhere(key, size, mtime):  # since this pass began
+                    with lock:
+                        result.pending += 1
+                        result.pending_bytes += size
+                    continue
                 try:
                     self.journal.append("P", key, size, mtime)  # before the PUT: a crash leaves a claim to clean up
                     self._with_retries(lambda: self.remote.upload(self.local / key, key))
@@ -309,6 +318,14 @@ class Uploader:
             for key, size, _ in queue:  # left after an error
                 result.pending += 1
                 result.pending_bytes += size
+
+    def _claimed_elsewhere(self, key: str, size: int, mtime: int) -> bool:
+        """Whether another living process of this node claimed or uploaded this version of the file (journal lines
+        appended since the pass began), so that two uploaders of one spool rarely send a file twice."""
+        self.journal.read_new()
+        entry = self.journal.entries.get(key)
+        return entry is not None and (entry.size, entry.mtime) == (size, mtime) and entry.pid != os.getpid() \
+            and (entry.op == "U" or entry.op == "P" and _alive(entry.pid))
 
     def _with_retries(self, action: object) -> None:
         delay = 0.2
