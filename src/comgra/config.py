@@ -24,6 +24,12 @@ names it and lists the known ones. Constructor arguments win over the file.
     sync_without_breakpoints = false  # torch.distributed: share them also in a run started without any
     collective_timeout_s = 300      # torch.distributed: a breakpoint collective that takes longer fails
     record_every_rank = true        # torch.distributed: every rank records a paused step in full
+    [storage]                       # recordings at a URL (s3://, gs://, az://, hdfs://): see docs/object-storage.md
+    spool_dir = ""                  # node-local folder of the local copy that is uploaded ("": the user's cache dir)
+    spool_limit_gb = 20.0           # recording stops (training goes on) when this much waits for upload
+    upload_timeout_s = 300.0        # finalize waits at most this long for the upload
+    [storage.options.s3]            # keyword arguments of the filesystem of a scheme (pyarrow.fs.S3FileSystem here)
+    endpoint_override = "http://127.0.0.1:9000"
     [[breakpoints.set]]
     target = "loss"
     condition = "has_nan"
@@ -83,17 +89,27 @@ class BreakpointSettings:
 
 
 @dataclass(frozen=True)
+class StorageSettings:
+    spool_dir: str = ""
+    spool_limit_gb: float = 20.0
+    upload_timeout_s: float = 300.0
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # scheme -> the filesystem's keyword arguments
+
+
+@dataclass(frozen=True)
 class Settings:
     app: AppSettings = field(default_factory=AppSettings)
     anomalies: AnomalySettings = field(default_factory=AnomalySettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     profiling: ProfilingSettings = field(default_factory=ProfilingSettings)
     breakpoints: BreakpointSettings = field(default_factory=BreakpointSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
     source: str | None = None  # the file the settings came from, for messages
 
 
 _SECTIONS: dict[str, type] = {"app": AppSettings, "anomalies": AnomalySettings, "history": HistorySettings,
-                              "profiling": ProfilingSettings, "breakpoints": BreakpointSettings}
+                              "profiling": ProfilingSettings, "breakpoints": BreakpointSettings,
+                              "storage": StorageSettings}
 _BREAKPOINT_KEYS = ("target", "condition", "enabled")
 
 
@@ -136,6 +152,8 @@ def _check_value(section: str, key: str, value: Any, default: Any, source: str) 
         if not isinstance(value, list) or not all(isinstance(v, str) and v.count(":") == 1 for v in value):
             raise ConfigError(f"{where} must be a list of 'module:function' strings, e.g. [\"my_checks:loss_above_ten\"].")
         return tuple(value)
+    if section == "storage" and key in ("options", "spool_dir"):
+        return _check_storage(key, value, where)
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{where} must be true or false.")
@@ -147,6 +165,17 @@ def _check_value(section: str, key: str, value: Any, default: Any, source: str) 
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
         raise ConfigError(f"{where} must be a number >= 0, e.g. {default}.")
     return float(value)
+
+
+def _check_storage(key: str, value: Any, where: str) -> Any:
+    if key == "spool_dir":
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a folder path as a string, e.g. \"/local/scratch/comgra-spool\".")
+        return value
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigError(f"{where} must hold one table per scheme, e.g. [storage.options.s3] with "
+                          "endpoint_override = \"http://127.0.0.1:9000\".")
+    return {scheme.lower(): dict(options) for scheme, options in value.items()}
 
 
 def _check_breakpoints(value: Any, where: str) -> tuple[dict[str, Any], ...]:

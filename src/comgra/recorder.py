@@ -114,6 +114,7 @@ class ComgraRecorder(WatchedTensors):
             node_prefixes=prefixes_for_grouping_module_parameters_in_nodes,
             active=comgra_is_active, with_svd=calculate_svd_and_other_expensive_operations_of_parameters,
             max_neurons=max_num_neurons_to_record, flush_seconds=flush_seconds, record_ranks=record_ranks,
+            settings=self.settings,
         )
         # Checked before any folder is made: a bad value leaves nothing behind.
         profile_options = profiler.profile_options(self.settings, profile_history, profile_flops_every, profile_every)

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from comgra.errors import ConfigError
 from comgra.objects import DecisionMakerForRecordings
+from comgra.store.spool import recording_root
 
 
 @dataclass(frozen=True)
@@ -23,10 +25,17 @@ class RecorderOptions:
     max_neurons: int
     flush_seconds: float
     record_ranks: frozenset[int] | None = None  # None: every rank of a torch.distributed run records
+    remote: str | None = None  # a URL root: ``root`` is its node-local spool, uploaded there (store.spool)
+    settings: Any = field(default=None, compare=False)  # comgra.toml's settings, for the upload of a URL root
 
     @property
     def group_dir(self) -> Path:
         return self.root / self.group
+
+    @property
+    def remote_group(self) -> str | None:
+        """The URL the group folder is uploaded to, or None for a local root."""
+        return None if self.remote is None else f"{self.remote}/{self.group}"
 
     def records_rank(self, rank: int) -> bool:
         return self.record_ranks is None or rank in self.record_ranks
@@ -40,7 +49,7 @@ class RecorderOptions:
     def create(cls, *, root: str | Path, group: str, trial_id: str, policy: DecisionMakerForRecordings,
                max_samples: int | None, visual_prefixes: list[str] | None, node_prefixes: list[str] | None,
                active: bool, with_svd: bool, max_neurons: int, flush_seconds: float,
-               record_ranks: str | Iterable[int] = "all") -> RecorderOptions:
+               record_ranks: str | Iterable[int] = "all", settings: Any = None) -> RecorderOptions:
         for name, value in (("group", group), ("trial_id", trial_id)):
             if not isinstance(value, str) or not value or "/" in value or "\\" in value or value.startswith("."):
                 raise ConfigError(f"{name}={value!r} must be a non-empty folder name without '/' or a leading '.', "
@@ -61,9 +70,10 @@ class RecorderOptions:
             if any(prefix.startswith(earlier) and prefix != earlier for earlier in visual[:i]):
                 raise ConfigError(f"prefixes_for_grouping_module_parameters_visually={list(visual)}: {prefix!r} comes "
                                   "after a shorter prefix that already matches it; list more specific prefixes first.")
-        return cls(Path(root).expanduser().resolve(), group, trial_id, policy, max_samples, visual,
+        where = recording_root(root, settings)  # a URL: its spool folder; a bad URL fails here, before any folder
+        return cls(where.local, group, trial_id, policy, max_samples, visual,
                    tuple(node_prefixes or ()), active, with_svd, max_neurons, flush_seconds,
-                   _parse_record_ranks(record_ranks))
+                   _parse_record_ranks(record_ranks), where.url, settings)
 
 
 def _parse_record_ranks(value: str | Iterable[int]) -> frozenset[int] | None:

@@ -32,6 +32,8 @@ from comgra.errors import RecordingError
 from comgra.objects import DecisionMakerForRecordings
 from comgra.store import format as fmt
 from comgra.store import layout
+from comgra.store import spool
+from comgra.store.uploader import Uploader
 from comgra.store.writer import ChunkWriter
 
 
@@ -60,6 +62,7 @@ class Session:
     on_graph: Any = None  # told each recorded iteration's graph document (the sentinels learn the outputs)
     on_flush: Any = None  # called before a flush (the sentinels hand over their rows)
     combiner: ShardCombiner | None = None  # DTensors across ranks (capture/sharded.py), made at the first step
+    uploader: Uploader | None = None  # a URL root: sends the spool's closed files there (store.uploader)
 
     @classmethod
     def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
@@ -81,13 +84,15 @@ class Session:
             directory.mkdir(parents=True, exist_ok=True)
             fmt.write_json_atomic(directory / metadata_name, metadata)
             writer = ChunkWriter(directory, flush_seconds=options.flush_seconds, rank=ranks.rank)
+            uploader = None if options.remote_group is None else \
+                spool.start_upload(options.group_dir, options.remote_group, options.settings)
             prepare()  # the first recorded step's one-time costs, before the training loop
         except OSError as error:
             session = cls(options, directory, None, metadata, broken=True)
             _warn(f"comgra cannot write to {str(directory)!r} ({error}); recording is off, training goes on. "
                   "Pass a writable comgra_root_path.")
             return session
-        return cls(options, directory, writer, metadata, metadata_name=metadata_name)
+        return cls(options, directory, writer, metadata, metadata_name=metadata_name, uploader=uploader)
 
     # -- metadata, notes, KPIs ----------------------------------------------------------------
     def set_modules(self, modules: ModuleTracker) -> None:
@@ -239,6 +244,10 @@ class Session:
         self._put_json(self.metadata_name, self.metadata)
         self.writer.close()
         self._check_writer()
+        if self.uploader is not None:  # bounded by [storage] upload_timeout_s; what is left stays in the spool
+            message = spool.finish_upload(self.uploader, self.options.settings)
+            if message is not None:
+                _warn(message)
 
     # -- plumbing ---------------------------------------------------------------------------------
     def put_table(self, name: str, table: pa.Table) -> None:
@@ -258,6 +267,8 @@ class Session:
     def _check_writer(self) -> None:
         if self.writer is not None and self.writer.error is not None and not self.broken:
             report_fault(self, self.writer.error)
+        if self.uploader is not None and self.uploader.full and not self.broken:
+            report_fault(self, spool.SpoolFull(spool.spool_full_message(self.uploader)))
 
     def warn_once(self, key: str, message: str) -> None:
         if key in _FAULTS_OF_THE_TRIAL_FOLDER:

@@ -9,6 +9,7 @@ Usage::
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
     comgra migrate GROUP                    # rewrite a recording of format 1 or 2 as format 3 (docs/format.md)
     comgra compact GROUP                    # one Parquet file per table and rank for each finished trial
+    comgra sync LOCAL URL                   # upload a local recording (a crashed run's spool) to s3://... (cli.sync)
     comgra scan --path ROOT/GROUP [--json]  # findings: anomalies and where they start (see comgra.cli.scan)
 
 A bad path or option ends with a one-line message and exit code 2.
@@ -24,7 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, positive_int
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, positive_int, recording_path
 
 __all__ = ["main"]
 
@@ -36,6 +37,7 @@ COMMANDS = {  # the subcommands: `comgra --help` lists them, `comgra foo` names 
     "repair": "remove what a crashed run left in a recording ('comgra repair PATH')",
     "migrate": "rewrite a recording of format 1 or 2 as format 3 ('comgra migrate GROUP')",
     "compact": "one Parquet file per table and rank for each finished trial ('comgra compact GROUP')",
+    "sync": "upload a local recording (a crashed run's spool) to a URL ('comgra sync LOCAL URL')",
 }
 
 
@@ -69,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _repair(arguments[1:])
         if arguments[:1] in (["migrate"], ["compact"]):
             return _migrate(arguments[0], arguments[1:])
+        if arguments[:1] == ["sync"]:
+            from comgra.cli import sync
+            return sync.run(arguments[1:])
         if arguments[:1] == ["scan"]:
             from comgra.cli import scan
             return scan.run(arguments[1:])
@@ -99,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"comgra {_version()}")
     where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--path", type=Path, help="the group folder: comgra_root_path/group")
+    where.add_argument("--path", type=recording_path, help="the group folder: comgra_root_path/group, or its URL "
+                       "(s3://bucket/runs/group, gs://, az://, hdfs://)")
     where.add_argument("--use-path-for-test-run", action="store_true",
                        help="open what comgra-test-run recorded in its default location")
     _add_server_options(parser)
@@ -188,10 +194,12 @@ def _migrate(command: str, arguments: list[str]) -> int:
     return 0
 
 
-def _repair_closed_trials(group: Path) -> None:
+def _repair_closed_trials(group: Path | str) -> None:
     """Make the plain read of closed or crashed trials exact once the app has opened them (live ones are skipped)."""
     import os
 
+    if isinstance(group, str):  # a URL: read through a mirror; 'comgra repair URL' repairs the store itself
+        return
     from comgra.store.repair import repair_group
 
     if not os.access(group, os.W_OK):
@@ -223,7 +231,7 @@ def _test_run_path() -> Path:
     return path
 
 
-def _run_server(group: Path, *, host: str, port: int, visualization_file: Path | None,
+def _run_server(group: Path | str, *, host: str, port: int, visualization_file: Path | None,
                 allow_hosts: list[str] | None = None, poll_seconds: float = 2.0,
                 findings_sensitivity: float | None = None, findings_scan: bool = True, view: str = "/") -> int:
     from comgra.errors import ConfigError, StoreError

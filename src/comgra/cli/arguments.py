@@ -21,9 +21,34 @@ def positive_int(text: str) -> int:
     return value
 
 
-def check_recording(path: Path) -> Path:
-    """The group folder to serve; raises UsageError with a hint when ``path`` holds no recording."""
-    path = path.expanduser().resolve()
+def recording_path(text: str) -> str | Path:
+    """A ``--path``: a URL (s3://, gs://, az://, hdfs://, ...) as it is, a local path or file:// URL as a Path."""
+    from comgra.errors import ConfigError
+    from comgra.store.filesystems import is_url, local_path
+
+    try:
+        return text if is_url(text) else local_path(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def check_recording(path: str | Path) -> Path | str:
+    """The group folder to serve; raises UsageError with a hint when ``path`` holds no recording. A URL is
+    returned as it is, once its group is found there (its readers mirror it: comgra.store.remote)."""
+    from comgra.errors import ComgraError
+    from comgra.store.filesystems import is_url
+    from comgra.store.remote import group_folder
+
+    if is_url(path):
+        try:
+            local, _ = group_folder(path)
+        except ComgraError as error:
+            raise UsageError(str(error)) from None
+        if not (local / "trials").is_dir():
+            raise UsageError(f"{path!r} holds no comgra recording (no 'trials' folder). Pass the group's URL: "
+                             "<comgra_root_path URL>/group.")
+        return str(path)
+    path = Path(path).expanduser().resolve()
     if not path.exists():
         raise UsageError(f"the path {str(path)!r} does not exist. Pass the group folder: comgra_root_path/group.")
     if not path.is_dir():

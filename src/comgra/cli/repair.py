@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from comgra.cli.arguments import recording_path
 from comgra.store import format as fmt
 from comgra.store.repair import TrialRepair, repair_group, repair_trial
 
@@ -17,12 +18,20 @@ def repair_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="comgra repair", description="Remove what a crashed run left (temporary files, chunks already merged "
         "into another) so that plain readers of trials/<id>/<table>/*.parquet see every row exactly once.")
-    parser.add_argument("path", type=Path, help="a group folder (comgra_root_path/group) or one trial folder")
+    parser.add_argument("path", type=recording_path,
+                        help="a group folder (comgra_root_path/group) or one trial folder, or a group's URL (s3://...)")
     return parser
 
 
-def run_repair(path: Path) -> list[TrialRepair]:
+def run_repair(path: Path | str) -> list[TrialRepair]:
     """The repairs done under ``path``; raises ValueError naming the path when it holds no recording."""
+    if isinstance(path, str):  # a group's URL: repaired in a mirror, what repair removes deleted in the store
+        from comgra.errors import ComgraError
+        from comgra.store.remote import repair_remote
+        try:
+            return repair_remote(path)
+        except ComgraError as error:
+            raise ValueError(str(error)) from None
     path = path.expanduser().resolve()
     if (path / fmt.TRIALS_DIR).is_dir():
         return repair_group(path)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, recording_path
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
@@ -35,7 +35,8 @@ SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="comgra scan", description="Find anomalies in a recording and say where "
                                      "they start: non-finite values, vanishing gradients, dead units, ...")
-    result.add_argument("--path", type=Path, required=True, help="the group folder: comgra_root_path/group")
+    result.add_argument("--path", type=recording_path, required=True,
+                        help="the group folder: comgra_root_path/group, or its URL (s3://bucket/runs/group, ...)")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
     result.add_argument("--verbose", "-v", action="store_true",

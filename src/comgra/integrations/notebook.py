@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 from typing import Any
 
 from comgra.errors import ConfigError, StoreError
@@ -102,7 +103,10 @@ def group_folder(path: str | Path) -> Path:
     if not isinstance(path, (str, Path)):
         raise ConfigError(f"path={path!r} must be the group folder of a recording (comgra_root_path/group), "
                           "as a str or pathlib.Path.")
-    group = Path(path).expanduser().resolve()
+    scheme = str(path).split("://", 1)[0].lower() if isinstance(path, str) and "://" in path else None
+    if scheme not in (None, "file"):  # a URL: read through a mirror refreshed by each poll (comgra.store.remote)
+        return path  # type: ignore[return-value]
+    group = Path(unquote(urlsplit(str(path)).path) if scheme == "file" else path).expanduser().resolve()
     if not group.is_dir():
         raise StoreError(f"No recording at {str(group)!r}: the folder does not exist. Pass the group folder, "
                          "i.e. comgra_root_path/group.")

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
-from comgra.store import chunk_checks, layout, validation
+from comgra.store import chunk_checks, layout, remote, validation
 from comgra.store.series_read import SeriesReader
 
 _TENSORS = fmt.SCHEMAS["tensors"]
@@ -39,8 +39,9 @@ _SELECTION_FILTERS = ("training_step", "kind", "iteration", "node", "role", "agg
 class GroupReader:
     """A group folder (``comgra_root_path/group``) with one or more trials."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path).expanduser().resolve()
+    def __init__(self, path: str | Path, *, storage_options: dict[str, Any] | None = None):
+        # A URL (s3://, gs://, ...) is read through a local mirror, refreshed once per poll (store.remote).
+        self.path, self.mirror = remote.group_folder(path, storage_options)
         if not self.path.is_dir():
             raise StoreError(f"No recording at {str(self.path)!r}: the folder does not exist. "
                              "Pass the group folder, i.e. comgra_root_path/group.")
@@ -49,6 +50,7 @@ class GroupReader:
 
     def trials(self) -> list[str]:
         """The trials that have metadata on disk, sorted by name; new trials appear live."""
+        remote.poll(self.mirror)
         root = self.path / fmt.TRIALS_DIR
         if not root.is_dir():
             return []
@@ -66,6 +68,7 @@ class GroupReader:
     def chunk_names(self, trial_id: str, table: str) -> list[str]:
         """The chunk names of one table of a trial, without opening the trial (no metadata read): the app's
         poll asks this of every trial every few seconds. A trial that is not a folder of the group has none."""
+        remote.poll(self.mirror)
         directory = fmt.trial_dir(self.path, trial_id)
         if "/" in trial_id or trial_id in ("", ".", "..") or not (directory / fmt.TRIAL_META).is_file():
             return []

@@ -1,0 +1,76 @@
+"""A recorder's root at a URL: the node-local spool it writes into, and the uploader that mirrors the spool.
+
+``ComgraRecorder("s3://bucket/runs", group, trial)`` records into ``<spool>/<digest of the URL>/<group>/...`` with
+the durable local writer (fsync, renames, locks: all local) and uploads that group folder to
+``s3://bucket/runs/<group>/...`` on a background thread (``store.uploader``). The spool is
+``[storage] spool_dir`` of comgra.toml or ``<user cache dir>/comgra/spool``; the same URL always gets the same
+spool folder, so the next run of a trial after a crash finds what was not uploaded yet and sends it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from comgra.errors import StoreError
+from comgra.store.filesystems import is_url, local_path, open_location, url_digest
+from comgra.store.uploader import Uploader
+
+__all__ = ["RecordingRoot", "SpoolFull", "recording_root", "spool_base", "start_upload", "finish_upload"]
+
+
+class SpoolFull(StoreError):
+    """More than ``[storage] spool_limit_gb`` waits for upload: recording stops, the training goes on."""
+
+
+@dataclass(frozen=True)
+class RecordingRoot:
+    """Where a recorder writes (``local``) and, for a URL root, where that is uploaded to (``url``)."""
+
+    local: Path
+    url: str | None = None
+
+
+def spool_base(settings: Any = None) -> Path:
+    folder = getattr(getattr(settings, "storage", None), "spool_dir", "") or ""
+    return Path(folder).expanduser() if folder else platformdirs.user_cache_path("comgra") / "spool"
+
+
+def recording_root(root: Any, settings: Any = None) -> RecordingRoot:
+    """The local folder of a recorder's root; for a URL its spool folder, after checking that the URL can be
+    opened (scheme known, packages installed): a ConfigError here, at the recorder's creation, never later."""
+    if is_url(root):
+        open_location(root, config=settings)
+        url = root.rstrip("/")
+        return RecordingRoot((spool_base(settings) / url_digest(url)).resolve(), url)
+    return RecordingRoot(local_path(root).resolve())
+
+
+def start_upload(local_group: Path, url_group: str, settings: Any = None) -> Uploader:
+    """The running uploader of one group folder of the spool (its journal in the spool root)."""
+    storage = getattr(settings, "storage", None)
+    limit = int(float(getattr(storage, "spool_limit_gb", 20.0)) * 2 ** 30)
+    return Uploader(local_group, open_location(url_group, config=settings), journal_root=local_group.parent,
+                    limit_bytes=limit).start()
+
+
+def finish_upload(uploader: Uploader, settings: Any = None) -> str | None:
+    """Wait (at most ``[storage] upload_timeout_s``) until the spool is uploaded; a message when it is not."""
+    timeout = float(getattr(getattr(settings, "storage", None), "upload_timeout_s", 300.0))
+    result = uploader.finish(timeout)
+    if not result.pending and not result.errors:
+        return None
+    reason = f" (last error: {result.errors[-1]})" if result.errors else ""
+    return (f"comgra could not upload {result.pending} file(s) ({result.pending_bytes / 2**20:.1f} MiB) of "
+            f"{str(uploader.local)!r} to {uploader.remote.url!r} within {timeout:g} s{reason}. They are kept there; "
+            f"the next run of this trial uploads them, or run: comgra sync {str(uploader.local)!r} "
+            f"{uploader.remote.url!r}")
+
+
+def spool_full_message(uploader: Uploader, settings: Any = None) -> str:
+    return (f"the spool {str(uploader.local)!r} holds more than its limit of files not yet uploaded to "
+            f"{uploader.remote.url!r} ([storage] spool_limit_gb in comgra.toml); comgra stopped recording so that "
+            f"the node's disk does not fill. What it recorded is kept there and uploaded when the store answers "
+            f"(last error: {uploader.last.errors[-1] if uploader.last.errors else 'none'}).")

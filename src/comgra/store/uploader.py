@@ -1,0 +1,343 @@
+"""Mirror a local recording folder to a URL in the background: what a recorder with a URL root runs.
+
+The training thread never touches the network. The durable local writer (``store.writer``) writes into a spool
+folder on node-local disk; this uploader, on its own thread, sends each closed file under the same relative
+key. It knows nothing of the layout, only three rules that every layout of comgra keeps:
+
+- files are written under a temporary name and renamed (dot files are never uploaded, nor ``live/``, the
+  node-local control state that holds a paused run's token);
+- a steps chunk (a file below a folder named ``steps``) is the commit record of its training steps: it is sent
+  only after every other file the same pass found is uploaded, and the steps folders are listed before the
+  others, so a step in the remote index always has its data (a PUT is atomic);
+- a file that disappears locally was merged into another: it is deleted remotely after the pass has uploaded
+  what replaced it.
+
+A journal (one line per claim, upload and delete, appended; in the spool's ``.comgra-upload/``) makes this
+survive crashes and share a spool with other processes on the node (the ranks of a multi-GPU node, the trials of
+a sweep): a file recorded as uploaded with the same size and mtime is not sent again, a file another living
+process has claimed is left to it, and a file uploaded by a process that died before it deleted the file's
+remote copy is deleted by the next uploader of that spool (the next run of the trial, or ``comgra sync``). Every
+node writes only keys of its own files, so ranks on many nodes need no coordination.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from comgra.store.filesystems import Location, url_digest
+
+log = logging.getLogger("comgra.store")
+
+JOURNAL_DIR = ".comgra-upload"
+COMMIT_FOLDER = "steps"
+_CLAIM_SECONDS = 120.0  # a claim older than this, by a process that still lives, is taken over
+_HOST = os.uname().nodename if hasattr(os, "uname") else "host"
+
+
+@dataclass
+class PassResult:
+    uploaded: int = 0
+    deleted: int = 0
+    bytes: int = 0
+    pending: int = 0  # files still to upload after this pass (failed, claimed elsewhere, or deferred steps)
+    pending_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    op: str  # P (claimed), U (uploaded), D (deleted remotely)
+    size: int
+    mtime: int
+    pid: int
+
+
+class Journal:
+    """The append-only record of one spool folder's uploads to one URL."""
+
+    def __init__(self, local_root: Path, url: str):
+        folder = local_root / JOURNAL_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"{url_digest(url)}.log"
+        self.entries: dict[str, _Entry] = {}
+        self._offset = 0
+        self._lock = threading.Lock()
+        self.read_new()
+
+    def read_new(self) -> None:
+        """The lines other processes appended since the last read."""
+        with self._lock:
+            self._read_new()
+
+    def _read_new(self) -> None:
+        try:
+            with open(self.path, "rb") as stream:
+                stream.seek(self._offset)
+                data = stream.read()
+        except FileNotFoundError:
+            return
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode("utf-8", "replace").splitlines():
+            fields = line.split("\t")
+            if len(fields) == 6 and fields[0] in "PUD" and fields[4] == _HOST:
+                op, size, mtime, pid, _, key = fields
+                self.entries[key] = _Entry(op, int(size), int(mtime), int(pid))
+            elif len(fields) == 6 and fields[0] in "PUD":
+                op, size, mtime, _, _, key = fields
+                self.entries[key] = _Entry(op, int(size), int(mtime), -1)
+
+    def append(self, op: str, key: str, size: int = 0, mtime: int = 0) -> None:
+        line = f"{op}\t{size}\t{mtime}\t{os.getpid()}\t{_HOST}\t{key}\n".encode()
+        with self._lock:
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(descriptor, line)  # one write of one line: appends of several processes never interleave
+            finally:
+                os.close(descriptor)
+            self.entries[key] = _Entry(op, size, mtime, os.getpid())
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def local_files(folder: Path) -> dict[str, tuple[int, int]]:
+    """The files to mirror below ``folder``: relative POSIX path -> (size, mtime_ns); the steps folders first."""
+    steps: dict[str, tuple[int, int]] = {}
+    other: dict[str, tuple[int, int]] = {}
+    for wanted in (True, False):  # listed in two walks: a steps chunk seen here has its data seen by the second
+        for directory, folders, files in os.walk(folder):
+            folders[:] = [f for f in folders if not f.startswith(".") and f != "live"]
+            relative_dir = Path(directory).relative_to(folder).as_posix()
+            is_steps = COMMIT_FOLDER in Path(directory).relative_to(folder).parts
+            if is_steps != wanted:
+                continue
+            for name in files:
+                if name.startswith("."):
+                    continue
+                try:
+                    status = os.stat(os.path.join(directory, name), follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not os.path.isfile(os.path.join(directory, name)) or os.path.islink(os.path.join(directory, name)):
+                    continue
+                key = name if relative_dir == "." else f"{relative_dir}/{name}"
+                (steps if wanted else other)[key] = (status.st_size, status.st_mtime_ns)
+    return {**other, **steps}
+
+
+def is_commit(key: str) -> bool:
+    return COMMIT_FOLDER in key.split("/")[:-1]
+
+
+class Uploader:
+    """Uploads ``local`` (a folder) to ``remote`` in passes, on a thread of its own (``start``) or at once (``run_pass``).
+
+    ``journal_root`` is the folder whose ``.comgra-upload/`` holds the journal (the spool root). ``limit_bytes``
+    bounds what may wait for upload: past it ``full`` is set (the recorder then stops recording, once, with a
+    message) until the backlog drains."""
+
+    def __init__(self, local: Path, remote: Location, *, journal_root: Path | None = None, interval: float = 1.0,
+                 limit_bytes: int | None = None, workers: int = 4, max_attempts: int = 3):
+        self.local = local
+        self.remote = remote
+        self.journal = Journal(journal_root or local, remote.url)
+        self.interval = interval
+        self.limit_bytes = limit_bytes
+        self.workers = workers
+        self.max_attempts = max_attempts
+        self.full = False
+        self.last = PassResult()
+        self.total = PassResult()
+        self.failures = 0  # passes in a row that ended with an error
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._deadline: float | None = None
+        self._pass_lock = threading.Lock()
+
+    # -- the thread ------------------------------------------------------------------------------
+    def start(self) -> Uploader:
+        self._thread = threading.Thread(target=self._loop, name="comgra-uploader", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        next_pass = 0.0
+        while not self._stop.is_set():
+            if time.monotonic() >= next_pass:
+                self.run_pass()
+                # Backoff while the store fails: 2, 4, ... 30 s between passes (each pass retries each request too).
+                next_pass = time.monotonic() + (self.interval if not self.failures else
+                                                min(30.0, self.interval * 2 ** min(self.failures, 5)))
+            else:
+                self.measure_backlog()  # the spool keeps growing while the store is away: the limit holds meanwhile
+            self._wake.wait(self.interval)
+            self._wake.clear()
+
+    def measure_backlog(self) -> int:
+        """Bytes of the spool not uploaded yet (a local listing, no network); sets ``full``."""
+        self.journal.read_new()
+        waiting = 0
+        for key, (size, mtime) in (local_files(self.local) if self.local.is_dir() else {}).items():
+            entry = self.journal.entries.get(key)
+            if entry is None or entry.op != "U" or (entry.size, entry.mtime) != (size, mtime):
+                waiting += size
+        if self.limit_bytes is not None:
+            self.full = waiting > self.limit_bytes
+        return waiting
+
+    def finish(self, timeout: float) -> PassResult:
+        """Upload what is left (passes until nothing is pending, or ``timeout`` seconds), then stop the thread."""
+        deadline = time.monotonic() + timeout
+        self._deadline = deadline  # retries inside a pass stop there too
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
+        result = self.run_pass()
+        delay = 0.2
+        while (result.pending or result.errors) and time.monotonic() + delay < deadline:
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
+            result = self.run_pass()
+        return result
+
+    # -- one pass ----------------------------------------------------------------------------------
+    def run_pass(self) -> PassResult:
+        with self._pass_lock:
+            result = PassResult()
+            try:
+                self._pass(result)
+            except Exception as error:  # noqa: BLE001 - the store is down or refused: the next pass retries
+                result.errors.append(f"{type(error).__name__}: {error}")
+            self.failures = self.failures + 1 if result.errors else 0
+            self.last = result
+            self.total.uploaded += result.uploaded
+            self.total.deleted += result.deleted
+            self.total.bytes += result.bytes
+            if self.limit_bytes is not None:
+                self.full = result.pending_bytes > self.limit_bytes
+            return result
+
+    def _pass(self, result: PassResult) -> None:
+        self.journal.read_new()
+        present = local_files(self.local) if self.local.is_dir() else {}
+        todo: list[tuple[str, int, int]] = []
+        for key, (size, mtime) in present.items():
+            entry = self.journal.entries.get(key)
+            if entry is not None and (entry.size, entry.mtime) == (size, mtime):
+                if entry.op == "U":
+                    continue
+                if entry.op == "P" and entry.pid != os.getpid() and _alive(entry.pid):
+                    result.pending += 1  # another process of this node sends it
+                    result.pending_bytes += size
+                    continue
+            todo.append((key, size, mtime))
+        if self.limit_bytes is not None:  # what waits now, before this pass sends anything
+            self.full = sum(size for _, size, _ in todo) + result.pending_bytes > self.limit_bytes
+        data = [item for item in todo if not is_commit(item[0])]
+        commits = [item for item in todo if is_commit(item[0])]
+        self._send(data, result)
+        if result.pending or result.errors or any(not (self.local / key).exists() for key, _, _ in data):
+            # A data file was merged away under this pass, or is not sent yet: the steps chunks wait for the next one.
+            result.pending += len(commits)
+            result.pending_bytes += sum(size for _, size, _ in commits)
+        else:
+            self._send(commits, result)
+        if result.errors:
+            return
+        # Sent by this process or by one that died (before it deleted them remotely), and gone here: merged into
+        # a chunk this pass or an earlier one uploaded. Those of a living process of this node are its own to delete.
+        # Only a file whose folder is still there went by a merge: a spool (or a trial in it) that someone deleted
+        # deletes nothing in the store.
+        gone = [key for key, entry in list(self.journal.entries.items())
+                if entry.op in "PU" and key not in present and (entry.pid == os.getpid() or not _alive(entry.pid))
+                and not (self.local / key).exists() and (self.local / key).parent.is_dir()]
+        for key in gone:
+            self._with_retries(lambda key=key: self.remote.delete(key))
+            self.journal.append("D", key)
+            result.deleted += 1
+
+    def _send(self, items: list[tuple[str, int, int]], result: PassResult) -> None:
+        if not items:
+            return
+        lock = threading.Lock()
+        queue = list(items)
+
+        def work() -> None:
+            while True:
+                with lock:
+                    if not queue or result.errors:
+                        return
+                    key, size, mtime = queue.pop(0)
+                if self._claimed_elsewhere(key, size, mtime):  # since this pass began
+                    with lock:
+                        result.pending += 1
+                        result.pending_bytes += size
+                    continue
+                try:
+                    self.journal.append("P", key, size, mtime)  # before the PUT: a crash leaves a claim to clean up
+                    self._with_retries(lambda: self.remote.upload(self.local / key, key))
+                    self.journal.append("U", key, size, mtime)
+                    with lock:
+                        result.uploaded += 1
+                        result.bytes += size
+                except FileNotFoundError:
+                    pass  # merged away meanwhile: its successor is uploaded instead, its claim deleted remotely
+                except Exception as error:  # noqa: BLE001 - counted as pending, retried on the next pass
+                    with lock:
+                        result.errors.append(f"{key}: {type(error).__name__}: {error}")
+                        result.pending += 1
+                        result.pending_bytes += size
+
+        # Short-lived threads, not a pool: finalize may run in an atexit handler, after the pools have shut down.
+        helpers = [threading.Thread(target=work, name="comgra-upload", daemon=True)
+                   for _ in range(min(self.workers, len(items)) - 1)]
+        for helper in helpers:
+            helper.start()
+        work()
+        for helper in helpers:
+            helper.join()
+        with lock:
+            for key, size, _ in queue:  # left after an error
+                result.pending += 1
+                result.pending_bytes += size
+
+    def _claimed_elsewhere(self, key: str, size: int, mtime: int) -> bool:
+        """Whether another living process of this node claimed or uploaded this version of the file (journal lines
+        appended since the pass began), so that two uploaders of one spool rarely send a file twice."""
+        self.journal.read_new()
+        entry = self.journal.entries.get(key)
+        return entry is not None and (entry.size, entry.mtime) == (size, mtime) and entry.pid != os.getpid() \
+            and (entry.op == "U" or entry.op == "P" and _alive(entry.pid))
+
+    def _with_retries(self, action: object) -> None:
+        delay = 0.2
+        for attempt in range(self.max_attempts):
+            try:
+                action()  # type: ignore[operator]
+                return
+            except FileNotFoundError:
+                raise
+            except OSError:
+                late = self._deadline is not None and time.monotonic() + delay > self._deadline
+                if attempt == self.max_attempts - 1 or late:
+                    raise
+                time.sleep(delay)
+                delay = min(8.0, delay * 2)

@@ -1,0 +1,151 @@
+"""Object storage under faults: a proxy between comgra and the S3 server drops connections, answers 503 SlowDown,
+stalls, and loses the answer to a PUT it stored; and uploads SIGKILLed at random moments. Training finishes,
+nothing flushed is lost, no row appears twice to comgra's reader or to DuckDB over the bucket.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from s3_faults import Faults, FaultyProxy
+from test_object_storage import GROUP, assert_same_recording, plain_tensor_rows, train
+
+from comgra.store import GroupReader
+from comgra.store import format as fmt
+from comgra.store.filesystems import open_location
+from comgra.store.uploader import local_files
+
+
+def test_training_finishes_and_loses_nothing_through_a_faulty_network(s3_env: str, s3_server: str,
+                                                                       monkeypatch) -> None:
+    faults = Faults(drop=0.06, slow_down=0.08, stall=0.05, stall_seconds=1.5, put_lost_answer=0.08, seed=7)
+    proxy = FaultyProxy(s3_server, faults)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        started = time.monotonic()
+        recorder = train(f"{s3_env}/runs", "t1", steps=24)  # a ComgraWarning (a lost upload) fails the test
+        trained = time.monotonic() - started
+        # Reading through the same faults: the mirror retries what the filesystem's own retries did not absorb.
+        remote = GroupReader(f"{s3_env}/runs/{GROUP}")
+        local = GroupReader(recorder.options.group_dir)
+        assert_same_recording(remote, local, "t1", 24)
+    finally:
+        proxy.close()
+    assert trained < 120
+    assert all(faults.injected[kind] > 0 for kind in ("drop", "slow_down", "stall", "put_lost_answer")), faults
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    url = f"{s3_env}/runs/{GROUP}"
+    assert set(open_location(url).list_files()) == set(local_files(recorder.options.group_dir))
+    total, distinct = plain_tensor_rows(url, "t1")
+    assert total == distinct == sum(len(local.trial("t1").selection(training_step=s)) for s in range(24))
+
+
+def _merge_two_parts(group: Path, rng: random.Random) -> bool:
+    """What the writer's compaction does between two uploads: two chunks of one folder become one, the parts go."""
+    from comgra.store.writer import _write_chunk  # sorts as the writer does
+
+    folders: dict[Path, list[Path]] = {}
+    for path in sorted(group.rglob("*.parquet")):
+        if fmt.parse_chunk_name(path.name) is not None and path.parent.name == "tensors":
+            folders.setdefault(path.parent, []).append(path)
+    candidates = [paths for paths in folders.values() if len(paths) >= 2]
+    if not candidates:
+        return False
+    paths = rng.choice(candidates)[:2]
+    names = [fmt.parse_chunk_name(p.name) for p in paths]
+    seq = max(fmt.seq_of(p.name) for p in paths[0].parent.iterdir() if fmt.is_chunk_name(p.name)) + 1
+    merged = paths[0].parent / fmt.chunk_name(seq, min(n.first for n in names), max(n.last for n in names),
+                                              names[0].rank, max(n.level for n in names) + 1)
+    table = pa.concat_tables([pa.parquet.read_table(p) for p in paths]).cast(fmt.SCHEMAS["tensors"])
+    _write_chunk("tensors", merged, table)
+    for path in paths:
+        path.unlink()
+    return True
+
+
+def _claimed_not_uploaded(journal: Path, pid: int) -> int:
+    """1 if the killed process ``pid`` had claimed a file it did not finish uploading (per its journal lines)."""
+    state: dict[str, str] = {}
+    for path in journal.glob("*.log"):
+        for line in path.read_text().splitlines():
+            fields = line.split("\t")
+            if len(fields) == 6 and fields[3] == str(pid):
+                state[fields[5]] = fields[0]
+    return int("P" in state.values())
+
+
+@pytest.mark.slow
+def test_twenty_kills_during_uploads_lose_nothing(s3_env: str, s3_server: str, tmp_path: Path,
+                                                  monkeypatch) -> None:
+    import pyarrow.parquet  # noqa: F401 - pa.parquet in _merge_two_parts
+
+    recorder = train(tmp_path / "runs", "t1", steps=30)
+    group = recorder.options.group_dir
+    steps = 30
+    url = f"{s3_env}/runs/{GROUP}"
+    proxy = FaultyProxy(s3_server, Faults(stall=0.5, stall_seconds=0.3, seed=3))  # slow, so kills land mid-upload
+    rng = random.Random(11)
+    environment = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": os.pathsep.join(sys.path)}
+    kills = merges = mid_upload = 0
+    journal = group.parent / ".comgra-upload"
+    try:
+        while kills < 20:
+            # Something to upload in every round: a compaction, or documents rewritten (as a live run rewrites them).
+            if not (rng.random() < 0.5 and _merge_two_parts(group, rng)):
+                for document in group.rglob("*.json"):
+                    os.utime(document)
+            else:
+                merges += 1
+            sync = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "sync", str(group), url],
+                                    env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.8, 2.5))
+            if sync.poll() is None:
+                sync.send_signal(signal.SIGKILL)
+                kills += 1
+                sync.wait()
+                mid_upload += _claimed_not_uploaded(journal, sync.pid)
+            sync.wait()
+        proxy.active = False
+        done = subprocess.run([sys.executable, "-m", "comgra.cli.app", "sync", str(group), url], env=environment,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        proxy.close()
+    assert merges > 0 and mid_upload >= 5, (merges, mid_upload)  # kills that landed between a claim and its PUT's end
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    # Key for key what the local recording holds: nothing lost, no merged-away part left behind in the bucket.
+    assert set(open_location(url).list_files()) == set(local_files(group))
+    local = GroupReader(group)
+    assert_same_recording(GroupReader(url), local, "t1", steps)
+    total, distinct = plain_tensor_rows(url, "t1")
+    assert total == distinct == sum(len(local.trial("t1").selection(training_step=s)) for s in range(steps))
+
+
+def test_two_uploaders_of_one_spool_share_the_work(s3_env: str, s3_server: str, tmp_path: Path,
+                                                   monkeypatch) -> None:
+    """The ranks of one node (or a sweep's trials) share a spool: two ``comgra sync`` at once finish it together,
+    with nothing missing and few files sent twice."""
+    recorder = train(tmp_path / "runs", "t1", steps=12)
+    group = recorder.options.group_dir
+    url = f"{s3_env}/runs/{GROUP}"
+    proxy = FaultyProxy(s3_server, Faults(stall=1.0, stall_seconds=0.05, seed=5))  # every request a little slow
+    environment = {**os.environ, "AWS_ENDPOINT_URL": proxy.url, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        syncs = [subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "sync", str(group), url],
+                                  env=environment, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        outputs = [sync.communicate(timeout=300)[0] for sync in syncs]
+    finally:
+        proxy.close()
+    assert all(sync.returncode == 0 for sync in syncs), outputs
+    sent = sum(int(out.split("comgra sync: ")[1].split(" file")[0]) for out in outputs)
+    files = local_files(group)
+    assert len(files) <= sent <= len(files) * 1.3, outputs
+    assert set(open_location(url).list_files()) == set(files)
+    assert_same_recording(GroupReader(url), GroupReader(group), "t1", 12)
