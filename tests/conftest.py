@@ -37,6 +37,18 @@ def _no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fmt, "DURABLE_WRITES", False, raising=False)
 
 
+@pytest.fixture(scope="session")
+def _findings_key_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("comgra_config")
+
+
+@pytest.fixture(autouse=True)
+def _own_findings_key(monkeypatch: pytest.MonkeyPatch, _findings_key_folder: Path) -> None:
+    """The key that signs saved findings (comgra.analysis.findings_key) lives in a folder of the test session,
+    never in the user's own config folder; subprocesses inherit it."""
+    monkeypatch.setenv("COMGRA_CONFIG_DIR", str(_findings_key_folder))
+
+
 @pytest.fixture
 def generator() -> Any:
     """A seeded ``torch.Generator``: test data never depends on the global RNG."""

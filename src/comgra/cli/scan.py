@@ -28,6 +28,7 @@ from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
+PLAIN_EVERY_SECONDS = 10.0
 DEFAULT_WIDTH = 100
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -63,7 +64,8 @@ def run(arguments: list[str]) -> int:
     _load_user_detectors(args)
     try:
         with _Progress() as progress:
-            result = Scanner(persist=True).scan(group, trials=args.trial, options=options, progress=progress.update)
+            result = Scanner(persist=True, keep_chunks=False).scan(group, trials=args.trial, options=options,
+                                                                   on_trial=progress.update)
     except ComgraError as error:
         raise UsageError(str(error).splitlines()[0]) from None
     if args.json:
@@ -112,13 +114,19 @@ def _sensitivity(text: str) -> float:
 
 
 class _Progress:
-    """A Rich progress bar on stderr, shown only once a scan has taken more than a second. Thread-safe:
-    trials are scanned side by side, and two of them could otherwise each start a bar."""
+    """How far a scan is, in trials, on stderr once it has taken more than a second: a Rich progress bar on a
+    terminal, elsewhere (a log, CI) a plain line at most every ``PLAIN_EVERY_SECONDS``. Thread-safe: trials
+    are scanned side by side, and two of them could otherwise each start a bar. One bar for the whole scan,
+    not one per trial: a sweep has thousands."""
 
-    def __init__(self) -> None:
+    def __init__(self, terminal: bool | None = None) -> None:
         self._start = time.perf_counter()
+        self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._bar: Any = None
-        self._tasks: dict[str, Any] = {}
+        self._task: Any = None
+        self._printed = 0.0  # when the last plain line was printed (0: none yet)
+        self._last: tuple[int, int] | None = None
+        self._shown: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
     def __enter__(self) -> _Progress:
@@ -127,23 +135,37 @@ class _Progress:
     def __exit__(self, *exc_info: object) -> None:
         if self._bar is not None:
             self._bar.stop()
+        elif self._printed and self._last is not None and self._last != self._shown and exc_info[0] is None:
+            self._line(*self._last)
 
     def update(self, trial: str, done: int, total: int) -> None:
+        """``done`` of ``total`` trials are scanned, ``trial`` the last of them."""
         with self._lock:
-            self._update(trial, done, total)
-
-    def _update(self, trial: str, done: int, total: int) -> None:
-        if self._bar is None:
-            if time.perf_counter() - self._start < PROGRESS_AFTER_SECONDS:
+            self._last = (done, total)
+            elapsed = time.perf_counter() - self._start
+            if elapsed < PROGRESS_AFTER_SECONDS:
                 return
-            from rich.console import Console
-            from rich.progress import Progress
+            if self._terminal:
+                self._update_bar(done, total)
+            elif time.perf_counter() - self._printed >= PLAIN_EVERY_SECONDS or done == total:
+                self._line(done, total)
 
-            self._bar = Progress(console=Console(stderr=True), transient=True)
+    def _update_bar(self, done: int, total: int) -> None:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("scanning trials"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
             self._bar.start()
-        if trial not in self._tasks:
-            self._tasks[trial] = self._bar.add_task(f"scanning {trial}", total=total)
-        self._bar.update(self._tasks[trial], completed=done, total=total)
+            self._task = self._bar.add_task("scan", total=total)
+        self._bar.update(self._task, completed=done, total=total)
+
+    def _line(self, done: int, total: int) -> None:
+        self._printed = time.perf_counter()
+        self._shown = (done, total)
+        print(f"comgra scan: {done}/{total} trials scanned ({self._printed - self._start:.0f} s)", file=sys.stderr,
+              flush=True)
 
 
 def _console() -> Any:

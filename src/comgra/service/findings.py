@@ -163,7 +163,7 @@ class FindingsWorker:
         scan is done, as a scan of this process would be."""
         signature = self._signature(trial_id)
         try:
-            kept = saved.read(self.group.trial(trial_id).directory, self.options) if signature else None
+            kept = saved.read(self.group.trial(trial_id), self.options) if signature else None
         except ComgraError:
             return False
         if kept is None:

@@ -63,6 +63,17 @@ class GroupReader:
         with self._lock:
             self._trials = {}
 
+    def is_open(self, trial_id: str) -> bool:
+        """Whether ``trial()`` has opened this trial and keeps it (with its caches and DuckDB connection)."""
+        with self._lock:
+            return trial_id in self._trials
+
+    def forget(self, trial_id: str) -> None:
+        """Let go of one opened trial (its caches and DuckDB connection), as ``close`` does for all: a scan of
+        a sweep opens each trial once and would otherwise keep a thousand of them."""
+        with self._lock:
+            self._trials.pop(trial_id, None)
+
     def chunk_names(self, trial_id: str, table: str) -> list[str]:
         """The chunk names of one table of a trial, without opening the trial (no metadata read): the app's
         poll asks this of every trial every few seconds. A trial that is not a folder of the group has none."""
