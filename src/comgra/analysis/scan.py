@@ -150,12 +150,12 @@ class Scanner:
         finally:
             self.forget(group, trial_id, reader=not was_open)
 
-    def forget(self, group: GroupReader, trial_id: str, *, reader: bool = True) -> None:
-        """Let go of a scanned trial's reader (``reader``) and, with ``keep_chunks=False``, of its chunks and
-        its answer (the saved findings answer the next scan), and give the freed memory back."""
+    def forget(self, group: GroupReader, trial_id: str, *, reader: bool = True, chunks: bool | None = None) -> None:
+        """Let go of a scanned trial's reader (``reader``) and, with ``chunks`` (default: ``keep_chunks=False``),
+        of its chunks and its answer (the saved findings answer the next scan), and give the freed memory back."""
         if reader:
             group.forget(trial_id)
-        if self.keep_chunks:
+        if not (not self.keep_chunks if chunks is None else chunks):
             return
         directory = str(_trial_folder(group, trial_id))
         with self._lock:

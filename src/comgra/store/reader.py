@@ -115,9 +115,9 @@ class TrialReader:
         self._cache: dict[tuple[str, str], pa.Table] = {}
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
-        self._connection = duckdb.connect()
-        # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
-        self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
+        # Opened on the first query (about 4 MiB each): a trial that is only listed, signed or scanned (the scan
+        # reads chunks with pyarrow) never opens one, so a poll or a scan over a sweep's thousand trials holds none.
+        self._connection: duckdb.DuckDBPyConnection | None = None
         self._local = threading.local()
         self._series_reader = SeriesReader()
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
@@ -350,6 +350,11 @@ class TrialReader:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         cursor = getattr(self._local, "cursor", None)
         if cursor is None:
+            with self._lock:
+                if self._connection is None:
+                    self._connection = duckdb.connect()
+                    # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
+                    self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
             cursor = self._local.cursor = self._connection.cursor()
         return cursor
 
