@@ -213,6 +213,13 @@ def synthetic():
 
 
 @pytest.fixture(scope="session")
+def sweep_groups():
+    """benchmarks/sweep_groups.py: groups shaped like a hyper-parameter sweep, recorded with comgra's recorder."""
+    pytest.importorskip("torch")
+    return load_benchmark_script("sweep_groups")
+
+
+@pytest.fixture(scope="session")
 def app_latency():
     """benchmarks/app_latency.py, whose Dash client the HTTP and CLI tests use."""
     return load_benchmark_script("app_latency")
