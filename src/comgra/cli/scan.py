@@ -1,6 +1,7 @@
 """``comgra scan``: findings of a recording as a compact list (``--verbose``: the full text), or as JSON.
 
     comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME] [--detector M:F ...]
+    comgra scan ROOT/GROUP --engine ray [--ray-address HOST:PORT]      # one Ray task per trial (docs/sweeps.md)
 
 The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
 to the terminal's width), grouped by trial, and ends with the command that opens the app on the first finding.
@@ -12,6 +13,7 @@ option, or a recording of a newer format.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -30,13 +32,19 @@ from comgra.errors import ComgraError
 PROGRESS_AFTER_SECONDS = 1.0
 PLAIN_EVERY_SECONDS = 10.0
 DEFAULT_WIDTH = 100
+ENGINES = ("local", "ray")
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="comgra scan", description="Find anomalies in a recording and say where "
                                      "they start: non-finite values, vanishing gradients, dead units, ...")
-    result.add_argument("--path", type=Path, required=True, help="the group folder: comgra_root_path/group")
+    result.add_argument("group", type=Path, nargs="?", help="the group folder: comgra_root_path/group (or --path)")
+    result.add_argument("--path", type=Path, help="the group folder: comgra_root_path/group")
+    result.add_argument("--engine", choices=ENGINES, default="local",
+                        help="local: this process (default); ray: one Ray task per trial on the cluster of "
+                             "--ray-address or RAY_ADDRESS (a local Ray when neither)")
+    result.add_argument("--ray-address", help="the Ray cluster to scan on (default: RAY_ADDRESS)")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
     result.add_argument("--verbose", "-v", action="store_true",
@@ -59,13 +67,19 @@ def run(arguments: list[str]) -> int:
     from comgra.service import finding_link
 
     args = parser().parse_args(arguments)
+    if (args.path is None) == (args.group is None):
+        raise UsageError("name the group folder once: comgra scan ROOT/GROUP, or comgra scan --path ROOT/GROUP")
+    args.path = args.path or args.group
     group = check_recording(args.path)
     options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
     _load_user_detectors(args)
     try:
         with _Progress() as progress:
-            result = Scanner(persist=True, keep_chunks=False).scan(group, trials=args.trial, options=options,
-                                                                   on_trial=progress.update)
+            if args.engine == "ray":
+                result = _scan_on_ray(group, args, options, progress.update)
+            else:
+                result = Scanner(persist=True, keep_chunks=False).scan(group, trials=args.trial, options=options,
+                                                                       on_trial=progress.update)
     except ComgraError as error:
         raise UsageError(str(error).splitlines()[0]) from None
     if args.json:
@@ -75,6 +89,23 @@ def run(arguments: list[str]) -> int:
         print_findings(console, result.findings, result.problems, result.trials, verbose=args.verbose,
                        link=finding_link, path=str(args.path))
     return 0
+
+
+def _scan_on_ray(group: Path, args: argparse.Namespace, options: Any, on_trial: Callable[[str, int, int], None]) -> Any:
+    """The scan as one Ray task per trial (``comgra.analysis.sweep.scan_on_ray``)."""
+    from comgra.analysis import ScanResult
+    from comgra.analysis.sweep import gathered, scan_on_ray
+
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UsageError("--engine ray needs Ray: pip install 'comgra[ray]'") from None
+    # Ray prints its own news (a task retried after its worker died, ...) on stdout: it goes to stderr here, so
+    # that stdout holds the findings alone (``--json`` stays one document).
+    with contextlib.redirect_stdout(sys.stderr):
+        findings, problems, trials = gathered(scan_on_ray(group, trials=args.trial, options=options,
+                                                          address=args.ray_address, on_trial=on_trial))
+    return ScanResult(findings, problems, trials)
 
 
 def _load_user_detectors(args: argparse.Namespace) -> None:
