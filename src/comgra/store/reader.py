@@ -65,12 +65,10 @@ class GroupReader:
 
     def is_open(self, trial_id: str) -> bool:
         """Whether ``trial()`` has opened this trial and keeps it (with its caches and DuckDB connection)."""
-        with self._lock:
-            return trial_id in self._trials
+        return trial_id in self._trials
 
     def forget(self, trial_id: str) -> None:
-        """Let go of one opened trial (its caches and DuckDB connection), as ``close`` does for all: a scan of
-        a sweep opens each trial once and would otherwise keep a thousand of them."""
+        """Let go of one opened trial, as ``close`` does of all (a scan of a sweep opens each trial once)."""
         with self._lock:
             self._trials.pop(trial_id, None)
 
@@ -115,8 +113,7 @@ class TrialReader:
         self._cache: dict[tuple[str, str], pa.Table] = {}
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
-        # Opened on the first query (about 4 MiB each): a trial that is only listed, signed or scanned (the scan
-        # reads chunks with pyarrow) never opens one, so a poll or a scan over a sweep's thousand trials holds none.
+        # Opened on the first query (4 MiB each): a trial only listed or scanned (with pyarrow) never opens one.
         self._connection: duckdb.DuckDBPyConnection | None = None
         self._local = threading.local()
         self._series_reader = SeriesReader()
