@@ -178,7 +178,7 @@ class _Progress:
                 return
             if self._terminal:
                 self._update_bar(done, total)
-            elif time.perf_counter() - self._printed >= PLAIN_EVERY_SECONDS or done == total:
+            elif not self._printed or time.perf_counter() - self._printed >= PLAIN_EVERY_SECONDS or done == total:
                 self._line(done, total)
 
     def _update_bar(self, done: int, total: int) -> None:
