@@ -37,6 +37,18 @@ def _no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fmt, "DURABLE_WRITES", False, raising=False)
 
 
+@pytest.fixture(scope="session")
+def _findings_key_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("comgra_config")
+
+
+@pytest.fixture(autouse=True)
+def _own_findings_key(monkeypatch: pytest.MonkeyPatch, _findings_key_folder: Path) -> None:
+    """The key that signs saved findings (comgra.analysis.findings_key) lives in a folder of the test session,
+    never in the user's own config folder; subprocesses inherit it."""
+    monkeypatch.setenv("COMGRA_CONFIG_DIR", str(_findings_key_folder))
+
+
 @pytest.fixture
 def generator() -> Any:
     """A seeded ``torch.Generator``: test data never depends on the global RNG."""
@@ -198,6 +210,13 @@ def load_benchmark_script(name: str):
 def synthetic():
     """The torch-free recording generator of benchmarks/synthetic_recording.py."""
     return load_benchmark_script("synthetic_recording")
+
+
+@pytest.fixture(scope="session")
+def sweep_groups():
+    """benchmarks/sweep_groups.py: groups shaped like a hyper-parameter sweep, recorded with comgra's recorder."""
+    pytest.importorskip("torch")
+    return load_benchmark_script("sweep_groups")
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,10 @@ PUBLIC = {
     "comgra.recorder": ["ComgraRecorder"],
     "comgra.objects": ["DecisionMakerForRecordings", "DecisionMakerForRecordingsFrequencyPerType",
                        "DecisionMakerForRecordingsHardcoded"],
+    # The findings API; scan_trial/trial_ids/TrialScan: the per-trial scan an engine maps over a sweep (issue 30).
+    "comgra.analysis": ["DETECTORS", "FORMAT_VERSION", "SEVERITIES", "Finding", "ScanOptions", "ScanResult", "Scanner",
+                        "TrialScan", "detect_all", "document", "rank_findings", "register_detector", "scan_trial",
+                        "trial_ids", "unregister_detector"],
 }
 
 # The methods of the original Comgra 0.11.5, with their parameter names in order.

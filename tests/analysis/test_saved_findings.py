@@ -277,5 +277,5 @@ def test_a_trial_deleted_while_it_was_scanned_is_not_brought_back(group) -> None
     trial = GroupReader(group).trial("dead")
     signature = trial_signature(trial)
     shutil.rmtree(trial.directory)
-    assert not saved.save(trial.directory, signature, ScanOptions(), [], [])
+    assert not saved.save(trial, signature, ScanOptions(), [], [])
     assert not trial.directory.exists()

@@ -197,10 +197,26 @@ def test_the_progress_bar_takes_updates_from_trials_scanned_side_by_side(monkeyp
         except BaseException as error:  # noqa: BLE001 - reported below
             errors.append(error)
 
-    with scan_cli._Progress() as bar:
+    with scan_cli._Progress(terminal=True) as bar:
         threads = [threading.Thread(target=scan_trial, args=(t, 0.05 * i)) for i, t in enumerate("abc")]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
     assert errors == [] and len(calls) == 1
+
+
+def test_progress_off_a_terminal_is_plain_lines_in_trials(monkeypatch, capsys) -> None:
+    """Off a terminal (a log, CI) the scan says how far it is in plain lines, at most one per interval, and a
+    last one at the end; no Rich bar, no control characters."""
+    from comgra.cli import scan as scan_cli
+
+    monkeypatch.setattr(scan_cli, "PROGRESS_AFTER_SECONDS", 0.0)
+    monkeypatch.setattr(scan_cli, "PLAIN_EVERY_SECONDS", 3600.0)
+    with scan_cli._Progress(terminal=False) as bar:
+        for done in range(1, 1001):
+            bar.update(f"t{done}", done, 1000)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["comgra scan: 1/1000 trials scanned",
+                                                      "comgra scan: 1000/1000 trials scanned"]
+    assert all("\x1b" not in line for line in lines)

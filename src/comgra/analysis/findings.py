@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -104,11 +105,16 @@ def listed_steps(steps: list[int]) -> list[int]:
     return [steps[round(i * last / (MAX_LISTED_STEPS - 1))] for i in range(MAX_LISTED_STEPS)]
 
 
+def signature_files(trial: TrialReader) -> list[Path]:
+    """The chunks a trial's findings are computed from: its visible tensors chunks, then its steps, runinfo and
+    sentinels chunks."""
+    return list(trial.tensor_chunks()) + [p for table in ("steps", "runinfo", "sentinels") for p in trial.chunk_paths(table)]
+
+
 def trial_signature(trial: TrialReader) -> tuple[str, ...]:
     """The version of a trial's data: the names of its tensors and steps chunks (chunks are immutable,
     so a trial whose names did not change has the same findings)."""
-    return tuple(p.name for p in trial.tensor_chunks()) + tuple(
-        name for table in ("steps", "runinfo", "sentinels") for name in trial.chunk_names(table))
+    return tuple(p.name for p in signature_files(trial))
 
 
 # The evidence that says how strong a finding is, beyond its (capped) score: findings of equal score are ordered

@@ -115,6 +115,12 @@ class ChunkCache:
         with self._lock:
             self._chunks.clear()
 
+    def forget(self, directory: str) -> None:
+        """Let go of every chunk of one trial (a scan of a sweep does once the trial's findings are saved)."""
+        with self._lock:
+            for key in [k for k in self._chunks if k[0] == directory]:
+                del self._chunks[key]
+
     def load(self, trial: TrialReader, progress: Callable[[int], None] | None = None) -> TrialData:
         paths = trial.tensor_chunks()
         parts = []

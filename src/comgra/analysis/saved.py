@@ -9,12 +9,18 @@ versions of numpy, pandas, pyarrow, DuckDB, scipy and scikit-learn, and the sens
 A file with another fingerprint, a damaged file included, reads as "not saved", and the next scan
 writes it again.
 
+The file is also tied to the data it was computed from and to this user: it lists each chunk it read with its
+size and modification time, and carries an HMAC over all of it made with this user's key
+(``comgra.analysis.findings_key``). A file edited by hand, copied from someone else's recording or from another
+trial, or one whose chunks were replaced, does not verify and is computed again: saved findings are a cache,
+never a verdict.
+
 The folder matches none of the store's globs (``*/tensors/*.parquet``, ``graphs/*.json``, ...),
 files are written under a temporary name and renamed, and a recording that cannot be written to
 (a read-only share) is scanned as before, only not saved. Light imports only: the app looks here
 before it loads the detectors (pandas, scipy, scikit-learn take seconds to import).
 
-    >>> saved = load(trial_directory, signature, ScanOptions())      # doctest: +SKIP
+    >>> saved = load(trial, signature, ScanOptions())      # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -23,11 +29,16 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from comgra.analysis.findings import FORMAT_VERSION, Finding, ScanOptions
+from comgra.analysis import findings_key
+from comgra.analysis.findings import FORMAT_VERSION, Finding, ScanOptions, signature_files
+
+if TYPE_CHECKING:
+    from comgra.store.reader import TrialReader
 
 log = logging.getLogger("comgra.analysis")
 FOLDER = "analysis"  # inside the trial folder
@@ -99,14 +110,19 @@ class SavedFindings:
     problems: list[str]
 
 
-def read(trial_directory: Path, options: ScanOptions) -> SavedFindings | None:
+def read(trial: TrialReader, options: ScanOptions) -> SavedFindings | None:
     """What the current analysis code found in the trial at ``options``, at whatever data it was scanned;
-    None if nothing is saved (never saved, older code, damaged or unreadable)."""
-    path = path_of(trial_directory, options)
+    None if nothing is saved (never saved, older code, damaged, unreadable, or not verified: not signed by this
+    user, edited, of another trial, or of chunks that changed since)."""
+    path = path_of(trial.directory, options)
     try:
         document = json.loads(path.read_text())
         if document.get("fingerprint") != fingerprint(options):
             log.debug("comgra: saved findings %s are stale: %s", path, stale_parts(document.get("fingerprint"), options))
+            return None
+        if not _verified(document, trial):
+            log.info("comgra: saved findings %s do not verify (edited, copied, or of other data); computing them "
+                     "again", path)
             return None
         found = [Finding(**{k: v for k, v in item.items() if k in _FINDING_FIELDS}) for item in document["findings"]]
         return SavedFindings(tuple(str(name) for name in document["signature"]), found,
@@ -118,14 +134,50 @@ def read(trial_directory: Path, options: ScanOptions) -> SavedFindings | None:
         return None
 
 
-def load(trial_directory: Path, signature: tuple[str, ...],
+def load(trial: TrialReader, signature: tuple[str, ...],
          options: ScanOptions) -> tuple[list[Finding], list[str]] | None:
     """The saved findings and problems of a trial at this data (``signature``), code and options; None if
     there are none."""
-    kept = read(trial_directory, options)
+    kept = read(trial, options)
     if kept is None or kept.signature != tuple(signature):
         return None
     return kept.findings, kept.problems
+
+
+def _signed_content(document: dict[str, Any]) -> bytes:
+    return json.dumps({k: v for k, v in document.items() if k != "mac"}, sort_keys=True).encode()
+
+
+def _verified(document: dict[str, Any], trial: TrialReader) -> bool:
+    """Signed by this user, of this trial, and of chunks that are still the ones it was computed from."""
+    if not findings_key.verify(_signed_content(document), document.get("mac")):
+        return False
+    if document.get("trial") != trial.trial_id:
+        return False
+    listed = document.get("files")
+    if not isinstance(listed, list) or [str(name) for name in document["signature"]] != [
+            Path(str(entry[0])).name for entry in listed]:
+        return False
+    return all(_stamp(trial.directory / str(relative), str(relative)) == [str(relative), size, mtime]
+               for relative, size, mtime in listed)
+
+
+def _stamp(path: Path, relative: str | None = None) -> list[Any] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None  # gone (merged away, deleted): the findings are of data no longer there
+    return [relative if relative is not None else str(path), info.st_size, info.st_mtime_ns]
+
+
+def data_files(trial: TrialReader, signature: tuple[str, ...]) -> list[list[Any]] | None:
+    """Each chunk of ``signature`` as [path relative to the trial folder, size, mtime]; None if the trial's chunks
+    are no longer those of ``signature`` (a live run wrote or merged meanwhile)."""
+    files = signature_files(trial)
+    if tuple(p.name for p in files) != tuple(signature):
+        return None
+    stamps = [_stamp(p, os.path.relpath(p, trial.directory)) for p in files]
+    return None if any(s is None for s in stamps) else stamps
 
 
 def stale_parts(saved_fingerprint: Any, options: ScanOptions) -> list[str]:
@@ -136,18 +188,23 @@ def stale_parts(saved_fingerprint: Any, options: ScanOptions) -> list[str]:
     return sorted(k for k in set(current) | set(saved_fingerprint) if current.get(k) != saved_fingerprint.get(k))
 
 
-def save(trial_directory: Path, signature: tuple[str, ...], options: ScanOptions,
+def save(trial: TrialReader, signature: tuple[str, ...], options: ScanOptions,
          found: list[Finding], problems: list[str]) -> bool:
-    """Write the findings of a trial; False (and nothing written) where the recording is read-only."""
+    """Write the findings of a trial, signed; False (and nothing written) where the recording is read-only, or
+    where its chunks changed since they were read (the next scan computes them again)."""
     from comgra.store.format import write_json_atomic
 
-    document = {"fingerprint": fingerprint(options), "signature": list(signature),
-                "findings": [plain(asdict(f)) for f in found], "problems": list(problems)}
+    files = data_files(trial, signature)
+    if files is None:
+        return False
+    document = {"fingerprint": fingerprint(options), "trial": trial.trial_id, "signature": list(signature),
+                "files": files, "findings": [plain(asdict(f)) for f in found], "problems": list(problems)}
+    document["mac"] = findings_key.sign(_signed_content(json.loads(json.dumps(document))))
     try:
-        (trial_directory / FOLDER).mkdir(exist_ok=True)  # not its parents: a trial deleted meanwhile stays deleted
-        write_json_atomic(path_of(trial_directory, options), document)
+        (trial.directory / FOLDER).mkdir(exist_ok=True)  # not its parents: a trial deleted meanwhile stays deleted
+        write_json_atomic(path_of(trial.directory, options), document)
     except OSError as error:  # read-only, full or gone: the scan's answer stands, it is only not kept
-        log.debug("comgra: findings of %s not saved: %s", trial_directory, error)
+        log.debug("comgra: findings of %s not saved: %s", trial.directory, error)
         return False
     return True
 

@@ -1,6 +1,7 @@
 """``comgra scan``: findings of a recording as a compact list (``--verbose``: the full text), or as JSON.
 
     comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME] [--detector M:F ...]
+    comgra scan ROOT/GROUP --engine ray [--ray-address HOST:PORT]      # one Ray task per trial (docs/sweeps.md)
 
 The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
 to the terminal's width), grouped by trial, and ends with the command that opens the app on the first finding.
@@ -12,6 +13,7 @@ option, or a recording of a newer format.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -28,15 +30,22 @@ from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, recor
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
+PLAIN_EVERY_SECONDS = 10.0
 DEFAULT_WIDTH = 100
+ENGINES = ("local", "ray")
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="comgra scan", description="Find anomalies in a recording and say where "
                                      "they start: non-finite values, vanishing gradients, dead units, ...")
-    result.add_argument("--path", type=recording_path, required=True,
+    result.add_argument("group", type=recording_path, nargs="?",
                         help="the group folder: comgra_root_path/group, or its URL (s3://bucket/runs/group, ...)")
+    result.add_argument("--path", type=recording_path, help="the same, as an option")
+    result.add_argument("--engine", choices=ENGINES, default="local",
+                        help="local: this process (default); ray: one Ray task per trial on the cluster of "
+                             "--ray-address or RAY_ADDRESS (a local Ray when neither)")
+    result.add_argument("--ray-address", help="the Ray cluster to scan on (default: RAY_ADDRESS)")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
     result.add_argument("--verbose", "-v", action="store_true",
@@ -59,12 +68,19 @@ def run(arguments: list[str]) -> int:
     from comgra.service import finding_link
 
     args = parser().parse_args(arguments)
+    if (args.path is None) == (args.group is None):
+        raise UsageError("name the group folder once: comgra scan ROOT/GROUP, or comgra scan --path ROOT/GROUP")
+    args.path = args.path or args.group
     group = check_recording(args.path)
     options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
     _load_user_detectors(args)
     try:
         with _Progress() as progress:
-            result = Scanner(persist=True).scan(group, trials=args.trial, options=options, progress=progress.update)
+            if args.engine == "ray":
+                result = _scan_on_ray(group, args, options, progress.update)
+            else:
+                result = Scanner(persist=True, keep_chunks=False).scan(group, trials=args.trial, options=options,
+                                                                       on_trial=progress.update)
     except ComgraError as error:
         raise UsageError(str(error).splitlines()[0]) from None
     if args.json:
@@ -74,6 +90,23 @@ def run(arguments: list[str]) -> int:
         print_findings(console, result.findings, result.problems, result.trials, verbose=args.verbose,
                        link=finding_link, path=str(args.path))
     return 0
+
+
+def _scan_on_ray(group: Path, args: argparse.Namespace, options: Any, on_trial: Callable[[str, int, int], None]) -> Any:
+    """The scan as one Ray task per trial (``comgra.analysis.sweep.scan_on_ray``)."""
+    from comgra.analysis import ScanResult
+    from comgra.analysis.sweep import gathered, scan_on_ray
+
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UsageError("--engine ray needs Ray: pip install 'comgra[ray]'") from None
+    # Ray prints its own news (a task retried after its worker died, ...) on stdout: it goes to stderr here, so
+    # that stdout holds the findings alone (``--json`` stays one document).
+    with contextlib.redirect_stdout(sys.stderr):
+        findings, problems, trials = gathered(scan_on_ray(group, trials=args.trial, options=options,
+                                                          address=args.ray_address, on_trial=on_trial))
+    return ScanResult(findings, problems, trials)
 
 
 def _load_user_detectors(args: argparse.Namespace) -> None:
@@ -113,13 +146,19 @@ def _sensitivity(text: str) -> float:
 
 
 class _Progress:
-    """A Rich progress bar on stderr, shown only once a scan has taken more than a second. Thread-safe:
-    trials are scanned side by side, and two of them could otherwise each start a bar."""
+    """How far a scan is, in trials, on stderr once it has taken more than a second: a Rich progress bar on a
+    terminal, elsewhere (a log, CI) a plain line at most every ``PLAIN_EVERY_SECONDS``. Thread-safe: trials
+    are scanned side by side, and two of them could otherwise each start a bar. One bar for the whole scan,
+    not one per trial: a sweep has thousands."""
 
-    def __init__(self) -> None:
+    def __init__(self, terminal: bool | None = None) -> None:
         self._start = time.perf_counter()
+        self._terminal = sys.stderr.isatty() if terminal is None else terminal
         self._bar: Any = None
-        self._tasks: dict[str, Any] = {}
+        self._task: Any = None
+        self._printed = 0.0  # when the last plain line was printed (0: none yet)
+        self._last: tuple[int, int] | None = None
+        self._shown: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
     def __enter__(self) -> _Progress:
@@ -128,23 +167,37 @@ class _Progress:
     def __exit__(self, *exc_info: object) -> None:
         if self._bar is not None:
             self._bar.stop()
+        elif self._printed and self._last is not None and self._last != self._shown and exc_info[0] is None:
+            self._line(*self._last)
 
     def update(self, trial: str, done: int, total: int) -> None:
+        """``done`` of ``total`` trials are scanned, ``trial`` the last of them."""
         with self._lock:
-            self._update(trial, done, total)
-
-    def _update(self, trial: str, done: int, total: int) -> None:
-        if self._bar is None:
-            if time.perf_counter() - self._start < PROGRESS_AFTER_SECONDS:
+            self._last = (done, total)
+            elapsed = time.perf_counter() - self._start
+            if elapsed < PROGRESS_AFTER_SECONDS:
                 return
-            from rich.console import Console
-            from rich.progress import Progress
+            if self._terminal:
+                self._update_bar(done, total)
+            elif not self._printed or time.perf_counter() - self._printed >= PLAIN_EVERY_SECONDS or done == total:
+                self._line(done, total)
 
-            self._bar = Progress(console=Console(stderr=True), transient=True)
+    def _update_bar(self, done: int, total: int) -> None:
+        if self._bar is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("scanning trials"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
             self._bar.start()
-        if trial not in self._tasks:
-            self._tasks[trial] = self._bar.add_task(f"scanning {trial}", total=total)
-        self._bar.update(self._tasks[trial], completed=done, total=total)
+            self._task = self._bar.add_task("scan", total=total)
+        self._bar.update(self._task, completed=done, total=total)
+
+    def _line(self, done: int, total: int) -> None:
+        self._printed = time.perf_counter()
+        self._shown = (done, total)
+        print(f"comgra scan: {done}/{total} trials scanned ({self._printed - self._start:.0f} s)", file=sys.stderr,
+              flush=True)
 
 
 def _console() -> Any:

@@ -77,6 +77,7 @@ class FindingsWorker:
         self.background = background
         self._scanner: Scanner | None = None
         self._scanner_lock = threading.Lock()  # not ``_changed``: importing the scanner takes seconds
+        self._own_group: GroupReader | None = None
         self._done: dict[str, tuple[tuple[str, ...], list[Finding], list[str]]] = {}  # trial -> signature, ...
         self._versions: dict[str, int] = {}
         self._queue: list[str] = []
@@ -163,7 +164,7 @@ class FindingsWorker:
         scan is done, as a scan of this process would be."""
         signature = self._signature(trial_id)
         try:
-            kept = saved.read(self.group.trial(trial_id).directory, self.options) if signature else None
+            kept = saved.read(self.group.trial(trial_id), self.options) if signature else None
         except ComgraError:
             return False
         if kept is None:
@@ -210,10 +211,27 @@ class FindingsWorker:
                 self._threads -= 1
                 self._changed.notify_all()
 
+    @property
+    def _scan_group(self) -> GroupReader:
+        """The scanner's own reader of the group: the trials it opens are let go of once scanned, while those the
+        app's views opened (``self.group``) stay open for them."""
+        with self._scanner_lock:
+            if self._own_group is None:
+                from comgra.store.reader import GroupReader
+
+                self._own_group = GroupReader(self.group.path)
+            return self._own_group
+
     def _scan(self, trial_id: str) -> None:
         signature = self._signature(trial_id)
+        with self._changed:
+            # Scanned before at other data (a live run): its chunks are kept, so that the next scan reads only the
+            # new ones. A trial scanned for the first time (most of a sweep) lets go of them at once.
+            live = trial_id in self._done
         try:
-            found, problems = self.scanner.scan_trial(self.group, trial_id, self.options)
+            found, problems = self.scanner.scan_and_release(self._scan_group, trial_id, self.options)
+            if not live:
+                self.scanner.forget(self._scan_group, trial_id, reader=False, chunks=True)
         except ComgraError as error:
             found, problems = [], [f"trial {trial_id!r}: {error}"]
         except Exception as error:  # noqa: BLE001 - a scanner fault must not stop the other trials

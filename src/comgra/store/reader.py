@@ -65,6 +65,15 @@ class GroupReader:
         with self._lock:
             self._trials = {}
 
+    def is_open(self, trial_id: str) -> bool:
+        """Whether ``trial()`` has opened this trial and keeps it (with its caches and DuckDB connection)."""
+        return trial_id in self._trials
+
+    def forget(self, trial_id: str) -> None:
+        """Let go of one opened trial, as ``close`` does of all (a scan of a sweep opens each trial once)."""
+        with self._lock:
+            self._trials.pop(trial_id, None)
+
     def chunk_names(self, trial_id: str, table: str) -> list[str]:
         """The chunk names of one table of a trial, without opening the trial (no metadata read): the app's
         poll asks this of every trial every few seconds. A trial that is not a folder of the group has none."""
@@ -111,9 +120,8 @@ class TrialReader:
         self._cache: dict[tuple[str, str], pa.Table] = {}
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
-        self._connection = duckdb.connect()
-        # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
-        self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
+        # Opened on the first query (4 MiB each): a trial only listed or scanned (with pyarrow) never opens one.
+        self._connection: duckdb.DuckDBPyConnection | None = None
         self._local = threading.local()
         self._series_reader = SeriesReader()
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
@@ -149,8 +157,12 @@ class TrialReader:
 
     def chunk_names(self, table: str) -> list[str]:
         """The names of a table's chunk files, sorted: a version token (a new chunk changes it), one scandir."""
+        return [path.name for path in self.chunk_paths(table)]
+
+    def chunk_paths(self, table: str) -> list[Path]:
+        """Every chunk file of a table (merged-away parts too, until deleted), sorted by name."""
         folders = layout.table_dirs(self.directory, table, self.format_version)
-        return sorted(name for folder in folders for name in fmt.chunk_names(folder))
+        return sorted((folder / name for folder in folders for name in fmt.chunk_names(folder)), key=lambda p: p.name)
 
     # -- small tables, cached per immutable chunk --------------------------------------------
     def steps(self, rank: int | None = None) -> pa.Table:
@@ -355,6 +367,11 @@ class TrialReader:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         cursor = getattr(self._local, "cursor", None)
         if cursor is None:
+            with self._lock:
+                if self._connection is None:
+                    self._connection = duckdb.connect()
+                    # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
+                    self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
             cursor = self._local.cursor = self._connection.cursor()
         return cursor
 

@@ -1,0 +1,83 @@
+"""``comgra scan`` of a whole sweep: peak RSS and time at 10, 100 and 1,000 trials (issue 30), locally and on Ray,
+before (another checkout's sources, e.g. main's) and after (this one's), measured side by side in one run.
+
+The groups come from ``sweep_groups.py`` (a small MLP per trial, 10 recorded steps each), recorded once under
+``--out`` and reused. Every scan is cold: the findings a scan saved (``trials/*/analysis``, ``findings/``) are
+removed before it. Each scan is a real ``comgra scan GROUP --json`` process; its peak RSS is the kernel's
+accounting of that child alone (``wait4``), its CPU the child's user+system time. The machine may be shared:
+the load average is printed with each row.
+
+    git archive main src | tar -x -C /tmp/main_src       # the "before" sources
+    python benchmarks/sweep_scan.py --trials 10 100 1000 --before-src /tmp/main_src/src --before-max 100 --ray-max 100
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCES = HERE.parent / "src"
+sys.path.insert(0, str(HERE))
+
+
+def forget_findings(group: Path) -> None:
+    for folder in group.glob("trials/*/analysis"):
+        shutil.rmtree(folder)
+    shutil.rmtree(group / "findings", ignore_errors=True)
+
+
+def measured_scan(group: Path, sources: Path, engine: str) -> dict:
+    """One cold ``comgra scan`` in a process of its own: wall seconds, CPU seconds, peak RSS (MiB), findings."""
+    forget_findings(group)
+    environment = {**os.environ, "PYTHONPATH": str(sources)}
+    command = [sys.executable, "-m", "comgra.cli.app", "scan"]
+    command += [str(group), "--json", "--engine", engine] if engine != "local" else ["--path", str(group), "--json"]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    output = process.stdout.read() if process.stdout else b""
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{command} failed")
+    return {"wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024), "findings": len(json.loads(output)["findings"]),
+            "load_average": round(os.getloadavg()[0], 1)}
+
+
+def main() -> None:
+    import sweep_groups
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--out", type=Path, default=HERE / "out")
+    parser.add_argument("--before-src", type=Path, help="the sources to compare with (e.g. main's src folder)")
+    parser.add_argument("--before-max", type=int, default=100, help="the largest group scanned with --before-src")
+    parser.add_argument("--ray-max", type=int, default=100, help="the largest group scanned on a local Ray")
+    args = parser.parse_args()
+    rows = []
+    for count in args.trials:
+        group = sweep_groups.record_sweep(args.out / f"sweep{count}", count)
+        runs = [("after", SOURCES, "local")]
+        if args.before_src is not None and count <= args.before_max:
+            runs.insert(0, ("before", args.before_src, "local"))
+        if count <= args.ray_max:
+            runs.append(("after", SOURCES, "ray"))
+        for label, sources, engine in runs:  # interleaved: before and after of one size back to back
+            row = {"trials": count, "code": label, "engine": engine, **measured_scan(group, sources, engine)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (args.out / "sweep_scan.json").write_text(json.dumps(rows, indent=1))
+    print(f"\n{'trials':>7} {'code':>7} {'engine':>7} {'wall s':>8} {'CPU s':>7} {'peak MiB':>9} {'findings':>9} {'load':>5}")
+    for row in rows:
+        print(f"{row['trials']:>7} {row['code']:>7} {row['engine']:>7} {row['wall_s']:>8} {row['cpu_s']:>7} "
+              f"{row['peak_rss_mib']:>9} {row['findings']:>9} {row['load_average']:>5}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The scan of a sweep as a map over its trials: one process, or one task per trial on Ray, Dask or Spark.
+
+``scan_trial(group, trial)`` is the unit of work: it reads one trial from the group, runs every detector, and
+writes what it found beside the recording (the signed JSON the app and ``comgra scan`` read, and the trial's file
+of the findings table, ``comgra.analysis.findings_table``), each write atomic and replacing the previous one. So a
+task that is retried after its worker was lost, or a trial scanned twice, never doubles anything, and a trial
+whose saved findings are current is answered from them without scanning. It holds nothing once it returns.
+
+Any engine that can map a function over a list maps it over ``trial_ids(group)``::
+
+    import dask.bag as db
+    from comgra.analysis.sweep import scan_trial, trial_ids
+
+    scans = db.from_sequence(trial_ids(group), npartitions=8).map(lambda t: scan_trial(group, t)).compute()
+
+``scan_on_ray`` does this with one Ray task per trial (``comgra scan GROUP --engine ray``); a task whose worker
+or node is lost is retried by Ray (``max_retries``).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from comgra.analysis.findings import Finding, ScanOptions, rank_findings
+from comgra.errors import ComgraError, SelectionError, did_you_mean
+
+TASK_RETRIES = 4  # a task whose worker or node died is run again this many times at most
+
+
+@dataclass
+class TrialScan:
+    """What ``scan_trial`` found in one trial: its findings (most useful first) and what it had to skip."""
+
+    trial: str
+    findings: list[Finding] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Findings per severity, e.g. ``{"error": 1, "warning": 2, "info": 0}``."""
+        from comgra.analysis.findings import SEVERITIES
+
+        return {severity: sum(f.severity == severity for f in self.findings) for severity in SEVERITIES}
+
+
+def trial_ids(group: str | Path) -> list[str]:
+    """The trials of a group folder, sorted: what an engine maps ``scan_trial`` over."""
+    from comgra.store.reader import GroupReader
+
+    return GroupReader(group).trials()
+
+
+def scan_trial(group: str | Path, trial: str, *, options: ScanOptions | None = None) -> TrialScan:
+    """Scan one trial of ``group`` and save its findings beside the recording (idempotent; see the module).
+
+    A trial that cannot be read is answered with a problem, not an exception: one bad trial of a thousand does
+    not fail the map.
+
+        >>> scan_trial("runs/sweep", "lr_0.01").counts()          # doctest: +SKIP
+        {'error': 0, 'warning': 2, 'info': 5}
+    """
+    from comgra.analysis.scan import Scanner
+    from comgra.store.reader import GroupReader
+
+    reader = GroupReader(group)
+    try:
+        found, problems = Scanner(persist=True, keep_chunks=False).scan_and_release(reader, trial,
+                                                                                    options or ScanOptions())
+    except ComgraError as error:
+        return TrialScan(trial, [], [f"trial {trial!r}: {error}"])
+    finally:
+        reader.close()
+    return TrialScan(trial, rank_findings(found), list(problems))
+
+
+def _scan_task(group: str, trial: str, options: ScanOptions) -> TrialScan:
+    return scan_trial(group, trial, options=options)
+
+
+def scan_on_ray(group: str | Path, *, trials: list[str] | None = None, options: ScanOptions | None = None,
+                address: str | None = None, on_trial: Callable[[str, int, int], None] | None = None,
+                max_retries: int = TASK_RETRIES) -> Iterator[TrialScan]:
+    """Scan the trials of ``group`` on a Ray cluster, one task per trial, yielding each trial's answer as it
+    comes (in no set order). ``address``: the cluster (default: ``RAY_ADDRESS``; neither: a local Ray started
+    here). Every node must see ``group`` at the same path (a shared file system) and have comgra installed."""
+    import ray
+
+    wanted = _checked_trials(group, trials)
+    options = options or ScanOptions()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(_scan_task)
+        path = str(Path(group).expanduser().resolve()) if "://" not in str(group) else str(group)
+        pending = {task.remote(path, trial, options): trial for trial in wanted}
+        done = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for reference in ready:
+                pending.pop(reference)
+                answer: TrialScan = ray.get(reference)
+                done += 1
+                if on_trial is not None:
+                    on_trial(answer.trial, done, len(wanted))
+                yield answer
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _checked_trials(group: str | Path, trials: list[str] | None) -> list[str]:
+    known = trial_ids(group)
+    for trial in trials or []:
+        if trial not in known:
+            raise SelectionError(f"No trial {trial!r} in {str(group)!r}" + did_you_mean(trial, known))
+    return list(known if trials is None else trials)
+
+
+def gathered(scans: Iterator[TrialScan] | list[TrialScan]) -> tuple[list[Finding], list[str], list[str]]:
+    """Findings (ranked over every trial), problems and trials of a map's answers."""
+    answers: list[Any] = sorted(scans, key=lambda s: s.trial)
+    findings = rank_findings([f for s in answers for f in s.findings])
+    return findings, [p for s in answers for p in s.problems], [s.trial for s in answers]
