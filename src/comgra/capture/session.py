@@ -31,6 +31,7 @@ from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError
 from comgra.objects import DecisionMakerForRecordings
 from comgra.store import format as fmt
+from comgra.store import hyperparameters as hyperparameter_store
 from comgra.store.writer import ChunkWriter
 
 
@@ -59,6 +60,7 @@ class Session:
     on_graph: Any = None  # told each recorded iteration's graph document (the sentinels learn the outputs)
     on_flush: Any = None  # called before a flush (the sentinels hand over their rows)
     combiner: ShardCombiner | None = None  # DTensors across ranks (capture/sharded.py), made at the first step
+    hyperparameters: dict[str, Any] = field(default_factory=dict)  # record_hyperparameters, merged
 
     @classmethod
     def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
@@ -95,6 +97,18 @@ class Session:
                                                list(self.options.node_prefixes))
         self.metadata["modules"] = modules.trees
         self._put_json(self.metadata_name, self.metadata)
+
+    def record_hyperparameters(self, values: dict[str, Any]) -> None:
+        """Merge ``values`` into the trial's hyperparameters (later values win) and write them
+        (``store.hyperparameters``). The lead rank writes; a failed write is warned about, the training goes on."""
+        self.hyperparameters.update(values)
+        if self.writer is None or self.broken or self.metadata_name != fmt.TRIAL_META:
+            return
+        try:
+            hyperparameter_store.write(self.options.group_dir, self.options.trial_id, self.hyperparameters)
+        except OSError as error:
+            self.warn_once("hyperparameters", f"comgra cannot write the hyperparameters of trial "
+                                              f"{self.options.trial_id!r} ({error}); training goes on.")
 
     def add_note(self, note: str) -> None:
         self.notes_written += 1
@@ -235,6 +249,7 @@ class Session:
             return
         self.closed = True
         self.metadata["types_of_execution"] = types_of_execution
+        self.metadata["finished"] = time.time()  # the Runs view's "finished" (service.runs): finalize ran
         self._put_json(self.metadata_name, self.metadata)
         self.writer.close()
         self._check_writer()
