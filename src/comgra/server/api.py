@@ -27,7 +27,7 @@ import numpy as np
 from flask import Blueprint, Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
-from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint,
+from comgra.errors import (BreakpointError, ComgraError, ConfigError, NotPaused, SelectionError, UnknownBreakpoint,
                            did_you_mean)
 from comgra.server.api_spec import API_PREFIX, openapi_document
 from comgra.server.doors import (TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
@@ -40,6 +40,7 @@ _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also
 PHASES = ("forward", "backward")
 AGGREGATIONS = ("mean", "std", "abs_max", "none", "sample")
 RUN_ACTIONS = ("continue", "step", "abort")
+MAX_RUNS = 10_000  # rows of one /runs answer
 
 
 # -- reading what was sent --------------------------------------------------------------------------
@@ -210,7 +211,7 @@ class Routes:
             (f"{t}/layers", ["GET"], self.layers), (f"{t}/layers/<module>", ["GET"], self.layer),
             (f"{t}/profile", ["GET"], self.profile), (f"{t}/flamegraph", ["GET"], self.flamegraph),
             (f"{t}/trace", ["GET"], self.trace), (f"{t}/resources", ["GET"], self.resources),
-            ("/findings", ["GET"], self.findings),
+            ("/findings", ["GET"], self.findings), ("/runs", ["GET"], self.runs),
             (f"{t}/breakpoints", ["GET", "POST"], self.breakpoints),
             (f"{t}/breakpoints/<breakpoint_id>", ["PATCH", "DELETE"], self.breakpoint),
             (f"{t}/run", ["GET"], self.run), (f"{t}/run/<action>", ["POST"], self.run_command),
@@ -398,6 +399,17 @@ class Routes:
             entries.append({"trial": t, "findings": found, "problems": list(dict.fromkeys(
                 [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
         return answer({"available": True, "findings": entries})
+
+    def runs(self) -> Response:
+        query = {"filter": str_arg("filter"), "sort": str_arg("sort"),
+                 "offset": int_arg("offset", default=0, minimum=0), "limit": int_arg("limit", default=100, minimum=1)}
+        if query["limit"] > MAX_RUNS:  # type: ignore[operator]
+            raise ApiError(400, f"limit={query['limit']} is above {MAX_RUNS}; page with offset.", "limit")
+        try:
+            page = self.service.runs(**query)  # type: ignore[arg-type]
+        except ConfigError as error:
+            raise ApiError(400, str(error), "filter" if str(error).startswith("filter") else "sort") from None
+        return answer({"runs": [run.as_json() for run in page.runs], "total": page.total})
 
     def breakpoints(self, trial: str) -> Response:
         from comgra.breakpoints import control

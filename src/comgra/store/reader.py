@@ -77,11 +77,11 @@ class GroupReader:
             if kept is not None and fmt.folder_identity(kept.directory) != kept.folder:
                 del self._trials[trial_id]  # a new run took the name (capture.open_recorders): read the new folder
             if trial_id not in self._trials:
-                known = self.trials()
-                if trial_id not in known:
-                    raise SelectionError(f"No trial {trial_id!r} in {str(self.path)!r}"
-                                         + did_you_mean(trial_id, known))
                 directory = fmt.trial_dir(self.path, trial_id)
+                # This trial's metadata only: listing the group for each trial opened made a sweep's O(trials^2).
+                if "/" in trial_id or trial_id in ("", ".", "..") or not (directory / fmt.TRIAL_META).is_file():
+                    raise SelectionError(f"No trial {trial_id!r} in {str(self.path)!r}"
+                                         + did_you_mean(trial_id, self.trials()))
                 if not validation.inside(directory, self.path):
                     raise StoreError(f"Trial {trial_id!r} of {str(self.path)!r} is a link to a folder outside the "
                                      "recording; comgra reads nothing outside it. Copy the trial in instead.")
@@ -104,10 +104,8 @@ class TrialReader:
         self._cache: dict[tuple[str, str], pa.Table] = {}
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
-        self._connection = duckdb.connect()
-        # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
-        self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
-        self._local = threading.local()
+        self._connection: duckdb.DuckDBPyConnection | None = None  # made on the first query (80 ms, MiBs): a sweep
+        self._local = threading.local()  # of 1,000 trials opens each for its KPIs and metadata, never queries them
         self._series_reader = SeriesReader()
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
         self._checks = chunk_checks.ChunkChecks()
@@ -339,7 +337,12 @@ class TrialReader:
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         cursor = getattr(self._local, "cursor", None)
         if cursor is None:
-            cursor = self._local.cursor = self._connection.cursor()
+            with self._lock:
+                if self._connection is None:
+                    self._connection = duckdb.connect()
+                    # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
+                    self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
+                cursor = self._local.cursor = self._connection.cursor()
         return cursor
 
     # -- files -------------------------------------------------------------------------------------
