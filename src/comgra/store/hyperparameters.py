@@ -15,6 +15,7 @@ number or a boolean (1.0/0.0), else null; ``value`` is its text (``str`` for str
 """
 from __future__ import annotations
 
+import enum
 import json
 import math
 import numbers
@@ -59,8 +60,11 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Scalar]:
 
 def scalar(name: str, value: Any) -> Scalar:
     """A hyperparameter's value as a plain Python scalar (numpy scalars too), or a RecordingError naming ``name``."""
+    if isinstance(value, enum.Enum):  # transformers' SchedulerType, IntervalStrategy, ...
+        return scalar(name, value.value)
     if value is None or isinstance(value, (bool, str)):
-        return value
+        return value if type(value) in (bool, str) or value is None else (bool(value) if isinstance(value, bool)
+                                                                           else str(value))
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
@@ -71,6 +75,26 @@ def scalar(name: str, value: Any) -> Scalar:
     raise RecordingError(f"Hyperparameter {name!r} is {type(value).__name__} {_short(value)}; comgra keeps numbers, "
                          f"strings, booleans and None. Pass a plain value, e.g. {{{name!r}: str(value)}}, or leave "
                          "it out.")
+
+
+def scalars_of(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Scalar]:
+    """What the Trainer and Lightning callbacks record of a configuration they did not write: ``flatten``'s
+    values, lists and tuples of scalars as their JSON text, and anything else left out (never an error)."""
+    flat: dict[str, Scalar] = {}
+    for key, value in mapping.items():
+        name = prefix + str(key)
+        if isinstance(value, Mapping):
+            flat.update(scalars_of(value, name + "."))
+            continue
+        try:
+            flat[name] = scalar(name, value)
+        except RecordingError:
+            if isinstance(value, (list, tuple)) and len(value) <= 64:
+                try:
+                    flat[name] = json.dumps([scalar(name, v) for v in value])
+                except (RecordingError, ValueError):
+                    continue
+    return flat
 
 
 def table_of(values: Mapping[str, Scalar]) -> pa.Table:
