@@ -38,7 +38,7 @@ from comgra.errors import RecordingError
 from comgra.breakpoints.recording import RecorderBreakpoints
 from comgra.breakpoints.sentinels import Sentinels
 from comgra.objects import DecisionMakerForRecordings
-from comgra.store.hyperparameters import flatten as flat_hyperparameters
+from comgra.store.hyperparameters import flatten as flat_hyperparameters, scalars_of  # noqa: F401 - callbacks
 
 __all__ = ["ComgraRecorder"]
 

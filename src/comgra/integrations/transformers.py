@@ -43,8 +43,7 @@ from transformers import TrainerCallback
 import comgra
 from comgra.integrations.steps import TRAINING, Guard, StepDriver, batch_size_of, callback_options, loss_of
 from comgra.objects import DecisionMakerForRecordings, DecisionMakerForRecordingsFrequencyPerType
-from comgra.recorder import ComgraRecorder
-from comgra.store.hyperparameters import scalars_of
+from comgra.recorder import ComgraRecorder, scalars_of  # store.hyperparameters: integrations reach it so
 
 __all__ = ["ComgraCallback"]
 
