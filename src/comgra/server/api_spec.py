@@ -142,8 +142,11 @@ def _paths() -> dict[str, Any]:
                         _query("statistic", {"enum": ["mean", "abs_mean", "std", "min", "max", "abs_max",
                                                       "nan_count", "inf_count", "svd_max"]}, "Default mean."),
                         _RANK])},
-        f"{t}/kpis": {"get": _operation("The KPIs (record_kpi_in_graph).", _from_trial({"kpis": _ROWS}),
-                                        parameters=trial_only)},
+        f"{t}/kpis": {"get": _operation(
+            "The KPIs (record_kpi_in_graph); a curve of more than max_points points keeps each bucket's min and max.",
+            _from_trial({"kpis": _ROWS, "downsampled": {"type": "boolean", "description": "A curve was cut."}}),
+            parameters=[_TRIAL, _query("max_points", {"type": "integer", "minimum": 0, "maximum": 2**62 - 1},
+                                       "Points per curve at most (default 2000); 0: every point (export).")])},
         f"{t}/notes": {"get": _operation("The notes (add_note).", _from_trial({"notes": {
             "type": "array", "items": {"type": "string"}}}), parameters=trial_only)},
         f"{t}/modules": {"get": _operation("The tracked module trees.", _from_trial({"modules": _ROWS}),
