@@ -25,6 +25,8 @@ import math
 import os
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ STATUSES = ("running", "finished", "crashed")
 COLUMNS = ("trial", "status", "steps", "duration")
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|score|reward|bleu|rouge|iou|map|r2|return", re.I)
 MAX_FILTER = 1000
+ROW_THREADS = 4  # trials read side by side when many changed (the first answer of a sweep)
 SORT_KEY = re.compile(r"hyperparameters\..+|kpis\..+\.(last|best|min|max)|findings\.(error|warning|info)", re.S)
 
 
@@ -130,15 +133,15 @@ class RunQuestions:
             for trial in [t for t in self._rows if t not in states]:
                 del self._rows[trial]
                 self._findings.pop(trial, None)
-            rows = []
-            for trial in sorted(states):
-                kept = self._rows.get(trial)
-                if kept is None or kept[0] != states[trial]:
-                    kept = self._rows[trial] = (states[trial], self._row(trial, states[trial]))
+            stale = [t for t in sorted(states) if t not in self._rows or self._rows[t][0] != states[t]]
+            # Reading a trial's files waits on the disk and on pyarrow, which let go of the GIL: a few side by side.
+            with ThreadPoolExecutor(max_workers=ROW_THREADS) if len(stale) > 1 else nullcontext() as pool:
+                made = pool.map(lambda t: self._row(t, states[t]), stale) if pool else map(
+                    lambda t: self._row(t, states[t]), stale)
+                for trial, run in zip(stale, made):
+                    self._rows[trial] = (states[trial], run)
                     self.computed += 1
-                run = kept[1]
-                rows.append(_with_findings(run, self._finding_counts(trial, options)))
-        return rows
+            return [_with_findings(self._rows[t][1], self._finding_counts(t, options)) for t in sorted(states)]
 
     def page(self, *, filter: str | None = None, sort: str | None = None, offset: int = 0,
              limit: int | None = None) -> RunPage:
