@@ -66,7 +66,10 @@ def panel() -> html.Div:
                    defaultColDef={"sortable": True, "resizable": True, "filter": False, "minWidth": 90},
                    dashGridOptions={"rowSelection": "multiple", "suppressFieldDotNotation": True,
                                     "suppressRowClickSelection": True, "animateRows": False,
-                                    "rowBuffer": 10, "suppressColumnVirtualisation": True},
+                                    "rowBuffer": 10, "suppressColumnVirtualisation": True,
+                                    # assets/runs.js: the regex filter, run by the grid over the rows it holds
+                                    "isExternalFilterPresent": {"function": "comgraRunsPresent()"},
+                                    "doesExternalFilterPass": {"function": "comgraRunsPasses(params.data)"}},
                    getRowId="params.data.trial"),
         html.Div(className="d-flex flex-wrap align-items-end gap-3 mt-3", children=[
             html.Div(className="selector runs-group-by", style={"minWidth": "220px"}, children=[
@@ -192,19 +195,24 @@ def _json_text(value: Any) -> str:
 
 
 # -- callbacks ------------------------------------------------------------------------------------------
-# The browser's filter: the same search as service.runs.matches, in JavaScript (an invalid regex shows all rows
-# and says so). Setting rowData of 1,000 rows re-renders only the rows in view.
+# The browser's filter (assets/runs.js): the grid filters the rows it holds, so typing costs no new rowData and no
+# request; an invalid regex shows all rows and says why.
 _FILTER_JS = """
-function(text, rows) {
+function(text, _shown, rows) {
+    const notice = window.comgraRuns.compile(text);
     rows = rows || [];
-    if (!text) { return [rows, '', rows.length + ' trials']; }
-    let pattern;
-    try { pattern = new RegExp(text); } catch (error) {
-        return [rows, 'Not a regular expression: ' + error.message, rows.length + ' trials'];
+    let api = null;
+    try { api = dash_ag_grid.getApi('""" + ID.GRID + """'); } catch (error) { api = null; }
+    if (!api || !window.comgraRuns.present()) {
+        if (api) { api.onFilterChanged(); }
+        return [notice, rows.length + ' trials'];
     }
-    const kept = rows.filter(row => row._search.some(s => pattern.test(s)));
-    return [kept, '', kept.length + ' of ' + rows.length + ' trials'];
+    api.onFilterChanged();
+    return [notice, api.getDisplayedRowCount() + ' of ' + rows.length + ' trials'];
 }
+"""
+_ROWS_JS = """
+function(rows) { return rows || []; }
 """
 
 
@@ -225,11 +233,12 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
         message = "" if runs else "This recording has no trials yet."
         return [grid_row(r) for r in runs], column_defs(runs), names, kpis, chosen, message
 
-    app.clientside_callback(_FILTER_JS, Output(ID.GRID, "rowData"), Output(ID.FILTER_NOTICE, "children"),
-                            Output(ID.COUNT, "children"), Input(ID.FILTER, "value"), Input(ID.ROWS, "data"))
+    app.clientside_callback(_ROWS_JS, Output(ID.GRID, "rowData"), Input(ID.ROWS, "data"))
+    app.clientside_callback(_FILTER_JS, Output(ID.FILTER_NOTICE, "children"), Output(ID.COUNT, "children"),
+                            Input(ID.FILTER, "value"), Input(ID.GRID, "rowData"), State(ID.ROWS, "data"))
 
     @app.callback(Output(ID.BANDS, "figure"), Output(ID.PARALLEL, "figure"), Input(ID.GROUP_BY, "value"),
-                  Input(ID.KPI, "value"), Input(ID.GRID, "rowData"), State(tabs, "active_tab"))
+                  Input(ID.KPI, "value"), Input(ID.GRID, "virtualRowData"), State(tabs, "active_tab"))
     def plots(by: Any, kpi: Any, shown: Any, active: str) -> Any:
         if active != "runs" or not kpi:
             return _empty("Choose a KPI."), _empty("Choose a KPI.")
