@@ -59,6 +59,7 @@ RECORDER_METHODS = {
     "batch": ["training_step", "current_batch_size", "type_of_execution",  # ours: start_batch ... finish_batch
               "record_all_tensors_per_batch_index_by_default", "override__recording_is_active"],  # as a with block
     "record_kpi_in_graph": ["kpi_group", "kpi_name", "val", "timepoint", "record_even_if_recording_is_inactive"],
+    "record_hyperparameters": ["mapping"],  # ours: the trial's hyperparameters for the Runs view (issue 30)
 }
 
 

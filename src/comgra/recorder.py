@@ -13,7 +13,7 @@ not recorded every call returns after a flag check.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,7 @@ from typing import Any
 import torch
 
 from comgra._version import __version__
-from comgra.capture import gradients as scaling
-from comgra.capture import kpis as kpi_buffer
+from comgra.capture import gradients as scaling, kpis as kpi_buffer
 from comgra.capture import compiled, open_recorders, stages, step_control
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
@@ -40,6 +39,7 @@ from comgra.errors import RecordingError
 from comgra.breakpoints.recording import RecorderBreakpoints
 from comgra.breakpoints.sentinels import Sentinels
 from comgra.objects import DecisionMakerForRecordings
+from comgra.store.hyperparameters import flatten as flat_hyperparameters, scalars_of  # noqa: F401 - callbacks
 
 __all__ = ["ComgraRecorder"]
 
@@ -69,17 +69,15 @@ def _prepare_untraced() -> None:
 class ComgraRecorder(WatchedTensors):
     """Records named tensors, their gradients and the tracked parameters on the steps a policy picks.
 
-    The arguments are those of the original Comgra 0.11.5.
-    ``max_num_mappings_to_save_at_once_during_serialization`` and ``type_of_serialization`` are
-    accepted and have no effect (comgra always writes Parquet). ``max_num_neurons_to_record``
-    (ours) caps how many values of each tensor are kept per sample. Under torch.distributed every
-    rank records its own shard of the trial; ``record_ranks`` (ours: ``"all"``, ``"zero"`` or a list
-    of ranks) limits that, and the other ranks behave as with ``comgra_is_active=False``.
+    The arguments are those of the original Comgra 0.11.5. ``max_num_mappings_to_save_at_once_during_serialization``
+    and ``type_of_serialization`` are accepted and have no effect (comgra always writes Parquet).
+    ``max_num_neurons_to_record`` (ours) caps how many values of each tensor are kept per sample. Under
+    torch.distributed every rank records its own shard of the trial; ``record_ranks`` (ours: ``"all"``, ``"zero"``
+    or a list of ranks) limits that, and the other ranks behave as with ``comgra_is_active=False``.
     ``profile_history``, ``profile_flops_every`` and ``profile_every`` (ours) tune per-layer profiling
-    (``track_module(..., profile=True)``); ``resource_seconds`` (ours) is the interval of resource
-    sampling, None to switch it off; left out, comgra.toml's ``[profiling] resource_interval_s`` (1.0
-    without a file; 0: off). Where an argument is left out, comgra.toml (``config``) decides.
-    """
+    (``track_module(..., profile=True)``); ``resource_seconds`` (ours) is the interval of resource sampling, None to
+    switch it off; left out, comgra.toml's ``[profiling] resource_interval_s`` (1.0 without a file; 0: off).
+    Where an argument is left out, comgra.toml (``config``) decides."""
 
     def __init__(
         self,
@@ -166,13 +164,9 @@ class ComgraRecorder(WatchedTensors):
     # -- setup ---------------------------------------------------------------------------------
     @_never_traced
     def track_module(self, module_name: str, module: torch.nn.Module, profile: bool | None = None) -> None:
-        """Track the parameters of ``module`` and its submodules under ``module_name``.
-
-        ``profile=True`` (ours) also measures every submodule on every training step (time, memory,
-        FLOPs on the steps asked for, output statistics and gradient norms on recorded steps), stored
-        in the ``layers`` table; see the README's profiling section. None: ``[profiling] enabled`` of
-        comgra.toml (default off).
-        """
+        """Track the parameters of ``module`` and its submodules under ``module_name``. ``profile=True`` (ours) also
+        measures every submodule on every training step (time, memory, FLOPs on the steps asked for, output statistics
+        and gradient norms on recorded steps) into the ``layers`` table. None: comgra.toml's ``[profiling] enabled``."""
         if self.current_stage != "inactive":
             raise RecordingError(f"track_module({module_name!r}, ...) was called inside training step "
                                  f"{self.training_step}; track modules before the first start_batch().")
@@ -199,11 +193,20 @@ class ComgraRecorder(WatchedTensors):
 
     def get_name_of_module(self, module: torch.nn.Module) -> str:
         return self.modules.name_of(module)
+
     @_never_traced
     def add_note(self, note: Any) -> None:
         """Log a line for the Notes tab, whether or not the step is recorded."""
         if self.session is not None:
             self.session.add_note(str(note))
+
+    @_never_traced
+    def record_hyperparameters(self, mapping: Mapping[str, Any]) -> None:
+        """The trial's hyperparameters for the Runs view (``{"lr": 0.1, "model": {"width": 64}}``; numbers, strings,
+        booleans, None; nested mappings flattened with dots). Ours; call it again to add, later values win."""
+        values = flat_hyperparameters(mapping)  # checked on every rank, also with comgra off: a mistake shows early
+        if self.session is not None:
+            self.session.record_hyperparameters(values)
 
     def recording_is_active(self) -> bool:
         return self._recording
@@ -439,13 +442,11 @@ class ComgraRecorder(WatchedTensors):
 
     @_never_traced
     def flush(self, timeout: float | None = 60.0) -> None:
-        """Write the steps recorded so far and the KPI points and notes given so far, and wait (at most
-        ``timeout`` seconds) until a reader can see them. Ours; the original wrote at ``finalize`` only.
-
-        The writer writes on its own every ``flush_seconds``, an interval that grows with the run's age
-        (to 30 s, so that a long run leaves few files). Call this where a reader must see the run up to
-        now: before opening the app or ``comgra scan`` on a run in progress, or beside a checkpoint. Each
-        call writes one small chunk per table (merged later); there is no need to call it on every step.
+        """Write the steps, KPI points and notes given so far, and wait (at most ``timeout`` seconds) until a reader
+        sees them. Ours; the original wrote at ``finalize`` only. The writer writes on its own every
+        ``flush_seconds`` (growing with the run's age, to 30 s); call this where a reader must see the run up to now
+        (before ``comgra scan`` of a run in progress, beside a checkpoint), not on every step: each call writes one
+        small chunk per table (merged later).
 
             >>> comgra.my_recorder.flush()  # doctest: +SKIP
         """

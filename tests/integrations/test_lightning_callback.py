@@ -206,3 +206,22 @@ def test_mixed_precision_gradients_are_unscaled_and_accumulated(tmp_path: Path, 
         assert torch.allclose(torch.tensor([rows[s] for s in range(4)]), expected, rtol=1e-3, atol=1e-6), iteration
     recorded_losses = {r["iteration"]: r["mean"] for r in _rows(store, 0, node="loss", kind="forward")}
     assert recorded_losses == {0: pytest.approx(losses[0], rel=1e-3), 1: pytest.approx(losses[1], rel=1e-3)}
+
+
+class WithHyperparameters(Regression):
+    def __init__(self, width: int = 8, optimizer: dict | None = None, layers: tuple = (8, 4)) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def test_hparams_are_the_trials_hyperparameters(tmp_path: Path) -> None:
+    callback = ComgraCallback(tmp_path / "store", "pl", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    _fit(tmp_path, WithHyperparameters(width=16, optimizer={"name": "sgd", "lr": LR}), callback, _data(8, seed=4),
+         max_epochs=1)
+    service = RecordingService(tmp_path / "store" / "pl")
+    try:
+        (run,) = service.runs().runs
+    finally:
+        service.close()
+    assert run.hyperparameters == {"width": 16, "optimizer.name": "sgd", "optimizer.lr": LR, "layers": "[8, 4]"}

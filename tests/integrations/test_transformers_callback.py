@@ -241,3 +241,19 @@ def test_mixed_precision_gradients_are_unscaled_and_accumulated(tmp_path: Path, 
             expected = raw[sample] / scale
             assert recorded["abs_max"] == pytest.approx(float(expected.abs().max()), rel=1e-3), (iteration, sample)
             assert recorded["mean"] == pytest.approx(float(expected.mean()), rel=1e-3, abs=1e-9), (iteration, sample)
+
+
+def test_the_training_arguments_and_the_model_config_are_the_trials_hyperparameters(tmp_path: Path) -> None:
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({0}),
+                              flush_seconds=0.05)
+    _train(tmp_path, _model(), _data(4, seed=1), callback)
+    service = RecordingService(tmp_path / "store" / "hf")
+    try:
+        (run,) = service.runs().runs
+    finally:
+        service.close()
+    values = run.hyperparameters
+    assert (values["learning_rate"], values["seed"], values["per_device_train_batch_size"]) == (0.1, 0, 4)
+    assert (values["optim"], values["lr_scheduler_type"]) == ("sgd", "constant")  # enums as their values
+    assert (values["config.n_layer"], values["config.n_embd"], values["config.model_type"]) == (2, 8, "gpt2")
+    assert run.status == "finished"

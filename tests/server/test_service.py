@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,6 +12,7 @@ from comgra.service import ANY_TYPE, RecordingService, parse_aggregation, series
 from comgra.store import GroupReader
 from comgra.store import format as fmt
 from comgra.store import layout
+from comgra.store.writer import _lock_trial as writer_lock
 
 BUGGED = "trial_bugged_original_version"
 FIXED = "trial_no_activation_function_on_output_layer"
@@ -163,9 +165,19 @@ def test_data_version_changes_when_a_run_writes_a_chunk(fresh_recording):
     index = service.step_index(trial)
     rows = index.table.slice(0, 1).to_pylist()
     rows[0]["training_step"] = 10**6
-    fmt.write_parquet_atomic(layout.rank_dir(fmt.trial_dir(fresh_recording, trial), "steps", 0) / fmt.chunk_name(999, 10**6, 10**6),
-                             pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA))
-    assert service.data_version() != before
+    # As a run does: it writes trial.json, and its writer holds the trial's lock while it writes (service.changes
+    # lists the chunks of such trials only).
+    directory = fmt.trial_dir(fresh_recording, trial)
+    fmt.write_json_atomic(directory / fmt.TRIAL_META, json.loads((directory / fmt.TRIAL_META).read_text()))
+    lock = writer_lock(directory, 0)
+    try:
+        assert service.data_version() != before  # a writer took the trial
+        before = service.data_version()
+        fmt.write_parquet_atomic(layout.rank_dir(directory, "steps", 0) / fmt.chunk_name(999, 10**6, 10**6),
+                                 pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA))
+        assert service.data_version() != before
+    finally:
+        os.close(lock)
     assert service.step_index(trial).steps_of(ANY_TYPE)[-1] == 10**6
 
 

@@ -34,6 +34,7 @@ from comgra.store import format as fmt
 from comgra.store import layout
 from comgra.store import spool
 from comgra.store.uploader import Uploader
+from comgra.store import hyperparameters as hyperparameter_store
 from comgra.store.writer import ChunkWriter
 
 
@@ -63,6 +64,7 @@ class Session:
     on_flush: Any = None  # called before a flush (the sentinels hand over their rows)
     combiner: ShardCombiner | None = None  # DTensors across ranks (capture/sharded.py), made at the first step
     uploader: Uploader | None = None  # a URL root: sends the spool's closed files there (store.uploader)
+    hyperparameters: dict[str, Any] = field(default_factory=dict)  # record_hyperparameters, merged
 
     @classmethod
     def open(cls, options: RecorderOptions, version: str, ranks: RankInfo = RankInfo(0, 1)) -> Session:
@@ -101,6 +103,18 @@ class Session:
                                                list(self.options.node_prefixes))
         self.metadata["modules"] = modules.trees
         self._put_json(self.metadata_name, self.metadata)
+
+    def record_hyperparameters(self, values: dict[str, Any]) -> None:
+        """Merge ``values`` into the trial's hyperparameters (later values win) and write them
+        (``store.hyperparameters``). The lead rank writes; a failed write is warned about, the training goes on."""
+        self.hyperparameters.update(values)
+        if self.writer is None or self.broken or self.metadata_name != fmt.TRIAL_META:
+            return
+        try:
+            hyperparameter_store.write(self.options.group_dir, self.options.trial_id, self.hyperparameters)
+        except OSError as error:
+            self.warn_once("hyperparameters", f"comgra cannot write the hyperparameters of trial "
+                                              f"{self.options.trial_id!r} ({error}); training goes on.")
 
     def add_note(self, note: str) -> None:
         self.notes_written += 1
@@ -241,6 +255,7 @@ class Session:
             return
         self.closed = True
         self.metadata["types_of_execution"] = types_of_execution
+        self.metadata["finished"] = time.time()  # the Runs view's "finished" (service.runs): finalize ran
         self._put_json(self.metadata_name, self.metadata)
         self.writer.close()
         self._check_writer()

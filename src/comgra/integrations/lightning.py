@@ -31,7 +31,7 @@ import torch
 import comgra
 from comgra.integrations.steps import Guard, StepDriver, batch_size_of, callback_options, loss_of
 from comgra.objects import DecisionMakerForRecordings, DecisionMakerForRecordingsFrequencyPerType
-from comgra.recorder import ComgraRecorder
+from comgra.recorder import ComgraRecorder, scalars_of  # store.hyperparameters: integrations reach it so
 
 __all__ = ["ComgraCallback"]
 
@@ -77,6 +77,9 @@ class ComgraCallback(lightning.Callback):  # type: ignore[misc]
         if not self.recorder.comgra_is_active:
             self._driver = None  # comgra is off: every hook below returns at once
             return
+        hparams = getattr(pl_module, "hparams", None)  # save_hyperparameters(): the Runs view's hyperparameters
+        if isinstance(hparams, Mapping) and hparams:
+            self._guard.run(self.recorder.record_hyperparameters, scalars_of(hparams))
         if self._watch_options is not None:
             self.watch = comgra.watch(pl_module, recorder=self.recorder, **self._watch_options)
         else:

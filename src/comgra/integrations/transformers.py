@@ -43,7 +43,7 @@ from transformers import TrainerCallback
 import comgra
 from comgra.integrations.steps import TRAINING, Guard, StepDriver, batch_size_of, callback_options, loss_of
 from comgra.objects import DecisionMakerForRecordings, DecisionMakerForRecordingsFrequencyPerType
-from comgra.recorder import ComgraRecorder
+from comgra.recorder import ComgraRecorder, scalars_of  # store.hyperparameters: integrations reach it so
 
 __all__ = ["ComgraCallback"]
 
@@ -100,6 +100,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
                 DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=10) if policy is None
                 else policy, **options)
         recorder = self.recorder
+        self._guard.run(recorder.record_hyperparameters, trainer_hyperparameters(args, model))  # the Runs view's
         self._driver = StepDriver(recorder, record_evaluation=self._record_evaluation)
         if not recorder.comgra_is_active:
             return  # comgra is off: no hooks, nothing to pay
@@ -241,3 +242,13 @@ def _tracked_name(recorder: ComgraRecorder, model: torch.nn.Module) -> str | Non
         return recorder.get_name_of_module(model)
     except comgra.ComgraError:
         return None
+
+
+def trainer_hyperparameters(args: Any, model: Any) -> dict[str, Any]:
+    """The ``TrainingArguments``' scalars (``learning_rate``, ``seed``, ...) and, under ``config.``, those of the
+    model's config (``config.hidden_size``, ...): what the Runs view shows of a Trainer run."""
+    values = scalars_of(args.to_dict()) if callable(getattr(args, "to_dict", None)) else {}
+    config = getattr(model, "config", None)
+    if callable(getattr(config, "to_dict", None)):
+        values.update(scalars_of(config.to_dict(), "config."))
+    return values

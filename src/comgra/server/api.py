@@ -27,12 +27,13 @@ import numpy as np
 from flask import Blueprint, Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
-from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint,
+from comgra.errors import (BreakpointError, ComgraError, ConfigError, NotPaused, SelectionError, UnknownBreakpoint,
                            did_you_mean)
 from comgra.server.api_spec import API_PREFIX, openapi_document
 from comgra.server.doors import (TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
                                  check_state_change, trial_folder)
 from comgra.service import RecordingService, aggregation_value, view_link
+from comgra.service.kpi_points import MAX_POINTS, downsampled
 from comgra.store import format as fmt
 from comgra.store import layout
 
@@ -41,6 +42,7 @@ _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also
 PHASES = ("forward", "backward")
 AGGREGATIONS = ("mean", "std", "abs_max", "none", "sample")
 RUN_ACTIONS = ("continue", "step", "abort")
+MAX_RUNS = 10_000  # rows of one /runs answer
 
 
 # -- reading what was sent --------------------------------------------------------------------------
@@ -93,6 +95,11 @@ def json_body(allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> dict[
 
 def plain(value: Any) -> Any:
     """JSON-safe data: NaN and infinities become null (JSON has no such numbers), numpy to Python."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:  # the bulk of a long answer: no more checks
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): plain(v) for k, v in value.items()}
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -211,7 +218,7 @@ class Routes:
             (f"{t}/layers", ["GET"], self.layers), (f"{t}/layers/<module>", ["GET"], self.layer),
             (f"{t}/profile", ["GET"], self.profile), (f"{t}/flamegraph", ["GET"], self.flamegraph),
             (f"{t}/trace", ["GET"], self.trace), (f"{t}/resources", ["GET"], self.resources),
-            ("/findings", ["GET"], self.findings),
+            ("/findings", ["GET"], self.findings), ("/runs", ["GET"], self.runs),
             (f"{t}/breakpoints", ["GET", "POST"], self.breakpoints),
             (f"{t}/breakpoints/<breakpoint_id>", ["PATCH", "DELETE"], self.breakpoint),
             (f"{t}/run", ["GET"], self.run), (f"{t}/run/<action>", ["POST"], self.run_command),
@@ -340,7 +347,11 @@ class Routes:
                                     "training_step": table["training_step"].to_pylist(), "value": table["value"].to_pylist()})
 
     def kpis(self, trial: str) -> Response:
-        return self._answer(trial, {"trial": trial, "kpis": self.service.kpis(self._trial(trial)).to_pylist()})
+        table, cut = downsampled(self.service.kpis(self._trial(trial)), int_arg("max_points", default=MAX_POINTS,
+                                                                                 minimum=0))  # type: ignore[arg-type]
+        columns = {name: table[name].to_pylist() for name in table.column_names}  # by column: 10x faster than rows
+        rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        return self._answer(trial, {"trial": trial, "kpis": rows, "downsampled": cut})
 
     def notes(self, trial: str) -> Response:
         return self._answer(trial, {"trial": trial, "notes": self.service.notes(self._trial(trial))})
@@ -399,6 +410,17 @@ class Routes:
             entries.append({"trial": t, "findings": found, "problems": list(dict.fromkeys(
                 [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
         return answer({"available": True, "findings": entries})
+
+    def runs(self) -> Response:
+        query = {"filter": str_arg("filter"), "sort": str_arg("sort"),
+                 "offset": int_arg("offset", default=0, minimum=0), "limit": int_arg("limit", default=100, minimum=1)}
+        if query["limit"] > MAX_RUNS:  # type: ignore[operator]
+            raise ApiError(400, f"limit={query['limit']} is above {MAX_RUNS}; page with offset.", "limit")
+        try:
+            page = self.service.runs(**query)  # type: ignore[arg-type]
+        except ConfigError as error:
+            raise ApiError(400, str(error), "filter" if str(error).startswith("filter") else "sort") from None
+        return answer({"runs": [run.as_json() for run in page.runs], "total": page.total})
 
     def breakpoints(self, trial: str) -> Response:
         from comgra.breakpoints import control

@@ -82,6 +82,32 @@ _ERROR_TEXT = {400: "A query value or body field is invalid; error.field names i
                409: "The run is not paused.", 413: "The request body is too large."}
 
 
+_NUMBER_OR_NULL = {"type": ["number", "null"]}
+_RUN_ROW = _object({
+    "trial": {"type": "string"},
+    "hyperparameters": {"type": "object", "additionalProperties": {"type": ["number", "string", "boolean", "null"]},
+                        "description": "record_hyperparameters, flattened with dots."},
+    "kpis": {"type": "object", "description": "'group/name' -> last, best, min and max (null: no finite point).",
+             "additionalProperties": _object({k: _NUMBER_OR_NULL for k in ("last", "best", "min", "max")})},
+    "findings": _object({k: {"type": "integer", "minimum": 0} for k in ("error", "warning", "info")}),
+    "status": {"enum": ["running", "finished", "crashed"]},
+    "steps": {"type": "integer", "minimum": 0, "description": "The highest training step reached, plus one."},
+    "duration": {**_NUMBER_OR_NULL, "description": "Seconds; null for a crashed trial."}})
+_RUNS = _object({"runs": {"type": "array", "items": _RUN_ROW},
+                 "total": {"type": "integer", "minimum": 0, "description": "Rows that pass the filter."}})
+SORT_PATTERN = (r"^[-+]?(trial|status|steps|duration|hyperparameters\..+|kpis\..+\.(last|best|min|max)"
+                r"|findings\.(error|warning|info))$")
+_RUNS_QUERY = [
+    _query("filter", {"type": "string"}, "A regular expression searched in each trial id, hyperparameter value and "
+                                         "'name=value' (e.g. 'lr=0\\.01', '^sweep_a'); a bad one is a 400."),
+    _query("sort", {"type": "string", "pattern": SORT_PATTERN}, "trial, status, steps, duration, hyperparameters.<name>, "
+                                       "kpis.<group/name>.<last|best|min|max> or findings.<severity>; "
+                                       "a leading '-' sorts descending. Rows without the value come last."),
+    _query("offset", {"type": "integer", "minimum": 0, "maximum": 2**62 - 1}, "Skip this many rows (default 0)."),
+    _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "At most this many rows (default 100)."),
+]
+
+
 def _paths() -> dict[str, Any]:
     t = "/trials/{trial}"
     trial_only = [_TRIAL]
@@ -116,8 +142,11 @@ def _paths() -> dict[str, Any]:
                         _query("statistic", {"enum": ["mean", "abs_mean", "std", "min", "max", "abs_max",
                                                       "nan_count", "inf_count", "svd_max"]}, "Default mean."),
                         _RANK])},
-        f"{t}/kpis": {"get": _operation("The KPIs (record_kpi_in_graph).", _from_trial({"kpis": _ROWS}),
-                                        parameters=trial_only)},
+        f"{t}/kpis": {"get": _operation(
+            "The KPIs (record_kpi_in_graph); a curve of more than max_points points keeps each bucket's min and max.",
+            _from_trial({"kpis": _ROWS, "downsampled": {"type": "boolean", "description": "A curve was cut."}}),
+            parameters=[_TRIAL, _query("max_points", {"type": "integer", "minimum": 0, "maximum": 2**62 - 1},
+                                       "Points per curve at most (default 2000); 0: every point (export).")])},
         f"{t}/notes": {"get": _operation("The notes (add_note).", _from_trial({"notes": {
             "type": "array", "items": {"type": "string"}}}), parameters=trial_only)},
         f"{t}/modules": {"get": _operation("The tracked module trees.", _from_trial({"modules": _ROWS}),
@@ -149,6 +178,8 @@ def _paths() -> dict[str, Any]:
         f"{t}/resources": {"get": _operation(
             "CPU, memory and GPU samples over time; gpu says 'no GPU: ...' where there is none.",
             _from_trial({"gpu": {"type": "string"}, "status": _ROWS, "series": _ROWS}), parameters=trial_only)},
+        "/runs": {"get": _operation("One row per trial (a sweep's runs table): hyperparameters, KPIs, findings, "
+                                    "status, steps.", _RUNS, parameters=_RUNS_QUERY, errors=(400,))},
         "/findings": {"get": _operation("The findings of the analysis, per trial.",
                                         _object({"available": {"type": "boolean"}, "findings": {
                                             "type": "array", "items": _from_trial({

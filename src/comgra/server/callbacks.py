@@ -18,7 +18,7 @@ from dash import Dash, Input, Output, State, no_update
 from comgra.server import compare, figures, health_view, kpi_view, panels, profile_panel, samples, tensors
 from comgra.server import breakpoints as breakpoints_panel
 from comgra.server import findings as findings_panel
-from comgra.server import start_here
+from comgra.server import runs_view, start_here
 from comgra.server.guards import guarded
 from comgra.server.ids import ID, TABS
 from comgra.server.view_state import selection_from
@@ -38,6 +38,7 @@ def register(app: Dash, service: RecordingService, visualization: VisualizationF
     breakpoints_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL)
     findings_panel.register(app, service, tabs=ID.TABS, data_version=ID.DATA_VERSION, badges=ID.BADGES, current_trial=ID.CURRENT_TRIAL)
     start_here.register(app, service, series=ID.SERIES, url=ID.URL)
+    runs_view.register(app, service, tabs=ID.TABS, data_version=ID.DATA_VERSION, trial_select=ID.TRIAL)
     health_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     if visualization is not None:
         _register_visualization(app, service, visualization)

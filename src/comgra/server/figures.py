@@ -17,31 +17,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from comgra.service import Series
+from comgra.service.kpi_points import extreme_indices
 
 MAX_POINTS = 2000
 _MARGIN = {"l": 50, "r": 10, "t": 40, "b": 40}
 
 
 def downsample(x: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """At most about ``max_points`` points that keep every bucket's extremes, in x order."""
-    n = len(x)
-    if n <= max_points:
-        return x, y
-    buckets = max(1, max_points // 2)
-    size = -(-n // buckets)
-    padded = np.full(buckets * size, np.nan)
-    padded[:n] = y
-    grid = padded.reshape(buckets, size)
-    finite = np.isfinite(grid)
-    low = np.where(finite, grid, np.inf).argmin(1)
-    high = np.where(finite, grid, -np.inf).argmax(1)
-    offsets = np.arange(buckets) * size
-    keep = [offsets + low, offsets + high]
-    bad = ~finite & (np.arange(buckets * size).reshape(buckets, size) < n)
-    rows_with_bad = bad.any(1)
-    keep.append((offsets + bad.argmax(1))[rows_with_bad])
-    index = np.unique(np.concatenate(keep))
-    index = index[index < n]
+    """At most about ``max_points`` points that keep every bucket's extremes, in x order (service.kpi_points)."""
+    if len(x) <= max_points:
+        return x, y  # the arrays themselves: nothing to cut, nothing copied
+    index = extreme_indices(y, max_points)
     return x[index], y[index]
 
 

@@ -12,13 +12,13 @@ from dash.development.base_component import Component
 from comgra.server import breakpoints as breakpoints_panel
 from comgra.server import compare, health_view, kpi_view, profile_panel, samples
 from comgra.server import findings as findings_panel
-from comgra.server import start_here
+from comgra.server import runs_view, start_here
 from comgra.server.dom import attributes
 from comgra.server.graph_view import legend
 from comgra.server.ids import ID, TABS
 from comgra.service import PLOT_STATISTICS
 
-TAB_LABELS = {"tensors": "Tensors", "findings": "Findings", "health": "Health", "samples": "Samples", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
+TAB_LABELS = {"tensors": "Tensors", "runs": "Runs", "findings": "Findings", "health": "Health", "samples": "Samples", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
               "profile": "Profile", "resources": "Resources", "breakpoints": "Breakpoints", "visualization": "Visualization"}
 NAVIGATION = {"left": "←", "up": "↑", "down": "↓", "right": "→"}
 ZOOM = {"out": ("−", "Zoom out"), "fit": ("Fit", "Fit the graph into view"), "in": ("+", "Zoom in")}
@@ -45,6 +45,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         html.Div(id=ID.BANNER, role="status"),
         html.Div(id=ID.TAB_NOTICE, className="tab-notice", role="status", **attributes({"data-tabs": " ".join(tabs)})),
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
+        html.Div(id=ID.panel("runs"), className="panel hidden", children=runs_view.panel()),
         html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
         html.Div(id=ID.panel("health"), className="panel hidden", children=health_view.panel()),
         html.Div(id=ID.panel("samples"), className="panel hidden", children=samples.panel()),

@@ -24,6 +24,7 @@ from comgra.service.health import TrainingHealth, training_health
 from comgra.service.live import DEFAULT_HISTORY, LiveQuestions
 from comgra.service.panels import Comparison, NeuronValues, PanelQuestions, SampleColumn, SamplesTable
 from comgra.service.resolve import resolve
+from comgra.service.runs import GroupBand, RunPage, RunQuestions
 from comgra.service.selection import Selection, View
 from comgra.service.steps import StepIndex, StepReads
 from comgra.service.trials import TrialQuestions
@@ -41,6 +42,7 @@ class RecordingService:
         self.panel_questions = PanelQuestions(self.trial_questions, self.step_reads)
         self.finding_questions = FindingQuestions(self.group)
         self.live_questions = LiveQuestions(self.trial_questions)
+        self.run_questions = RunQuestions(self.trial_questions, lambda: self.finding_questions.findings_options)
 
     def close(self) -> None:
         """Let go of the store's connections (DuckDB reports those still alive at exit as leaks)."""
@@ -75,6 +77,14 @@ class RecordingService:
 
     def ranks(self, trial_id: str) -> list[int]:
         return self.trial_questions.ranks(trial_id)
+
+    # -- runs of a sweep (the Runs view, GET /api/v1/runs) ---------------------------------------------
+    def runs(self, *, filter: str | None = None, sort: str | None = None, offset: int = 0,
+             limit: int | None = None) -> RunPage:
+        return self.run_questions.page(filter=filter, sort=sort, offset=offset, limit=limit)
+
+    def run_group_bands(self, trials: list[str], by: str, kpi: str) -> list[GroupBand]:
+        return self.run_questions.group_bands(trials, by, kpi)
 
     # -- steps and the tensors page ----------------------------------------------------------------
     def resolve(self, wanted: Mapping[str, Any]) -> View:

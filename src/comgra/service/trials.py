@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from comgra.errors import StoreError
+from comgra.service.changes import GroupChanges, Poll
 from comgra.store import format as fmt
 from comgra.store import layout
 from comgra.store.reader import GroupReader, TrialReader
@@ -23,17 +24,19 @@ class TrialQuestions:
 
     def __init__(self, group: GroupReader):
         self.group = group
+        self.changes = GroupChanges(group)
 
     def trials(self) -> list[str]:
         return self.group.trials()
 
     def data_version(self) -> str:
-        """A cheap token that changes whenever a run adds a trial or a chunk; compare, don't parse."""
-        parts = []
-        for trial_id in self.trials():
-            counts = [len(self.group.chunk_names(trial_id, table)) for table in ("steps", "kpis", "notes")]
-            parts.append(f"{trial_id}:{counts}")
-        return "|".join(parts)
+        """A cheap token that changes whenever a run adds a trial or a chunk; compare, don't parse. One listing
+        of the trials folder, chunks listed only of the trials a writer holds (``service.changes``)."""
+        return self.changes.poll().version
+
+    def poll(self) -> Poll:
+        """What changed since the last look, and every trial's state (``service.changes``)."""
+        return self.changes.poll()
 
     def trial(self, trial_id: str) -> TrialReader:
         return self.group.trial(trial_id)

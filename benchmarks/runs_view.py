@@ -1,0 +1,153 @@
+"""Figures of the Runs view and of the app over a large group (issue 30), before and after, side by side.
+
+    python benchmarks/runs_view.py                 # 100 and 1,000 trials, groups written once to benchmarks/out
+    python benchmarks/runs_view.py --trials 100    # one size only
+
+Printed, each measured in this one run (before and after interleaved, medians of ``--repeat``):
+
+- the app's poll (``data_version``) and start-up listing: *before* is the algorithm this replaced (three chunk
+  listings per trial on every poll, ``service.trials`` before issue 30), *after* ``service.changes``;
+- ``GET /trials/<t>/kpis`` of a 20,000-step trial: every point (``max_points=0``, the answer before) and the
+  default answer (each curve cut to 2,000 points, keeping every bucket's extremes);
+- the Runs view in Chromium at 1280x800 (``--browser``, on by default): from clicking the tab on a freshly
+  started app to the first rows drawn (the service computes every row then: the cold first page), the
+  regex filter (typing to the rows shown) and a sort (clicking a header to the rows reordered).
+
+The load average is printed with the figures: on a shared machine they are noisy, the ratios less so.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+
+import sweep_group  # noqa: E402
+
+from comgra.server.app import create_app, make_http_server, url_of  # noqa: E402
+from comgra.service import RecordingService  # noqa: E402
+from comgra.store.reader import GroupReader  # noqa: E402
+
+OUT = HERE / "out"
+
+
+def old_data_version(group: GroupReader) -> str:
+    """The poll before issue 30 (TrialQuestions.data_version): every trial's chunks of three tables listed."""
+    parts = []
+    for trial_id in group.trials():
+        counts = [len(group.chunk_names(trial_id, table)) for table in ("steps", "kpis", "notes")]
+        parts.append(f"{trial_id}:{counts}")
+    return "|".join(parts)
+
+
+def median_ms(action, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1e3
+
+
+def polls(group_dir: Path, repeat: int) -> None:
+    service = RecordingService(group_dir)
+    group = GroupReader(group_dir)
+    try:
+        before_first = median_ms(lambda: old_data_version(GroupReader(group_dir)), 1)
+        after_first = median_ms(lambda: RecordingService(group_dir).data_version(), 1)
+        before, after = [], []
+        for _ in range(repeat):  # interleaved
+            before.append(median_ms(lambda: old_data_version(group), 1))
+            after.append(median_ms(service.data_version, 1))
+        trials = len(group.trials())
+        print(f"  app start-up listing, {trials} trials: before {before_first:8.1f} ms   after {after_first:8.1f} ms")
+        print(f"  poll (data_version), {trials} trials:   before {statistics.median(before):8.1f} ms   "
+              f"after {statistics.median(after):8.1f} ms   ({service.trial_questions.changes.listings} chunk listings)")
+    finally:
+        service.close()
+
+
+def kpis(group_dir: Path, repeat: int) -> None:
+    app = create_app(group_dir, warm_up=False)
+    client = app.server.test_client()
+    url = "/api/v1/trials/trial_00000/kpis"
+    client.get(url)
+    every, cut = [], []
+    for _ in range(repeat):
+        every.append(median_ms(lambda: client.get(url, query_string={"max_points": 0}), 1))
+        cut.append(median_ms(lambda: client.get(url), 1))
+    rows = len(client.get(url).get_json()["kpis"])
+    print(f"  /kpis of a 20,000-step trial (2 curves): every point {statistics.median(every):7.1f} ms   "
+          f"default ({rows} points) {statistics.median(cut):7.1f} ms")
+    app.server.config.clear()
+
+
+def browser(group_dir: Path, repeat: int) -> None:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium",
+                                              args=["--no-sandbox", "--disable-gpu"])
+        try:
+            first, filters, sorts = [], [], []
+            for _ in range(repeat):
+                server = make_http_server(create_app(group_dir, warm_up=False, poll_seconds=600), port=0)
+                thread = threading.Thread(target=server.serve_forever, daemon=True)
+                thread.start()
+                page = chromium.new_context(viewport={"width": 1280, "height": 800}).new_page()
+                page.set_default_timeout(120_000)
+                page.goto(url_of(server))
+                page.wait_for_selector("#tabs")
+                started = time.perf_counter()
+                page.get_by_role("tab", name="Runs").click()
+                page.wait_for_selector("#runs-grid .ag-center-cols-container .ag-row")
+                first.append(time.perf_counter() - started)
+                total = len(RecordingService(group_dir).trials())
+                for text, expected in (("lr=0\\.01$", f"{total // 5} of {total} trials"), ("", f"{total} trials")):
+                    started = time.perf_counter()
+                    page.fill("#runs-filter", text)
+                    page.wait_for_function(f"() => document.querySelector('#runs-count').textContent"
+                                           f" === {expected!r}", polling="raf")
+                    filters.append(time.perf_counter() - started)
+                header = "#runs-grid .ag-header-cell[col-id='steps']"
+                for direction in ("ascending", "descending"):
+                    started = time.perf_counter()
+                    page.click(header)
+                    page.wait_for_function(f"() => document.querySelector(\"{header}\").getAttribute('aria-sort')"
+                                           f" === '{direction}'", polling="raf")
+                    sorts.append(time.perf_counter() - started)
+                page.context.close()
+                server.shutdown()
+                server.server_close()
+        finally:
+            chromium.close()
+    print(f"  Runs view in Chromium: first page {statistics.median(first) * 1e3:7.0f} ms   "
+          f"filter {statistics.median(filters) * 1e3:6.0f} ms   sort {statistics.median(sorts) * 1e3:6.0f} ms "
+          f"(medians of {len(first)}, {len(filters)}, {len(sorts)})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, nargs="*", default=[100, 1000])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-browser", action="store_true")
+    args = parser.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} at start, {os.cpu_count()} cores")
+    for trials in args.trials:
+        group_dir = sweep_group.write_group(OUT / f"sweep{trials}", trials, 50)
+        print(f"{trials} trials ({group_dir}):")
+        polls(group_dir, args.repeat)
+        if not args.no_browser and trials >= 1000:
+            browser(group_dir, max(1, args.repeat // 2))
+    kpis(sweep_group.write_group(OUT / "long20000", 1, 20_000), args.repeat)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
+if __name__ == "__main__":
+    main()

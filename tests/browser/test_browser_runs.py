@@ -1,0 +1,107 @@
+"""The Runs tab over a real recorded sweep, in Chromium at 1280x800: the rows and numbers the store holds, the
+regex filter, sorting, grouping over seeds, parallel coordinates, and ticked trials opened in Graphs."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from comgra_page import ComgraPage
+from playwright.sync_api import expect
+
+from comgra.service import RecordingService
+
+SLOW = 30_000
+ROWS = "#runs-grid .ag-center-cols-container .ag-row"
+CELL = "#runs-grid .ag-row[row-id='{trial}'] [col-id='{column}']"
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    from tests.runs.sweep_recording import record_sweep
+
+    return record_sweep(tmp_path_factory.mktemp("runs") / "store")
+
+
+@pytest.fixture
+def runs_page(browser, serve, sweep):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    app = ComgraPage(context.new_page(), sweep)
+    app.page.set_default_timeout(SLOW)  # eight engineers share two cores here
+    app.load(serve(sweep), ready="#tabs")
+    app.page.get_by_role("tab", name="Runs").click()
+    expect(app.page.locator(ROWS)).to_have_count(4, timeout=SLOW)
+    yield app
+    assert not app.errors
+    context.close()
+
+
+def _shown_trials(page) -> list[str]:
+    return page.eval_on_selector_all(ROWS, "rows => rows.sort((a, b) => a.getBoundingClientRect().top - "
+                                           "b.getBoundingClientRect().top).map(r => r.getAttribute('row-id'))")
+
+
+def test_each_trial_is_a_row_with_the_numbers_of_the_store(runs_page, sweep) -> None:
+    page = runs_page.page
+    service = RecordingService(sweep)
+    try:
+        expected = {r.trial: r for r in service.runs().runs}
+    finally:
+        service.close()
+    for trial, run in expected.items():
+        cell = page.locator(CELL.format(trial=trial, column="status"))
+        expect(cell).to_have_text(run.status)
+        expect(page.locator(CELL.format(trial=trial, column="steps"))).to_have_text(str(run.steps))
+        best = page.locator(CELL.format(trial=trial, column="kpi:loss/train:best"))
+        best.scroll_into_view_if_needed()
+        assert float(best.inner_text()) == pytest.approx(run.kpis["loss/train"]["best"], rel=1e-3)
+        lr = page.locator(CELL.format(trial=trial, column="hp:lr"))
+        lr.scroll_into_view_if_needed()
+        assert float(lr.inner_text()) == run.hyperparameters["lr"]
+    expect(page.locator(CELL.format(trial="lr1.0_seed0", column="status"))).to_have_text("crashed")
+
+
+def test_the_regex_filter_and_sorting_work_in_the_browser(runs_page) -> None:
+    page = runs_page.page
+    page.fill("#runs-filter", "lr=0\\.1$")
+    expect(page.locator(ROWS)).to_have_count(2)
+    expect(page.locator("#runs-count")).to_have_text("2 of 4 trials")
+    assert sorted(_shown_trials(page)) == ["lr0.1_seed0", "lr0.1_seed1"]
+    page.fill("#runs-filter", "(")
+    expect(page.locator("#runs-filter-notice")).to_contain_text("Not a regular expression")
+    expect(page.locator(ROWS)).to_have_count(4)
+    page.fill("#runs-filter", "")
+    header = page.locator("#runs-grid .ag-header-cell[col-id='steps']")
+    header.click()
+    header.click()  # descending
+    page.wait_for_function("() => document.querySelector(\"#runs-grid .ag-header-cell[col-id='steps']\")"
+                           ".getAttribute('aria-sort') === 'descending'")
+    assert _shown_trials(page)[-1] == "lr1.0_seed0"  # 2 steps, the others 4
+
+
+def test_grouping_over_seeds_and_parallel_coordinates(runs_page) -> None:
+    page = runs_page.page
+    page.click("#runs-group-by")
+    page.locator(".dash-dropdown-option").get_by_text("lr", exact=True).click()
+    bands = page.locator("#runs-bands .scatterlayer .trace")
+    expect(bands).to_have_count(6, timeout=SLOW)  # lr 0.01, 0.1 and 1.0: a band and a mean line each
+    legend = page.locator("#runs-bands .legendtext")
+    expect(legend.filter(has_text="lr=0.1 (2 trials)")).to_have_count(1)
+    axes = page.locator("#runs-parallel .parcoords .y-axis .axis-title")
+    expect(axes).to_have_count(5, timeout=SLOW)  # lr, model.width, optimizer, seed and the KPI
+    titles = page.eval_on_selector_all("#runs-parallel .parcoords .y-axis .axis-title", "e => e.map(t => t.textContent)")
+    assert titles == ["lr", "model.width", "optimizer", "seed", "accuracy/val (best)"]
+
+
+def test_ticked_trials_open_in_graphs(runs_page) -> None:
+    page = runs_page.page
+    for trial in ("lr0.1_seed0", "lr0.01_seed0"):
+        page.locator(f"#runs-grid .ag-pinned-left-cols-container .ag-row[row-id='{trial}'] .ag-checkbox-input").check()
+    page.locator("#runs-open-graphs").click()
+    expect(page.get_by_role("tab", name="Graphs")).to_have_class(re.compile(r"\bactive\b"), timeout=SLOW)
+    chosen = page.locator("#kpi-trials")
+    expect(chosen).to_contain_text("lr0.1_seed0", timeout=SLOW)
+    expect(chosen).to_contain_text("lr0.01_seed0")
+    # and the overlay draws both trials' curves
+    expect(page.locator("#kpi-graphs .legendtext").filter(has_text="lr0.01_seed0")).not_to_have_count(0, timeout=SLOW)
