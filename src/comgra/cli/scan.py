@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, drop_recording_paths
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
@@ -81,9 +81,17 @@ def _load_user_detectors(args: argparse.Namespace) -> None:
     from comgra.config import load_settings
 
     try:
-        load_configured([*load_settings(args.config).anomalies.detectors, *(args.detector or [])])
+        settings = load_settings(args.config)
+        _say_ignored(settings)
+        load_configured(settings.anomalies.detectors, explicit=args.detector or [])
     except ComgraError as error:
         raise UsageError(str(error)) from None
+
+
+def _say_ignored(settings: Any) -> None:
+    if settings.ignored:
+        print(f"comgra: not reading {settings.ignored!r}: it lies inside a recording, and a recording's files are "
+              "data, not your settings (pass --config to read it anyway)", file=sys.stderr)
 
 
 def _chosen_sensitivity(args: argparse.Namespace) -> float:
@@ -215,6 +223,7 @@ def open_command(path: str, view: str) -> str:
 
 def main(arguments: list[str]) -> int:
     """``comgra scan ...`` on its own (``python -m comgra.cli.scan``): ``run`` with the CLI's one-line errors."""
+    drop_recording_paths()
     try:
         return run(arguments)
     except UsageError as error:

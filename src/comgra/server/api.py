@@ -5,13 +5,13 @@ the tests check every route against. What arrives is data, never code: query val
 as integers or matched against known names, and a breakpoint's condition goes to the whitelist
 parser of ``comgra.breakpoints.conditions``. A bad value is a 4xx whose JSON names the field.
 
-State-changing calls (POST, PATCH, DELETE) are refused from another web origin, and, when the
-server is bound to a non-loopback address, need the token it prints at start
-(``Authorization: Bearer <token>``, or the cookie that the printed link ``/?token=...`` sets).
+State-changing calls (POST, PATCH, DELETE) are refused from another web origin and need the token
+the server prints at start, on loopback too (``Authorization: Bearer <token>``, or the cookie that the
+printed link ``/?token=...`` sets); reads need it off loopback, or with ``--token-for-reads``.
 ``doors.check_state_change`` is that one check; the app's state-changing callbacks call it too, and take
 their trial through ``trial_folder``, as the routes do.
 
-    $ curl http://127.0.0.1:8055/api/v1/trials
+    $ curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8055/api/v1/trials
     {"trials": ["trial_a"]}
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ from werkzeug.exceptions import HTTPException
 from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint,
                            did_you_mean)
 from comgra.server.api_spec import API_PREFIX, openapi_document
-from comgra.server.doors import (TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
-                                 check_state_change, trial_folder)
+from comgra.server.doors import (READS_CONFIG, TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
+                                 check_read, check_state_change, trial_folder)
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.store import format as fmt
 
@@ -134,7 +134,9 @@ def blueprint(service: RecordingService) -> Blueprint:
 def install(server: Flask, service: RecordingService) -> None:
     """Serve the API on ``server`` (the app's Flask server)."""
     server.config.setdefault(TOKEN_CONFIG, None)
+    server.config.setdefault(READS_CONFIG, False)
     server.before_request(accept_token_link)
+    server.before_request(check_read)
     server.register_blueprint(blueprint(service))
 
 

@@ -76,7 +76,7 @@ def _operation(summary: str, ok: dict[str, Any], *, parameters: list[dict[str, A
 
 
 _ERROR_TEXT = {400: "A query value or body field is invalid; error.field names it.",
-               401: "The server is bound to a non-loopback address and the token is missing or wrong.",
+               401: "The token that comgra printed at start is missing or wrong.",
                403: "A state-changing call from another web origin.",
                404: "The trial, step, node, module or breakpoint does not exist; error.field names which.",
                409: "The run is not paused.", 413: "The request body is too large."}
@@ -191,6 +191,7 @@ def openapi_document() -> dict[str, Any]:
         "paths": _paths(),
         "components": {"securitySchemes": {"token": {
             "type": "http", "scheme": "bearer",
-            "description": "Needed for state-changing calls when the server is bound to a non-loopback address; "
-                           "printed at start."}}},
+            "description": "Printed at start. Needed for state-changing calls (loopback included, unless the "
+                           "server was started with --no-token), and for every call off loopback or with "
+                           "--token-for-reads."}}},
     })
