@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from comgra import terminal
 from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, drop_recording_paths, positive_int
 
 __all__ = ["main"]
@@ -44,6 +45,7 @@ def run() -> None:
     glibc aborts such a process ("terminate called ... exception not rethrown") about one time in
     ten after Ctrl+C. Nothing is lost: the app only reads.
     """
+    terminal.install()  # this process's log lines and warnings: control characters of recorded text escaped
     code = main()
     if _SERVED:
         atexit._run_exitfuncs()
@@ -72,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(see 'comgra --help'), or open a recording with 'comgra --path ROOT/GROUP'.")
         return _serve(_parser().parse_args(arguments))
     except UsageError as error:
-        print(f"comgra: error: {error}", file=sys.stderr)
+        print(f"comgra: error: {terminal.printable(error)}", file=sys.stderr)
         return USAGE_ERROR
 
 
@@ -186,7 +188,7 @@ def _repair(arguments: list[str]) -> int:
         lines = repair.main(arguments)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    print("\n".join(lines))
+    print("\n".join(terminal.printable(line) for line in lines))
     return 0
 
 
@@ -201,12 +203,13 @@ def _repair_closed_trials(group: Path) -> None:
     try:
         repairs = repair_group(group)
     except OSError as error:  # a read-only file or a folder that vanished: the app still serves
-        print(f"comgra: could not repair {str(group)!r} ({error}); plain Parquet readers may see leftovers",
+        print(f"comgra: could not repair {str(group)!r} ({terminal.printable(error)}); plain Parquet readers may "
+              "see leftovers",
               file=sys.stderr)
         return
     for repair in repairs:
         if repair.fixed:
-            print(f"comgra: repaired {repair.describe()}", file=sys.stderr)
+            print(f"comgra: repaired {terminal.printable(repair.describe())}", file=sys.stderr)
 
 
 def bundled_visualization() -> Path:
@@ -241,7 +244,7 @@ def _run_server(group: Path, *, host: str, port: int, visualization_file: Path |
     except OSError as error:
         raise UsageError(f"cannot serve on {host}:{port} ({error.strerror or error}); try another --port.") from None
     links = start_links(app, server, view)  # each carries ?token=...: the browser keeps it as a cookie
-    print(f"comgra: serving {group}\ncomgra: open {links[0]} in a browser (Ctrl+C to stop)", flush=True)
+    print(f"comgra: serving {terminal.printable(group)}\ncomgra: open {links[0]} in a browser (Ctrl+C to stop)", flush=True)
     for other in links[1:]:
         print(f"comgra: or, on this machine, {other}", flush=True)
     token = app.server.config.get("COMGRA_API_TOKEN")

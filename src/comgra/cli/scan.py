@@ -4,7 +4,9 @@
 
 The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
 to the terminal's width), grouped by trial, and ends with the command that opens the app on the first finding.
-Nothing of a finding is read as Rich markup: a message that says ``x[i]`` prints ``x[i]``.
+Nothing of a finding is read as Rich markup: a message that says ``x[i]`` prints ``x[i]``; and every control
+character of recorded text (a trial's or a node's name, a message) is printed as a visible escape
+(``comgra.terminal.printable``), never sent raw to the terminal.
 
 Exit 0 with or without findings; 2 with a one-line message on a bad path, trial, target or
 option, or a recording of a newer format.
@@ -150,7 +152,9 @@ class _Progress:
             self._bar = Progress(console=Console(stderr=True), transient=True)
             self._bar.start()
         if trial not in self._tasks:
-            self._tasks[trial] = self._bar.add_task(f"scanning {trial}", total=total)
+            from comgra.terminal import rich_escaped
+
+            self._tasks[trial] = self._bar.add_task(f"scanning {rich_escaped(trial)}", total=total)
         self._bar.update(self._tasks[trial], completed=done, total=total)
 
 
@@ -166,13 +170,18 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
                    link: Callable[[Any], str], path: str) -> None:
     """The findings on ``console``: one line each (``verbose``: the full text and the link), grouped by trial
     in the order of their most important finding, numbered by rank overall; then the next command."""
-    from rich.text import Text
+    from rich.text import Text as RichText
+
+    from comgra.terminal import printable
+
+    def Text(text: str = "", **style: Any) -> Any:  # noqa: N802 - rich.text.Text, with recorded text made printable
+        return RichText(printable(text, lines=True), **style)
 
     if not findings:
-        console.print(f"No findings in {len(trials)} trial(s).")
+        console.print(Text(f"No findings in {len(trials)} trial(s)."))
     else:
-        console.print(f"{len(findings)} finding(s) in {len({f.trial for f in findings})} trial(s), most important "
-                      "first" + ("" if verbose else " (--verbose: the full text)") + ":")
+        console.print(Text(f"{len(findings)} finding(s) in {len({f.trial for f in findings})} trial(s), most important "
+                           "first" + ("" if verbose else " (--verbose: the full text)") + ":"))
         wide = min(28, max(len(_where(f)) for f in findings))
         by_trial: dict[str, list[tuple[int, Any]]] = {}
         for number, finding in enumerate(findings, 1):
@@ -180,8 +189,10 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
         for trial, numbered in by_trial.items():
             console.print(Text(f"{trial}:", style="bold"))
             for number, finding in numbered:
-                line = Text.assemble(f"{number:>3} ", (f"{finding.severity:<8}", SEVERITY_STYLES.get(finding.severity, "")),
-                                     f"{_where(finding):<{wide}}  ", "" if verbose else summary(finding))
+                line = RichText.assemble(f"{number:>3} ", (printable(f"{finding.severity:<8}"),
+                                                           SEVERITY_STYLES.get(finding.severity, "")),
+                                         printable(f"{_where(finding):<{wide}}  "),
+                                         "" if verbose else printable(summary(finding)))
                 if verbose:
                     line.rstrip()  # in place: the padding of the node column
                 console.print(line, no_wrap=True, overflow="ellipsis")
@@ -227,9 +238,14 @@ def main(arguments: list[str]) -> int:
     try:
         return run(arguments)
     except UsageError as error:
-        print(f"comgra: error: {error}", file=sys.stderr)
+        from comgra.terminal import printable
+
+        print(f"comgra: error: {printable(error)}", file=sys.stderr)
         return USAGE_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover
+    from comgra import terminal
+
+    terminal.install()
     sys.exit(main(sys.argv[1:]))
