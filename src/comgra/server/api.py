@@ -28,7 +28,7 @@ from flask import Blueprint, Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
 from comgra.errors import (BreakpointError, ComgraError, NotPaused, SelectionError, UnknownBreakpoint,
-                           did_you_mean)
+                           did_you_mean, disk_problem)
 from comgra.server.api_spec import API_PREFIX, openapi_document
 from comgra.server.doors import (READS_CONFIG, TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
                                  check_read, check_state_change, trial_folder)
@@ -174,7 +174,9 @@ def _check_state_change() -> None:
 
 def _error(error: Exception) -> Response:
     if isinstance(error, ApiError):
-        return _error_answer(error.status, error.message, error.field)
+        return _error_answer(error.status, error.message, error.field, error.problems)
+    if isinstance(error, OSError) and disk_problem(error):  # a full or read-only disk, not a fault of comgra's
+        return _error_answer(507, f"comgra could not write: {disk_problem(error)}.", None)
     if isinstance(error, HTTPException):
         return _error_answer(error.code or 500, error.description or error.name, None)
     if isinstance(error, UnknownBreakpoint):
@@ -191,8 +193,10 @@ def _error(error: Exception) -> Response:
     return _error_answer(500, "comgra hit an internal error; the terminal that runs the app shows the details.", None)
 
 
-def _error_answer(status: int, message: str, field: str | None) -> Response:
-    return answer({"error": {"status": status, "message": message, "field": field}}, status)
+def _error_answer(status: int, message: str, field: str | None, problems: list[str] | None = None) -> Response:
+    """The error document; ``problems``: the damaged files that may explain it (a step left out with its chunk)."""
+    return answer({"error": {"status": status, "message": message, "field": field},
+                   **({"problems": problems} if problems else {})}, status)
 
 
 class Routes:
@@ -239,8 +243,11 @@ class Routes:
     def _step_rows(self, trial: str, rank: int) -> tuple[int, list[dict[str, Any]]]:
         step = int_arg("step", required=True)
         rows = self.service.step_index(trial, rank).rows_of(step)  # type: ignore[arg-type]
-        if not rows:
-            raise ApiError(404, f"Training step {step} is not recorded in trial {trial!r} (rank {rank}).", "step")
+        if not rows:  # or its rows are in a chunk left out as damaged: then say so
+            problems = self._problems(trial)
+            raise ApiError(404, f"Training step {step} is not recorded in trial {trial!r} (rank {rank})"
+                           + (f", or it was left out with a damaged file: {problems}." if problems else "."), "step",
+                           problems)
         return step, rows  # type: ignore[return-value]
 
     def _iteration_row(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -290,8 +297,12 @@ class Routes:
         rank = self._rank(trial)
         step, rows = self._step_rows(trial, rank)
         row = self._iteration_row(rows)
+        try:
+            graph = self.service.trial(trial).graph(row["graph"])
+        except ComgraError as error:  # a damaged or missing graph document: a 404 that names it
+            raise ApiError(404, str(error), "step", self._problems(trial) + [str(error)]) from None
         return self._answer(trial, {"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
-                                    "graph": self.service.trial(trial).graph(row["graph"])})
+                                    "graph": graph})
 
     def values(self, trial: str) -> Response:
         self._trial(trial)
@@ -312,7 +323,8 @@ class Routes:
         view = self.service.resolve({k: v for k, v in wanted.items() if v is not None})
         selection = view.selection
         if selection is None:
-            raise ApiError(404, " ".join(view.banners + view.notices) or "Nothing to show.", None)
+            raise ApiError(404, " ".join(view.banners + view.notices) or "Nothing to show.", None,
+                           self._problems(trial))
         role = str_arg("role")
         if role is not None and role != selection.role:
             view = self.service.resolve({**wanted, "node_id": selection.node_id, "roles": {selection.node: role}})
@@ -430,7 +442,7 @@ class Routes:
     def run(self, trial: str) -> Response:
         from comgra.breakpoints import control
 
-        return answer({"trial": trial, **control.run_state(self._trial_dir(trial))})
+        return answer({"trial": trial, "problems": [], **control.run_state(self._trial_dir(trial))})
 
     def run_command(self, trial: str, action: str) -> Response:
         from comgra.breakpoints import control
@@ -439,7 +451,7 @@ class Routes:
         if action not in RUN_ACTIONS:
             raise ApiError(404, f"No run command {action[:40]!r}; use one of {list(RUN_ACTIONS)}.", "action")
         control.send_command(directory, action)
-        return answer({"trial": trial, "sent": action, **control.run_state(directory)})
+        return answer({"trial": trial, "sent": action, "problems": [], **control.run_state(directory)})
 
 
 def _file_safe(name: str) -> str:

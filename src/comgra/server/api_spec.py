@@ -15,16 +15,18 @@ API_PREFIX = "/api/v1"
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["status", "message", "field"],
     "properties": {"status": {"type": "integer"}, "message": {"type": "string"},
-                   "field": {"type": ["string", "null"]}}}}}
+                   "field": {"type": ["string", "null"]}}},
+    "problems": {"type": "array", "items": {"type": "string"}}}}
 _ANY_OBJECT = {"type": "object"}
 _ROWS = {"type": "array", "items": {"type": "object"}}
 _NUMBERS = {"type": "array", "items": {"type": ["number", "null"]}}
 _BREAKPOINT = {"type": "object", "required": ["id", "target", "condition", "enabled", "hits"], "properties": {
     "id": {"type": "string"}, "target": {"type": "string"}, "condition": {"type": "string"},
     "enabled": {"type": "boolean"}, "hits": {"type": "integer"}}}
-_RUN = {"type": "object", "required": ["state", "training_step", "breakpoint"], "properties": {
+_RUN = {"type": "object", "required": ["state", "training_step", "breakpoint", "problems"], "properties": {
     "state": {"enum": ["running", "paused", "finished", "unknown"]},
-    "training_step": {"type": ["integer", "null"]}, "breakpoint": {}}}
+    "training_step": {"type": ["integer", "null"]}, "breakpoint": {},
+    "problems": {"type": "array", "items": {"type": "string"}}}}
 
 
 def _object(required: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def _operation(summary: str, ok: dict[str, Any], *, parameters: list[dict[str, A
                errors: tuple[int, ...] = (400, 404), status: int = 200, body: dict[str, Any] | None = None,
                changes: bool = False) -> dict[str, Any]:
     responses = {str(status): {"description": "OK", "content": {"application/json": {"schema": ok}}}}
-    for code in (*errors, *((401, 403) if changes else ())):
+    for code in (*errors, *((401, 403, 507) if changes else ())):
         responses[str(code)] = {"description": _ERROR_TEXT[code], "content": {"application/json": {"schema": _ERROR}}}
     operation: dict[str, Any] = {"summary": summary, "parameters": list(parameters), "responses": responses}
     if body is not None:
@@ -79,7 +81,8 @@ _ERROR_TEXT = {400: "A query value or body field is invalid; error.field names i
                401: "The token that comgra printed at start is missing or wrong.",
                403: "A state-changing call from another web origin.",
                404: "The trial, step, node, module or breakpoint does not exist; error.field names which.",
-               409: "The run is not paused.", 413: "The request body is too large."}
+               409: "The run is not paused.", 413: "The request body is too large.",
+               507: "The disk is full or read-only: nothing was written."}
 
 
 def _paths() -> dict[str, Any]:

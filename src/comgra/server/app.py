@@ -121,6 +121,10 @@ def _error_response(error: Exception) -> Response | HTTPException:
 
     if isinstance(error, DependencyException):  # /_dash-component-suites/ of no file Dash serves (../.., a typo)
         return Response("Not found: Dash serves no such file.\n", status=404, mimetype="text/plain")
+    from comgra.errors import disk_problem
+
+    if disk_problem(error):  # a full or read-only disk: what happened, not "an internal error"
+        return Response(f"comgra could not write: {disk_problem(error)}.\n", status=507, mimetype="text/plain")
     if isinstance(error, RecursionError):  # a request body nested deeper than any parser goes: bad input, not a fault
         return Response("Bad request: the body is nested too deeply.\n", status=400, mimetype="text/plain")
     log.error("comgra: a request failed: %s %s", request.method, request.path, exc_info=error)

@@ -28,9 +28,9 @@ TOKEN_COOKIE = "comgra_token"  # set by the link the server prints (/?token=...)
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None):
+    def __init__(self, status: int, message: str, field: str | None = None, problems: list[str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.field = status, message, field
+        self.status, self.message, self.field, self.problems = status, message, field, problems
 
 
 def trial_folder(service: RecordingService, trial: object) -> Path:
