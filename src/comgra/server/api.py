@@ -40,6 +40,7 @@ _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also
 PHASES = ("forward", "backward")
 AGGREGATIONS = ("mean", "std", "abs_max", "none", "sample")
 RUN_ACTIONS = ("continue", "step", "abort")
+FINDINGS_WAIT_S = 1.5  # a live trial's findings: the last result after at most this long (then "refreshing")
 
 
 # -- reading what was sent --------------------------------------------------------------------------
@@ -407,11 +408,27 @@ class Routes:
                            "message": "This comgra has no findings analysis."})
         entries = []
         for t in trials:
-            found = find(t)
-            scan_problems = self.service.findings_progress(t).problems  # unreadable chunks and graphs, failed detectors
-            entries.append({"trial": t, "findings": found, "problems": list(dict.fromkeys(
-                [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
+            progress, refreshing = self._findings_of(t)
+            scan_problems = progress.problems  # unreadable chunks and graphs, failed detectors
+            entries.append({"trial": t, "findings": progress.findings, "refreshing": refreshing,
+                            "problems": list(dict.fromkeys(
+                                [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
         return answer({"available": True, "findings": entries})
+
+    def _findings_of(self, trial: str) -> tuple[Any, bool]:
+        """(the trial's findings so far, whether a newer scan is under way). A trial whose run is writing gets
+        the last result within ``FINDINGS_WAIT_S``, marked ``refreshing``: its data changes every flush, and
+        waiting for a scan of the current data never ended (issue 31 item 13). A trial nothing writes to is
+        scanned to the end first, as before."""
+        from comgra.breakpoints import control
+
+        progress = self.service.findings_progress(trial, FINDINGS_WAIT_S)
+        if trial not in progress.pending:
+            return progress, False
+        if control.run_state(fmt.trial_dir(self.service.group.path, trial))["state"] in ("running", "paused"):
+            return progress, True
+        self.service.findings(trial)  # waits for the scan, as before
+        return self.service.findings_progress(trial), False
 
     def breakpoints(self, trial: str) -> Response:
         from comgra.breakpoints import control

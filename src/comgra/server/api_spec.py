@@ -155,7 +155,8 @@ def _paths() -> dict[str, Any]:
         "/findings": {"get": _operation("The findings of the analysis, per trial.",
                                         _object({"available": {"type": "boolean"}, "findings": {
                                             "type": "array", "items": _from_trial({
-                                                "trial": {"type": "string"}, "findings": _ROWS})}}),
+                                                "trial": {"type": "string"}, "findings": _ROWS,
+                                                "refreshing": {"type": "boolean"}})}}),
                                         parameters=[_query("trial", {"type": "string"}, "Only this trial.")])},
         f"{t}/breakpoints": {
             "get": _operation("The breakpoints with their hit counts.",
