@@ -20,7 +20,10 @@ import pyarrow.parquet as pq
 from comgra.store import format as fmt
 from comgra.store import validation
 
-CHECKED_KEPT = 4096  # chunk versions whose checks are kept before those of vanished files are let go
+# The checks of vanished chunk versions (a live writer merges every flush's chunks away) are let go once the
+# kept versions have doubled since the last time: amortised one stat per version, and what is kept stays within
+# twice what is on disk. (A fixed bound of 4,096 versions let a live run's server grow for its first hours.)
+CHECKED_PRUNE_AT_LEAST = 64
 
 
 def not_own_chunk(path: Path, trial_dir: Path) -> str | None:
@@ -61,6 +64,7 @@ class ChunkChecks:
 
     def __init__(self) -> None:
         self._checked: dict[tuple[str, int, int], Checked] = {}
+        self._prune_above = CHECKED_PRUNE_AT_LEAST
         self._lock = threading.Lock()
 
     def verify(self, table: str, path: Path, wanted: frozenset[str], row_groups: Callable[[int], list[int]], *,
@@ -85,9 +89,19 @@ class ChunkChecks:
                     parquet.read_row_group(group, columns=missing, use_threads=False)
                     done[group] = done.get(group, frozenset()) | frozenset(missing)
         with self._lock:
-            if len(self._checked) > CHECKED_KEPT:  # versions of chunks merged away by a live writer
-                self._checked = {k: v for k, v in self._checked.items() if os.path.exists(k[0])}
+            if len(self._checked) > self._prune_above:  # versions of chunks merged away by a live writer
+                self._checked = {k: v for k, v in self._checked.items() if _same_version(k)}
+                self._prune_above = max(CHECKED_PRUNE_AT_LEAST, 2 * len(self._checked))
             self._checked[key] = Checked(checked.num_row_groups, checked.names, done)
+
+
+def _same_version(key: tuple[str, int, int]) -> bool:
+    """Whether the chunk version ``key`` (path, size, mtime) is still on disk."""
+    try:
+        info = os.stat(key[0])
+    except OSError:
+        return False
+    return (info.st_size, info.st_mtime_ns) == key[1:]
 
 
 def with_rank_of_format_1(table: pa.Table) -> pa.Table:
