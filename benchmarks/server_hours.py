@@ -59,9 +59,15 @@ def start_server(group: Path, findings_scan: bool) -> tuple[subprocess.Popen, st
             break
     else:
         raise RuntimeError("the server did not start")
-    threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()  # drain its log
-    urllib.request.urlopen(url + "/api/v1/trials", timeout=120).read()
+    drain = threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True)  # its log
+    drain.start()
+    DRAINS[process.pid] = drain
+    with urllib.request.urlopen(url + "/api/v1/trials", timeout=120) as response:
+        response.read()
     return process, url
+
+
+DRAINS: dict[int, threading.Thread] = {}  # server pid -> the thread that reads its output
 
 
 class FindingsClient:
@@ -144,6 +150,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+            if process.pid in DRAINS:  # its output read to the end: then the pipe is closed
+                DRAINS.pop(process.pid).join(10)
+            if process.stdout is not None:
+                process.stdout.close()
     results: dict[str, Any] = {}
     print()
     for mode in modes:

@@ -34,7 +34,7 @@ def test_a_live_trial_s_findings_answer_at_once_with_the_last_result() -> None:
     scanning = results["findings scan"]["findings"]
     assert len(scanning) >= 5 and all(error is None for _, _, error in scanning), scanning
     seconds = [s for s, _, _ in scanning]
-    # The server waits at most 1.5 s for a scan of the current data; the rest is the answer's own time, which
+    # The server waits at most 1 s for a scan of the current data; the rest is the answer's own time, which
     # on a machine as loaded as CI's can be a few seconds: the median holds the bound, none comes near 120 s.
     assert statistics.median(seconds) <= hours.FINDINGS_BOUND_S and max(seconds) < 20, seconds
     assert any(refreshing for _, refreshing, _ in scanning), "a live trial's answer was never marked refreshing"

@@ -40,7 +40,7 @@ _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also
 PHASES = ("forward", "backward")
 AGGREGATIONS = ("mean", "std", "abs_max", "none", "sample")
 RUN_ACTIONS = ("continue", "step", "abort")
-FINDINGS_WAIT_S = 1.5  # a live trial's findings: the last result after at most this long (then "refreshing")
+FINDINGS_WAIT_S = 1.0  # a live trial's findings: the last result after at most this long (then "refreshing")
 
 
 # -- reading what was sent --------------------------------------------------------------------------
