@@ -483,7 +483,7 @@ def start_server(group: Path, source: Path | None = None,
     process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(group), "--port", "0", *options],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in process.stdout:
-        match = re.search(r"(http://\S+)", line)
+        match = re.search(r"(http://[^\s?]+)", line)  # the address without ?token=: reads are open on loopback
         if match:
             url = match.group(1)
             break

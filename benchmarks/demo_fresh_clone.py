@@ -52,7 +52,7 @@ def run_demo(command: list[str], *, cwd: Path, env: dict[str, str], root: Path, 
         assert process.stdout is not None
         url = None
         for line in process.stdout:
-            match = re.search(r"comgra: open (http://\S+?)/? in a browser", line)
+            match = re.search(r"comgra: open (http://[^\s?]+?)/?(?:\?\S*)? in a browser", line)
             if match:
                 url = match.group(1)
                 break

@@ -10,7 +10,7 @@ The imports are read with ``ast`` (every ``import`` in a module: at the top, ins
 - the torch side: ``comgra`` (the facade) ``-> recorder -> capture | profiling | breakpoints -> store``, the
   three middle packages never importing each other; ``examples`` and ``integrations`` use the facade, which imports ``integrations.watch`` when ``comgra.watch`` is called;
 - shared leaves that any package may import: ``errors``, ``_version``, ``objects``, ``config``,
-  ``native_build``; they import only each other, except ``config``, which checks breakpoint entries
+  ``native_build``, ``terminal``; they import only each other, except ``config``, which checks breakpoint entries
   with the control channel;
 - the one bridge between the sides: the control channel of a running training (``breakpoints.control``
   and the condition language it checks, ``breakpoints.conditions``: files and a loopback socket, no
@@ -30,7 +30,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "comgra"
 MAX_MODULE_LINES = 500
 
 READ_SIDE = ("cli", "server", "service", "analysis", "store")  # each may import those after it
-SHARED = ("errors", "_version", "objects", "config", "native_build")
+SHARED = ("errors", "_version", "objects", "config", "native_build", "terminal")
 CHANNEL = ("comgra.breakpoints.control", "comgra.breakpoints.conditions", "comgra.breakpoints.private_files",
            "comgra.breakpoints.peers")
 MAY_IMPORT = {
@@ -46,7 +46,7 @@ MAY_IMPORT = {
     "cli": {*READ_SIDE[1:], "examples"},  # ``comgra demo`` and ``comgra-test-run`` record the tutorial
     **{unit: set() for unit in SHARED},
 }
-WITHOUT_TORCH = ("store", "analysis", "service", "server", "errors", "_version", "config", "live", *CHANNEL)
+WITHOUT_TORCH = ("store", "analysis", "service", "server", "errors", "_version", "config", "terminal", "live", *CHANNEL)
 
 
 def module_imports(package: Path) -> dict[str, set[str]]:

@@ -61,14 +61,16 @@ def watch(model: torch.nn.Module, *, recorder: ComgraRecorder | None = None, nam
 
 def serve(path: str | Path | None = None, *, port: int | None = None, host: str = "127.0.0.1",
           visualization_file: str | Path | None = None, poll_seconds: float = 2.0, findings_scan: bool = True,
-          allow_hosts: Iterable[str] = ()) -> AppURL:
+          allow_hosts: Iterable[str] = (), token: bool | str = True, token_for_reads: bool = False) -> AppURL:
     """Serve the app for the group folder ``path`` (``comgra_root_path/group``) in a background thread and
     return its URL, as ``comgra --path`` does on the command line; the URL's ``stop()`` ends it.
 
     ``path=None``: the group of ``comgra.my_recorder``, flushed first. ``port=None``: a free port. A second call
     for the same folder returns the running app's URL (with other options it replaces that app). The options
     are those of ``comgra --path`` (``--visualization-file``, ``--poll-seconds``, ``--no-findings-scan``,
-    ``--allow-host``).
+    ``--allow-host``). The URL carries the server's token (``?token=...``): every change to a run needs it,
+    and with ``token_for_reads=True`` (always off loopback) every read too; ``token=False`` serves without one
+    (127.0.0.1 only).
 
         >>> url = comgra.serve("/tmp/comgra/my_group")  # doctest: +SKIP
         >>> url.stop()  # doctest: +SKIP
@@ -76,7 +78,8 @@ def serve(path: str | Path | None = None, *, port: int | None = None, host: str 
     from comgra.integrations.notebook import serve as serve_in_thread
 
     return serve_in_thread(_group_to_show(path), port=port, host=host, visualization_file=visualization_file,
-                           poll_seconds=poll_seconds, findings_scan=findings_scan, allow_hosts=allow_hosts)
+                           poll_seconds=poll_seconds, findings_scan=findings_scan, allow_hosts=allow_hosts,
+                           token=token, token_for_reads=token_for_reads)
 
 
 def show(path: str | Path | None = None, *, height: int = 800, width: str | int = "100%", port: int | None = None,

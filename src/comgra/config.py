@@ -7,6 +7,8 @@ names it and lists the known ones. Constructor arguments win over the file.
     # comgra.toml
     [app]
     refresh_interval_s = 2.0        # how often the app looks for new data of a run in progress
+    token_for_reads = false         # true: every request needs the token printed at start (a shared machine)
+    token = true                    # false: no token at all (127.0.0.1 only; a single-user machine)
     [anomalies]
     sensitivity = 1.0               # findings: 2 halves every detector's threshold (more findings), 0.5 doubles them
     detectors = []                  # user detectors, "module:function" (see comgra.analysis.custom)
@@ -44,7 +46,7 @@ from typing import Any
 
 from comgra.errors import ConfigError
 
-__all__ = ["Settings", "load_settings", "FILE_NAME"]
+__all__ = ["Settings", "load_settings", "FILE_NAME", "recording_around"]
 
 FILE_NAME = "comgra.toml"
 
@@ -52,6 +54,8 @@ FILE_NAME = "comgra.toml"
 @dataclass(frozen=True)
 class AppSettings:
     refresh_interval_s: float = 2.0
+    token_for_reads: bool = False  # comgra --token-for-reads
+    token: bool = True  # False: comgra --no-token
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class Settings:
     breakpoints: BreakpointSettings = field(default_factory=BreakpointSettings)
     storage: StorageSettings = field(default_factory=StorageSettings)
     source: str | None = None  # the file the settings came from, for messages
+    ignored: str | None = None  # a comgra.toml of the working directory not read: it lies inside a recording
 
 
 _SECTIONS: dict[str, type] = {"app": AppSettings, "anomalies": AnomalySettings, "history": HistorySettings,
@@ -114,11 +119,17 @@ _BREAKPOINT_KEYS = ("target", "condition", "enabled")
 
 
 def load_settings(path: str | Path | None = None, *, cwd: str | Path | None = None) -> Settings:
-    """Read ``path`` (it must exist) or, without one, ``comgra.toml`` in ``cwd`` if there is one."""
+    """Read ``path`` (it must exist) or, without one, ``comgra.toml`` in ``cwd`` if there is one.
+
+    A ``comgra.toml`` in a working directory that lies inside a recording (``cd downloaded_recording``) came
+    with the recording, not from the user: it is not read (``Settings.ignored`` names it); pass it as
+    ``path`` to read it anyway."""
     if path is None:
         candidate = Path(cwd if cwd is not None else Path.cwd()) / FILE_NAME
         if not candidate.is_file():
             return Settings()
+        if recording_around(candidate.parent) is not None:
+            return Settings(ignored=str(candidate))
         path = candidate
     path = Path(path)
     try:
@@ -197,3 +208,22 @@ def _reject_unknown(values: dict[str, Any], known: Any, what: str) -> None:
     unknown = sorted(set(values) - set(known))
     if unknown:
         raise ConfigError(f"Unknown {what}: {unknown}. Known: {sorted(known)}.")
+
+
+def recording_around(path: str | Path) -> Path | None:
+    """The recording folder that ``path`` lies in (or is), else None: a group (it has ``trials/``), a trial
+    (``trial.json``), or anything below a ``trials`` folder. What lies there is data from whoever recorded
+    it: comgra never imports, executes or takes settings from it."""
+    try:
+        here = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return None
+    for folder in (here, *here.parents):
+        try:
+            if (folder / "trials").is_dir() or (folder / "trial.json").is_file():
+                return folder
+        except OSError:
+            continue
+        if folder.name == "trials" and folder.parent != folder:
+            return folder.parent
+    return None

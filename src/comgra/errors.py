@@ -59,3 +59,34 @@ class NotPaused(ComgraError):
 
 class TrainingAborted(ComgraError):
     """Raised inside the training loop when the user aborts a run paused at a breakpoint."""
+
+
+# -- the disk ----------------------------------------------------------------------------------
+_FULL = ("ENOSPC", "EDQUOT")
+_READ_ONLY = ("EROFS",)
+_DENIED = ("EACCES", "EPERM")
+
+
+def disk_problem(error: BaseException) -> str | None:
+    """A full, read-only or unwritable disk in words (``the disk holding '/x' is full (...)``), for a message
+    that names what happened instead of "an internal error"; None for any other error."""
+    import errno
+    import os
+
+    if not isinstance(error, OSError):
+        return None
+    name = errno.errorcode.get(error.errno, "") if error.errno is not None else ""
+    if not name:  # pyarrow's IOError carries the errno in its text only
+        text = str(error)
+        name = next((code for code in (*_FULL, *_READ_ONLY) if os.strerror(getattr(errno, code)) in text), "")
+        if name:
+            error = OSError(getattr(errno, name), os.strerror(getattr(errno, name)), error.filename)
+    where = f" holding {str(error.filename)!r}" if error.filename else ""
+    if name in _FULL:
+        return f"the disk{where} is full ({error.strerror}); free some space"
+    if name in _READ_ONLY:
+        return f"the file system{where} is read-only ({error.strerror})"
+    if name in _DENIED:
+        return f"this user may not write there{' (' + repr(str(error.filename)) + ')' if error.filename else ''}: " \
+               f"{error.strerror}"
+    return None

@@ -2,8 +2,14 @@
 are built, cached and loaded.
 
 Each is compiled the first time it is wanted, on a thread of its own, into a per-user cache whose file
-name hashes everything the build depends on, so that later processes only load it. A build writes a
-temporary name beside the target and renames it: a concurrent process sees nothing or a whole library.
+name hashes everything the build depends on, so that later processes only load it. A build holds a lock
+file beside the target (one build at a time, across processes: the next one finds the library and stops),
+writes a temporary name and renames it: a concurrent process sees nothing or a whole library, and what an
+earlier build left under a temporary name is removed. The compiler never outlives the process that started
+it: it runs in a process group of its own, killed whole when the process exits (``atexit``) and, on Linux,
+when it dies (a watchdog shell that the kernel signals as its parent dies, ``PR_SET_PDEATHSIG``). A script
+shorter than a build therefore leaves no compiler running; ``ensure_built`` (e.g. ``python -c "from
+comgra.profiling.native_marker import ensure_built; ensure_built()"``) builds once and waits.
 Loading (with the caller's self-test) happens on the thread that asks after the build is done. Until
 then, and wherever there is no compiler, the build fails, the self-test refuses the library or the
 environment switch is ``0``, ``LazyBuild.get`` answers None and the caller keeps its Python path: these
@@ -11,12 +17,18 @@ are speed-ups, never requirements.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
+import ctypes
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -44,17 +56,101 @@ def find_compiler(environment_variable: str, names: Iterable[str]) -> str | None
 def compile_atomically(library: Path, source: str, source_name: str, command: Callable[[Path, Path], list[str]],
                        timeout: float) -> None:
     """Compile ``source`` (written to a temporary ``source_name``) with ``command(source, target)`` into a
-    temporary name beside ``library``, then rename it into place. Raises where the compiler fails."""
+    temporary name beside ``library``, then rename it into place; under the build lock, and not at all where
+    another process built it meanwhile. Raises where the compiler fails, takes longer than ``timeout`` or is
+    killed because this process exits."""
     library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as folder:
-        source_path = Path(folder) / source_name
-        source_path.write_text(source)
-        partial = library.parent / f".{library.name}.{os.getpid()}.tmp"
+    with _build_lock(library):
+        if library.exists():
+            return  # built by another process while this one waited for the lock
+        for stale in library.parent.glob(f".{library.name}.*.tmp"):  # only a lock holder writes these: stale
+            stale.unlink(missing_ok=True)
+        with tempfile.TemporaryDirectory() as folder:
+            source_path = Path(folder) / source_name
+            source_path.write_text(source)
+            partial = library.parent / f".{library.name}.{os.getpid()}.tmp"
+            try:
+                _run_compiler(command(source_path, partial), timeout, partial)
+                os.replace(partial, library)
+            finally:
+                partial.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _build_lock(library: Path) -> Iterator[None]:
+    """An exclusive lock on ``.<library>.lock`` (fcntl; where there is none, no lock: the rename still keeps
+    readers safe). The kernel lets go of it when the process ends, however it ends."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(library.parent / f".{library.name}.lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            subprocess.run(command(source_path, partial), check=True, capture_output=True, timeout=timeout)
-            os.replace(partial, library)
+            yield
         finally:
-            partial.unlink(missing_ok=True)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# A watchdog between this process and the compiler: the kernel sends it SIGTERM when its parent thread dies
+# (PR_SET_PDEATHSIG), and it then kills its whole process group: the compiler driver and what it started.
+_WATCHDOG = 'trap "kill -KILL 0" TERM HUP INT; "$@" & wait $!'
+_PR_SET_PDEATHSIG = 1
+_running: dict[int, Path] = {}  # process group of a running compiler -> its partial output
+_running_lock = threading.Lock()
+
+
+def _run_compiler(arguments: list[str], timeout: float, partial: Path) -> None:
+    posix = os.name == "posix"
+    command = ["/bin/sh", "-c", _WATCHDOG, "sh", *arguments] if posix and os.path.exists("/bin/sh") else arguments
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=posix,
+                               preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    with _running_lock:
+        _running[process.pid] = partial
+    try:
+        _, errors = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(process.pid)
+        process.communicate()
+        raise
+    finally:
+        with _running_lock:
+            _running.pop(process.pid, None)
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, arguments, stderr=errors)
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child, between fork and exec
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # bound now: the child must not look it up
+    except (OSError, AttributeError):
+        return lambda *arguments: 0
+
+
+_PRCTL = _prctl() if sys.platform == "linux" else None
+
+
+def _kill_group(group: int) -> None:
+    with contextlib.suppress(OSError):
+        os.killpg(group, signal.SIGKILL) if os.name == "posix" else os.kill(group, signal.SIGTERM)
+
+
+@atexit.register
+def _stop_running_builds() -> None:
+    """At exit: no compiler of this process goes on running, and nothing it wrote stays behind."""
+    with _running_lock:
+        running = dict(_running)
+        _running.clear()
+    for group, partial in running.items():
+        _kill_group(group)
+        with contextlib.suppress(OSError):
+            os.waitpid(group, 0)
+        partial.unlink(missing_ok=True)
 
 
 class LazyBuild:

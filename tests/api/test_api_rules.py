@@ -21,7 +21,10 @@ def test_off_loopback_state_changes_need_the_printed_token(profiled_group: Path,
         assert token and len(token) >= 24
         client = app.server.test_client()
         body = {"target": "loss", "condition": "has_nan"}
-        assert client.get(f"/api/v1/trials/{TRIAL}/breakpoints").status_code == 200  # reading needs none
+        reading = client.get(f"/api/v1/trials/{TRIAL}/breakpoints")  # off loopback, reading needs it too
+        assert reading.status_code == 401 and reading.json["error"]["field"] == "Authorization"
+        assert client.get(f"/api/v1/trials/{TRIAL}/breakpoints",
+                          headers={"Authorization": f"Bearer {token}"}).status_code == 200
         refused = client.post(f"/api/v1/trials/{TRIAL}/breakpoints", json=body)
         assert refused.status_code == 401 and refused.json["error"]["field"] == "Authorization"
         wrong = client.post(f"/api/v1/trials/{TRIAL}/breakpoints", json=body, headers={"Authorization": "Bearer x"})

@@ -31,9 +31,13 @@ def _no_process_left_waiting() -> Iterator[None]:
     stop_all()  # a failed test must not leave a training process paused forever
 
 
+_TOKEN: dict[str, str] = {}  # the served app's Authorization header (state changes need it on loopback too)
+
+
 def _call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **_TOKEN})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -44,7 +48,9 @@ def _call(url: str, method: str = "GET", body: Any = None) -> tuple[int, Any]:
 def _serve(group: Path) -> tuple[str, Callable[[], None]]:
     from comgra.server.app import create_app, make_http_server, url_of
 
-    server = make_http_server(create_app(group, warm_up=False, poll_seconds=60), host="127.0.0.1", port=0)
+    app = create_app(group, warm_up=False, poll_seconds=60)
+    server = make_http_server(app, host="127.0.0.1", port=0)
+    _TOKEN["Authorization"] = f"Bearer {app.server.config['COMGRA_API_TOKEN']}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
 

@@ -41,14 +41,16 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., str]]:
-    """``serve(path, **create_app options) -> url`` of a server that stops after the test."""
+    """``serve(path, **create_app options) -> url`` of a server that stops after the test. Served without a token
+    (the opt-out of a single-user machine): these tests click through the app; test_browser_token.py tests the
+    token's doors."""
     from comgra.server.app import create_app, make_http_server, url_of
 
     servers = []
 
     def start(path: Path, **options: Any) -> str:
         options.setdefault("poll_seconds", 60)
-        server = make_http_server(create_app(path, **options), host="127.0.0.1", port=0)
+        server = make_http_server(create_app(path, **options), host="127.0.0.1", port=0, token=False)
         thread = threading.Thread(target=server.serve_forever, name="comgra-test-server", daemon=True)
         thread.start()
         servers.append((server, thread))

@@ -20,10 +20,13 @@ from comgra.server.app import create_app, make_http_server
 expect = pytest.importorskip("playwright.sync_api").expect
 
 
-def test_the_tab_needs_the_token_and_the_printed_link_gives_it(fresh_recording: Path, browser: Any) -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_the_tab_needs_the_token_and_the_printed_link_gives_it(fresh_recording: Path, browser: Any, host: str) -> None:
+    """On loopback the page reads without the token but its actions need it (issue 31 item 5); off loopback
+    the page itself needs it."""
     (trial,) = [p.name for p in (fresh_recording / "trials").iterdir()]
     app = create_app(fresh_recording, warm_up=False, poll_seconds=60)
-    server = make_http_server(app, host="0.0.0.0", port=0)
+    server = make_http_server(app, host=host, port=0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{server.server_port}"
@@ -31,12 +34,15 @@ def test_the_tab_needs_the_token_and_the_printed_link_gives_it(fresh_recording: 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
         page = context.new_page()
-        page.goto(f"{base}/?tab=breakpoints&trial={trial}")
-        expect(page.locator("#bp-run-state")).to_be_visible(timeout=20000)
-        page.fill("#bp-target", "loss")
-        page.fill("#bp-condition", "has_nan")
-        page.click("#bp-add")
-        expect(page.locator("#bp-message")).to_contain_text("token", timeout=20000)
+        response = page.goto(f"{base}/?tab=breakpoints&trial={trial}")
+        if host == "0.0.0.0":
+            assert response.status == 401 and "token" in page.content()
+        else:
+            expect(page.locator("#bp-run-state")).to_be_visible(timeout=20000)
+            page.fill("#bp-target", "loss")
+            page.fill("#bp-condition", "has_nan")
+            page.click("#bp-add")
+            expect(page.locator("#bp-message")).to_contain_text("token", timeout=20000)
         assert control.list_breakpoints(fresh_recording / "trials" / trial) == []
 
         page.goto(f"{base}/?token={token}&tab=breakpoints&trial={trial}")

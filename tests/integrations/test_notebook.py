@@ -195,8 +195,9 @@ def _ids(node: Any) -> set[str]:
 
 def _check_the_served_app(url: str) -> str:
     """The app answers at ``url``: its page, its layout, and the REST API (from the same service) sees both runs."""
-    assert url.startswith("http://127.0.0.1:") and url.endswith("/")
+    assert url.startswith("http://127.0.0.1:") and "/?token=" in url  # the link carries the token (issue 31 item 5)
     status, page = _get(url)
+    url = url.split("?")[0]
     assert status == 200 and b"_dash-config" in page
     status, layout = _get(url + "_dash-layout")
     assert status == 200 and {ID.CURRENT_TRIAL, ID.DATA_VERSION} <= _ids(json.loads(layout))

@@ -42,14 +42,14 @@ def test_serve_reuses_the_running_app_and_replaces_it_for_other_options(group: P
     url = comgra.serve(group, findings_scan=False)
     try:
         assert isinstance(url, str) and url.startswith("http://127.0.0.1:")
-        assert _get_json(url + "api/v1/trials") == {"trials": ["trial"]}
+        assert _get_json(url.base + "api/v1/trials") == {"trials": ["trial"]}
         assert comgra.serve(str(group) + "/", findings_scan=False) == url  # the same folder, written another way
         other = comgra.serve(group, findings_scan=False, poll_seconds=5.0)  # other options: a new app in its place
         assert other != url
         with pytest.raises(urllib.error.URLError):
-            _get_json(url + "api/v1/trials")
+            _get_json(url.base + "api/v1/trials")
         assert url.stop() is False  # it was stopped when it was replaced
-        assert _get_json(other + "api/v1/trials") == {"trials": ["trial"]}
+        assert _get_json(other.base + "api/v1/trials") == {"trials": ["trial"]}
     finally:
         comgra.serve(group, findings_scan=False, poll_seconds=5.0).stop()
 
@@ -67,7 +67,7 @@ def test_serve_without_a_path_serves_the_recorders_group_with_its_steps_so_far(m
         comgra.my_recorder.finish_batch()
     url = comgra.serve(findings_scan=False)  # flushed first: both steps are readable though flush_seconds is 60
     try:
-        steps = _get_json(url + "api/v1/trials/trial/steps")["steps"]
+        steps = _get_json(url.base + "api/v1/trials/trial/steps")["steps"]
         assert sorted({row["training_step"] for row in steps}) == [0, 1]
     finally:
         url.stop()
@@ -79,7 +79,7 @@ def test_a_port_asked_for_is_used_and_a_busy_one_is_an_error_naming_the_fix(grou
         free = probe.getsockname()[1]
     url = comgra.serve(group, port=free, findings_scan=False)
     try:
-        assert url == f"http://127.0.0.1:{free}/"
+        assert url.base == f"http://127.0.0.1:{free}/" and url == f"{url.base}?token={url.token}"
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", 0))
             busy.listen()

@@ -35,15 +35,22 @@ ACT_OUTPUTS = ["bp-table.children", "bp-run-state.children", "bp-shown.data", "b
 
 
 # -- the server and the requests -------------------------------------------------------------------------
+_SENT_TOKEN: dict[str, str] = {}  # while served(send_token=True): the Authorization header every request sends
+
+
 @contextmanager
-def served(group: Path, host: str = "127.0.0.1") -> Iterator[tuple[str, Any]]:
+def served(group: Path, host: str = "127.0.0.1", send_token: bool = True) -> Iterator[tuple[str, Any]]:
+    """The app on ``host``; with ``send_token`` every ``request`` carries its token, as the printed link gives it."""
     app = create_app(group, warm_up=False, poll_seconds=60)
     server = make_http_server(app, host=host, port=0)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
+    if send_token:
+        _SENT_TOKEN["Authorization"] = f"Bearer {app.server.config[api.TOKEN_CONFIG]}"
     try:
         yield f"http://127.0.0.1:{server.server_port}", app
     finally:
+        _SENT_TOKEN.clear()
         server.shutdown()
         server.server_close()
         thread.join(5)
@@ -53,7 +60,7 @@ def request(url: str, body: Any = None, *, method: str = "POST", headers: dict[s
             opener: urllib.request.OpenerDirector | None = None) -> tuple[int, str]:
     data = None if body is None else json.dumps(body).encode()
     sent = urllib.request.Request(url, data=data, method=method,
-                                  headers={"Content-Type": "application/json", **(headers or {})})
+                                  headers={"Content-Type": "application/json", **_SENT_TOKEN, **(headers or {})})
     try:
         with (opener.open if opener else urllib.request.urlopen)(sent, timeout=30) as response:
             return response.status, response.read().decode()
@@ -61,9 +68,10 @@ def request(url: str, body: Any = None, *, method: str = "POST", headers: dict[s
         return error.code, error.read().decode()
 
 
-def dependency_outputs(base: str) -> list[str]:
+def dependency_outputs(base: str, token: str | None = None) -> list[str]:
     """Each callback's output string (with Dash's @hash suffixes)."""
-    _, text = request(base + "/_dash-dependencies", method="GET")
+    _, text = request(base + "/_dash-dependencies", method="GET",
+                      headers={"Authorization": f"Bearer {token}"} if token else None)
     return [callback["output"] for callback in json.loads(text)]
 
 
@@ -71,9 +79,10 @@ def _outputs(spec: str) -> list[dict[str, str]]:
     return [dict(zip(("id", "property"), part.rsplit(".", 1))) for part in spec.strip(".").split("...")]
 
 
-def act_body(base: str, trigger: str, trial: Any, target: str = "loss", condition: str = "has_nan") -> dict[str, Any]:
+def act_body(base: str, trigger: str, trial: Any, target: str = "loss", condition: str = "has_nan",
+             token: str | None = None) -> dict[str, Any]:
     """What the browser posts when a Breakpoints tab control is clicked."""
-    output = next(o for o in dependency_outputs(base) if "bp-message.children" in o)
+    output = next(o for o in dependency_outputs(base, token) if "bp-message.children" in o)
     clicks = {button: int(button == trigger) for button in ("bp-add", "bp-continue", "bp-step", "bp-abort")}
     return {"output": output, "outputs": _outputs(output),
             "inputs": [*({"id": b, "property": "n_clicks", "value": n} for b, n in clicks.items()), [], []],
@@ -249,24 +258,26 @@ class PausedRun:
         self.thread.join(10)
 
 
-def test_reachable_from_other_machines_the_app_s_actions_need_the_token(group) -> None:
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_the_app_s_actions_need_the_token_on_loopback_too(group, host) -> None:
+    """Issue 31 item 5: any local user reaches 127.0.0.1, so the token guards every change there as well."""
     trial = the_trial(group)
     run = PausedRun(group / "trials" / trial)
     try:
-        with served(group, host="0.0.0.0") as (base, app):
+        with served(group, host=host, send_token=False) as (base, app):
             token = app.server.config[api.TOKEN_CONFIG]
             assert token
-            foreign = {"Host": "evil.example"}
+            foreign = {"Host": "evil.example"} if host == "0.0.0.0" else {}
             # As the REST API refuses an abort without the token, so does the tab's callback.
             assert request(f"{base}/api/v1/trials/{trial}/run/abort", headers=foreign)[0] == 401
-            for trigger in ("bp-abort", "bp-add"):
-                status, text = request(base + UPDATE, act_body(base, trigger, trial), headers=foreign)
-                assert status == 200 and "token" in text, text[:300]
+            for trigger in ("bp-abort", "bp-add"):  # off loopback the request itself is refused (401)
+                status, text = request(base + UPDATE, act_body(base, trigger, trial, token=token), headers=foreign)
+                assert status in (200, 401) and "token" in text, text[:300]
             assert run.thread.is_alive() and control.run_state(run.trial_dir)["state"] == "paused"
             assert control.list_breakpoints(run.trial_dir) == []
             # A wrong cookie, a wrong bearer token: refused too.
             for headers in ({"Cookie": f"{doors.TOKEN_COOKIE}=wrong"}, {"Authorization": "Bearer wrong"}):
-                status, text = request(base + UPDATE, act_body(base, "bp-add", trial), headers=headers)
+                status, text = request(base + UPDATE, act_body(base, "bp-add", trial, token=token), headers=headers)
                 assert "Added" not in text and "token" in text, text[:300]
             # The link the server prints sets the cookie (and drops the token from the address) ...
             jar = http.cookiejar.CookieJar()
@@ -274,16 +285,16 @@ def test_reachable_from_other_machines_the_app_s_actions_need_the_token(group) -
             status, _ = request(f"{base}/?token={token}", method="GET", opener=browser)
             assert status == 200 and [c.name for c in jar] == [doors.TOKEN_COOKIE]
             # ... but the cookie from another web origin is refused (the page of evil.example posting here).
-            status, text = request(base + UPDATE, act_body(base, "bp-add", trial), opener=browser,
+            status, text = request(base + UPDATE, act_body(base, "bp-add", trial, token=token), opener=browser,
                                    headers={"Origin": "http://evil.example"})
             assert "Added" not in text, text[:300]
             # With the cookie, from the page itself, the actions work, in the app and in the REST API alike.
-            status, text = request(base + UPDATE, act_body(base, "bp-add", trial), opener=browser)
+            status, text = request(base + UPDATE, act_body(base, "bp-add", trial, token=token), opener=browser)
             assert "Added bp1" in text, text[:300]
             status, _ = request(f"{base}/api/v1/trials/{trial}/breakpoints", {"target": "loss", "condition": "has_nan"},
                                 opener=browser)
             assert status == 201
-            status, text = request(base + UPDATE, act_body(base, "bp-step", trial),
+            status, text = request(base + UPDATE, act_body(base, "bp-step", trial, token=token),
                                    headers={"Authorization": f"Bearer {token}"})
             assert "Sent step" in text, text[:300]
             run.thread.join(10)

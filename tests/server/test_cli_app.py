@@ -62,7 +62,7 @@ def test_use_path_for_test_run_serves_that_folder(recording, monkeypatch):
     bundled = cli.bundled_visualization()
     assert served == {"group": recording.resolve(), "host": "127.0.0.1", "port": 9999, "visualization_file": bundled,
                       "allow_hosts": [], "poll_seconds": 2.0, "findings_sensitivity": 1.0,  # [app] refresh_interval_s of comgra.toml
-                      "findings_scan": True, "view": "/"}
+                      "findings_scan": True, "view": "/", "doors": {"token": True, "token_for_reads": False}}
     assert bundled.name == "custom_visualization.py" and "def create_visualization" in bundled.read_text()
     assert cli.main(["--use-path-for-test-run", "--visualization-file", __file__]) == 0  # the user's file wins
     assert served["visualization_file"] == Path(__file__)
@@ -119,10 +119,10 @@ def test_the_server_starts_binds_localhost_and_stops_cleanly(recording, app_late
             if match:
                 url = match.group(1)
                 break
-        assert url is not None and url.startswith("http://127.0.0.1:")
+        assert url is not None and url.startswith("http://127.0.0.1:") and "?token=" in url  # issue 31 item 5
         with urllib.request.urlopen(url, timeout=60) as response:
             assert response.status == 200
-        client = app_latency.DashClient(*app_latency.urllib_transport(url.rstrip("/")))
+        client = app_latency.DashClient(*app_latency.urllib_transport(url.split("?")[0].rstrip("/")))
         client.trigger("selection.data")
         assert client.statistics()["mean"] is not None
         process.send_signal(signal.SIGINT)  # Ctrl+C

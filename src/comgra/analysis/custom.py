@@ -13,14 +13,18 @@
 ``comgra scan`` and the app (and so its REST API) run the registered detectors after the built-in ones, in the
 same way: a detector that raises is reported with the scan's problems, the others still run. A process that
 did not run your code learns of a detector from comgra.toml (``[anomalies] detectors = ["my_package.checks:
-loss_above_ten"]``, imported on first scan) or from the entry-point group ``comgra.detectors``. Light imports
-only: this module is read before the detectors' libraries are loaded.
+loss_above_ten"]``, imported on first scan), from the entry-point group ``comgra.detectors``, or from the command
+line (``comgra scan --detector module:function``). A module that lies inside a recording folder is never
+imported for comgra.toml, wherever the command runs from (``PYTHONPATH=.``, ``python -m``): a recording from
+someone else is data, not code (``comgra.config.recording_around``). Light imports only: this module is read
+before the detectors' libraries are loaded.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import re
 import threading
@@ -67,11 +71,12 @@ def registered() -> dict[str, Callable[..., Any]]:
         return dict(_registered)
 
 
-def load_configured(specs: Iterable[str]) -> list[str]:
-    """Import and register the ``module:function`` detectors a comgra.toml names; returns their names."""
+def load_configured(specs: Iterable[str], *, explicit: Iterable[str] = ()) -> list[str]:
+    """Import and register the ``module:function`` detectors a comgra.toml names (``specs``: never from inside
+    a recording) and those named on the command line (``explicit``: the user's own choice); returns their names."""
     names = []
-    for spec in specs:
-        function = _imported(spec, "[anomalies] detectors")
+    for spec, where in [*((s, "[anomalies] detectors") for s in specs), *((s, "--detector") for s in explicit)]:
+        function = _imported(spec, where, trusted=where == "--detector")
         name = spec.rsplit(":", 1)[1]
         register_detector(name, function, replace=True)
         names.append(name)
@@ -90,11 +95,13 @@ def signature() -> dict[str, str]:
     return found
 
 
-def _imported(spec: str, where: str) -> Callable[..., Any]:
+def _imported(spec: str, where: str, *, trusted: bool = False) -> Callable[..., Any]:
     if not isinstance(spec, str) or spec.count(":") != 1:
         raise ConfigError(f"{where}: {spec!r} must be 'module:function', e.g. 'my_package.checks:loss_above_ten'.")
     module_name, attribute = spec.split(":")
     try:
+        if not trusted:
+            _check_not_in_a_recording(module_name, spec, where)
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ConfigError(f"{where}: cannot import {module_name!r} for {spec!r} ({error}); is it installed or on "
@@ -103,6 +110,27 @@ def _imported(spec: str, where: str) -> Callable[..., Any]:
     if not callable(function):
         raise ConfigError(f"{where}: {module_name!r} has no function {attribute!r} (for {spec!r}).")
     return function  # type: ignore[no-any-return]
+
+
+def _check_not_in_a_recording(module_name: str, spec: str, where: str) -> None:
+    """Refuse (ConfigError) a module whose file lies inside a recording folder, before anything of it runs: each
+    package on the way is located first (``find_spec`` of a top-level name executes nothing)."""
+    from comgra.config import recording_around
+
+    parts = module_name.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        found = importlib.util.find_spec(name)  # imports the parents, each checked one round before
+        if found is None:
+            return  # import_module reports it
+        places = [found.origin] if found.origin and found.has_location else []
+        places += list(found.submodule_search_locations or [])
+        for place in places:
+            folder = recording_around(place)
+            if folder is not None:
+                raise ConfigError(f"{where}: {spec!r} would import {str(place)[:200]!r}, which lies inside the recording "
+                                  f"{str(folder)[:200]!r}; comgra never runs code that comes with a recording. Install "
+                                  "the detector as a package, or name it yourself with 'comgra scan --detector'.")
 
 
 def _load_entry_points() -> None:

@@ -154,12 +154,15 @@ def run_state(trial_dir: str | Path) -> dict[str, Any]:
     state = document.get("state", "unknown")
     if state in ("running", "paused") and not peers.process_alive(document):
         state = "unknown"
-    return {"state": state, "training_step": document.get("training_step"),
-            "breakpoint": document.get("breakpoint"), "ranks": document.get("ranks", 1),
-            "type_of_execution": document.get("type_of_execution"), "iteration": document.get("iteration"),
-            "target": document.get("target"), "condition": document.get("condition"), "reason": document.get("reason"),
-            "hits": dict(document.get("hits", {})), "updated": document.get("updated"),
-            "notice": document.get("notice")}
+    from comgra.breakpoints.run_types import checked_run_state  # each field of its type, or named in problems
+
+    return checked_run_state({"state": state, **{name: document.get(name) for name in _SHOWN},
+                              "ranks": document.get("ranks", 1), "hits": dict(document.get("hits", {}))},
+                             str(live_dir(trial_dir) / RUN_FILE))
+
+
+_SHOWN = ("training_step", "breakpoint", "type_of_execution", "iteration", "target", "condition", "reason",
+          "updated", "notice")
 
 
 def send_command(trial_dir: str | Path, action: str) -> dict[str, Any]:

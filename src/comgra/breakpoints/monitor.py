@@ -310,8 +310,9 @@ class BreakpointMonitor:
         try:
             return control.read_breakpoints(self.trial_dir)
         except (OSError, ComgraError) as error:
-            self.warn("bp-read", f"comgra keeps its breakpoints as they were ({len(self.breakpoints)} enabled): "
-                                 f"{error}")
+            # Each distinct damage says so once (the first one's warning must not silence a later, other one).
+            self.warn(f"bp-read:{str(error)[:300]}", f"comgra keeps its breakpoints as they were "
+                                                     f"({len(self.breakpoints)} enabled): {error}")
             return [{"id": b.id, "target": b.target, "condition": b.condition.text} for b in self.breakpoints]
 
     def _load(self, entries: list[dict[str, Any]]) -> None:

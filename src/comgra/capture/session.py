@@ -28,7 +28,7 @@ from comgra.capture.registry import RECORDING_TYPES, Registration
 from comgra.capture.sharded import ShardCombiner, StepShards
 from comgra.capture.step import StepOptions, StepRecording
 from comgra.capture.summaries import SampleChoice, prepare
-from comgra.errors import RecordingError
+from comgra.errors import RecordingError, disk_problem
 from comgra.objects import DecisionMakerForRecordings
 from comgra.store import format as fmt
 from comgra.store import layout
@@ -306,9 +306,10 @@ def report_fault(session: Session, error: BaseException) -> None:
         return
     session.broken = True
     session.abandon_step()
-    _warn(f"comgra stopped recording trial {session.options.trial_id!r} after an internal error: "
-          f"{type(error).__name__}: {error}. Training goes on; steps flushed before this are readable "
-          f"in {str(session.directory)!r}.")
+    disk = disk_problem(error)  # a full or read-only disk is said as such, not as a fault of comgra's
+    cause = f"because {disk}" if disk else f"after an internal error: {type(error).__name__}: {error}"
+    _warn(f"comgra stopped recording trial {session.options.trial_id!r} {cause}. Training goes on; steps flushed "
+          f"before this are readable in {str(session.directory)!r}.")
 
 
 def _warn(message: str) -> None:

@@ -25,7 +25,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, positive_int, recording_path
+from comgra import terminal
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, drop_recording_paths, positive_int, recording_path
 
 __all__ = ["main"]
 
@@ -50,6 +51,7 @@ def run() -> None:
     glibc aborts such a process ("terminate called ... exception not rethrown") about one time in
     ten after Ctrl+C. Nothing is lost: the app only reads.
     """
+    terminal.install()  # this process's log lines and warnings: control characters of recorded text escaped
     code = main()
     if _SERVED:
         atexit._run_exitfuncs()
@@ -63,6 +65,7 @@ _SERVED = False  # set once a server has run and stopped: see run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    drop_recording_paths()  # nothing that came with a recording is imported, wherever this runs from
     arguments = list(sys.argv[1:] if argv is None else argv)
     try:
         if arguments[:1] == ["demo"]:
@@ -82,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "(see 'comgra --help'), or open a recording with 'comgra --path ROOT/GROUP'.")
         return _serve(_parser().parse_args(arguments))
     except UsageError as error:
-        print(f"comgra: error: {error}", file=sys.stderr)
+        print(f"comgra: error: {terminal.printable(error)}", file=sys.stderr)
         return USAGE_ERROR
 
 
@@ -93,6 +96,12 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="also answer requests for this host name, e.g. a reverse proxy's (repeatable). "
                              "Bound to loopback, only localhost names are answered; bound to 0.0.0.0, any")
+    parser.add_argument("--token-for-reads", action="store_true", default=None,
+                        help="every request needs the token printed at start, reads too (for a shared machine; "
+                             "comgra.toml: [app] token_for_reads = true). Off loopback this is always so")
+    parser.add_argument("--no-token", action="store_true", default=None,
+                        help="serve without a token: any local user can then change a paused run (127.0.0.1 only; "
+                             "for a single-user machine; comgra.toml: [app] token = false)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,6 +170,9 @@ def _serve(args: argparse.Namespace) -> int:
     from comgra.errors import ConfigError
     try:
         settings = load_settings(args.config)
+        if settings.ignored:
+            print(f"comgra: not reading {settings.ignored!r}: it lies inside a recording, and a recording's files are "
+                  "data, not your settings (pass --config to read it anyway)", file=sys.stderr)
         if settings.anomalies.detectors:  # user detectors: the Findings tab and the REST API run them too
             from comgra.analysis.custom import load_configured
 
@@ -169,7 +181,16 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     return _run_server(group, host=args.host, port=args.port, visualization_file=visualization,
                        allow_hosts=args.allow_host, poll_seconds=settings.app.refresh_interval_s, view=args.view,
-                       findings_sensitivity=settings.anomalies.sensitivity, findings_scan=not args.no_findings_scan)
+                       findings_sensitivity=settings.anomalies.sensitivity, findings_scan=not args.no_findings_scan,
+                       doors=_doors(args, settings))
+
+
+def _doors(args: argparse.Namespace, settings: object = None) -> dict[str, bool]:
+    """The token settings: the command line wins over comgra.toml's [app] section."""
+    app = getattr(settings, "app", None)
+    token = not args.no_token if args.no_token is not None else bool(getattr(app, "token", True))
+    reads = args.token_for_reads if args.token_for_reads is not None else bool(getattr(app, "token_for_reads", False))
+    return {"token": token, "token_for_reads": reads}
 
 
 def _repair(arguments: list[str]) -> int:
@@ -179,7 +200,7 @@ def _repair(arguments: list[str]) -> int:
         lines = repair.main(arguments)
     except ValueError as error:
         raise UsageError(str(error)) from None
-    print("\n".join(lines))
+    print("\n".join(terminal.printable(line) for line in lines))
     return 0
 
 
@@ -207,12 +228,13 @@ def _repair_closed_trials(group: Path | str) -> None:
     try:
         repairs = repair_group(group)
     except OSError as error:  # a read-only file or a folder that vanished: the app still serves
-        print(f"comgra: could not repair {str(group)!r} ({error}); plain Parquet readers may see leftovers",
+        print(f"comgra: could not repair {str(group)!r} ({terminal.printable(error)}); plain Parquet readers may "
+              "see leftovers",
               file=sys.stderr)
         return
     for repair in repairs:
         if repair.fixed:
-            print(f"comgra: repaired {repair.describe()}", file=sys.stderr)
+            print(f"comgra: repaired {terminal.printable(repair.describe())}", file=sys.stderr)
 
 
 def bundled_visualization() -> Path:
@@ -233,23 +255,29 @@ def _test_run_path() -> Path:
 
 def _run_server(group: Path | str, *, host: str, port: int, visualization_file: Path | None,
                 allow_hosts: list[str] | None = None, poll_seconds: float = 2.0,
-                findings_sensitivity: float | None = None, findings_scan: bool = True, view: str = "/") -> int:
+                findings_sensitivity: float | None = None, findings_scan: bool = True, view: str = "/",
+                doors: dict[str, bool] | None = None) -> int:
     from comgra.errors import ConfigError, StoreError
-    from comgra.server.app import create_app, make_http_server, url_of
+    from comgra.server.app import create_app, make_http_server, start_links
 
     try:
         app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds),
                          findings_sensitivity=findings_sensitivity, findings_scan=findings_scan)
-        server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts or ())
+        server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts or (), **(doors or {}))
     except (StoreError, ConfigError) as error:
         raise UsageError(str(error)) from None
     except OSError as error:
         raise UsageError(f"cannot serve on {host}:{port} ({error.strerror or error}); try another --port.") from None
-    print(f"comgra: serving {group}\ncomgra: open {url_of(server).rstrip('/')}{view} in a browser (Ctrl+C to stop)",
-          flush=True)
+    links = start_links(app, server, view)  # each carries ?token=...: the browser keeps it as a cookie
+    print(f"comgra: serving {terminal.printable(group)}\ncomgra: open {links[0]} in a browser (Ctrl+C to stop)", flush=True)
+    for other in links[1:]:
+        print(f"comgra: or, on this machine, {other}", flush=True)
     token = app.server.config.get("COMGRA_API_TOKEN")
-    if token:  # bound beyond loopback: the REST API's state-changing calls need it
-        print(f"comgra: REST API token (Authorization: Bearer ...): {token}", flush=True)
+    if token:  # every state-changing call needs it, on loopback too
+        print(f"comgra: token for the REST API (Authorization: Bearer ...): {token}", flush=True)
+    else:
+        print("comgra: serving without a token (--no-token): any user of this machine can change a paused run",
+              flush=True)
     global _SERVED
     try:
         server.serve_forever()
@@ -278,7 +306,7 @@ def _demo(args: argparse.Namespace) -> int:
     print(f"comgra: recording {args.steps} training steps per trial into {root / DEMO_GROUP}", file=sys.stderr)
     group = run_tutorial(root, DEMO_GROUP, steps=args.steps, min_training_steps_difference=difference, progress=True)
     return _run_server(Path(group), host=args.host, port=args.port, visualization_file=bundled_visualization(),
-                       allow_hosts=args.allow_host)
+                       allow_hosts=args.allow_host, doors=_doors(args))
 
 
 if __name__ == "__main__":

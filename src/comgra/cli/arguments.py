@@ -4,6 +4,8 @@ import this module and never each other. A bad value raises ``UsageError``, prin
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 USAGE_ERROR = 2
@@ -63,3 +65,14 @@ def check_recording(path: str | Path) -> Path | str:
         raise UsageError(f"pass the group folder, the parent of {str(path)!r}.")
     raise UsageError(f"{str(path)!r} holds no comgra recording (no 'trials' folder). "
                      "Pass the group folder: comgra_root_path/group.")
+
+
+def drop_recording_paths() -> list[str]:
+    """Take off ``sys.path`` every folder that lies inside a recording (the working directory that ``python -m``
+    or ``PYTHONPATH=.`` put there, run from a downloaded recording), so that no module comgra imports later
+    (pandas, rich, a detector) can be a file that came with the recording; returns what was removed."""
+    from comgra.config import recording_around
+
+    removed = [entry for entry in sys.path if recording_around(entry or os.getcwd()) is not None]
+    sys.path[:] = [entry for entry in sys.path if entry not in removed]
+    return removed

@@ -5,7 +5,9 @@
 
 The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
 to the terminal's width), grouped by trial, and ends with the command that opens the app on the first finding.
-Nothing of a finding is read as Rich markup: a message that says ``x[i]`` prints ``x[i]``.
+Nothing of a finding is read as Rich markup: a message that says ``x[i]`` prints ``x[i]``; and every control
+character of recorded text (a trial's or a node's name, a message) is printed as a visible escape
+(``comgra.terminal.printable``), never sent raw to the terminal.
 
 Exit 0 with or without findings; 2 with a one-line message on a bad path, trial, target or
 option, or a recording of a newer format.
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, recording_path
+from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, drop_recording_paths, recording_path
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
@@ -115,9 +117,17 @@ def _load_user_detectors(args: argparse.Namespace) -> None:
     from comgra.config import load_settings
 
     try:
-        load_configured([*load_settings(args.config).anomalies.detectors, *(args.detector or [])])
+        settings = load_settings(args.config)
+        _say_ignored(settings)
+        load_configured(settings.anomalies.detectors, explicit=args.detector or [])
     except ComgraError as error:
         raise UsageError(str(error)) from None
+
+
+def _say_ignored(settings: Any) -> None:
+    if settings.ignored:
+        print(f"comgra: not reading {settings.ignored!r}: it lies inside a recording, and a recording's files are "
+              "data, not your settings (pass --config to read it anyway)", file=sys.stderr)
 
 
 def _chosen_sensitivity(args: argparse.Namespace) -> float:
@@ -212,13 +222,18 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
                    link: Callable[[Any], str], path: str) -> None:
     """The findings on ``console``: one line each (``verbose``: the full text and the link), grouped by trial
     in the order of their most important finding, numbered by rank overall; then the next command."""
-    from rich.text import Text
+    from rich.text import Text as RichText
+
+    from comgra.terminal import printable
+
+    def Text(text: str = "", **style: Any) -> Any:  # noqa: N802 - rich.text.Text, with recorded text made printable
+        return RichText(printable(text, lines=True), **style)
 
     if not findings:
-        console.print(f"No findings in {len(trials)} trial(s).")
+        console.print(Text(f"No findings in {len(trials)} trial(s)."))
     else:
-        console.print(f"{len(findings)} finding(s) in {len({f.trial for f in findings})} trial(s), most important "
-                      "first" + ("" if verbose else " (--verbose: the full text)") + ":")
+        console.print(Text(f"{len(findings)} finding(s) in {len({f.trial for f in findings})} trial(s), most important "
+                           "first" + ("" if verbose else " (--verbose: the full text)") + ":"))
         wide = min(28, max(len(_where(f)) for f in findings))
         by_trial: dict[str, list[tuple[int, Any]]] = {}
         for number, finding in enumerate(findings, 1):
@@ -226,8 +241,10 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
         for trial, numbered in by_trial.items():
             console.print(Text(f"{trial}:", style="bold"))
             for number, finding in numbered:
-                line = Text.assemble(f"{number:>3} ", (f"{finding.severity:<8}", SEVERITY_STYLES.get(finding.severity, "")),
-                                     f"{_where(finding):<{wide}}  ", "" if verbose else summary(finding))
+                line = RichText.assemble(f"{number:>3} ", (printable(f"{finding.severity:<8}"),
+                                                           SEVERITY_STYLES.get(finding.severity, "")),
+                                         printable(f"{_where(finding):<{wide}}  "),
+                                         "" if verbose else printable(summary(finding)))
                 if verbose:
                     line.rstrip()  # in place: the padding of the node column
                 console.print(line, no_wrap=True, overflow="ellipsis")
@@ -269,12 +286,18 @@ def open_command(path: str, view: str) -> str:
 
 def main(arguments: list[str]) -> int:
     """``comgra scan ...`` on its own (``python -m comgra.cli.scan``): ``run`` with the CLI's one-line errors."""
+    drop_recording_paths()
     try:
         return run(arguments)
     except UsageError as error:
-        print(f"comgra: error: {error}", file=sys.stderr)
+        from comgra.terminal import printable
+
+        print(f"comgra: error: {printable(error)}", file=sys.stderr)
         return USAGE_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover
+    from comgra import terminal
+
+    terminal.install()
     sys.exit(main(sys.argv[1:]))

@@ -31,6 +31,8 @@ class AppURL(str):
     """
 
     path: Path
+    base: str  # the address without the token: base + "api/v1/trials" is a REST call
+    token: str | None  # for 'Authorization: Bearer <token>'; None where served with token=False
 
     def stop(self) -> bool:
         """Stop serving (the port is free again once this returns); False where it was stopped already."""
@@ -63,13 +65,13 @@ _STOPPED_AT_EXIT: list[bool] = []  # non-empty once _stop_all is registered with
 
 def serve(path: str | Path, *, port: int | None = None, host: str = "127.0.0.1",
           visualization_file: str | Path | None = None, poll_seconds: float = 2.0, findings_scan: bool = True,
-          allow_hosts: Iterable[str] = ()) -> AppURL:
+          allow_hosts: Iterable[str] = (), token: bool | str = True, token_for_reads: bool = False) -> AppURL:
     """Serve the app for the group folder ``path`` in a background thread; returns its URL (see the module)."""
     group = group_folder(path)
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
         raise ConfigError(f"port={port!r} is not a port; pass an int from 1 to 65535, or None for a free one.")
     options = (host, str(Path(visualization_file).expanduser().resolve()) if visualization_file else None,
-               float(poll_seconds), bool(findings_scan), tuple(sorted(allow_hosts)))
+               float(poll_seconds), bool(findings_scan), tuple(sorted(allow_hosts)), token, bool(token_for_reads))
     with _LOCK:
         served = _SERVING.pop(group, None)
         if served is not None and served.thread.is_alive() and served.options == options \
@@ -121,19 +123,19 @@ def group_folder(path: str | Path) -> Path:
 
 
 def _start(group: Path, port: int, options: tuple[Any, ...]) -> _Served:
-    from comgra.server.api import TOKEN_CONFIG
-    from comgra.server.app import create_app, make_http_server, url_of
+    from comgra.server.app import create_app, make_http_server, start_links
 
-    host, visualization_file, poll_seconds, findings_scan, allow_hosts = options
+    host, visualization_file, poll_seconds, findings_scan, allow_hosts, token, token_for_reads = options
     app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds),
                      findings_scan=findings_scan)
     try:
-        server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts)
+        server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts, token=token,
+                                  token_for_reads=token_for_reads)
     except OSError as error:
         raise ConfigError(f"comgra cannot serve on {host}:{port} ({error.strerror or error}); pass another port, "
                           "or port=None for a free one.") from None
-    token = app.server.config.get(TOKEN_CONFIG)  # bound beyond loopback: the link carries the token, as comgra's
-    url = AppURL(url_of(server) + (f"?token={token}" if token else ""))  # (the browser keeps it as a cookie)
+    url = AppURL(start_links(app, server)[-1])  # with ?token=...: the browser keeps it as a cookie (127.0.0.1 for 0.0.0.0)
+    url.base, url.token = str(url).split("?")[0], app.server.config.get("COMGRA_API_TOKEN")
     url.path = group
     thread = threading.Thread(target=server.serve_forever, name=f"comgra-app-{server.server_port}", daemon=True)
     thread.start()

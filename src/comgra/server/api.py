@@ -5,13 +5,13 @@ the tests check every route against. What arrives is data, never code: query val
 as integers or matched against known names, and a breakpoint's condition goes to the whitelist
 parser of ``comgra.breakpoints.conditions``. A bad value is a 4xx whose JSON names the field.
 
-State-changing calls (POST, PATCH, DELETE) are refused from another web origin, and, when the
-server is bound to a non-loopback address, need the token it prints at start
-(``Authorization: Bearer <token>``, or the cookie that the printed link ``/?token=...`` sets).
+State-changing calls (POST, PATCH, DELETE) are refused from another web origin and need the token
+the server prints at start, on loopback too (``Authorization: Bearer <token>``, or the cookie that the
+printed link ``/?token=...`` sets); reads need it off loopback, or with ``--token-for-reads``.
 ``doors.check_state_change`` is that one check; the app's state-changing callbacks call it too, and take
 their trial through ``trial_folder``, as the routes do.
 
-    $ curl http://127.0.0.1:8055/api/v1/trials
+    $ curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8055/api/v1/trials
     {"trials": ["trial_a"]}
 """
 from __future__ import annotations
@@ -28,10 +28,10 @@ from flask import Blueprint, Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
 from comgra.errors import (BreakpointError, ComgraError, ConfigError, NotPaused, SelectionError, UnknownBreakpoint,
-                           did_you_mean)
+                           did_you_mean, disk_problem)
 from comgra.server.api_spec import API_PREFIX, openapi_document
-from comgra.server.doors import (TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
-                                 check_state_change, trial_folder)
+from comgra.server.doors import (READS_CONFIG, TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
+                                 check_read, check_state_change, trial_folder)
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.service.kpi_points import MAX_POINTS, downsampled
 from comgra.store import format as fmt
@@ -43,6 +43,7 @@ PHASES = ("forward", "backward")
 AGGREGATIONS = ("mean", "std", "abs_max", "none", "sample")
 RUN_ACTIONS = ("continue", "step", "abort")
 MAX_RUNS = 10_000  # rows of one /runs answer
+FINDINGS_WAIT_S = 1.0  # a live trial's findings: the last result after at most this long (then "refreshing")
 
 
 # -- reading what was sent --------------------------------------------------------------------------
@@ -142,7 +143,9 @@ def blueprint(service: RecordingService) -> Blueprint:
 def install(server: Flask, service: RecordingService) -> None:
     """Serve the API on ``server`` (the app's Flask server)."""
     server.config.setdefault(TOKEN_CONFIG, None)
+    server.config.setdefault(READS_CONFIG, False)
     server.before_request(accept_token_link)
+    server.before_request(check_read)
     server.register_blueprint(blueprint(service))
 
 
@@ -180,7 +183,9 @@ def _check_state_change() -> None:
 
 def _error(error: Exception) -> Response:
     if isinstance(error, ApiError):
-        return _error_answer(error.status, error.message, error.field)
+        return _error_answer(error.status, error.message, error.field, error.problems)
+    if isinstance(error, OSError) and disk_problem(error):  # a full or read-only disk, not a fault of comgra's
+        return _error_answer(507, f"comgra could not write: {disk_problem(error)}.", None)
     if isinstance(error, HTTPException):
         return _error_answer(error.code or 500, error.description or error.name, None)
     if isinstance(error, UnknownBreakpoint):
@@ -197,8 +202,10 @@ def _error(error: Exception) -> Response:
     return _error_answer(500, "comgra hit an internal error; the terminal that runs the app shows the details.", None)
 
 
-def _error_answer(status: int, message: str, field: str | None) -> Response:
-    return answer({"error": {"status": status, "message": message, "field": field}}, status)
+def _error_answer(status: int, message: str, field: str | None, problems: list[str] | None = None) -> Response:
+    """The error document; ``problems``: the damaged files that may explain it (a step left out with its chunk)."""
+    return answer({"error": {"status": status, "message": message, "field": field},
+                   **({"problems": problems} if problems else {})}, status)
 
 
 class Routes:
@@ -245,8 +252,11 @@ class Routes:
     def _step_rows(self, trial: str, rank: int) -> tuple[int, list[dict[str, Any]]]:
         step = int_arg("step", required=True)
         rows = self.service.step_index(trial, rank).rows_of(step)  # type: ignore[arg-type]
-        if not rows:
-            raise ApiError(404, f"Training step {step} is not recorded in trial {trial!r} (rank {rank}).", "step")
+        if not rows:  # or its rows are in a chunk left out as damaged: then say so
+            problems = self._problems(trial)
+            raise ApiError(404, f"Training step {step} is not recorded in trial {trial!r} (rank {rank})"
+                           + (f", or it was left out with a damaged file: {problems}." if problems else "."), "step",
+                           problems)
         return step, rows  # type: ignore[return-value]
 
     def _iteration_row(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -296,8 +306,12 @@ class Routes:
         rank = self._rank(trial)
         step, rows = self._step_rows(trial, rank)
         row = self._iteration_row(rows)
+        try:
+            graph = self.service.trial(trial).graph(row["graph"])
+        except ComgraError as error:  # a damaged or missing graph document: a 404 that names it
+            raise ApiError(404, str(error), "step", self._problems(trial) + [str(error)]) from None
         return self._answer(trial, {"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
-                                    "graph": self.service.trial(trial).graph(row["graph"])})
+                                    "graph": graph})
 
     def values(self, trial: str) -> Response:
         self._trial(trial)
@@ -318,7 +332,8 @@ class Routes:
         view = self.service.resolve({k: v for k, v in wanted.items() if v is not None})
         selection = view.selection
         if selection is None:
-            raise ApiError(404, " ".join(view.banners + view.notices) or "Nothing to show.", None)
+            raise ApiError(404, " ".join(view.banners + view.notices) or "Nothing to show.", None,
+                           self._problems(trial))
         role = str_arg("role")
         if role is not None and role != selection.role:
             view = self.service.resolve({**wanted, "node_id": selection.node_id, "roles": {selection.node: role}})
@@ -405,10 +420,11 @@ class Routes:
                            "message": "This comgra has no findings analysis."})
         entries = []
         for t in trials:
-            found = find(t)
-            scan_problems = self.service.findings_progress(t).problems  # unreadable chunks and graphs, failed detectors
-            entries.append({"trial": t, "findings": found, "problems": list(dict.fromkeys(
-                [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
+            progress, refreshing = self._findings_of(t)
+            scan_problems = progress.problems  # unreadable chunks and graphs, failed detectors
+            entries.append({"trial": t, "findings": progress.findings, "refreshing": refreshing,
+                            "problems": list(dict.fromkeys(
+                                [*self._problems(t), *(p.removeprefix("skipped ") for p in scan_problems)]))})
         return answer({"available": True, "findings": entries})
 
     def runs(self) -> Response:
@@ -421,6 +437,20 @@ class Routes:
         except ConfigError as error:
             raise ApiError(400, str(error), "filter" if str(error).startswith("filter") else "sort") from None
         return answer({"runs": [run.as_json() for run in page.runs], "total": page.total})
+    def _findings_of(self, trial: str) -> tuple[Any, bool]:
+        """(the trial's findings so far, whether a newer scan is under way). A trial whose run is writing gets
+        the last result within ``FINDINGS_WAIT_S``, marked ``refreshing``: its data changes every flush, and
+        waiting for a scan of the current data never ended (issue 31 item 13). A trial nothing writes to is
+        scanned to the end first, as before."""
+        from comgra.breakpoints import control
+
+        progress = self.service.findings_progress(trial, FINDINGS_WAIT_S)
+        if trial not in progress.pending:
+            return progress, False
+        if control.run_state(fmt.trial_dir(self.service.group.path, trial))["state"] in ("running", "paused"):
+            return progress, True
+        self.service.findings(trial)  # waits for the scan, as before
+        return self.service.findings_progress(trial), False
 
     def breakpoints(self, trial: str) -> Response:
         from comgra.breakpoints import control
@@ -451,7 +481,7 @@ class Routes:
     def run(self, trial: str) -> Response:
         from comgra.breakpoints import control
 
-        return answer({"trial": trial, **control.run_state(self._trial_dir(trial))})
+        return answer({"trial": trial, "problems": [], **control.run_state(self._trial_dir(trial))})
 
     def run_command(self, trial: str, action: str) -> Response:
         from comgra.breakpoints import control
@@ -460,7 +490,7 @@ class Routes:
         if action not in RUN_ACTIONS:
             raise ApiError(404, f"No run command {action[:40]!r}; use one of {list(RUN_ACTIONS)}.", "action")
         control.send_command(directory, action)
-        return answer({"trial": trial, "sent": action, **control.run_state(directory)})
+        return answer({"trial": trial, "sent": action, "problems": [], **control.run_state(directory)})
 
 
 def _file_safe(name: str) -> str:

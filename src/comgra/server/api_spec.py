@@ -15,16 +15,18 @@ API_PREFIX = "/api/v1"
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["status", "message", "field"],
     "properties": {"status": {"type": "integer"}, "message": {"type": "string"},
-                   "field": {"type": ["string", "null"]}}}}}
+                   "field": {"type": ["string", "null"]}}},
+    "problems": {"type": "array", "items": {"type": "string"}}}}
 _ANY_OBJECT = {"type": "object"}
 _ROWS = {"type": "array", "items": {"type": "object"}}
 _NUMBERS = {"type": "array", "items": {"type": ["number", "null"]}}
 _BREAKPOINT = {"type": "object", "required": ["id", "target", "condition", "enabled", "hits"], "properties": {
     "id": {"type": "string"}, "target": {"type": "string"}, "condition": {"type": "string"},
     "enabled": {"type": "boolean"}, "hits": {"type": "integer"}}}
-_RUN = {"type": "object", "required": ["state", "training_step", "breakpoint"], "properties": {
+_RUN = {"type": "object", "required": ["state", "training_step", "breakpoint", "problems"], "properties": {
     "state": {"enum": ["running", "paused", "finished", "unknown"]},
-    "training_step": {"type": ["integer", "null"]}, "breakpoint": {}}}
+    "training_step": {"type": ["integer", "null"]}, "breakpoint": {},
+    "problems": {"type": "array", "items": {"type": "string"}}}}
 
 
 def _object(required: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +67,7 @@ def _operation(summary: str, ok: dict[str, Any], *, parameters: list[dict[str, A
                errors: tuple[int, ...] = (400, 404), status: int = 200, body: dict[str, Any] | None = None,
                changes: bool = False) -> dict[str, Any]:
     responses = {str(status): {"description": "OK", "content": {"application/json": {"schema": ok}}}}
-    for code in (*errors, *((401, 403) if changes else ())):
+    for code in (*errors, *((401, 403, 507) if changes else ())):
         responses[str(code)] = {"description": _ERROR_TEXT[code], "content": {"application/json": {"schema": _ERROR}}}
     operation: dict[str, Any] = {"summary": summary, "parameters": list(parameters), "responses": responses}
     if body is not None:
@@ -76,10 +78,11 @@ def _operation(summary: str, ok: dict[str, Any], *, parameters: list[dict[str, A
 
 
 _ERROR_TEXT = {400: "A query value or body field is invalid; error.field names it.",
-               401: "The server is bound to a non-loopback address and the token is missing or wrong.",
+               401: "The token that comgra printed at start is missing or wrong.",
                403: "A state-changing call from another web origin.",
                404: "The trial, step, node, module or breakpoint does not exist; error.field names which.",
-               409: "The run is not paused.", 413: "The request body is too large."}
+               409: "The run is not paused.", 413: "The request body is too large.",
+               507: "The disk is full or read-only: nothing was written."}
 
 
 _NUMBER_OR_NULL = {"type": ["number", "null"]}
@@ -183,7 +186,8 @@ def _paths() -> dict[str, Any]:
         "/findings": {"get": _operation("The findings of the analysis, per trial.",
                                         _object({"available": {"type": "boolean"}, "findings": {
                                             "type": "array", "items": _from_trial({
-                                                "trial": {"type": "string"}, "findings": _ROWS})}}),
+                                                "trial": {"type": "string"}, "findings": _ROWS,
+                                                "refreshing": {"type": "boolean"}})}}),
                                         parameters=[_query("trial", {"type": "string"}, "Only this trial.")])},
         f"{t}/breakpoints": {
             "get": _operation("The breakpoints with their hit counts.",
@@ -222,6 +226,7 @@ def openapi_document() -> dict[str, Any]:
         "paths": _paths(),
         "components": {"securitySchemes": {"token": {
             "type": "http", "scheme": "bearer",
-            "description": "Needed for state-changing calls when the server is bound to a non-loopback address; "
-                           "printed at start."}}},
+            "description": "Printed at start. Needed for state-changing calls (loopback included, unless the "
+                           "server was started with --no-token), and for every call off loopback or with "
+                           "--token-for-reads."}}},
     })

@@ -30,6 +30,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from comgra.server import api, callbacks, layout, tensors, view_state
+from comgra.server.doors import READS_CONFIG
 from comgra.server.visualization import VisualizationFile
 from comgra.service import RecordingService
 
@@ -52,6 +53,7 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     show what ``comgra scan`` saved in the recording (a huge recording opens without a scan's cost).
     Raises ``StoreError`` if the folder does not exist.
     """
+    _import_what_answers_need()
     service = RecordingService(path)
     if findings_sensitivity is not None or not findings_scan:  # a bad sensitivity is a ConfigError
         service.configure_findings(sensitivity=findings_sensitivity, background=findings_scan)
@@ -70,6 +72,17 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
         threading.Thread(target=_warm_up, args=(service,), name="comgra-warm-up").start()
     _close_at_exit(service)
     return app
+
+
+def _import_what_answers_need() -> None:
+    """Import pandas here, in the thread that builds the app, before any other thread runs.
+
+    Plotly's JSON encoder (which Dash uses for the layout and every callback) asks ``sys.modules`` for pandas
+    without importing it: while the warm-up thread or a first request was still importing pandas, another
+    request thread met the half-initialised module ("partially initialized module 'pandas' has no attribute
+    'NaT'"), a 500, and the page said "Error loading layout" (issue 31 item 14). Every answer needs pandas
+    anyway (the store reads into DataFrames), so it is imported once, whole, before serving."""
+    import pandas  # noqa: F401
 
 
 def _callback_failed(error: Exception) -> None:
@@ -109,6 +122,10 @@ def _error_response(error: Exception) -> Response | HTTPException:
 
     if isinstance(error, DependencyException):  # /_dash-component-suites/ of no file Dash serves (../.., a typo)
         return Response("Not found: Dash serves no such file.\n", status=404, mimetype="text/plain")
+    from comgra.errors import disk_problem
+
+    if disk_problem(error):  # a full or read-only disk: what happened, not "an internal error"
+        return Response(f"comgra could not write: {disk_problem(error)}.\n", status=507, mimetype="text/plain")
     if isinstance(error, RecursionError):  # a request body nested deeper than any parser goes: bad input, not a fault
         return Response("Bad request: the body is nested too deeply.\n", status=400, mimetype="text/plain")
     log.error("comgra: a request failed: %s %s", request.method, request.path, exc_info=error)
@@ -169,22 +186,61 @@ def _page(service: RecordingService, *, title: str, poll_ms: int, with_visualiza
 
 
 def make_http_server(app: Dash, *, host: str = "127.0.0.1", port: int = 8055,
-                     allow_hosts: Iterable[str] = ()) -> BaseWSGIServer:
+                     allow_hosts: Iterable[str] = (), token: bool | str = True,
+                     token_for_reads: bool = False) -> BaseWSGIServer:
     """A threaded HTTP server for the app; ``port=0`` picks a free port (see ``server_port``).
 
     It answers only requests whose Host header names it (see ``allowed_hosts``);
     ``allow_hosts`` adds names, e.g. the name of a reverse proxy.
-    Raises OSError when the address cannot be bound (Werkzeug would print and exit instead).
+    ``token``: True makes a new random token, a string is used as the token (at least 16 characters),
+    False serves without one (loopback only: an explicit opt-out for a single-user machine). Every
+    state-changing request needs the token; reads need it too off loopback or with ``token_for_reads``.
+    The link that carries it is ``start_links``. Raises OSError when the address cannot be bound (Werkzeug
+    would print and exit instead) and ConfigError for a token setting that cannot be honoured.
     """
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     app.server.config[_ALLOWED_HOSTS] = allowed_hosts(host, allow_hosts)
-    # Reachable from other machines: the REST API's state-changing calls need a token (printed by serve).
-    app.server.config[api.TOKEN_CONFIG] = None if _is_loopback(host) else secrets.token_urlsafe(24)
+    app.server.config[api.TOKEN_CONFIG] = _chosen_token(token, host, token_for_reads)
+    app.server.config[READS_CONFIG] = bool(token_for_reads) or not _is_loopback(host)
     _check_bindable(host, port)
     try:
         return make_server(host, port, app.server, threaded=True)
     except SystemExit:
         raise OSError(f"cannot bind {host}:{port}") from None
+
+
+def _chosen_token(token: bool | str, host: str, token_for_reads: bool) -> str | None:
+    from comgra.errors import ConfigError
+
+    if token is True:
+        return secrets.token_urlsafe(24)
+    if isinstance(token, str) and not isinstance(token, bool):
+        if len(token) < 16 or not token.isprintable() or any(c in token for c in " &#?%/"):
+            raise ConfigError("token= must be at least 16 characters without spaces or any of &#?%/ (it goes into a "
+                              "link); pass token=True for a random one.")
+        return token
+    if token is not False:
+        raise ConfigError(f"token={token!r} must be True (a random token), a string, or False (no token).")
+    if not _is_loopback(host):
+        raise ConfigError(f"Serving on {host!r} without a token would let anyone who reaches the port read the "
+                          "recording and change its run; the opt-out (--no-token) is for 127.0.0.1 only.")
+    if token_for_reads:
+        raise ConfigError("--token-for-reads needs a token; leave out --no-token.")
+    return None
+
+
+def start_links(app: Dash, server: BaseWSGIServer, view: str = "/") -> list[str]:
+    """The addresses to open, each with ``?token=`` where the server has one: bound to every interface
+    (0.0.0.0, ::), this machine's name and 127.0.0.1 (0.0.0.0 is no address a browser can open)."""
+    token = app.server.config.get(api.TOKEN_CONFIG)
+    if token:
+        view = view + ("&" if "?" in view else "?") + f"token={token}"
+    port = server.server_port
+    if server.host in ("", "0.0.0.0", "::"):
+        bases = [f"http://{socket.gethostname()}:{port}", f"http://127.0.0.1:{port}"]
+    else:
+        bases = [url_of(server).rstrip("/")]
+    return [base + view for base in bases]
 
 
 def _check_bindable(host: str, port: int) -> None:
@@ -194,14 +250,16 @@ def _check_bindable(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-def serve(app: Dash, *, host: str = "127.0.0.1", port: int = 8055, allow_hosts: Iterable[str] = ()) -> None:
-    server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts)
-    token = app.server.config.get(api.TOKEN_CONFIG)
-    # Reachable from other machines: the link carries the token, which the browser keeps as a cookie.
-    print(f"comgra is serving at {url_of(server)}{f'?token={token}' if token else ''}  (Ctrl+C to stop)", flush=True)
-    if token:
-        print(f"Token for state-changing calls (the app's Breakpoints tab, the REST API): {token}  "
-              "(REST: send 'Authorization: Bearer <token>')", flush=True)
+def serve(app: Dash, *, host: str = "127.0.0.1", port: int = 8055, allow_hosts: Iterable[str] = (),
+          token: bool | str = True, token_for_reads: bool = False) -> None:
+    server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts, token=token,
+                              token_for_reads=token_for_reads)
+    # The link carries the token, which the browser keeps as a cookie.
+    for link in start_links(app, server):
+        print(f"comgra is serving at {link}  (Ctrl+C to stop)", flush=True)
+    token_value = app.server.config.get(api.TOKEN_CONFIG)
+    if token_value:
+        print(f"Token (the Breakpoints tab, the REST API: 'Authorization: Bearer <token>'): {token_value}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -14,7 +14,7 @@ from typing import Any
 from dash import ALL, Dash, Input, Output, State, ctx, dcc, html, no_update
 from dash.development.base_component import Component
 
-from comgra.errors import ComgraError
+from comgra.errors import ComgraError, disk_problem
 from comgra.breakpoints import control
 from comgra.server.doors import ApiError, check_breakpoint_target, check_state_change, trial_folder
 from comgra.service import RecordingService, view_link
@@ -183,4 +183,8 @@ def _act(trial_dir: Path, trigger: Any, target: Any, condition: Any, *,
             return f"Removed {trigger['id']}."
     except (ComgraError, KeyError) as error:
         return html.Span(str(error), className="text-danger")
+    except OSError as error:
+        if not disk_problem(error):
+            raise
+        return html.Span(f"Nothing was written: {disk_problem(error)}.", className="text-danger")
     return None

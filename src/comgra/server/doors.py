@@ -1,9 +1,11 @@
 """The doors of the server that change a run: who may go through them, and where they lead.
 
 A state-changing request (a REST POST/PATCH/DELETE, an action of the app's Breakpoints tab) must come from
-this page's own origin and, when the server is reachable from other machines, carry its token: a bearer
-header, or the HttpOnly cookie that the link printed at start (``/?token=...``) sets. The REST API and the
-app ask the same ``check_state_change``. A trial a request names must be one the recording holds, not a
+this page's own origin and carry the server's token, on loopback too (any local user can reach 127.0.0.1):
+a bearer header, or the HttpOnly cookie that the link printed at start (``/?token=...``) sets. The REST API
+and the app ask the same ``check_state_change``. Reads need the token too where ``READS_CONFIG`` says so:
+always off loopback, and on loopback with ``--token-for-reads`` (``check_read``). Only an explicit opt-out
+(``--no-token``, loopback only) serves without a token. A trial a request names must be one the recording holds, not a
 link out of it (``trial_folder``).
 """
 from __future__ import annotations
@@ -21,13 +23,14 @@ from comgra.store import format as fmt
 from comgra.store import validation
 
 TOKEN_CONFIG = "COMGRA_API_TOKEN"  # Flask config key: the token state-changing calls need, or None
+READS_CONFIG = "COMGRA_TOKEN_FOR_READS"  # Flask config key: True where every request needs the token
 TOKEN_COOKIE = "comgra_token"  # set by the link the server prints (/?token=...); HttpOnly, SameSite=Strict
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, field: str | None = None):
+    def __init__(self, status: int, message: str, field: str | None = None, problems: list[str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.field = status, message, field
+        self.status, self.message, self.field, self.problems = status, message, field, problems
 
 
 def trial_folder(service: RecordingService, trial: object) -> Path:
@@ -63,15 +66,32 @@ def check_breakpoint_target(service: RecordingService, trial: str, target: objec
 
 def check_state_change() -> None:
     """Raise ApiError (403, 401) unless the current request may change a run: from this page's own origin
-    and, when the server is reachable from other machines, with its token (bearer header or cookie)."""
+    and with the server's token (bearer header or cookie), unless the server was started without one."""
     origin = request.headers.get("Origin")
     if origin and urlsplit(origin).netloc.lower() != request.host.lower():
         raise ApiError(403, f"A state-changing call from the web origin {origin[:80]!r} is refused.", "Origin")
     token = current_app.config.get(TOKEN_CONFIG)
     if token and not _token_matches(_given_token(), token):
-        raise ApiError(401, "This changes the run, and this server is reachable from other machines: open the "
-                            "address with ?token=... that comgra printed at start (the browser keeps the token as a "
-                            "cookie), or send 'Authorization: Bearer <token>'.", "Authorization")
+        raise ApiError(401, "This changes the run and needs comgra's token: open the address with ?token=... that "
+                            "comgra printed at start (the browser keeps the token as a cookie), or send "
+                            "'Authorization: Bearer <token>'.", "Authorization")
+
+
+def check_read() -> Response | None:
+    """Every request needs the token where the server says so (off loopback, or ``--token-for-reads``): a 401
+    that says where the token is, as JSON under the REST API and as text elsewhere. Runs after
+    ``accept_token_link``, so the printed link itself gets through."""
+    token = current_app.config.get(TOKEN_CONFIG)
+    if not token or not current_app.config.get(READS_CONFIG) or _token_matches(_given_token(), token):
+        return None
+    message = ("This comgra server needs its token for every request: open the address with ?token=... that comgra "
+               "printed at start (the browser keeps the token as a cookie), or send 'Authorization: Bearer <token>'.")
+    if request.path.startswith(API_PREFIX):
+        from flask import json
+
+        body = json.dumps({"error": {"status": 401, "message": message, "field": "Authorization"}})
+        return Response(body, status=401, mimetype="application/json", headers={"WWW-Authenticate": "Bearer"})
+    return Response(message + "\n", status=401, mimetype="text/plain", headers={"WWW-Authenticate": "Bearer"})
 
 
 def _given_token() -> str:

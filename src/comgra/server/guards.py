@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from comgra.errors import ComgraError
+from comgra.errors import ComgraError, disk_problem
 
 log = logging.getLogger("comgra.server")
 
@@ -23,7 +23,9 @@ def guarded(build: Callable[[], Any], on_error: Callable[[str], Any]) -> Any:
         return build()
     except ComgraError as error:
         return on_error(str(error))
-    except Exception:
+    except Exception as error:
+        if disk_problem(error):  # a full or read-only disk: what happened, not "an internal error"
+            return on_error(f"comgra could not write: {disk_problem(error)}.")
         log.exception("comgra: a callback failed")  # the details for the terminal, a summary for the page
         return on_error(f"This could not be shown: {INTERNAL_ERROR}.")
 

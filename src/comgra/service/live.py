@@ -89,9 +89,15 @@ class LiveQuestions:
                 continue
             try:
                 document = json.loads(validation.read_regular_file(path))  # a FIFO is refused, never waited on
-            except (OSError, ValueError, RecursionError):
-                continue  # a damaged status file: the samples still speak for themselves
-            if isinstance(document, dict):
+            except RecursionError:
+                trial.report_problem(path, "damaged: nested too deeply to be a resources document; left out")
+                continue  # the samples still speak for themselves
+            except (OSError, ValueError) as error:
+                trial.report_problem(path, f"damaged: not a readable JSON document ({str(error)[:80]}); left out")
+                continue
+            if not isinstance(document, dict):
+                trial.report_problem(path, f"damaged: a JSON {type(document).__name__}, not an object; left out")
+            else:
                 rank = path.stem.rsplit("-r", 1)[-1]
                 result.append({"rank": int(rank) if rank.isdigit() else 0, **document})
         return result

@@ -20,7 +20,10 @@ import pyarrow.parquet as pq
 from comgra.store import format as fmt
 from comgra.store import layout, validation
 
-CHECKED_KEPT = 4096  # chunk versions whose checks are kept before those of vanished files are let go
+# The checks of vanished chunk versions (a live writer merges every flush's chunks away) are let go once the
+# kept versions have doubled since the last time: amortised one stat per version, and what is kept stays within
+# twice what is on disk. (A fixed bound of 4,096 versions let a live run's server grow for its first hours.)
+CHECKED_PRUNE_AT_LEAST = 64
 
 
 def not_own_chunk(path: Path, trial_dir: Path) -> str | None:
@@ -61,6 +64,7 @@ class ChunkChecks:
 
     def __init__(self) -> None:
         self._checked: dict[tuple[str, int, int], Checked] = {}
+        self._prune_above = CHECKED_PRUNE_AT_LEAST
         self._lock = threading.Lock()
 
     def verify(self, table: str, path: Path, wanted: frozenset[str], row_groups: Callable[[int], list[int]], *,
@@ -76,6 +80,7 @@ class ChunkChecks:
         with pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True) as parquet:
             if checked is None:
                 validation.check_chunk_schema(parquet.schema_arrow, fmt.SCHEMAS[table], rank_optional=rank_optional)
+                check_key_columns(parquet, KEY_COLUMNS.get(table, ()))
                 checked = Checked(parquet.num_row_groups, frozenset(parquet.schema_arrow.names), {})
             done = dict(checked.done)
             for group in row_groups(checked.num_row_groups):  # one row group in memory at a time
@@ -84,9 +89,19 @@ class ChunkChecks:
                     parquet.read_row_group(group, columns=missing, use_threads=False)
                     done[group] = done.get(group, frozenset()) | frozenset(missing)
         with self._lock:
-            if len(self._checked) > CHECKED_KEPT:  # versions of chunks merged away by a live writer
-                self._checked = {k: v for k, v in self._checked.items() if os.path.exists(k[0])}
+            if len(self._checked) > self._prune_above:  # versions of chunks merged away by a live writer
+                self._checked = {k: v for k, v in self._checked.items() if _same_version(k)}
+                self._prune_above = max(CHECKED_PRUNE_AT_LEAST, 2 * len(self._checked))
             self._checked[key] = Checked(checked.num_row_groups, checked.names, done)
+
+
+def _same_version(key: tuple[str, int, int]) -> bool:
+    """Whether the chunk version ``key`` (path, size, mtime) is still on disk."""
+    try:
+        info = os.stat(key[0])
+    except OSError:
+        return False
+    return (info.st_size, info.st_mtime_ns) == key[1:]
 
 
 def with_rank_of_format_1(table: pa.Table, rank: int = 0) -> pa.Table:
@@ -105,6 +120,26 @@ REQUIRED_COLUMNS = {"steps": ("training_step", "iteration", "type_of_execution",
 
 
 STEP_KEY = ("rank", "training_step", "iteration")
+# The columns every row of a large table has: a query finds its rows by them, so a null there is damage (a
+# tensors chunk whose training_step is all null would answer series points without a step).
+KEY_COLUMNS = {"tensors": ("training_step", "iteration", "node", "role", "kind", "aggregation")}
+
+
+def check_key_columns(parquet: pq.ParquetFile, columns: tuple[str, ...]) -> None:
+    """Raise ChunkDamaged where a key column holds a null: from the footer's null counts (no page read), or,
+    for a row group whose footer has none, by reading that column (once per chunk version)."""
+    metadata, names = parquet.metadata, parquet.schema_arrow.names
+    for column in columns:
+        if column not in names:
+            continue
+        index = parquet.schema_arrow.get_field_index(column)
+        for group in range(metadata.num_row_groups):
+            statistics = metadata.row_group(group).column(index).statistics
+            nulls = statistics.null_count if statistics is not None and statistics.has_null_count else None
+            if nulls is None:
+                nulls = parquet.read_row_group(group, columns=[column], use_threads=False)[column].null_count
+            if nulls:
+                raise validation.ChunkDamaged(f"damaged: {nulls} row(s) without a {column} (a column every row has)")
 
 
 def first_rows(table: pa.Table, keys: tuple[str, ...]) -> np.ndarray | None:
@@ -114,6 +149,16 @@ def first_rows(table: pa.Table, keys: tuple[str, ...]) -> np.ndarray | None:
     columns = np.stack([table[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in keys], axis=1)
     _, first = np.unique(columns, axis=0, return_index=True)
     return None if len(first) == table.num_rows else first
+
+
+def each_step_once(table: pa.Table) -> tuple[pa.Table, int]:
+    """A steps chunk with each (rank, training_step, iteration) once, and how many rows repeated one: the writer
+    writes a step once per chunk, so a row repeated within a chunk is damage, not another step. (Across chunks a
+    step may repeat: a run resumed into the same trial records it again, and both are kept.)"""
+    first = first_rows(table, STEP_KEY)
+    if first is None:
+        return table, 0
+    return table.take(pa.array(np.sort(first))), table.num_rows - len(first)
 
 
 def damage_reason(error: BaseException, default: str = "damaged: not a readable Parquet file") -> str:

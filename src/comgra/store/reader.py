@@ -115,6 +115,7 @@ class TrialReader:
         self._metadata_file = fmt.folder_identity(directory / fmt.TRIAL_META)
         # Skipped files (damaged, foreign, outside the trial) -> what is wrong; a dict, so each is listed once.
         self._problems: dict[str, str] = {}
+        self._still_read: set[str] = set()  # files in ``_problems`` whose good part is read (not skipped)
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
         self._keep_readable_modules()
         self._cache: dict[tuple[str, str], pa.Table] = {}
@@ -221,9 +222,15 @@ class TrialReader:
         with self._problems_lock:
             return dict(self._problems)
 
-    def _report_problem(self, path: Path, reason: str) -> None:
+    def _report_problem(self, path: Path, reason: str, *, skipped: bool = True) -> None:
+        """List ``path`` in ``problems``; ``skipped=False`` for a file whose good part is still read (its
+        repeated rows left out): it stays in the listing of its table."""
         with self._problems_lock:
             self._problems.setdefault(str(path), reason)
+            if not skipped:
+                self._still_read.add(str(path))
+
+    report_problem = _report_problem  # for what a reader outside this class skipped (a damaged resources document)
 
     # -- tensor values -------------------------------------------------------------------------
     def selection(self, *, training_step: int, columns: list[str] | None = None, **filters: Any) -> pa.Table:
@@ -280,6 +287,8 @@ class TrialReader:
         if self._format_1:  # format 1 has no rank column
             return self._query(files, columns, filters)
         validation.check_filter_values({k: v for k, v in filters.items() if v is not None})
+        # Schema and key columns, once per chunk version; one merged away meanwhile stays: the read lists again.
+        files = [p for p in files if self.has_tensor_schema(p) or not p.exists()]
         self._series_reader.forget_all_but(files if filters["rank"] is None else self._files("tensors"))
         try:
             return self._series_reader.read(files, columns, filters, _TENSORS.empty_table().select(columns),
@@ -378,7 +387,7 @@ class TrialReader:
     # -- files -------------------------------------------------------------------------------------
     def _files(self, table: str, rank: int | None = None) -> list[Path]:
         """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
-        bad = set(self.problems)
+        bad = self._skipped()
         folders = layout.table_dirs(self.directory, table, self.format_version)
         visible = [p for folder in folders for p in fmt.visible_chunks(
             [p for p in fmt.chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
@@ -433,7 +442,12 @@ class TrialReader:
         return [p for p, (first, last) in ranges_now if first <= high and last >= low]
 
     def _readable(self, files: list[Path]) -> list[Path]:
-        return [p for p in files if str(p) not in self.problems]
+        bad = self._skipped()
+        return [p for p in files if str(p) not in bad]
+
+    def _skipped(self) -> set[str]:
+        with self._problems_lock:
+            return set(self._problems) - self._still_read
 
     def _drop_corrupt(self, files: list[Path], run: Callable[[list[Path]], pa.Table]) -> bool:
         """Find the chunks DuckDB could not read, remember them, and say whether any were found."""
@@ -501,15 +515,13 @@ class TrialReader:
         return parts
 
     def _each_step_once(self, path: Path, table: pa.Table) -> pa.Table:
-        """A steps chunk with each (rank, training_step, iteration) once, reported if it held one twice: the writer
-        writes a step once per chunk, so a row repeated within a chunk is damage, not another step. (Across chunks
-        a step may repeat: a run resumed into the same trial records it again, and both are kept.)"""
-        first = chunk_checks.first_rows(table, chunk_checks.STEP_KEY)
-        if first is None:
-            return table
-        self._report_problem(path, f"holds {table.num_rows - len(first)} row(s) of the step index twice; "
-                                   "each step is listed once")
-        return table.take(pa.array(np.sort(first)))
+        """A steps chunk with each step once (see ``chunk_checks.each_step_once``); a repeat is reported, and the
+        chunk stays in the listing: its rows are read, each once, on every call."""
+        table, twice = chunk_checks.each_step_once(table)
+        if twice:
+            self._report_problem(path, f"holds {twice} row(s) of the step index twice; each step is listed once",
+                                 skipped=False)
+        return table
 
 
 _STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight listings in a row cannot all be stale

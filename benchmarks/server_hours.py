@@ -1,0 +1,191 @@
+"""The server over hours (issue 31 item 13): does its memory level off, with and without the background
+findings scan, and do a live trial's findings answer within 2 s?
+
+One training process writes a run (``server_memory.train``: a KPI every step, one step in ``--every`` in full,
+flushing every second). Two ``comgra`` servers read it side by side, so that both modes meet the same run at
+the same load: one with the default background findings scan, one with ``--no-findings-scan``. Each gets
+``--clients`` REST clients (``server_memory.Client``: steps, graph, values, series, KPIs, ... at random) and
+one more client that asks ``GET /api/v1/findings?trial=...`` every ``--findings-every`` seconds and times it.
+
+Printed per mode: RSS samples, the Theil-Sen slope of RSS over the second half (MiB per minute, with its 95%
+interval; bound 0.5), the findings answers' times (p50, max, how many took over 2 s) and how many were marked
+``refreshing`` (the last result while a newer scan runs); and the load average it all ran at.
+
+    python benchmarks/server_hours.py                    # 15 minutes, 20 clients per server
+    python benchmarks/server_hours.py --seconds 120 --clients 5   # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+FINDINGS_BOUND_S = 2.0
+
+
+def _server_memory() -> Any:
+    spec = importlib.util.spec_from_file_location("server_memory", HERE / "server_memory.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["server_memory"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+memory = _server_memory()
+
+
+def start_server(group: Path, findings_scan: bool) -> tuple[subprocess.Popen, str]:
+    options = [] if findings_scan else ["--no-findings-scan"]
+    process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(group), "--port", "0", *options],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    for line in process.stdout:
+        match = re.search(r"(http://[^\s?]+)", line)  # reads are open on loopback: no token needed here
+        if match:
+            url = match.group(1).rstrip("/")
+            break
+    else:
+        raise RuntimeError("the server did not start")
+    drain = threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True)  # its log
+    drain.start()
+    DRAINS[process.pid] = drain
+    with urllib.request.urlopen(url + "/api/v1/trials", timeout=120) as response:
+        response.read()
+    return process, url
+
+
+DRAINS: dict[int, threading.Thread] = {}  # server pid -> the thread that reads its output
+
+
+class FindingsClient:
+    """Asks for the live trial's findings every ``every`` seconds: (seconds, refreshing, error) per answer."""
+
+    def __init__(self, base: str, every: float):
+        self.url = f"{base}/api/v1/findings?trial={memory.TRIAL}"
+        self.every = every
+        self.answers: list[tuple[float, bool, str | None]] = []
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            began, refreshing, error = time.perf_counter(), False, None
+            try:
+                with urllib.request.urlopen(self.url, timeout=130) as response:
+                    entry = json.loads(response.read())["findings"][0]
+                    refreshing = bool(entry.get("refreshing"))
+            except (OSError, ValueError, KeyError, IndexError) as failure:
+                error = repr(failure)[:200]
+            self.answers.append((time.perf_counter() - began, refreshing, error))
+            stop.wait(self.every)
+
+    def summary(self) -> str:
+        if not self.answers:
+            return "findings: no answer"
+        seconds = sorted(a[0] for a in self.answers)
+        slow = sum(1 for s in seconds if s > FINDINGS_BOUND_S)
+        errors = sum(1 for a in self.answers if a[2] is not None)
+        marked = sum(1 for a in self.answers if a[1])
+        return (f"findings: {len(seconds)} answers, p50 {statistics.median(seconds):.2f} s, max {seconds[-1]:.2f} s, "
+                f"{slow} over {FINDINGS_BOUND_S:g} s, {marked} marked refreshing, {errors} errors")
+
+
+def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float) -> dict[str, list[tuple[float, ...]]]:
+    """(seconds since the start, RSS MiB, load average) per server, sampled at the same moments."""
+    import psutil
+
+    watched = {mode: psutil.Process(process.pid) for mode, process in servers.items()}
+    samples: dict[str, list[tuple[float, ...]]] = {mode: [] for mode in servers}
+    began = time.monotonic()
+    print("  seconds  " + "  ".join(f"{mode:>22}" for mode in servers) + "  load", flush=True)
+    while (now := time.monotonic() - began) < seconds:
+        load = os.getloadavg()[0]
+        for mode, process in watched.items():
+            samples[mode].append((now, process.memory_info().rss / 2**20, load))
+        print(f"  {now:7.0f}  " + "  ".join(f"{samples[m][-1][1]:18.1f} MiB" for m in servers) + f"  {load:4.2f}",
+              flush=True)
+        time.sleep(every)
+    return samples
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(args.out or tempfile.mkdtemp(prefix="comgra-server-hours-"))
+    training = memory.start_training(root, argparse.Namespace(seconds=args.seconds, every=args.every,
+                                                              steps_per_second=args.steps_per_second))
+    modes = {"findings scan": True, "no findings scan": False}
+    servers, urls = {}, {}
+    for mode, scan in modes.items():
+        servers[mode], urls[mode] = start_server(root / memory.GROUP, scan)
+    stop = threading.Event()
+    threads, tallies, finders = [], {}, {}
+    for mode, url in urls.items():
+        tallies[mode] = memory.Tally()
+        finders[mode] = FindingsClient(url, args.findings_every)
+        threads.append(threading.Thread(target=finders[mode].run, args=(stop,), daemon=True))
+        threads += [threading.Thread(target=memory.Client(url, seed, tallies[mode]).run, args=(stop, args.think),
+                                     daemon=True) for seed in range(args.clients)]
+    for thread in threads:
+        thread.start()
+    print(f"{args.clients} REST clients per server for {args.seconds:g} s; servers {urls}", flush=True)
+    try:
+        samples = sample(servers, args.seconds, args.sample_every)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=140)
+        for process in (*servers.values(), training):
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.pid in DRAINS:  # its output read to the end: then the pipe is closed
+                DRAINS.pop(process.pid).join(10)
+            if process.stdout is not None:
+                process.stdout.close()
+    results: dict[str, Any] = {}
+    print()
+    for mode in modes:
+        slope, low, high, said = memory.verdict(samples[mode])
+        tally = tallies[mode]
+        requests, errors = sum(tally.requests.values()), sum(tally.errors.values())
+        rss = [s[1] for s in samples[mode]]
+        print(f"{mode:>17}: RSS {rss[0]:.0f} -> {rss[len(rss) // 2]:.0f} -> {rss[-1]:.0f} MiB; slope over the second "
+              f"half {slope:+.2f} MiB/min (95%: {low:+.2f} to {high:+.2f}; bound {memory.FLAT_MIB_PER_MINUTE}): {said}; "
+              f"{requests} requests, {errors} errors" + (f" (last: {tally.last_error})" if errors else ""))
+        print(f"{'':>17}  {finders[mode].summary()}")
+        results[mode] = {"slope": slope, "low": low, "high": high, "requests": requests, "errors": errors,
+                         "findings": finders[mode].answers}
+    loads = [s[2] for s in samples["findings scan"]]
+    print(f"load average (1 min) {min(loads):.2f} - {max(loads):.2f}, median {statistics.median(loads):.2f} "
+          f"on {os.cpu_count()} cores")
+    return results
+
+
+def parser() -> argparse.ArgumentParser:
+    result = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    result.add_argument("--seconds", type=float, default=900.0)
+    result.add_argument("--clients", type=int, default=20, help="REST clients per server")
+    result.add_argument("--think", type=float, default=0.3, help="a client's mean pause between requests, seconds")
+    result.add_argument("--findings-every", type=float, default=5.0)
+    result.add_argument("--sample-every", type=float, default=5.0)
+    result.add_argument("--every", type=int, default=10, help="one training step in EVERY is recorded in full")
+    result.add_argument("--steps-per-second", type=float, default=20.0)
+    result.add_argument("--out", help="the recording's folder (default: a fresh temporary one)")
+    return result
+
+
+if __name__ == "__main__":
+    measure(parser().parse_args())
