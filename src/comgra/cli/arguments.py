@@ -38,3 +38,23 @@ def check_recording(path: Path) -> Path:
         raise UsageError(f"pass the group folder, the parent of {str(path)!r}.")
     raise UsageError(f"{str(path)!r} holds no comgra recording (no 'trials' folder). "
                      "Pass the group folder: comgra_root_path/group.")
+
+
+def add_path(parser: argparse.ArgumentParser, help: str, *, required: bool = True) -> None:
+    """The path as a positional argument (``comgra scan ROOT/GROUP``), ``--path`` still accepted."""
+    parser.add_argument("path", type=Path, nargs="?", help=help)
+    parser.add_argument("--path", type=Path, dest="path_option", metavar="PATH", help="the same, as an option")
+    parser.set_defaults(_path_required=required)
+
+
+def chosen_path(args: argparse.Namespace) -> Path | None:
+    """The path of ``add_path``, given positionally or as ``--path``; a UsageError when both differ or, where
+    required, when neither is given."""
+    positional, option = args.path, args.path_option
+    if positional is not None and option is not None and positional != option:
+        raise UsageError(f"two paths, {str(positional)!r} and --path {str(option)!r}; give one.")
+    path = positional if positional is not None else option
+    if path is None and args._path_required:
+        raise UsageError("the path of a recording is missing: give the group folder, e.g. 'runs/my_group' "
+                         "(comgra_root_path/group).")
+    return path

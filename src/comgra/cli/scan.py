@@ -1,6 +1,6 @@
 """``comgra scan``: findings of a recording as a compact list (``--verbose``: the full text), or as JSON.
 
-    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME] [--detector M:F ...]
+    comgra scan ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME] [--detector M:F ...]
 
 The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
 to the terminal's width), grouped by trial, and ends with the command that opens the app on the first finding.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording
+from comgra.cli.arguments import USAGE_ERROR, UsageError, add_path, check_recording, chosen_path
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
@@ -35,7 +35,7 @@ SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="comgra scan", description="Find anomalies in a recording and say where "
                                      "they start: non-finite values, vanishing gradients, dead units, ...")
-    result.add_argument("--path", type=Path, required=True, help="the group folder: comgra_root_path/group")
+    add_path(result, "the group folder: comgra_root_path/group")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
     result.add_argument("--verbose", "-v", action="store_true",
@@ -54,11 +54,13 @@ def parser() -> argparse.ArgumentParser:
 
 def run(arguments: list[str]) -> int:
     """Parse, scan, print; a bad argument raises ``UsageError`` (one line, exit 2)."""
+    args = parser().parse_args(arguments)  # before the heavy imports: a usage error answers at once
+    path = chosen_path(args)
+    assert path is not None  # required
+    group = check_recording(path)
     from comgra.analysis import ScanOptions, Scanner, document
     from comgra.service import finding_link
 
-    args = parser().parse_args(arguments)
-    group = check_recording(args.path)
     options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
     _load_user_detectors(args)
     try:
@@ -71,7 +73,7 @@ def run(arguments: list[str]) -> int:
     else:
         console = _console()
         print_findings(console, result.findings, result.problems, result.trials, verbose=args.verbose,
-                       link=finding_link, path=str(args.path))
+                       link=finding_link, path=str(path))
     return 0
 
 
@@ -210,7 +212,7 @@ def first_sentence(message: str) -> str:
 
 def open_command(path: str, view: str) -> str:
     """The shell command that serves the recording and prints the address of ``view``."""
-    return f"comgra --path {shlex.quote(path)} --view {shlex.quote(view)}"
+    return f"comgra {shlex.quote(path)} --view {shlex.quote(view)}"
 
 
 def main(arguments: list[str]) -> int:
