@@ -826,7 +826,7 @@
     if (!doc) return [];
     return doc.nodes.slice().sort(function (a, b) { return a.name < b.name ? -1 : a.name > b.name ? 1 : 0; })
       .map(function (n) {
-        return { label: n.name + (n.old ? " (previous iteration)" : "") + " [" + n.role + "]", value: n.id };
+        return { label: n.name + (n.module_type ? " (" + n.module_type + ")" : "") + (n.old ? " (previous iteration)" : "") + " [" + n.role + "]", value: n.id };
       });
   }
 
