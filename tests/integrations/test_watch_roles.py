@@ -69,7 +69,7 @@ def test_input_output_loss_and_module_types(make_recorder, store_root, generator
     assert {n: nodes[n].get("module_type") for n in ("model", "model.0", "model.1", "model.2", "model.3")} == {
         "model": "Sequential", "model.0": "Conv2d", "model.1": "ReLU", "model.2": "Flatten", "model.3": "Linear"}
     assert "module_type" not in nodes["loss"] and "module_type" not in nodes["model.0.weight"]
-    assert client["model.1"]["label"] == "model.1 (ReLU)" and client["model.1"]["detail"].startswith("ReLU · ")
+    assert client["model.1"]["label"] == "model.1 (ReLU)" and client["model.1"]["module_type"] == "ReLU"
     curve = sorted((k["timepoint"], k["value"]) for k in kpis if k["kpi_group"] == "loss")
     assert [t for t, _ in curve] == list(range(6))  # every step, recorded or not
     assert [v for _, v in curve] == pytest.approx(losses, rel=1e-5)

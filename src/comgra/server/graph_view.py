@@ -89,8 +89,7 @@ def _client_node(node: Mapping[str, Any], box: str | None, has_dependencies: boo
     roles = [r for r in node.get("roles") or [] if isinstance(r, str)]
     aliases = [a for a in node.get("aliases") or [] if isinstance(a, str)]  # tied weights: the other names
     module_type = node.get("module_type") if isinstance(node.get("module_type"), str) else ""
-    detail = " · ".join([*([module_type] if module_type else []), ROLE_NAMES.get(role, role),
-                         *(["previous iteration"] if old else []),
+    detail = " · ".join([ROLE_NAMES.get(role, role), *(["previous iteration"] if old else []),
                          *([f"{len(roles)} roles"] if len(roles) > 1 else []), *(["tied"] if aliases else [])])
     label = short_label(str(node["node"]), box)
     return {
