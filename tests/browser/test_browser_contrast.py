@@ -46,3 +46,26 @@ def test_every_tab_meets_wcag_aa_contrast(serve, browser: Any, tutorial: Path, s
         failures[tab] = low_contrast(page)
     context.close()
     assert {tab: found for tab, found in failures.items() if found} == {}
+
+
+def test_the_start_here_strip_stays_on_the_findings_tab_and_the_console_stays_clean(serve, browser: Any,
+                                                                                     tutorial: Path) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    console: list[str] = []
+    page.on("console", lambda message: console.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: console.append(str(error)))
+    page.goto(serve(tutorial))
+    page.wait_for_selector(".start-here-box")
+    page.wait_for_timeout(1500)
+    assert console == []  # no "ID not found in layout" on load
+    page.locator('.start-here-step[data-step="1"] a').click()
+    page.wait_for_selector("#findings-list .finding")
+    assert page.locator(".start-here-box").is_visible()  # step 1 opened Findings: steps 2 and 3 are still there
+    page.locator('.start-here-step[data-step="2"] a').click()
+    page.wait_for_selector("#dependency-graph .graph-node.selected")
+    page.locator(".start-here-close").click()
+    page.wait_for_selector(".start-here-box", state="detached")
+    context.close()
+    assert console == []
