@@ -3,7 +3,7 @@ past what one can read at once.
 
 The imports are read with ``ast`` (every ``import`` in a module: at the top, inside functions, under
 ``if TYPE_CHECKING``), so a lazy or type-only import counts like any other. The documented direction
-(README, "Layout of the code"):
+(docs/code-layout.md):
 
 - the read side: ``cli -> server -> service -> analysis -> store``, each importing only what comes after it
   (and ``cli -> examples``: ``comgra demo`` records the tutorial);

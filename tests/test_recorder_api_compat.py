@@ -1,5 +1,5 @@
-"""The documented Comgra API runs unchanged: the README's minimal example and the tutorial's pattern."""
-# The README's example is copied verbatim, style included.
+"""The documented Comgra API runs unchanged: the minimal example of docs/usage.md and the tutorial's pattern."""
+# docs/usage.md's example is copied verbatim, style included.
 # ruff: noqa: I001, PLR0402, UP008, F541
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from comgra.store import GroupReader
 
 
 def test_readme_minimal_example_runs_unchanged(tmp_path: Path) -> None:
-    # ---- copied from the README; only comgra_root_path differs ----------------------------
+    # ---- copied from docs/usage.md; only comgra_root_path differs ----------------------------
     import torch
     import torch.nn as nn
     import torch.optim as optim
@@ -75,7 +75,7 @@ def test_readme_minimal_example_runs_unchanged(tmp_path: Path) -> None:
         comgra.my_recorder.finish_iteration()
         comgra.my_recorder.finish_batch()
     comgra.my_recorder.finalize()
-    # ---- end of the README example -------------------------------------------------------
+    # ---- end of the docs/usage.md example -------------------------------------------------------
 
     trial = GroupReader(tmp_path / "data" / "name_of_experiment_group").trial("example_trial")
     steps = trial.steps()

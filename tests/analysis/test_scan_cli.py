@@ -73,7 +73,7 @@ def test_the_list_is_one_line_per_finding_within_the_width_and_ends_with_the_nex
     input_finding = next(f for f in findings if "[0]" in f["message"])
     row = rows[[int(r.split()[0]) for r in rows].index(findings.index(input_finding) + 1)]
     assert "[0]" in row and row.rstrip("…") .split("  ")[-1].strip() in " ".join(input_finding["message"].split())
-    assert lines[-1] == ("Next, to open the app on finding 1: comgra --path " + str(dead_group)
+    assert lines[-1] == ("Next, to open the app on finding 1: comgra " + str(dead_group)
                          + f" --view '{findings[0]['link']}'")
 
 

@@ -107,6 +107,11 @@ def test_every_figure_spans_the_same_steps_and_a_filter_keeps_the_named_curves()
     filtered = figures.kpi_overlay_figures({"a": pa.concat_tables([short, other])},
                                            KpiOptions(robust_range=False, name_filter="LOS"))
     assert [(group, [t.name for t in figure.data]) for group, figure in filtered] == [("loss", ["loss · train"])]
+    # The placeholder's own example: "loss" finds the figure titled loss whatever its curves are called.
+    renamed = pa.Table.from_pylist([{**row, "kpi_name": "train"} for row in short.to_pylist()], schema=fmt.KPIS_SCHEMA)
+    by_group = figures.kpi_overlay_figures({"a": pa.concat_tables([renamed, other])},
+                                           KpiOptions(robust_range=False, name_filter="loss"))
+    assert [group for group, _ in by_group] == ["loss"] and len(by_group[0][1].data) >= 1
 
 
 def test_styles_stay_distinct_far_beyond_plotlys_ten():
@@ -178,3 +183,35 @@ def test_the_flame_graph_names_its_root_labels_numbered_children_and_colours_by_
     backward = flame_figure(list(reversed(nodes[2:])), "backward").data[0]  # other modules, another order
     colours = dict(zip(trace.ids, trace.marker.colors))
     assert all(colours[i] == c for i, c in zip(backward.ids, backward.marker.colors))
+
+
+def test_a_trial_has_one_colour_in_every_view_whichever_trials_are_shown():
+    from comgra.service.distributions import Distribution
+    from comgra.service.selection import Series
+
+    every = ["bugged", "fixed"]
+    steps = np.arange(5)
+
+    def series_colours(shown: list[str]) -> dict[str, str]:
+        figure = figures.series_figure([Series(t, steps, steps * 1.0) for t in shown], title="x", current_trial=shown[0],
+                                       current_step=0, trials=every)
+        return {trace.name: trace.line.color for trace in figure.data}
+
+    def distribution_colours(shown: list[str]) -> dict[str, str]:
+        entries = [Distribution(t, steps, np.tile(np.arange(9.0), (5, 1)), steps * 1.0, steps * 1.0, 9) for t in shown]
+        figure = figures.distribution_figure(entries, title="x", trials=every)
+        return {trace.legendgroup: trace.line.color for trace in figure.data if trace.name == "median"}
+
+    def kpi_colours(shown: list[str]) -> dict[str, str]:
+        tables = {t: kpis(["loss", "acc"], steps=5) for t in shown}
+        if len(shown) == 1:  # one trial alone: a colour per curve, not per trial
+            tables["other"] = kpis(["loss"], steps=5)
+        entries = figures.kpi_overlay_figures(tables, KpiOptions(robust_range=False), all_trials=[*every, "other"])
+        return {trace.meta.split(" · ")[0]: trace.line.color for _, figure in entries for trace in figure.data
+                if trace.meta and trace.meta.split(" · ")[0] in every}
+
+    expected = {t: figures.trial_colour(t, every) for t in every}
+    assert expected["bugged"] != expected["fixed"]
+    for colours in (series_colours, distribution_colours, kpi_colours):
+        assert colours(every) == expected, colours.__name__
+        assert colours(["fixed"]) == {"fixed": expected["fixed"]}, colours.__name__  # the bugged trial hidden

@@ -97,7 +97,8 @@ def growth_within_step(data: TrialData, facts: GraphFacts, options: ScanOptions)
         for step, at_step in group.groupby("training_step"):
             ordered = at_step.sort_values("iteration")["abs_mean"].to_numpy(np.float64)
             if len(ordered) >= 3 and ordered[0] > MIN_SCALE and np.isfinite(ordered).all():
-                ratios.append(np.log10(ordered[-1] / ordered[0]))
+                with np.errstate(divide="ignore"):  # a last iteration at 0: -inf, no warning
+                    ratios.append(np.log10(ordered[-1] / ordered[0]))
                 steps.append(int(step))
         if len(ratios) < options.min_steps:
             continue

@@ -202,7 +202,7 @@ def outputs(nodes: dict[str, dict[str, Any]], edges: list[tuple[str, str]]) -> s
 def node_entry(node_id: str, registration: Registration, iteration: int,
                groups_of_parameters: dict[str, str]) -> dict[str, Any]:
     absolute = registration.iteration < 0
-    return {
+    entry = {
         "id": node_id,
         "node": registration.node,
         "role": _ROLE_OF_TYPE.get(registration.tensor_type, registration.tensor_type),
@@ -213,3 +213,6 @@ def node_entry(node_id: str, registration: Registration, iteration: int,
         "absolute_iteration": -1 if absolute else None,
         "group": groups_of_parameters.get(registration.tensor_name, ""),
     }
+    if registration.module_type:  # comgra.watch's module outputs: "model.1" is a ReLU (the id stays "model.1")
+        entry["module_type"] = registration.module_type
+    return entry

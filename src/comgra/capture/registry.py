@@ -29,6 +29,8 @@ class Registration:
     grad_fn: Any = None
     # The registration of the same tensor under an earlier name, if any: its only source in the graph.
     same_as: tuple[int, str] | None = None
+    # The class of the module whose output this is ("ReLU"), where comgra.watch found it: the graph's label.
+    module_type: str = ""
     # (iteration, tensor_name), made once: a step keeps it in five places per tensor (registrations, names,
     # ids, autograd nodes, the gradient hook), and one tuple instead of five is fewer objects for the garbage
     # collector to count (a recorded step of ResNet-18 holds 90 registrations).

@@ -150,8 +150,10 @@ class Session:
 
     def register(self, tensor_name: str, tensor: torch.Tensor, *, index_of_batch_dimension: int | None,
                  flags: dict[str, bool], recording_type: str | None, record_per_batch_index: bool | None,
-                 node_name: str | None, role_within_node: str | None, watched: bool = False) -> None:
-        """``watched``: a module output found by comgra.watch (see ``ComgraRecorder._register_watched``)."""
+                 node_name: str | None, role_within_node: str | None, watched: bool = False,
+                 module_type: str = "") -> None:
+        """``watched``: a module output found by comgra.watch (see ``ComgraRecorder._register_watched``);
+        ``module_type``: that module's class, shown beside the node's name."""
         step = self.step
         assert step is not None
         if watched and recomputing():  # a module's forward hook, run again by torch.utils.checkpoint's recomputation
@@ -177,6 +179,7 @@ class Session:
                            "are recorded, its gradients are not, and the graph cannot see what it feeds. Connect it with "
                            f"comgra.my_recorder.add_tensor_connection({tensor_name!r}, <tensor computed from it>).")
         registration.tensor = tensor
+        registration.module_type = module_type
         if watched:
             self.warned.add(f"unconnected:{tensor_name}")
         step.register(registration, tensor, takeover=watched, region=region)

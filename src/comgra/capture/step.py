@@ -435,7 +435,7 @@ class StepRecording:
         nodes = []
         for key in sorted(keys):
             r = self.registrations[key]
-            nodes.append((key, r.node, r.role, r.tensor_type, r.batch_dim is not None,
+            nodes.append((key, r.node, r.role, r.tensor_type, r.module_type, r.batch_dim is not None,
                           groups_of_parameters.get(r.tensor_name, ""),
                           tuple(self.parameter_aliases.get(r.tensor_name, ()))))
         return (self.iteration, tuple(nodes), tuple((r.key, r.tensor_name) for r in targets), frozenset(edges))

@@ -26,16 +26,16 @@ class WatchedTensors:
         return self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
 
     def _register_watched(self, tensor_name: str, tensor: torch.Tensor, index_of_batch_dimension: int | None,
-                          is_loss: bool = False) -> None:
+                          is_loss: bool = False, is_input: bool = False, module_type: str = "") -> None:
         """``register_tensor`` for a module output that comgra.watch found (or a loss a callback found): a second
         name for a tensor that is already registered (a block returning its last layer's output) takes over as
         the name its consumers see, and the tensor never gets a warning for having no connection (the user
         did not pick it)."""
         arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
-                                         flags=dict(is_input=False, is_parameter=False, is_target=False,
+                                         flags=dict(is_input=is_input, is_parameter=False, is_target=False,
                                                     is_loss=is_loss, is_initial_value=False),
                                          recording_type=None, record_per_batch_index=None, node_name=None,
-                                         role_within_node=None, watched=True)
+                                         role_within_node=None, watched=True, module_type=module_type)
         self._watched_sentinel(tensor_name, tensor, is_loss)
         if self._breakpoints is not None and self._breakpoints.monitor.active:
             self._breakpoints.register(tensor_name, tensor, arguments)

@@ -2,17 +2,17 @@
 
 Usage::
 
-    comgra --path ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F] [--no-findings-scan]
+    comgra ROOT/GROUP [--port 8055] [--host 127.0.0.1] [--visualization-file F] [--no-findings-scan]
                              [--view '/?tab=...']   # the printed address opens this view
     comgra --use-path-for-test-run          # what comgra-test-run recorded
-    comgra demo [--steps 300] [--path P]    # record a short tutorial run (needs torch), then serve it
+    comgra demo [P] [--steps 300]           # serve at once, record a short tutorial run into it (needs torch)
     comgra repair PATH                      # remove what a crashed run left (see comgra.store.repair)
     comgra migrate GROUP                    # rewrite a recording of format 1 or 2 as format 3 (docs/format.md)
     comgra compact GROUP                    # one Parquet file per table and rank for each finished trial
     comgra sync LOCAL URL                   # upload a local recording (a crashed run's spool) to s3://... (cli.sync)
-    comgra scan --path ROOT/GROUP [--json]  # findings: anomalies and where they start (see comgra.cli.scan)
+    comgra scan ROOT/GROUP [--json]         # findings: anomalies and where they start (see comgra.cli.scan)
 
-A bad path or option ends with a one-line message and exit code 2.
+Every path may also be given as ``--path PATH``. A bad path or option ends with a one-line message and exit code 2.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from comgra import terminal
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, drop_recording_paths, positive_int, recording_path
+from comgra.cli.arguments import USAGE_ERROR, UsageError, add_path, check_recording, chosen_path, drop_recording_paths, positive_int
 
 __all__ = ["main"]
 
@@ -34,7 +34,7 @@ DEMO_GROUP = "demo"
 DEMO_STEPS = 300
 COMMANDS = {  # the subcommands: `comgra --help` lists them, `comgra foo` names them
     "demo": "record a short run of the tutorial network (needs torch), then open it",
-    "scan": "findings: anomalies and where they start ('comgra scan --path ROOT/GROUP [--json]')",
+    "scan": "findings: anomalies and where they start ('comgra scan ROOT/GROUP [--json]')",
     "repair": "remove what a crashed run left in a recording ('comgra repair PATH')",
     "migrate": "rewrite a recording of format 1 or 2 as format 3 ('comgra migrate GROUP')",
     "compact": "one Parquet file per table and rank for each finished trial ('comgra compact GROUP')",
@@ -80,13 +80,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments[:1] == ["scan"]:
             from comgra.cli import scan
             return scan.run(arguments[1:])
-        if arguments and not arguments[0].startswith("-"):  # no option takes a bare word first
+        if arguments and not arguments[0].startswith("-") and not _looks_like_a_path(arguments[0]):
             raise UsageError(f"unknown command {arguments[0][:80]!r}; the commands are {', '.join(COMMANDS)} "
-                             "(see 'comgra --help'), or open a recording with 'comgra --path ROOT/GROUP'.")
+                             "(see 'comgra --help'), or open a recording with 'comgra ROOT/GROUP'.")
         return _serve(_parser().parse_args(arguments))
     except UsageError as error:
         print(f"comgra: error: {terminal.printable(error)}", file=sys.stderr)
         return USAGE_ERROR
+
+
+def _looks_like_a_path(word: str) -> bool:
+    """A first word that is no command opens a recording when it names a folder or looks like a path."""
+    return "/" in word or os.sep in word or word.startswith(".") or Path(word).expanduser().exists()
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
@@ -112,11 +117,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"commands ('comgra COMMAND --help' for their options):\n{commands}",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"comgra {_version()}")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--path", type=recording_path, help="the group folder: comgra_root_path/group, or its URL "
-                       "(s3://bucket/runs/group, gs://, az://, hdfs://)")
-    where.add_argument("--use-path-for-test-run", action="store_true",
-                       help="open what comgra-test-run recorded in its default location")
+    add_path(parser, "the group folder: comgra_root_path/group, or its URL (s3://bucket/runs/group, gs://, az://, hdfs://)", required=False)
+    parser.add_argument("--use-path-for-test-run", action="store_true",
+                        help="open what comgra-test-run recorded in its default location")
     _add_server_options(parser)
     parser.add_argument("--visualization-file", type=Path,
                         help="a Python file with create_visualization(selection, data) for the Visualization tab")
@@ -127,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
                              "Findings tab or the REST API): the address printed at start opens it")
     parser.add_argument("--no-findings-scan", action="store_true",
                         help="scan nothing in the background: the Findings tab and the graph's badges show only "
-                             "what 'comgra scan --path ...' saved in the recording")
+                             "what 'comgra scan PATH' saved in the recording")
     return parser
 
 
@@ -149,17 +152,20 @@ def _demo_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=positive_int, default=DEMO_STEPS,
                         help=f"training steps per trial (default: {DEMO_STEPS}: enough for the tutorial's bug to be the "
                              "first finding; see benchmarks/demo_fresh_clone.py for how long it takes)")
-    parser.add_argument("--path", type=Path, help="root folder for the recording (default: a new temporary folder)")
+    add_path(parser, "root folder for the recording (default: a new temporary folder)", required=False)
     _add_server_options(parser)
     return parser
 
 
 
 def _serve(args: argparse.Namespace) -> int:
+    path = chosen_path(args)
+    if args.use_path_for_test_run == (path is not None):
+        raise UsageError("give the path of a recording (comgra ROOT/GROUP) or --use-path-for-test-run, one of them.")
+    path = _test_run_path() if args.use_path_for_test_run else path
+    group = check_recording(path)
     from comgra.server.app import limit_malloc_arenas
     limit_malloc_arenas()  # before any thread: see there
-    path = _test_run_path() if args.use_path_for_test_run else args.path
-    group = check_recording(path)
     _repair_closed_trials(group)
     visualization = args.visualization_file
     if visualization is None and args.use_path_for_test_run:  # the tutorial comes with its visualization
@@ -258,7 +264,7 @@ def _run_server(group: Path | str, *, host: str, port: int, visualization_file: 
                 findings_sensitivity: float | None = None, findings_scan: bool = True, view: str = "/",
                 doors: dict[str, bool] | None = None) -> int:
     from comgra.errors import ConfigError, StoreError
-    from comgra.server.app import create_app, make_http_server, start_links
+    from comgra.server.app import create_app, make_http_server
 
     try:
         app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds),
@@ -268,16 +274,7 @@ def _run_server(group: Path | str, *, host: str, port: int, visualization_file: 
         raise UsageError(str(error)) from None
     except OSError as error:
         raise UsageError(f"cannot serve on {host}:{port} ({error.strerror or error}); try another --port.") from None
-    links = start_links(app, server, view)  # each carries ?token=...: the browser keeps it as a cookie
-    print(f"comgra: serving {terminal.printable(group)}\ncomgra: open {links[0]} in a browser (Ctrl+C to stop)", flush=True)
-    for other in links[1:]:
-        print(f"comgra: or, on this machine, {other}", flush=True)
-    token = app.server.config.get("COMGRA_API_TOKEN")
-    if token:  # every state-changing call needs it, on loopback too
-        print(f"comgra: token for the REST API (Authorization: Bearer ...): {token}", flush=True)
-    else:
-        print("comgra: serving without a token (--no-token): any user of this machine can change a paused run",
-              flush=True)
+    _announce(app, server, group, view)
     global _SERVED
     try:
         server.serve_forever()
@@ -289,24 +286,68 @@ def _run_server(group: Path | str, *, host: str, port: int, visualization_file: 
     return 0
 
 
+def _announce(app: object, server: object, group: Path | str, view: str) -> None:
+    """The addresses to open, each with its ``?token=`` (the browser keeps it as a cookie), and the API's token."""
+    from comgra.server.app import start_links
+
+    links = start_links(app, server, view)
+    print(f"comgra: serving {terminal.printable(group)}\ncomgra: open {links[0]} in a browser (Ctrl+C to stop)", flush=True)
+    for other in links[1:]:
+        print(f"comgra: or, on this machine, {other}", flush=True)
+    token = app.server.config.get("COMGRA_API_TOKEN")  # type: ignore[attr-defined]
+    if token:  # every state-changing call needs it, on loopback too
+        print(f"comgra: token for the REST API (Authorization: Bearer ...): {token}", flush=True)
+    else:
+        print("comgra: serving without a token (--no-token): any user of this machine can change a paused run",
+              flush=True)
+
+
 def _demo(args: argparse.Namespace) -> int:
-    try:
-        from comgra.examples.tutorial import run_tutorial
-    except ModuleNotFoundError as error:
-        if error.name != "torch":
-            raise
-        raise UsageError("comgra demo trains a small network and needs PyTorch: pip install 'comgra[torch]'") from None
-    root = args.path.expanduser().resolve() if args.path else Path(tempfile.mkdtemp(prefix="comgra-demo-"))
-    if (root / DEMO_GROUP / "trials").is_dir():
-        raise UsageError(f"{str(root / DEMO_GROUP)!r} already holds a recording. Open it with "
-                         f"'comgra --path {root / DEMO_GROUP}', or choose another --path.")
+    """Bind the port, serve the (empty) group at once, record the tutorial into it in a child process."""
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("comgra demo trains a small network and needs PyTorch: pip install 'comgra[torch]'")
+    import threading
+
+    from comgra.cli import demo
+    from comgra.errors import ConfigError, StoreError
+    from comgra.server.app import create_app, limit_malloc_arenas, make_http_server
+
+    limit_malloc_arenas()
+    chosen = chosen_path(args)
+    root = chosen.expanduser().resolve() if chosen else Path(tempfile.mkdtemp(prefix="comgra-demo-"))
+    group = root / DEMO_GROUP
+    if (group / "trials").is_dir() and any((group / "trials").iterdir()):
+        raise UsageError(f"{str(group)!r} already holds a recording. Open it with "
+                         f"'comgra {group}', or choose another --path.")
+    (group / "trials").mkdir(parents=True, exist_ok=True)
+    try:  # the port first: a busy one fails now, with nothing recorded
+        app = create_app(group, visualization_file=bundled_visualization(), poll_seconds=1.0)
+        server = make_http_server(app, host=args.host, port=args.port, allow_hosts=args.allow_host or (), **_doors(args))
+    except (StoreError, ConfigError) as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:
+        raise UsageError(f"cannot serve on {args.host}:{args.port} ({error.strerror or error}); try another "
+                         "--port. Nothing was recorded.") from None
     # About 30 recorded steps per trial: the tutorial has 12 types of step, each recorded at
     # most once per this many steps.
     difference = max(1, args.steps * 2 // 5)
-    print(f"comgra: recording {args.steps} training steps per trial into {root / DEMO_GROUP}", file=sys.stderr)
-    group = run_tutorial(root, DEMO_GROUP, steps=args.steps, min_training_steps_difference=difference, progress=True)
-    return _run_server(Path(group), host=args.host, port=args.port, visualization_file=bundled_visualization(),
-                       allow_hosts=args.allow_host, doors=_doors(args))
+    print(f"comgra: recording {args.steps} training steps per trial into {group}; the app fills in as it records",
+          file=sys.stderr, flush=True)
+    child = demo.record_in_child(root, args.steps, difference)
+    done = threading.Event()
+    demo.watch_child(child, group, done)
+    _announce(app, server, group, "/")
+    global _SERVED
+    try:
+        server.serve_forever()  # Werkzeug's: Ctrl+C ends it without raising
+    except KeyboardInterrupt:
+        pass
+    finally:
+        demo.stop_child(child, done)
+        server.server_close()
+        _SERVED = True
+        print(f"comgra: stopped; {demo.reopen_hint(group)}", file=sys.stderr, flush=True)
+    return 0
 
 
 if __name__ == "__main__":

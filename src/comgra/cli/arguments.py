@@ -76,3 +76,23 @@ def drop_recording_paths() -> list[str]:
     removed = [entry for entry in sys.path if recording_around(entry or os.getcwd()) is not None]
     sys.path[:] = [entry for entry in sys.path if entry not in removed]
     return removed
+
+
+def add_path(parser: argparse.ArgumentParser, help: str, *, required: bool = True) -> None:
+    """The path as a positional argument (``comgra scan ROOT/GROUP``), ``--path`` still accepted."""
+    parser.add_argument("path", type=recording_path, nargs="?", help=help)
+    parser.add_argument("--path", type=recording_path, dest="path_option", metavar="PATH", help="the same, as an option")
+    parser.set_defaults(_path_required=required)
+
+
+def chosen_path(args: argparse.Namespace) -> Path | None:
+    """The path of ``add_path``, given positionally or as ``--path``; a UsageError when both differ or, where
+    required, when neither is given."""
+    positional, option = args.path, args.path_option
+    if positional is not None and option is not None and positional != option:
+        raise UsageError(f"two paths, {str(positional)!r} and --path {str(option)!r}; give one.")
+    path = positional if positional is not None else option
+    if path is None and args._path_required:
+        raise UsageError("the path of a recording is missing: give the group folder, e.g. 'runs/my_group' "
+                         "(comgra_root_path/group).")
+    return path

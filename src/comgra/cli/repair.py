@@ -9,17 +9,19 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from comgra.cli.arguments import recording_path
-from comgra.store import format as fmt
-from comgra.store.repair import TrialRepair, repair_group, repair_trial
+from typing import TYPE_CHECKING
+
+from comgra.cli.arguments import add_path, chosen_path
+
+if TYPE_CHECKING:
+    from comgra.store.repair import TrialRepair
 
 
 def repair_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="comgra repair", description="Remove what a crashed run left (temporary files, chunks already merged "
         "into another) so that plain readers of trials/<id>/<table>/*.parquet see every row exactly once.")
-    parser.add_argument("path", type=recording_path,
-                        help="a group folder (comgra_root_path/group) or one trial folder, or a group's URL (s3://...)")
+    add_path(parser, "a group folder (comgra_root_path/group) or one trial folder, or a group's URL (s3://...)")
     return parser
 
 
@@ -32,6 +34,12 @@ def run_repair(path: Path | str) -> list[TrialRepair]:
             return repair_remote(path)
         except ComgraError as error:
             raise ValueError(str(error)) from None
+    if not path.exists():
+        raise ValueError(f"the path {str(path)!r} does not exist; pass a group folder (comgra_root_path/group) "
+                         "or a trial folder (GROUP/trials/<trial_id>).")
+    from comgra.store import format as fmt  # pyarrow: not before the arguments are read
+    from comgra.store.repair import repair_group, repair_trial
+
     path = path.expanduser().resolve()
     if (path / fmt.TRIALS_DIR).is_dir():
         return repair_group(path)
@@ -43,5 +51,7 @@ def run_repair(path: Path | str) -> list[TrialRepair]:
 
 def main(arguments: Sequence[str]) -> list[str]:
     """The lines to print for ``comgra repair ARGUMENTS``."""
-    repairs = run_repair(repair_parser().parse_args(list(arguments)).path)
+    path = chosen_path(repair_parser().parse_args(list(arguments)))
+    assert path is not None  # required
+    repairs = run_repair(path)
     return [f"comgra repair: {repair.describe()}" for repair in repairs] or ["comgra repair: no trials found"]

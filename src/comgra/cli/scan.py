@@ -1,6 +1,6 @@
 """``comgra scan``: findings of a recording as a compact list (``--verbose``: the full text), or as JSON.
 
-    comgra scan --path ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME] [--detector M:F ...]
+    comgra scan ROOT/GROUP [--trial T ...] [--json] [--verbose] [--sensitivity S] [--target NAME] [--detector M:F ...]
     comgra scan ROOT/GROUP --engine ray [--ray-address HOST:PORT]      # one Ray task per trial (docs/sweeps.md)
 
 The list gives one line per finding (its rank, severity, node and step, and the message's first sentence, cut
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from comgra.cli.arguments import USAGE_ERROR, UsageError, check_recording, drop_recording_paths, recording_path
+from comgra.cli.arguments import USAGE_ERROR, UsageError, add_path, check_recording, chosen_path, drop_recording_paths
 from comgra.errors import ComgraError
 
 PROGRESS_AFTER_SECONDS = 1.0
@@ -41,9 +41,7 @@ SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def parser() -> argparse.ArgumentParser:
     result = argparse.ArgumentParser(prog="comgra scan", description="Find anomalies in a recording and say where "
                                      "they start: non-finite values, vanishing gradients, dead units, ...")
-    result.add_argument("group", type=recording_path, nargs="?",
-                        help="the group folder: comgra_root_path/group, or its URL (s3://bucket/runs/group, ...)")
-    result.add_argument("--path", type=recording_path, help="the same, as an option")
+    add_path(result, "the group folder: comgra_root_path/group, or its URL (s3://bucket/runs/group, ...)")
     result.add_argument("--engine", choices=ENGINES, default="local",
                         help="local: this process (default); ray: one Ray task per trial on the cluster of "
                              "--ray-address or RAY_ADDRESS (a local Ray when neither)")
@@ -66,14 +64,13 @@ def parser() -> argparse.ArgumentParser:
 
 def run(arguments: list[str]) -> int:
     """Parse, scan, print; a bad argument raises ``UsageError`` (one line, exit 2)."""
+    args = parser().parse_args(arguments)  # before the heavy imports: a usage error answers at once
+    path = chosen_path(args)
+    assert path is not None  # required
+    group = check_recording(path)
     from comgra.analysis import ScanOptions, Scanner, document
     from comgra.service import finding_link
 
-    args = parser().parse_args(arguments)
-    if (args.path is None) == (args.group is None):
-        raise UsageError("name the group folder once: comgra scan ROOT/GROUP, or comgra scan --path ROOT/GROUP")
-    args.path = args.path or args.group
-    group = check_recording(args.path)
     options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
     _load_user_detectors(args)
     try:
@@ -90,7 +87,7 @@ def run(arguments: list[str]) -> int:
     else:
         console = _console()
         print_findings(console, result.findings, result.problems, result.trials, verbose=args.verbose,
-                       link=finding_link, path=str(args.path))
+                       link=finding_link, path=str(path))
     return 0
 
 
@@ -281,7 +278,7 @@ def first_sentence(message: str) -> str:
 
 def open_command(path: str, view: str) -> str:
     """The shell command that serves the recording and prints the address of ``view``."""
-    return f"comgra --path {shlex.quote(path)} --view {shlex.quote(view)}"
+    return f"comgra {shlex.quote(path)} --view {shlex.quote(view)}"
 
 
 def main(arguments: list[str]) -> int:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from comgra.cli.arguments import positive_int
+from comgra.cli.arguments import UsageError, add_path, chosen_path, positive_int
 from comgra.cli.paths import DEFAULT_TEST_RUN_GROUP, default_test_run_path
 
 __all__ = ["main"]
@@ -23,6 +23,11 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, run the tutorial, and say how to open the result."""
     args = _parser().parse_args(argv)
+    try:
+        args.path = chosen_path(args)
+    except UsageError as error:
+        print(f"comgra-test-run: error: {error}", file=sys.stderr)
+        return 2
     try:
         # Imported late so that --help answers at once and a missing torch gets a clear message.
         from comgra.examples.tutorial import run_tutorial
@@ -44,12 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="comgra-test-run",
         description="Train the tutorial network (two trials, one with a bug) and record it with comgra.",
     )
-    parser.add_argument(
-        "--path",
-        type=Path,
-        default=None,
-        help=f"root folder of the recording (default: {default_test_run_path()})",
-    )
+    add_path(parser, f"root folder of the recording (default: {default_test_run_path()})", required=False)
     parser.add_argument(
         "--group",
         default=DEFAULT_TEST_RUN_GROUP,
@@ -66,7 +66,7 @@ def _how_to_open(group_folder: Path, *, is_default_location: bool) -> str:
     lines = [
         f"The recording is in {group_folder}",
         "Open it with:",
-        f"  comgra --path {shlex.quote(str(group_folder))}",
+        f"  comgra {shlex.quote(str(group_folder))}",
     ]
     if is_default_location:
         lines.append("  comgra --use-path-for-test-run")

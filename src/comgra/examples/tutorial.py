@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -143,15 +143,17 @@ def run_tutorial(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)  # the original Comgra requires the root to exist
     previous_recorder = getattr(comgra, "my_recorder", None)  # the original Comgra only declares it
+    report = _Progress(options.steps * len(trials), enabled=options.progress)
     try:
         for trial in trials:
-            _train_trial(path, group, trial, options)
+            _train_trial(path, group, trial, options, report)
     finally:
+        report.close()
         comgra.my_recorder = previous_recorder  # type: ignore[assignment]  # None if there was none
     return path / group
 
 
-def _train_trial(path: Path, group: str, trial: str, options: _Options) -> None:
+def _train_trial(path: Path, group: str, trial: str, options: _Options, report: _Progress) -> None:
     """Train one trial from scratch, with its own recorder."""
     recorder = _make_recorder(path, group, trial, options)
     comgra.my_recorder = recorder
@@ -162,7 +164,7 @@ def _train_trial(path: Path, group: str, trial: str, options: _Options) -> None:
     recorder.add_note(_describe_trial(trial, options))
     log = _LossLog()
     note_every = max(1, options.steps // 20)
-    for step in _progress(options.steps, trial, enabled=options.progress):
+    for step in report.steps(options.steps, trial):
         length = _pick_length(generator)
         batch = _make_batch(length, generator, options.device)
         loss, accuracy = _training_step(model, optimizer, step, batch)
@@ -337,22 +339,44 @@ class _LossLog:
         return f"step {step}: " + "; ".join(parts)
 
 
-def _progress(steps: int, description: str, *, enabled: bool) -> Iterable[int]:
-    """tqdm when it is installed; otherwise a line on stderr every 10 %."""
-    if not enabled:
-        return range(steps)
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _printed_progress(steps, description)
-    return tqdm(range(steps), desc=description)
+class _Progress:
+    """The progress over all trials on stderr: a bar with an estimate of the time left on a terminal
+    (redrawn at most 5 times a second), elsewhere (a log, a pipe) a line every ``LINE_SECONDS``."""
 
+    LINE_SECONDS = 5.0
+    WIDTH = 30
 
-def _printed_progress(steps: int, description: str) -> Iterator[int]:
-    start = time.perf_counter()
-    every = max(1, steps // 10)
-    for step in range(steps):
-        yield step
-        if (step + 1) % every == 0 or step + 1 == steps:
-            elapsed = time.perf_counter() - start
-            print(f"{description}: {step + 1}/{steps} steps, {elapsed:.0f} s", file=sys.stderr, flush=True)
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self.done = 0
+        self.start = time.perf_counter()
+        self.shown = float("-inf")
+        self.terminal = enabled and sys.stderr.isatty()
+
+    def steps(self, steps: int, trial: str) -> Iterator[int]:
+        for step in range(steps):
+            yield step
+            self.done += 1
+            if self.enabled:
+                self._show(trial, final=step + 1 == steps)
+
+    def line(self, trial: str) -> str:
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        estimate = f", about {left:.0f} s left" if self.done < self.total else ""
+        return f"{self.done}/{self.total} steps ({trial}), {elapsed:.0f} s{estimate}"
+
+    def _show(self, trial: str, *, final: bool) -> None:
+        now = time.perf_counter()
+        if self.terminal and (final or now - self.shown >= 0.2):
+            filled = self.WIDTH * self.done // max(1, self.total)
+            bar = "#" * filled + "-" * (self.WIDTH - filled)
+            print(f"\r\033[Kcomgra: [{bar}] {self.line(trial)}", end="", file=sys.stderr, flush=True)
+            self.shown = now
+        elif not self.terminal and (final or now - self.shown >= self.LINE_SECONDS):
+            print(f"comgra: recorded {self.line(trial)}", file=sys.stderr, flush=True)
+            self.shown = now
+
+    def close(self) -> None:
+        if self.terminal and self.done:
+            print(file=sys.stderr, flush=True)

@@ -82,6 +82,7 @@ class ComgraCallback(lightning.Callback):  # type: ignore[misc]
             self._guard.run(self.recorder.record_hyperparameters, scalars_of(hparams))
         if self._watch_options is not None:
             self.watch = comgra.watch(pl_module, recorder=self.recorder, **self._watch_options)
+            self.watch.finds_loss = False  # the callback registers the loss itself, unscaled
         else:
             try:
                 self.recorder.get_name_of_module(pl_module)

@@ -106,6 +106,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
             return  # comgra is off: no hooks, nothing to pay
         if self._watch_options is not None:
             self.watch = comgra.watch(model, recorder=recorder, **self._watch_options)
+            self.watch.finds_loss = False  # the callback registers the loss itself, unscaled
         elif _tracked_name(recorder, model) is None:
             recorder.track_module("model", model)
         self._handles = [model.register_forward_pre_hook(self._before_model, with_kwargs=True),

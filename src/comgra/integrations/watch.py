@@ -26,6 +26,13 @@ the forward or backward pass, ``model.generate()`` inside a training step), no c
 recorded; and in any iteration, a module called again with autograd off after its first call (a decoding loop:
 ``generate()`` calls every module once per new token) is recorded on its first call only.
 
+Roles: the model's own tensor inputs are recorded as ``<name>.input`` (``<name>.input[1]``, ``<name>.input[key]``
+for more than one) with the role input, before its forward pass, so that the graph starts from them; the
+tensor that ``backward()`` runs from (a scalar, the first per iteration) is recorded as ``loss`` with the role
+loss, unless a loss was registered by hand, and on every step (recorded or not) as the KPI curve ``loss`` of
+the Graphs tab; the output that feeds it directly gets the role output. Every node carries its module's class
+(``model.1`` is a ``ReLU``): the app shows ``model.1 (ReLU)``, the node's id stays ``model.1``.
+
 Where one module returns the output of another (BERT's layer returns its last LayerNorm's tensor), the
 outer name follows the inner one in the graph, and what consumes the tensor depends on the outer name:
 ``...layer.0.output.LayerNorm -> ...layer.0.output -> ...layer.0 -> ...layer.1.attention.self.query``.
@@ -35,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -47,6 +55,9 @@ from comgra.recorder import ComgraRecorder, _unwrapped
 __all__ = ["Watch", "watch_model"]
 
 _MAX_NESTING = 3  # outputs nested deeper than this (caches of caches) are not looked into
+LOSS_NAME = "loss"  # the tensor backward() runs from: its node, and its KPI curve (group "loss")
+_WATCHING: weakref.WeakSet[Watch] = weakref.WeakSet()  # the active watches, told of each backward()
+_ORIGINAL_BACKWARD: Any = None  # torch.autograd.backward, before _install_backward_hook wrapped it
 
 
 class Watch:
@@ -69,10 +80,15 @@ class Watch:
         self._iteration = -1  # the recorder's iteration serial that _calls counts
         self._with_grad = False  # the current iteration recorded a call with autograd on
         self._unrecordable: set[str] = set()  # modules whose output type was reported as holding nothing recordable
-        self._hooks = [(module, self._hook(_tensor_name(name, path))) for path, module in modules.items()]
+        self._hooks = [(module, self._hook(_tensor_name(name, path), type(module).__name__))
+                       for path, module in modules.items()]
         self._handles: list[Any] = []  # the hooks on the modules: during a recorded step only
+        self._loss_iteration = -1  # the recorder's iteration serial whose loss was seen
+        self.finds_loss = True  # False: a callback registers the loss itself (unscaled, once per optimizer step)
         self.active = bool(modules)  # False after remove(), or where there is nothing to watch
         if self.active:
+            _WATCHING.add(self)
+            _install_backward_hook()
             recorder._on_finalize.append(self.remove)
             recorder._step_listeners.append(self._step)
             if recorder.current_stage != "inactive":  # watched in the middle of a step
@@ -81,6 +97,7 @@ class Watch:
     def remove(self) -> None:
         """Stop watching: the hooks come off and stay off. Safe to call more than once."""
         self.active = False
+        _WATCHING.discard(self)
         self._step(False)
         for listeners, action in ((self.recorder._on_finalize, self.remove), (self.recorder._step_listeners, self._step)):
             if action in listeners:
@@ -90,6 +107,7 @@ class Watch:
         """The recorder's word at start_batch (does this step take tensors?) and at finish_batch (False)."""
         if takes_tensors and self.active and not self._handles:
             self._handles = [module.register_forward_hook(hook) for module, hook in self._hooks]
+            self._handles.append(self.model.register_forward_pre_hook(self._input_hook, with_kwargs=True))
         elif not takes_tensors and self._handles:
             handles, self._handles = self._handles, []
             for handle in handles:
@@ -104,16 +122,51 @@ class Watch:
     def __repr__(self) -> str:
         return f"<comgra.Watch {self.name!r}: {len(self._hooks)} modules{'' if self.active else ', removed'}>"
 
-    def _hook(self, tensor_name: str) -> Any:
+    def _hook(self, tensor_name: str, module_type: str) -> Any:
         recorder = self.recorder
 
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
             if recorder._takes_watched_tensors():  # False outside an iteration, or after a dynamic step said no
-                self._record(tensor_name, output)
+                self._record(tensor_name, output, module_type)
 
         return hook
 
-    def _record(self, base: str, output: Any) -> None:
+    def _input_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        """The model's tensor inputs, registered with the role input before its forward pass runs."""
+        recorder = self.recorder
+        if not recorder._takes_watched_tensors():
+            return
+        if self._iteration == recorder._iteration_serial and self._calls.get(self.name):
+            return  # the model called again in this iteration (a recurrence): its inputs are its own outputs
+        found = [pair for index, value in enumerate(args) for pair in _tensors_of(value, f"[{index}]", 1)]
+        found += [pair for key, value in (kwargs or {}).items() for pair in _tensors_of(value, f"[{key}]", 1)]
+        found = [(key, tensor) for key, tensor in found if tensor.is_floating_point()
+                 and not _registered(recorder, tensor)]  # an input the user named keeps the user's name
+        for key, tensor in found:
+            batch_dim = 0 if tensor.dim() > 0 and tensor.shape[0] == recorder._batch_size else None
+            recorder._register_watched(f"{self.name}.input{'' if len(found) == 1 else key}", tensor, batch_dim,
+                                       is_input=True)
+
+    def saw_backward(self, tensor: torch.Tensor) -> None:
+        """``tensor.backward()`` (or ``torch.autograd.backward(tensor)``) runs now: the first scalar of an
+        iteration is the loss. Recorded as the node ``loss`` on a recorded step (unless the user registered a
+        loss), seen by the every-step sentinels otherwise, and as the KPI curve ``loss`` on every step."""
+        recorder = self.recorder
+        if not self.finds_loss or recorder.current_stage != "forward" or not isinstance(tensor, torch.Tensor) \
+                or tensor.numel() != 1 \
+                or not tensor.is_floating_point() or tensor.grad_fn is None:
+            return
+        if self._loss_iteration == recorder._iteration_serial:
+            return
+        self._loss_iteration = recorder._iteration_serial
+        value = tensor.detach().reshape(())
+        recorder.record_kpi_in_graph(LOSS_NAME, LOSS_NAME, value, record_even_if_recording_is_inactive=True)
+        if not recorder._takes_watched_tensors():
+            recorder._watched_sentinel(LOSS_NAME, tensor, True)
+        elif not _has_loss(recorder):
+            recorder._register_watched(LOSS_NAME, tensor.reshape(()) if tensor.dim() else tensor, None, is_loss=True)
+
+    def _record(self, base: str, output: Any, module_type: str = "") -> None:
         serial = self.recorder._iteration_serial
         if serial != self._iteration:
             self._iteration, self._with_grad = serial, False
@@ -138,7 +191,48 @@ class Watch:
             if tensor.grad_fn is None and not tensor.requires_grad:
                 tensor = tensor.detach()  # recorded by value; the model's own tensor keeps requires_grad=False
             batch_dim = 0 if tensor.dim() > 0 and tensor.shape[0] == batch_size else None
-            self.recorder._register_watched(name + key, tensor, batch_dim)
+            self.recorder._register_watched(name + key, tensor, batch_dim, module_type=module_type)
+
+
+def _registered(recorder: ComgraRecorder, tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` itself is registered in the current step already."""
+    step = getattr(recorder.session, "step", None)
+    return step is not None and any(r.tensor is tensor for r in step.registrations.values())
+
+
+def _has_loss(recorder: ComgraRecorder) -> bool:
+    """Whether a loss was registered in the current iteration already (by hand, or by a callback)."""
+    step = getattr(recorder.session, "step", None)
+    if step is None:
+        return False
+    return any(r.tensor_type == "loss" and r.iteration == step.iteration for r in step.registrations.values())
+
+
+def _install_backward_hook() -> None:
+    """Wrap ``torch.autograd.backward`` (what ``Tensor.backward`` calls) once per process: the active watches
+    see the tensor a backward pass runs from. A fault of comgra's there is reported and never stops training."""
+    global _ORIGINAL_BACKWARD
+    if _ORIGINAL_BACKWARD is not None:
+        return
+    original = _ORIGINAL_BACKWARD = torch.autograd.backward
+
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if _WATCHING:
+            tensor = tensors if isinstance(tensors, torch.Tensor) else (
+                tensors[0] if isinstance(tensors, (list, tuple)) and len(tensors) == 1 else None)
+            for watch in list(_WATCHING):
+                if tensor is not None and watch.active:
+                    try:
+                        watch.saw_backward(tensor)
+                    except Exception as error:  # noqa: BLE001 - comgra's fault must not stop the user's backward
+                        watch.remove()
+                        warnings.warn(f"comgra.watch stopped recording the loss after an internal error: {error!r}",
+                                      RuntimeWarning, stacklevel=2)
+        return original(tensors, *args, **kwargs)
+
+    backward.__wrapped__ = original  # type: ignore[attr-defined]
+    backward.__doc__ = original.__doc__
+    torch.autograd.backward = backward  # type: ignore[assignment]
 
 
 def watch_model(model: torch.nn.Module, recorder: ComgraRecorder | None, *, name: str | None = None,

@@ -46,17 +46,29 @@ def empty_figure(message: str) -> go.Figure:
 MARKERS_UP_TO = 200
 
 
-def series_figure(series: Sequence[Series], *, title: str, current_trial: str, current_step: int) -> go.Figure:
-    """One line per trial (and per rank, where ranks are drawn side by side); the selected step is marked."""
+def trial_colour(trial: str, trials: Sequence[str]) -> str:
+    """The colour of ``trial`` in every view (series, distributions, KPIs): its place among ``trials``, the
+    recording's trials in the order the service lists them, so that a trial looks the same everywhere."""
+    order = list(trials)
+    return TRIAL_COLOURS[(order.index(trial) if trial in order else len(order)) % len(TRIAL_COLOURS)]
+
+
+def series_figure(series: Sequence[Series], *, title: str, current_trial: str, current_step: int,
+                  trials: Sequence[str] = ()) -> go.Figure:
+    """One line per trial, in the trial's colour (and per rank, dashed apart, where ranks are drawn side by
+    side); the selected step is marked. ``trials``: the recording's trials (see ``trial_colour``)."""
     if not series:
         return empty_figure("No values of this tensor at other steps.")
+    order = list(trials) or list(dict.fromkeys(entry.trial for entry in series))
     figure = go.Figure()
     for entry in series:
         x, y = downsample(entry.steps, entry.values)
         name = entry.trial if entry.rank is None else f"{entry.trial} · rank {entry.rank}"
         mode = "lines+markers" if len(x) <= MARKERS_UP_TO else "lines"
+        dash = DASHES[(entry.rank or 0) % len(DASHES)]
         figure.add_trace(go.Scatter(x=x, y=y, mode=mode, name=name, marker={"size": 4},
-                                    line={"width": 2.5 if entry.trial == current_trial else 1.2}))
+                                    line={"width": 2.5 if entry.trial == current_trial else 1.2, "dash": dash,
+                                          "color": trial_colour(entry.trial, order)}))
     figure.add_vline(x=current_step, line_dash="dot", line_color="#b22222")
     figure.update_layout(title={"text": title, "font": {"size": 13}}, margin=_MARGIN, height=300,
                          xaxis_title="training step", legend={"orientation": "h", "y": -0.25})
@@ -246,7 +258,7 @@ class KpiLine:
 
 
 def kpi_overlay_figures(tables: dict[str, pa.Table], options: KpiOptions = KpiOptions(),
-                        max_points: int = MAX_POINTS) -> list[tuple[str, go.Figure]]:
+                        max_points: int = MAX_POINTS, *, all_trials: Sequence[str] = ()) -> list[tuple[str, go.Figure]]:
     """One figure per KPI group, a line per (trial, kpi_name, type_of_execution): the trials overlaid, each
     trial a colour and each curve a line style (the same curve in every trial), the legend grouped by trial,
     and one x-range for every figure so that their steps line up."""
@@ -260,14 +272,16 @@ def kpi_overlay_figures(tables: dict[str, pa.Table], options: KpiOptions = KpiOp
         y_all = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
         for (group, name, type_), rows in _line_keys(table):
             label = name if type_ in ("", None, DEFAULT_TYPE) else f"{name} · {type_}"
-            if wanted and wanted not in label.lower():
+            if wanted and wanted not in f"{group} · {label}".lower():  # the figure's title (the group) too
                 continue
             order = rows[np.argsort(x_all[rows], kind="stable")]
             lines.setdefault(group, []).append(KpiLine(trial, label, x_all[order], y_all[order]))
     steps = [line.x for entries in lines.values() for line in entries if len(line.x)]
     x_range = (float(min(x.min() for x in steps)), float(max(x.max() for x in steps))) if steps else None
     trials = [t for t in tables if any(line.trial == t for entries in lines.values() for line in entries)]
-    return [(group, _overlay_figure(group, entries, options, max_points, trials=trials, x_range=x_range))
+    order = list(all_trials) or trials
+    return [(group, _overlay_figure(group, entries, options, max_points, trials=trials, x_range=x_range,
+                                    order=order))
             for group, entries in sorted(lines.items())]
 
 
@@ -283,14 +297,15 @@ def kpi_line_style(trial_index: int, curve_index: int, several: bool) -> dict[st
 
 
 def _overlay_figure(group: str, entries: list[KpiLine], options: KpiOptions, max_points: int, *,
-                    trials: list[str], x_range: tuple[float, float] | None) -> go.Figure:
+                    trials: list[str], x_range: tuple[float, float] | None, order: Sequence[str] = ()) -> go.Figure:
     figure = _kpi_figure(group)
     several = len(trials) > 1
     labels = list(dict.fromkeys(line.label for line in entries))
     everything = np.concatenate([line.y for line in entries]) if entries else np.array([])
     bounds = robust_range(everything, log_y=options.log_y) if options.robust_range else None
     for line in entries:
-        style = kpi_line_style(trials.index(line.trial), labels.index(line.label), several)
+        place = list(order).index(line.trial) if line.trial in order else trials.index(line.trial)
+        style = kpi_line_style(place, labels.index(line.label), several)
         colour = style["line"]["color"]
         key = f"{line.trial} · {line.label}" if several else line.label
         legendgroup = line.trial if several else key
@@ -348,7 +363,8 @@ def _add_outliers(figure: go.Figure, label: str, x: np.ndarray, y: np.ndarray, b
 BANDS = ((0, 8, 0.12), (1, 7, 0.22), (2, 6, 0.34), (3, 5, 0.48))  # (low, high) columns of PERCENTILES, opacity
 
 
-def distribution_figure(entries: Sequence[Any], *, title: str, current_step: int | None = None) -> go.Figure:
+def distribution_figure(entries: Sequence[Any], *, title: str, current_step: int | None = None,
+                        trials: Sequence[str] = ()) -> go.Figure:
     """One panel per trial, side by side on a shared y-axis: the percentile bands of the stored values
     (0-100, 7-93, 16-84, 31-69), the median, and the exact min and max statistics dotted."""
     from plotly.subplots import make_subplots
@@ -358,7 +374,7 @@ def distribution_figure(entries: Sequence[Any], *, title: str, current_step: int
     figure = make_subplots(rows=1, cols=len(entries), shared_yaxes=True, horizontal_spacing=0.03,
                            subplot_titles=[e.trial for e in entries])
     for column, entry in enumerate(entries, start=1):
-        colour = TRIAL_COLOURS[(column - 1) % len(TRIAL_COLOURS)]
+        colour = trial_colour(entry.trial, list(trials) or [e.trial for e in entries])
         x = entry.steps.tolist()
         for low, high, opacity in BANDS:
             figure.add_trace(go.Scatter(x=x, y=entry.percentiles[:, high].tolist(), mode="lines", line={"width": 0},

@@ -88,10 +88,13 @@ def _client_node(node: Mapping[str, Any], box: str | None, has_dependencies: boo
     old = int(node.get("iteration_offset") or 0) < 0
     roles = [r for r in node.get("roles") or [] if isinstance(r, str)]
     aliases = [a for a in node.get("aliases") or [] if isinstance(a, str)]  # tied weights: the other names
+    module_type = node.get("module_type") if isinstance(node.get("module_type"), str) else ""
     detail = " · ".join([ROLE_NAMES.get(role, role), *(["previous iteration"] if old else []),
                          *([f"{len(roles)} roles"] if len(roles) > 1 else []), *(["tied"] if aliases else [])])
+    label = short_label(str(node["node"]), box)
     return {
-        "id": node["id"], "name": node["node"], "label": short_label(str(node["node"]), box), "role": role,
+        "id": node["id"], "name": node["node"], "label": f"{label} ({module_type})" if module_type else label,
+        "module_type": module_type, "role": role,
         "roles": roles, "detail": detail, "old": old, "aliases": aliases, "box": box,
         "column": int(node.get("column") or 0), "row": int(node.get("row") or 0),
         "has_dependencies": has_dependencies, "has_dependents": has_dependents,

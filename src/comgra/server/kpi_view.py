@@ -36,7 +36,7 @@ def panel() -> html.Div:
                                    {"label": " y-range of the bulk (spikes marked at the edge)", "value": ROBUST}],
                           inputStyle={"marginLeft": "0.8em"}),
             html.Div(className="selector kpi-filter", children=[
-                html.Label("Curves named", htmlFor=ID.FILTER, className="form-label"),
+                html.Label("Figures or curves named", htmlFor=ID.FILTER, className="form-label"),
                 dcc.Input(id=ID.FILTER, type="search", placeholder="e.g. loss", debounce=0.4, value="",
                           className="form-control form-control-sm")]),
             html.Div(className="selector kpi-smoothing", style={"minWidth": "260px"}, children=[
@@ -98,7 +98,7 @@ def kpi_csv(service: RecordingService, trials: list[str], name_filter: str = "")
         for row in service.kpis(trial).to_pylist():
             name = row["kpi_name"] if row.get("rank") in (None, 0) or "rank" not in row else \
                 f"{row['kpi_name']} · rank {row['rank']}"
-            if wanted and wanted not in f"{name} · {row['type_of_execution']}".lower():
+            if wanted and wanted not in f"{row['kpi_group']} · {name} · {row['type_of_execution']}".lower():
                 continue
             writer.writerow([trial, row["kpi_group"], name, row["type_of_execution"], row["timepoint"],
                              repr(row["value"])])
@@ -123,10 +123,11 @@ def kpi_options(options: Any, smoothing: Any, name_filter: Any = "") -> figures.
 
 
 def kpi_graphs(service: RecordingService, trials: list[str], options: figures.KpiOptions) -> Any:
-    entries = figures.kpi_overlay_figures({t: service.kpis(t) for t in trials}, options)
+    entries = figures.kpi_overlay_figures({t: service.kpis(t) for t in trials}, options, all_trials=service.trials())
     if not entries:
         if options.name_filter.strip():
-            return html.P(f"No curve's name holds {options.name_filter.strip()!r}.", className="text-muted")
+            return html.P(f"No figure's title or curve's name holds {options.name_filter.strip()!r}.",
+                          className="text-muted")
         return html.P("No KPIs in " + ("these trials" if len(trials) > 1 else "this trial")
                       + " (record_kpi_in_graph was not called).", className="text-muted")
     return [html.Div(dcc.Graph(figure=figure, config={"displaylogo": False}), className="kpi-graph",

@@ -44,6 +44,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         _header(title, tabs),
         html.Div(id=ID.BANNER, role="status"),
         html.Div(id=ID.TAB_NOTICE, className="tab-notice", role="status", **attributes({"data-tabs": " ".join(tabs)})),
+        *start_here.panel(),  # above every tab: step 1 opens Findings, and the strip is still there
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
         html.Div(id=ID.panel("runs"), className="panel hidden", children=runs_view.panel()),
         html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
@@ -86,7 +87,6 @@ def _notice_slot(topic: str) -> html.Div:
 def _tensors_panel() -> list[Component]:
     # The graph and the values side by side, so that the numbers are where the eye is (1280x800 shows both).
     return [
-        *start_here.panel(),
         _selectors(),
         html.Div(id=ID.NOTICE, className="notice selector-notice", role="status",
                  **attributes({"aria-live": "polite", "data-notice": "general"})),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash import ALL, Dash, Input, Output, State, dcc, html, no_update
 from dash.development.base_component import Component
 
 from comgra.analysis.findings import Finding
@@ -68,7 +68,9 @@ def start_here(finding: Finding | None) -> Component | None:
                 html.A(label, href=href, className="start-here-link", title=href),
                 html.Span(" " + text, className="start-here-text")])
             for number, label, href, text in steps]),
-        html.Button("\u00d7", id=ID.CLOSE, n_clicks=0, className="btn-close-text start-here-close",
+        # A pattern-matching id: the button exists only with the strip, and an ALL input with no match is no
+        # error (a plain id missing from the first layout was one, in the console on every load).
+        html.Button("\u00d7", id={"type": ID.CLOSE, "index": 0}, n_clicks=0, className="btn-close-text start-here-close",
                     title="Close (comgra remembers it in this browser)", **attributes({"aria-label": "Close"})),
     ])
 
@@ -86,9 +88,10 @@ def register(app: Dash, service: RecordingService, *, series: str, url: str) -> 
             return None, True
         return start_here(guide_finding(progress.findings)), not progress.pending
 
-    @app.callback(Output(ID.DISMISSED, "data"), Input(ID.CLOSE, "n_clicks"), prevent_initial_call=True)
+    @app.callback(Output(ID.DISMISSED, "data"), Input({"type": ID.CLOSE, "index": ALL}, "n_clicks"),
+                  prevent_initial_call=True)
     def close(clicks: Any) -> Any:
-        return True if clicks else no_update
+        return True if isinstance(clicks, list) and any(clicks) else no_update
 
     app.clientside_callback(  # "the plot that proves it": in view once drawn, once per page load
         """function (children, search) {

@@ -221,7 +221,8 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         except Exception as error:  # noqa: BLE001 - shown in the plot's place, as guarded does
             return _graph(guarded(raiser(error), figures.empty_figure))
         return _graph(guarded(lambda: figures.series_figure(
-            lines, title=title, current_trial=selection.trial, current_step=selection.training_step),
+            lines, title=title, current_trial=selection.trial, current_step=selection.training_step,
+            trials=service.trials()),
             figures.empty_figure))
 
     @app.callback(Output(ID.STATISTIC, "value"), Input(ID.URL, "search"))
@@ -249,7 +250,8 @@ def _register_series(app: Dash, service: RecordingService) -> None:
                                   figures.empty_figure))
         title = f"Distribution of {selection.node} [{selection.role}] across steps, {selection.kind}"
         return _graph(guarded(lambda: figures.distribution_figure(
-            distributions(service, selection), title=title, current_step=selection.training_step),
+            distributions(service, selection), title=title, current_step=selection.training_step,
+            trials=service.trials()),
             figures.empty_figure))
 
     # A callback of its own, so that the values are shown before the plots are drawn.

@@ -118,7 +118,8 @@
   }
 
   function spoken(node) {
-    var parts = [node.name + (node.old ? " (previous iteration)" : ""), node.detail.split(" · ")[0]];
+    var parts = [node.name + (node.module_type ? " (" + node.module_type + ")" : "") +
+                 (node.old ? " (previous iteration)" : ""), node.detail.split(" · ")[0]];
     if (node.roles.length > 1) parts.push(node.roles.length + " roles");
     if (node.aliases.length) parts.push("also " + node.aliases.join(", "));
     if (node.box) parts.push("in " + node.box);
@@ -826,7 +827,7 @@
     if (!doc) return [];
     return doc.nodes.slice().sort(function (a, b) { return a.name < b.name ? -1 : a.name > b.name ? 1 : 0; })
       .map(function (n) {
-        return { label: n.name + (n.old ? " (previous iteration)" : "") + " [" + n.role + "]", value: n.id };
+        return { label: n.name + (n.module_type ? " (" + n.module_type + ")" : "") + (n.old ? " (previous iteration)" : "") + " [" + n.role + "]", value: n.id };
       });
   }
 
