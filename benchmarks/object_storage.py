@@ -71,8 +71,9 @@ def median(samples: list[float]) -> float:
 
 
 # -- training ------------------------------------------------------------------------------------------------
-def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float]:
-    """(seconds of the training loop, seconds of finalize) of one recorded run."""
+def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, float, float]:
+    """Seconds of one recorded run: (the training loop's wall clock, finalize's wall clock, the training thread's
+    CPU time in the loop, the whole process's CPU time in the loop: the writer's and the uploader's threads too)."""
     import torch
 
     from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
@@ -86,6 +87,7 @@ def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float]:
     recorder = ComgraRecorder(root, "bench", trial, DecisionMakerForRecordingsFrequencyPerType(10))
     recorder.track_module("main", model)
     started = time.perf_counter()
+    thread_cpu, process_cpu = time.thread_time(), time.process_time()
     for step in range(steps):
         recorder.start_batch(step, 64)
         recorder.start_iteration()
@@ -100,9 +102,10 @@ def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float]:
         recorder.finish_iteration()
         recorder.finish_batch()
     trained = time.perf_counter() - started
+    thread_cpu, process_cpu = time.thread_time() - thread_cpu, time.process_time() - process_cpu
     started = time.perf_counter()
     recorder.finalize()
-    return trained, time.perf_counter() - started
+    return trained, time.perf_counter() - started, thread_cpu, process_cpu
 
 
 def part_training(args: argparse.Namespace, out: Path) -> None:
@@ -113,23 +116,26 @@ def part_training(args: argparse.Namespace, out: Path) -> None:
     local = out / "training-local"
     train_once(local, "warmup", 20)
     train_once(url, "warmup", 20)
-    times: dict[str, list[float]] = {"local": [], "s3": []}
-    finals: dict[str, list[float]] = {"local": [], "s3": []}
+    figures: dict[str, dict[str, list[float]]] = {kind: {"loop": [], "finalize": [], "thread": [], "process": []}
+                                                   for kind in ("local", "s3")}
     for repeat in range(args.repeats):
         for kind, root in (("local", local), ("s3", url)) if repeat % 2 == 0 else (("s3", url), ("local", local)):
-            trained, final = train_once(root, f"run{repeat}", args.steps)
-            times[kind].append(trained)
-            finals[kind].append(final)
+            for name, value in zip(("loop", "finalize", "thread", "process"), train_once(root, f"run{repeat}",
+                                                                                          args.steps)):
+                figures[kind][name].append(value)
     print(f"\n## training cost ({args.steps} steps of a 4x256 MLP, every 10th step recorded, {args.repeats} runs "
           f"each, alternating; {load()})")
-    print("| root | training loop, median (s) | all runs (s) | finalize, median (s) |")
-    print("|---|---|---|---|")
+    print("| root | training loop, wall clock, median (s) | all runs (s) | training thread's CPU, median (s) | "
+          "process CPU in the loop, median (s) | finalize, median (s) |")
+    print("|---|---|---|---|---|---|")
     for kind in ("local", "s3"):
-        print(f"| {kind} | {median(times[kind]):.3f} | {', '.join(f'{t:.3f}' for t in times[kind])} | "
-              f"{median(finals[kind]):.3f} |")
-    pairs = [s / loc for s, loc in zip(times["s3"], times["local"])]
-    print(f"S3 / local, training loop: median {median(times['s3']) / median(times['local']):.3f}x "
-          f"(per alternating pair: {', '.join(f'{r:.3f}' for r in pairs)})")
+        f = figures[kind]
+        print(f"| {kind} | {median(f['loop']):.3f} | {', '.join(f'{t:.2f}' for t in f['loop'])} | "
+              f"{median(f['thread']):.3f} | {median(f['process']):.3f} | {median(f['finalize']):.3f} |")
+    for name, label in (("loop", "wall clock"), ("thread", "training thread's CPU"), ("process", "process CPU")):
+        pairs = [s / loc for s, loc in zip(figures["s3"][name], figures["local"][name])]
+        print(f"S3 / local, {label}: median {median(figures['s3'][name]) / median(figures['local'][name]):.3f}x "
+              f"(per alternating pair: {', '.join(f'{r:.3f}' for r in pairs)})")
 
 
 # -- the app -------------------------------------------------------------------------------------------------

@@ -6,8 +6,6 @@ installs moto[server] with the ``s3test`` extra; without it these tests are skip
 """
 from __future__ import annotations
 
-import itertools
-import os
 import socket
 import subprocess
 import sys
@@ -16,9 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-_BUCKETS = itertools.count()
-
+from s3_server import make_bucket
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -47,15 +43,6 @@ def s3_server() -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     server.terminate()
     server.wait(10)
-
-
-def make_bucket(endpoint: str) -> str:
-    import boto3
-
-    name = f"comgra-test-{os.getpid()}-{next(_BUCKETS)}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                 aws_secret_access_key="test").create_bucket(Bucket=name)
-    return name
 
 
 @pytest.fixture

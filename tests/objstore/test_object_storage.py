@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
@@ -213,8 +212,6 @@ def test_comgra_sync_and_repair_on_a_url(s3_env: str, tmp_path: Path, capsys) ->
 
 
 def test_the_spool_limit_stops_recording_once_and_training_goes_on(tmp_path: Path, monkeypatch) -> None:
-    from comgra.store.filesystems import _SCHEME  # noqa: F401 - the module is importable without the server
-
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing answers: every upload fails
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from s3_server import make_bucket
 from test_object_storage import GROUP, train
 
 from comgra.store import GroupReader, layout
@@ -83,8 +84,6 @@ ENGINES = ["pyarrow", "duckdb", "polars", "dask", pytest.param("ray", marks=[
 @pytest.fixture(scope="module")
 def recording(s3_server: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Two trials recorded to a bucket of the S3 server; (group URL, comgra's rows per trial)."""
-    from conftest import make_bucket
-
     monkeypatch = pytest.MonkeyPatch()
     cache = tmp_path_factory.mktemp("cache")
     for name, value in {"AWS_ENDPOINT_URL": s3_server, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",

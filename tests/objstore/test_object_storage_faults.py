@@ -149,3 +149,37 @@ def test_two_uploaders_of_one_spool_share_the_work(s3_env: str, s3_server: str, 
     assert len(files) <= sent <= len(files) * 1.3, outputs
     assert set(open_location(url).list_files()) == set(files)
     assert_same_recording(GroupReader(url), GroupReader(group), "t1", 12)
+
+
+CRASHING_RUN = '''
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from test_object_storage import train
+import comgra.recorder
+
+finalize = comgra.recorder.ComgraRecorder.finalize
+def crash(self):  # the steps are flushed (each third step), then the process dies before finalize
+    self.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+comgra.recorder.ComgraRecorder.finalize = crash
+train({url!r}, "crashed", steps=6)
+'''
+
+
+def test_the_next_run_uploads_what_a_killed_run_left(s3_env: str, s3_server: str, tmp_path: Path,
+                                                     monkeypatch) -> None:
+    """A run killed while the store was away: its flushed steps are in the node's spool only; the next run into the
+    same group (same URL, same spool) uploads them."""
+    url = f"{s3_env}/runs"
+    environment = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing answers
+                   "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = CRASHING_RUN.format(tests=str(Path(__file__).parent), url=url)
+    crashed = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
+                             timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    assert not open_location(f"{url}/{GROUP}").list_files()  # nothing reached the store
+    recorder = train(url, "next", steps=3)  # the store answers again
+    remote = GroupReader(f"{url}/{GROUP}")
+    assert remote.trials() == ["crashed", "next"]
+    assert remote.trial("crashed").steps().num_rows == 6
+    assert_same_recording(remote, GroupReader(recorder.options.group_dir), "crashed", 6)

@@ -27,7 +27,7 @@ import platformdirs
 
 from comgra.errors import StoreError
 from comgra.store.filesystems import Location, is_url, local_path, open_location, url_digest
-from comgra.store.uploader import is_commit
+from comgra.store.uploader import is_commit, on_threads
 
 __all__ = ["Mirror", "group_folder", "mirror_base", "poll"]
 
@@ -125,13 +125,7 @@ class Mirror:
                     with lock:
                         errors.append(error)
 
-        helpers = [threading.Thread(target=work, name="comgra-mirror", daemon=True)
-                   for _ in range(min(self.workers, len(keys)) - 1)]
-        for helper in helpers:
-            helper.start()
-        work()
-        for helper in helpers:
-            helper.join()
+        on_threads(work, min(self.workers, len(keys)), "comgra-mirror")
         if errors:
             self._refreshed_at = None  # try again at the next question
             raise StoreError(f"comgra could not read {self.location.url!r}: {errors[0]}") from errors[0]

@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -139,6 +140,19 @@ def local_files(folder: Path) -> dict[str, tuple[int, int]]:
                 key = name if relative_dir == "." else f"{relative_dir}/{name}"
                 (steps if wanted else other)[key] = (status.st_size, status.st_mtime_ns)
     return {**other, **steps}
+
+
+def on_threads(work: Callable[[], None], count: int, name: str) -> None:
+    """Run ``work`` on ``count`` threads at once (this one among them) and return when all are done.
+
+    Short-lived threads, not a pool: finalize may run in an ``atexit`` handler, after Python has shut the pools of
+    ``concurrent.futures`` down."""
+    helpers = [threading.Thread(target=work, name=name, daemon=True) for _ in range(count - 1)]
+    for helper in helpers:
+        helper.start()
+    work()
+    for helper in helpers:
+        helper.join()
 
 
 def is_commit(key: str) -> bool:
@@ -306,14 +320,7 @@ class Uploader:
                         result.pending += 1
                         result.pending_bytes += size
 
-        # Short-lived threads, not a pool: finalize may run in an atexit handler, after the pools have shut down.
-        helpers = [threading.Thread(target=work, name="comgra-upload", daemon=True)
-                   for _ in range(min(self.workers, len(items)) - 1)]
-        for helper in helpers:
-            helper.start()
-        work()
-        for helper in helpers:
-            helper.join()
+        on_threads(work, min(self.workers, len(items)), "comgra-upload")
         with lock:
             for key, size, _ in queue:  # left after an error
                 result.pending += 1
