@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from comgra.errors import ConfigError, StoreError
-from comgra.store import GroupReader
+from comgra.store import GroupReader, layout
 from comgra.store.filesystems import open_location
 from comgra.store.remote import Mirror
 from comgra.store.uploader import Uploader, local_files
@@ -80,13 +80,13 @@ def assert_same_recording(remote: GroupReader, local: GroupReader, trial: str, s
 def plain_tensor_rows(url: str, trial: str) -> tuple[int, int]:
     """(rows, distinct rows) of the trial's tensors table in the bucket, read by DuckDB over a pyarrow dataset."""
     location = open_location(url)
-    keys = [location.key(k) for k in location.list_files() if k.startswith(f"trials/{trial}/tensors/")
-            and k.endswith(".parquet")]
+    prefix = f"tensors/trial={layout.escape_partition_value(trial)}/"  # format 3: GROUP/tensors/trial=<id>/rank=<r>/
+    keys = [location.key(k) for k in location.list_files() if k.startswith(prefix) and k.endswith(".parquet")]
     dataset = ds.dataset(keys, filesystem=location.filesystem, format="parquet")  # noqa: F841 - read by DuckDB
     with duckdb.connect() as con:
         total = con.execute("SELECT count(*) FROM dataset").fetchone()[0]
         distinct = con.execute("SELECT count(*) FROM (SELECT DISTINCT training_step, iteration, node, role, kind, "
-                           "aggregation, sample, rank FROM dataset)").fetchone()[0]
+                           "aggregation, sample FROM dataset)").fetchone()[0]
     return total, distinct
 
 

@@ -30,12 +30,12 @@ def test_training_finishes_and_loses_nothing_through_a_faulty_network(s3_env: st
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         started = time.monotonic()
-        recorder = train(f"{s3_env}/runs", "t1", steps=24)  # a ComgraWarning (a lost upload) fails the test
+        recorder = train(f"{s3_env}/runs", "t1", steps=48, pause=0.05)  # a ComgraWarning (a lost upload) fails the test
         trained = time.monotonic() - started
         # Reading through the same faults: the mirror retries what the filesystem's own retries did not absorb.
         remote = GroupReader(f"{s3_env}/runs/{GROUP}")
         local = GroupReader(recorder.options.group_dir)
-        assert_same_recording(remote, local, "t1", 24)
+        assert_same_recording(remote, local, "t1", 48)
     finally:
         proxy.close()
     assert trained < 120
@@ -44,7 +44,7 @@ def test_training_finishes_and_loses_nothing_through_a_faulty_network(s3_env: st
     url = f"{s3_env}/runs/{GROUP}"
     assert set(open_location(url).list_files()) == set(local_files(recorder.options.group_dir))
     total, distinct = plain_tensor_rows(url, "t1")
-    assert total == distinct == sum(len(local.trial("t1").selection(training_step=s)) for s in range(24))
+    assert total == distinct == sum(len(local.trial("t1").selection(training_step=s)) for s in range(48))
 
 
 def _merge_two_parts(group: Path, rng: random.Random) -> bool:
@@ -53,7 +53,9 @@ def _merge_two_parts(group: Path, rng: random.Random) -> bool:
 
     folders: dict[Path, list[Path]] = {}
     for path in sorted(group.rglob("*.parquet")):
-        if fmt.parse_chunk_name(path.name) is not None and path.parent.name == "tensors":
+        # format 3: GROUP/tensors/trial=<id>/rank=<r>/<chunk>; earlier formats: trials/<id>/tensors/<chunk>
+        table = path.parents[2].name if path.parent.name.startswith("rank=") else path.parent.name
+        if fmt.parse_chunk_name(path.name) is not None and table == "tensors":
             folders.setdefault(path.parent, []).append(path)
     candidates = [paths for paths in folders.values() if len(paths) >= 2]
     if not candidates:
