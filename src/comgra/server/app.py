@@ -11,11 +11,13 @@ server (the one Flask and Dash use), bound to 127.0.0.1 unless told otherwise.
 from __future__ import annotations
 
 import atexit
+import importlib
 import ctypes
 import ipaddress
 import logging
 import os
 import secrets
+import sys
 import socket
 import threading
 import weakref
@@ -60,6 +62,7 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
                serve_locally=True, update_title="",  # "" keeps the title while callbacks run
                on_error=_callback_failed)
     _guard_requests(app.server)
+    app.server.before_request(_finish_imports_in_progress)
     app.layout = partial(_page, service, title=title, poll_ms=int(poll_seconds * 1000),
                          with_visualization=visualization is not None)
     callbacks.register(app, service, visualization)
@@ -69,6 +72,15 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
         threading.Thread(target=_warm_up, args=(service,), name="comgra-warm-up").start()
     _close_at_exit(service)
     return app
+
+
+def _finish_imports_in_progress() -> None:
+    """Wait for a pandas that another thread is importing (the findings scanner, on the warm-up) to be complete.
+    Plotly's JSON encoder takes ``sys.modules["pandas"]`` as it finds it, half-initialised or not, and answered the
+    first page with a 500 (``partially initialized module 'pandas' has no attribute 'NaT'``) once start-up got fast
+    enough to meet that import. ``import_module`` of a module being imported blocks on its lock until it is done."""
+    if "pandas" in sys.modules:
+        importlib.import_module("pandas")
 
 
 def _callback_failed(error: Exception) -> None:
