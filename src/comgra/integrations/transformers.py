@@ -249,7 +249,7 @@ def trainer_hyperparameters(args: Any, model: Any) -> dict[str, Any]:
     """The ``TrainingArguments``' scalars (``learning_rate``, ``seed``, ...) and, under ``config.``, those of the
     model's config (``config.hidden_size``, ...): what the Runs view shows of a Trainer run."""
     values = scalars_of(args.to_dict()) if callable(getattr(args, "to_dict", None)) else {}
-    config = getattr(model, "config", None)
-    if callable(getattr(config, "to_dict", None)):
-        values.update(scalars_of(config.to_dict(), "config."))
+    to_dict = getattr(getattr(model, "config", None), "to_dict", None)
+    if callable(to_dict):
+        values.update(scalars_of(to_dict(), "config."))
     return values

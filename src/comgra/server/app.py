@@ -23,7 +23,6 @@ from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
 
-import pandas  # noqa: F401 - imported before any thread: the warm-up thread's and a request's lazy imports of it raced (partially initialized module)
 from dash import Dash
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException

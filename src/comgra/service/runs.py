@@ -310,7 +310,7 @@ def _with_findings(run: Run, counts: dict[str, int]) -> Run:
 
 def _last_steps(trials: TrialQuestions, trial: str) -> list[int]:
     """The last training step each table's chunk names give (no file is opened)."""
-    found = []
+    found: list[int] = []
     for table in ("steps", "sentinels"):
         found.extend(fmt.step_range_of(name)[1] for name in trials.group.chunk_names(trial, table))
     return found
