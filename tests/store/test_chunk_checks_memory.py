@@ -8,11 +8,12 @@ from pathlib import Path
 
 from comgra.store import chunk_checks
 from comgra.store import format as fmt
+from comgra.store import layout
 
 
 def test_the_checks_of_chunks_merged_away_are_let_go(fresh_recording: Path, tmp_path: Path) -> None:
     (trial,) = (fresh_recording / "trials").iterdir()
-    original = fmt.chunk_files(trial / "tensors")[0]
+    original = fmt.chunk_files(layout.rank_dir(trial, "tensors", 0))[0]
     checks = chunk_checks.ChunkChecks()
     folder = tmp_path / "tensors"
     folder.mkdir()
@@ -21,7 +22,7 @@ def test_the_checks_of_chunks_merged_away_are_let_go(fresh_recording: Path, tmp_
         chunk = folder / f"chunk-{version}.parquet"
         shutil.copy(original, chunk)
         checks.verify("tensors", chunk, frozenset({"training_step", "mean"}), lambda count: list(range(count)),
-                      rank_optional=False)
+                      rank_optional=True)  # format 3: the rank is the folder's (rank=<r>)
         if previous is not None:
             previous.unlink()
         previous = chunk
