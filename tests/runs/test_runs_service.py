@@ -112,7 +112,7 @@ def test_saved_findings_are_counted_by_severity(tmp_path: Path, sweep: Path) -> 
         made = [Finding(detector="test", severity=s, score=1.0, trial=trial, node="loss", role=None, kind="forward",
                         training_step=0, message="made by the test") for s in ("warning", "warning", "error")]
         reader = service.trial(trial)
-        assert saved.save(reader.directory, trial_signature(reader), service.findings_options, made, [])
+        assert saved.save(reader, trial_signature(reader), service.findings_options, made, [])
         row = next(r for r in service.runs().runs if r.trial == trial)
         assert row.findings == {"error": 1, "warning": 2, "info": 0}
     finally:

@@ -44,6 +44,7 @@ from comgra.service.changes import TrialState
 from comgra.service.trials import TrialQuestions
 from comgra.store import format as fmt
 from comgra.store import hyperparameters as hyperparameter_store
+from comgra.store.reader import TrialReader
 
 KPI_STATISTICS = ("last", "best", "min", "max")
 SEVERITIES = ("error", "warning", "info")
@@ -201,7 +202,12 @@ class RunQuestions:
         if kept is not None and kept[0] == key:
             return kept[1]
         counts = dict.fromkeys(SEVERITIES, 0)
-        found = saved.read(directory, options) if key is not None else None
+        # A reader of its own, not the group's cached one: counting the findings of 1,000 trials opens no DuckDB
+        # connection and keeps nothing per trial (the signature check needs the chunk listing only).
+        try:
+            found = saved.read(TrialReader(directory), options) if key is not None else None
+        except ComgraError:  # its metadata went bad meanwhile: no counts, the row still shows
+            found = None
         for finding in found.findings if found is not None else []:
             counts[finding.severity] = counts.get(finding.severity, 0) + 1
         self._findings[trial] = (key, counts)
