@@ -67,10 +67,6 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
     callbacks.register(app, service, visualization)
     api.install(app.server, service)  # the REST API under /api/v1, from the same service
     if warm_up:
-        # pandas imported here, before the warm-up thread imports it: plotly's JSON encoder takes pandas from
-        # sys.modules, and a first request served while that thread was still inside its import found the module
-        # partially initialised (AttributeError: no pandas.NaT; HTTP 500 on the first page's /_dash-layout).
-        import pandas  # noqa: F401
         # Not a daemon: the interpreter must not end while it is inside DuckDB (that aborts the process).
         threading.Thread(target=_warm_up, args=(service,), name="comgra-warm-up").start()
     _close_at_exit(service)
