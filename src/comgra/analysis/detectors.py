@@ -83,8 +83,10 @@ LEARNING_PACE = updates.TINY_UPDATE  # ... or at least this share of its size pe
 
 
 def paces_of(parts: dict[tuple[str, str], parameters.ParameterPart]) -> dict[str, float]:
-    """Parameter node -> its median relative change per step (``updates.pace``), where it has one."""
-    return {node: pace for (node, _role), part in parts.items() if (pace := updates.pace(part)) is not None}
+    """Trained parameter node -> its median relative change per step (``updates.pace``), where it has one; a
+    parameter without a gradient (a frozen base under LoRA) is not among those that should learn."""
+    return {node: pace for (node, _role), part in parts.items()
+            if part.gradient > 0 and (pace := updates.pace(part)) is not None}
 
 
 def learning_of(paces: dict[str, float], facts: graphs.GraphFacts) -> tuple[dict[str, bool], float | None]:
