@@ -121,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [by_name[n] for n in args.only] if args.only else [s for s in SPECS if s.quick or not args.quick]
     root = args.out or Path(tempfile.mkdtemp(prefix="comgra-healthy-"))
     try:
-        outcomes = [run_one(root, spec, args.steps, args.every) for spec in chosen]
+        outcomes = []
+        for spec in chosen:  # each run's line as soon as it is done (a long corpus shows its progress)
+            outcomes.append(run_one(root, spec, args.steps, args.every))
+            done = outcomes[-1]
+            print(f"done {done['run']}: {len(done['warnings'])} warnings"
+                  + "".join(f"; {w['detector']}@{w['node']}" for w in done["warnings"][:4])
+                  + (f"; FAILED {done['error'][:200]}" if done["error"] else ""), flush=True)
         totals = report(outcomes, args.verbose)
     finally:
         if args.out is None:

@@ -73,7 +73,7 @@ def detect_all(data: TrialData, options: ScanOptions) -> tuple[list[Finding], li
             problems.append(f"detector {name} failed on trial {data.trial!r}: {type(error).__name__}: {error}")
     findings = evidence_detectors.sentinel_events.reattribute(data, findings)  # a NaN born on an unrecorded step: not blamed on a node
     findings.extend(cooccurrence.detect(findings, int(data.steps["training_step"].nunique())))
-    learning, moving = learning_of(data, facts)
+    learning, moving = learning_of(paces_of(parameters.parts(data)), facts)
     return rank_findings(explained(findings, updates.loss_fall(data), learning, moving)), problems
 
 
@@ -82,14 +82,19 @@ MOVING_SHARE = 0.5  # a loss that holds while most of the parameters learn is at
 LEARNING_PACE = updates.TINY_UPDATE  # ... or at least this share of its size per step (below it: far too small)
 
 
-def learning_of(data: TrialData, facts: graphs.GraphFacts) -> tuple[dict[str, bool], float | None]:
+def paces_of(parts: dict[tuple[str, str], parameters.ParameterPart]) -> dict[str, float]:
+    """Trained parameter node -> its median relative change per step (``updates.pace``), where it has one; a
+    parameter without a gradient (a frozen base under LoRA) is not among those that should learn."""
+    return {node: pace for (node, _role), part in parts.items()
+            if part.gradient > 0 and (pace := updates.pace(part)) is not None}
+
+
+def learning_of(paces: dict[str, float], facts: graphs.GraphFacts) -> tuple[dict[str, bool], float | None]:
     """Node -> whether it learns at the pace of the rest of the model: a parameter whose median relative update per
     step is at least ``LEARNS`` of the median over all parameters (or ``LEARNING_PACE``), or a tensor computed
     directly from parameters that all do. And the share of the parameters that learn so, where the median parameter
     moves at least ``LEARNING_PACE`` of its size per step (0 where it does not; None without parameters). An adaptive optimizer (Adam) sizes a step by the gradient's own history, so a small gradient can move its
     parameter as much as any other."""
-    paces = {node: pace for (node, _role), part in parameters.parts(data).items()
-             if (pace := updates.pace(part)) is not None}
     if not paces:
         return {}, None
     typical = float(np.median(list(paces.values())))

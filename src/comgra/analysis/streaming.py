@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from comgra.analysis import (cooccurrence, correlation, evidence_detectors, graphs, loading, nonfinite, outliers,
                              parameters, trends, units, updates)
-from comgra.analysis.detectors import explained
+from comgra.analysis.detectors import explained, learning_of, paces_of
 from comgra.analysis.findings import Finding, ScanOptions, rank_findings
 from comgra.analysis.loading import KEYS, STATS, TrialContext, TrialData
 from comgra.errors import SelectionError
@@ -120,6 +120,7 @@ class _Gathered:
     findings: list[Finding] = field(default_factory=list)  # of the detectors that judge a node by itself
     problems: list[str] = field(default_factory=list)
     losses: list[pd.DataFrame] = field(default_factory=list)  # training_step, mean of the registered loss
+    paces: dict[str, float] = field(default_factory=dict)  # parameter node -> its pace (detectors.learning_of)
 
 
 def scan_trial(trial: TrialReader, options: ScanOptions,
@@ -385,6 +386,7 @@ def _judge_group(parts: _Parts, context: TrialContext, facts: graphs.GraphFacts,
     ]
     for name, work in filter(None, judged):
         gathered.findings.extend(_guarded(name, skeleton, gathered, work) or [])
+    gathered.paces.update(paces_of(parts.parameters))
     if parts.outliers:
         found = _guarded("outliers", skeleton, gathered, lambda: outliers.located(skeleton, outliers.strongest_of(
             outliers.candidates_from(skeleton, facts, options, pd.concat(parts.outliers)))))
@@ -454,7 +456,7 @@ def _conclude(context: TrialContext, facts: graphs.GraphFacts, options: ScanOpti
     findings.extend(cooccurrence.detect(findings, int(context.steps["training_step"].nunique())))
     losses = pd.concat(gathered.losses) if gathered.losses else pd.DataFrame({"training_step": [], "mean": []})
     fall = updates.fall_of(losses.groupby("training_step")["mean"].mean().sort_index().to_numpy(np.float64))
-    return rank_findings(explained(findings, fall)), problems
+    return rank_findings(explained(findings, fall, *learning_of(gathered.paces, facts))), problems
 
 
 def _levels(gathered: _Gathered) -> pd.DataFrame:
