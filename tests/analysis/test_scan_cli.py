@@ -59,9 +59,11 @@ def test_the_list_is_one_line_per_finding_within_the_width_and_ends_with_the_nex
     assert main(["scan", "--path", str(dead_group)]) == 0
     lines = capsys.readouterr().out.splitlines()
     trials = list(dict.fromkeys(f["trial"] for f in findings))
-    # a title, a heading per trial, a line per finding, the next command
-    assert len(lines) == 1 + len(trials) + len(findings) + 1
-    assert lines[0].startswith(f"{len(findings)} finding(s) in {len(trials)} trial(s)")
+    # a title, a heading per trial, a line per finding, a line for each trial with infos only, the next command
+    infos_only = [t for t in trials if all(f["severity"] == "info" for f in findings if f["trial"] == t)]
+    assert infos_only == ["healthy"]
+    assert len(lines) == 1 + len(trials) + len(findings) + len(infos_only) + 1
+    assert lines[0].startswith(f"{len(findings)} finding(s) in {len(trials)} of {len(trials)} trial(s)")
     rows = [line for line in lines if re.match(r"^ +\d+ ", line)]
     assert len(rows) == len(findings) and all(len(row) <= 100 for row in rows)
     for row in rows:  # the rank, the severity and the node of the finding with that rank, in that order
@@ -220,3 +222,26 @@ def test_progress_off_a_terminal_is_plain_lines_in_trials(monkeypatch, capsys) -
     assert [line.split(" (")[0] for line in lines] == ["comgra scan: 1/1000 trials scanned",
                                                       "comgra scan: 1000/1000 trials scanned"]
     assert all("\x1b" not in line for line in lines)
+
+
+def test_a_trial_without_findings_or_with_infos_only_says_so() -> None:
+    """The demo's fixed trial: "no findings" is the point of the comparison, and is printed."""
+    import io
+
+    from rich.console import Console
+
+    from comgra.analysis.findings import Finding
+    from comgra.cli.scan import print_findings
+
+    def finding(trial: str, severity: str) -> Finding:
+        return Finding(detector="outlier", severity=severity, score=1.0, trial=trial, node="x", role=None, kind=None,
+                       training_step=3, message="x is odd at step 3.")
+
+    out = io.StringIO()
+    print_findings(Console(file=out, width=120, highlight=False), [finding("bugged", "warning"), finding("hints", "info")],
+                   [], ["bugged", "hints", "fixed"], verbose=False, link=lambda f: "/?tab=findings", path="runs/demo")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("2 finding(s) in 2 of 3 trial(s)")
+    assert "fixed: no findings" in lines
+    hints = lines.index("hints:")
+    assert "no warnings or errors" in lines[hints + 2] and not any("no warnings" in line for line in lines[:hints])

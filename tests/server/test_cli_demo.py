@@ -3,6 +3,7 @@ records the tutorial into the app, reports its progress, and says where the reco
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -59,7 +60,9 @@ def test_the_demo_serves_at_once_and_fills_in_while_it_records(tmp_path: Path) -
         served_after = time.monotonic() - started
         with urllib.request.urlopen(url + "/", timeout=30) as response:  # the page, before anything is recorded
             assert response.status == 200
-        assert served_after < 10, f"served after {served_after:.1f} s"
+        # Within 10 s of the command on a machine with a core to spare; a shared machine's load stretches that.
+        limit = 10 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        assert served_after < limit, f"served after {served_after:.1f} s (limit {limit:.0f} s at this load)"
         deadline = time.monotonic() + 600
         while len(_trials(url)) < 2 and time.monotonic() < deadline:  # the app fills in as the child records
             time.sleep(1)

@@ -229,8 +229,8 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
     if not findings:
         console.print(Text(f"No findings in {len(trials)} trial(s)."))
     else:
-        console.print(Text(f"{len(findings)} finding(s) in {len({f.trial for f in findings})} trial(s), most important "
-                           "first" + ("" if verbose else " (--verbose: the full text)") + ":"))
+        console.print(Text(f"{len(findings)} finding(s) in {len({f.trial for f in findings})} of {len(trials)} trial(s), "
+                           "most important first" + ("" if verbose else " (--verbose: the full text)") + ":"))
         wide = min(28, max(len(_where(f)) for f in findings))
         by_trial: dict[str, list[tuple[int, Any]]] = {}
         for number, finding in enumerate(findings, 1):
@@ -250,6 +250,11 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
                                                      initial_indent=" " * 12, subsequent_indent=" " * 12)),
                                   soft_wrap=True)
                     console.print(Text(f"{' ' * 12}{finding.detector} · {link(finding)}", style="dim"), soft_wrap=True)
+            if all(finding.severity == "info" for _, finding in numbered):  # where nothing is wrong, it says so
+                console.print(Text("    no warnings or errors: the infos above are hints, not problems", style="green"))
+        for trial in trials:  # a trial without findings is the point of a comparison (the fixed one): named
+            if trial not in by_trial:
+                console.print(RichText.assemble((printable(f"{trial}:"), "bold"), (" no findings", "green")))
     for problem in problems:
         console.print(Text(problem, style="yellow"))
     if findings:
