@@ -16,7 +16,8 @@ from comgra.store.repair import TrialRepair, repair_group, repair_trial
 def repair_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="comgra repair", description="Remove what a crashed run left (temporary files, chunks already merged "
-        "into another) so that plain readers of trials/<id>/<table>/*.parquet see every row exactly once.")
+        "into another) so that plain readers of GROUP/<table>/ (format 3; trials/<id>/<table>/ before) see every row "
+        "exactly once.")
     parser.add_argument("path", type=Path, help="a group folder (comgra_root_path/group) or one trial folder")
     return parser
 
