@@ -344,7 +344,7 @@ class TrialReader:
 
     def _tensors_source(self, ranks: list[int | None]) -> str:
         """Format 1 has no rank column (its rows are rank 0's), format 3 names it by folder: a constant stands in for it,
-        one ``read_parquet`` per rank (DuckDB's ``hive_partitioning`` was slower: benchmarks/layout_objects.py)."""
+        one ``read_parquet`` per rank, Hive detection off (it would add ``trial`` and a second ``rank`` column)."""
         if self.format_version >= 3:
             read = 'SELECT *, CAST({} AS INTEGER) AS "rank" FROM read_parquet(?, hive_partitioning = false)'
             return "(" + " UNION ALL ".join(read.format(int(r or 0)) for r in ranks) + ")"
