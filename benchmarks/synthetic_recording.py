@@ -68,6 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from comgra.store import format as fmt
+from comgra.store import layout
 from comgra.store import writer as store_writer
 from comgra.store.writer import ChunkWriter
 
@@ -498,8 +499,9 @@ def write_trial(group_dir: Path, trial_id: str, trial_index: int, options: Optio
     graphs = {(first, last): graph_for(first, last, net) for first in (True, False) for last in (True, False)}
     for graph in graphs.values():
         fmt.write_json_atomic(directory / "graphs" / f"{graph['hash']}.json", graph)
+    # No compaction at close: the recording keeps the chunks of ``steps_per_chunk`` steps a long run's tiers leave.
     writer = ChunkWriter(directory, flush_seconds=3600, max_buffered_rows=10**9, max_buffered_bytes=None,
-                         max_merged_rows=options.max_merged_rows)
+                         max_merged_rows=options.max_merged_rows, compact_at_close=False)
     rows = 0
     made: list[pa.Table] = []  # the first ``distinct_steps`` steps' tensors, reused for the later steps
     presorted = PresortedChunks(directory, writer, options, made)
@@ -575,7 +577,9 @@ class PresortedChunks:
         table = shuffled_samples(template.set_column(column, template.schema.field(column), steps))
         bounds = pc.min_max(steps)
         name = fmt.chunk_name(self._next_seq(), bounds["min"].as_py(), bounds["max"].as_py(), self.writer.rank)
-        store_writer.write_flushed_chunk("tensors", self.directory / "tensors" / name, table)
+        folder = layout.rank_dir(self.directory, "tensors", self.writer.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        store_writer.write_flushed_chunk("tensors", folder / name, layout.to_file("tensors", table))
 
     def _template(self, chunk_start: int) -> pa.Table:
         """The chunk's rows in the writer's order, with training steps counted from the chunk's first step."""
@@ -597,7 +601,7 @@ class PresortedChunks:
     def _next_seq(self) -> int:
         """The sequence number the writer's next flush takes: one past the newest chunk (the writer is
         idle between this script's flushes, and a merged chunk, which outlives its parts, is the newest)."""
-        return 1 + max((fmt.seq_of(name) for table in fmt.TABLES for name in fmt.chunk_names(self.directory / table)),
+        return 1 + max((fmt.seq_of(name) for table in fmt.TABLES for name in fmt.chunk_names(layout.rank_dir(self.directory, table, self.writer.rank))),
                        default=-1)
 
 

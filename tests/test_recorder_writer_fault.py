@@ -11,7 +11,7 @@ from comgra.capture.session import ComgraWarning
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 from comgra.store import format as fmt
-from comgra.store import writer as chunk_writer
+from comgra.store import encoding as chunk_encoding
 
 
 def _train(recorder: ComgraRecorder, model: torch.nn.Module, steps: range, *, notes: bool = False) -> list[float]:
@@ -68,7 +68,7 @@ def test_failing_chunk_writer_warns_once_and_stops_recording(flush_seconds: floa
     def disk_full(*arguments: object) -> None:  # every Parquet chunk the writer encodes
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(chunk_writer, "_encode", disk_full)
+    monkeypatch.setattr(chunk_encoding, "_encode", disk_full)
     recorder = make_recorder(set(range(20)), flush_seconds=flush_seconds)
     with pytest.warns(ComgraWarning) as caught:
         losses = _train(recorder, tiny_model, range(20), notes=True)  # finalize() included
@@ -77,7 +77,7 @@ def test_failing_chunk_writer_warns_once_and_stops_recording(flush_seconds: floa
     assert len(losses) == 20
     assert recorder.session is not None and recorder.session.broken
     trial_dir = store_root / "group" / "trials" / "trial"
-    assert not list(trial_dir.glob("tensors/*.parquet"))
+    assert not list((store_root / "group" / "tensors").rglob("*.parquet"))
 
 
 def test_fault_found_in_the_middle_of_a_step_does_not_reach_the_training(make_recorder, monkeypatch,
@@ -91,7 +91,7 @@ def test_fault_found_in_the_middle_of_a_step_does_not_reach_the_training(make_re
     recorder.track_module("model", model)
     recorder.add_note("before")
     recorder.session.writer.flush()
-    monkeypatch.setattr(chunk_writer, "_encode", disk_full)
+    monkeypatch.setattr(chunk_encoding, "_encode", disk_full)
     recorder.add_note("this one fails on the writer thread")
     recorder.session.writer.flush()
     recorder.start_batch(0, 2)
@@ -179,7 +179,7 @@ def test_a_faulted_writer_leaves_no_thread_behind(tmp_path: Path, monkeypatch) -
     def disk_full(*arguments: object) -> None:  # every Parquet chunk the writer encodes
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(chunk_writer, "_encode", disk_full)
+    monkeypatch.setattr(chunk_encoding, "_encode", disk_full)
     before = set(threading.enumerate())
     writer = ChunkWriter(tmp_path / "trial", flush_seconds=60.0, max_queued_items=2)
     writer.put_table("notes", pa.table({"seq": [1], "wall_time": [0.0], "note": ["x"]}, schema=fmt.NOTES_SCHEMA))

@@ -264,7 +264,8 @@ def copy_last_step(trial, new_step: int) -> None:
             trial.steps().filter(pc.equal(trial.steps()["training_step"], last))
         rows = rows.set_column(rows.schema.get_field_index("training_step"), "training_step",
                                pa.array([new_step] * rows.num_rows, pa.int64()))
-        fmt.write_parquet_atomic(layout.rank_dir(trial.directory, table, 0) / fmt.chunk_name(900, new_step, new_step), rows.cast(schema))
+        fmt.write_parquet_atomic(layout.rank_dir(trial.directory, table, 0) / fmt.chunk_name(900, new_step, new_step),
+                                 layout.to_file(table, rows.cast(schema)))
 
 
 def test_bad_recordings_get_banners_and_the_rest_stays_usable(serve, open_page, fresh_recording):

@@ -13,7 +13,6 @@ torch = pytest.importorskip("torch")
 
 from comgra.errors import RecordingError
 from comgra.store import GroupReader
-from comgra.store import layout
 
 
 def _one_step(recorder, model, x: torch.Tensor) -> None:
@@ -63,7 +62,8 @@ def test_a_trial_of_another_process_is_moved_aside(make_recorder, open_trial, st
     assert current["mean"] == 5.0
     (earlier,) = (store_root / "group" / ".replaced").iterdir()
     assert earlier.name.startswith("trial-")
-    assert any((layout.rank_dir(earlier, "tensors", 0)).glob("*.parquet"))
+    # Format 3: the trial's table folders moved with it (<moved trial>/tensors/trial=trial/rank=0/).
+    assert any((earlier / "tensors" / "trial=trial" / "rank=0").glob("*.parquet"))
     assert GroupReader(store_root / "group").trials() == ["trial"]
 
 

@@ -179,7 +179,10 @@ def _chunk_parts(trial: TrialReader, path: Path) -> Iterator[pa.Table]:
         return
     try:
         parquet = pq.ParquetFile(path, page_checksum_verification=True)  # a failing page raises: caught by the caller
-        batches = parquet.iter_batches(batch_size=BATCH_ROWS, columns=loading.COLUMNS)
+        # Format 3: the rank is the chunk's folder's, not a column.
+        rank = None if "rank" in parquet.schema_arrow.names else layout.rank_of_chunk(path)
+        batches = parquet.iter_batches(batch_size=BATCH_ROWS,
+                                       columns=[c for c in loading.COLUMNS if rank is None or c != "rank"])
     except (OSError, ValueError, KeyError, pa.ArrowException):
         table = trial.read_tensor_chunk(path, loading.COLUMNS)
         if table.num_rows:
@@ -187,7 +190,10 @@ def _chunk_parts(trial: TrialReader, path: Path) -> Iterator[pa.Table]:
         return
     try:
         for batch in batches:
-            yield pa.Table.from_batches([batch])
+            table = pa.Table.from_batches([batch])
+            if rank is not None:
+                table = table.append_column(fmt.RANK_FIELD, pa.repeat(pa.scalar(rank, pa.int32()), table.num_rows))
+            yield table.select(loading.COLUMNS)
     finally:
         parquet.close()
 

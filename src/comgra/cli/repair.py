@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 def repair_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="comgra repair", description="Remove what a crashed run left (temporary files, chunks already merged "
-        "into another) so that plain readers of trials/<id>/<table>/*.parquet see every row exactly once.")
+        "into another) so that plain readers of GROUP/<table>/ (format 3; trials/<id>/<table>/ before) see every row "
+        "exactly once.")
     add_path(parser, "a group folder (comgra_root_path/group) or one trial folder, or a group's URL (s3://...)")
     return parser
 

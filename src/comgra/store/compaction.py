@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,7 +71,7 @@ def compact_folder(folder: Path, table: str, *, target_bytes: int = TARGET_BYTES
     level = max(c.level for c in parsed.values() if c is not None) + 1
     seq = max(fmt.seq_of(p.name) for p in fmt.chunk_files(folder)) + 1
     batches = _batches(chunks, parsed, target_bytes)
-    tables = []
+    tables: list[pa.Table | None] = []
     for batch in batches:
         if len(batch) < 2:
             tables.append(None)
@@ -103,7 +104,7 @@ def compact_folder(folder: Path, table: str, *, target_bytes: int = TARGET_BYTES
     return report
 
 
-def _batches(chunks: list[Path], parsed: dict, target_bytes: int) -> list[list[Path]]:
+def _batches(chunks: list[Path], parsed: dict[Path, Any], target_bytes: int) -> list[list[Path]]:
     """Chunks in step order, cut into runs of about ``target_bytes``. A cut is made only between chunks whose step
     ranges do not overlap: a merged file hides every older chunk inside its range, so one run's file must never
     span a chunk of another run."""

@@ -128,8 +128,7 @@ class TrialReader:
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
         self._checks = chunk_checks.ChunkChecks()
 
-    def migrated(self) -> bool:
-        """Whether a trial of format 1 or 2 was migrated since it was opened (its trial.json was replaced)."""
+    def migrated(self) -> bool:  # a trial of format 1 or 2 migrated since it was opened (trial.json replaced)
         return self.format_version < 3 and fmt.folder_identity(self.directory / fmt.TRIAL_META) != self._metadata_file
 
     def _keep_readable_modules(self) -> None:
@@ -349,26 +348,30 @@ class TrialReader:
                              for k, v in active.items()) or "TRUE"
         values = [item for v in active.values() for item in (v if isinstance(v, list) else [v])]
         select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
-        sql = f"SELECT {select} FROM {self._tensors_source()} WHERE {where}"
 
         def run(paths: list[Path]) -> pa.Table:
-            patterns = [validation.glob_escaped(p) for p in paths]  # a trial named "run*" is no pattern
-            return self._cursor().sql(sql, params=[patterns, *values]).to_arrow_table()
+            groups: dict[int | None, list[str]] = {}  # format 3: by rank, each group's rank a constant
+            for p in paths:  # a trial named "run*" is no pattern
+                key = layout.rank_of_chunk(p) if self.format_version >= 3 else None
+                groups.setdefault(key, []).append(validation.glob_escaped(p))
+            sql = f"SELECT {select} FROM {self._tensors_source(list(groups))} WHERE {where}"
+            return self._cursor().sql(sql, params=[*groups.values(), *values]).to_arrow_table()
 
         try:
             return run(files)
         except duckdb.Error:
             if not all(p.exists() for p in files):  # merged away by a live writer meanwhile: list again
                 return self._query(self._refreshed(files), columns, filters)
-            return self._query(self._readable(files), columns, filters) if self._drop_corrupt(files, run) else \
-                _TENSORS.empty_table().select(columns or _TENSORS.names)
+            if not self._drop_corrupt(files, run):
+                return _TENSORS.empty_table().select(columns or _TENSORS.names)
+            return self._query([p for p in files if str(p) not in self.problems], columns, filters)
 
-    def _tensors_source(self) -> str:
-        """Format 1 has no rank column: all its rows are rank 0's, so a constant stands in for it. Format 3 has it in
-        the folder names (``rank=<r>``), which DuckDB reads as a Hive partition."""
+    def _tensors_source(self, ranks: list[int | None]) -> str:
+        """Format 1 has no rank column (its rows are rank 0's), format 3 names it by folder: a constant stands in for it,
+        one ``read_parquet`` per rank, Hive detection off (it would add ``trial`` and a second ``rank`` column)."""
         if self.format_version >= 3:
-            return ('(SELECT * EXCLUDE ("trial") FROM read_parquet(?, hive_partitioning = true, '
-                    "hive_types = {'trial': VARCHAR, 'rank': INTEGER}))")
+            read = 'SELECT *, CAST({} AS INTEGER) AS "rank" FROM read_parquet(?, hive_partitioning = false)'
+            return "(" + " UNION ALL ".join(read.format(int(r or 0)) for r in ranks) + ")"
         if self.format_version >= 2:
             return "read_parquet(?)"
         return '(SELECT *, CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'

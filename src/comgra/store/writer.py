@@ -38,6 +38,11 @@ class TrialFolderGone(StoreError):
 _FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
 
+# At close, each table of the writer's rank becomes one file (store/compaction.py). Tools and tests that want the
+# chunks a run leaves without it (one per flush, merged in tiers) pass compact_at_close=False or turn this off.
+COMPACT_AT_CLOSE = True
+
+
 @dataclass(frozen=True)
 class _Staged:
     """A chunk written under its temporary name, not yet renamed into place."""
@@ -101,7 +106,7 @@ class ChunkWriter:
         rank: int = 0,
         merge_every: int = 16,
         max_merged_rows: int = 1_000_000,
-        compact_at_close: bool = True,
+        compact_at_close: bool | None = None,
     ):
         self.trial_dir = trial_dir
         self.flush_seconds = flush_seconds
@@ -115,7 +120,7 @@ class ChunkWriter:
         self._seq = 0
         self.merge_every = merge_every
         self.max_merged_rows = max_merged_rows
-        self.compact_at_close = compact_at_close
+        self.compact_at_close = COMPACT_AT_CLOSE if compact_at_close is None else compact_at_close
         # The chunks written by this writer, per table and merge level: every table is compacted, so
         # that a long run leaves tens of files, not one per flush.
         self._levels: dict[str, dict[int, list[Path]]] = {name: {} for name in fmt.TABLES}
