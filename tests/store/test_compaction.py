@@ -160,4 +160,4 @@ def test_a_reader_lets_go_of_the_small_tables_of_chunks_merged_away(trial_dir: P
     assert sorted(reader.kpis()["timepoint"].to_pylist()) == list(range(64))
     files = {p.name for p in (layout.rank_dir(trial_dir, "kpis", 0)).glob("*.parquet")}
     assert len(files) == 1
-    assert {name for table, name in reader._cache if table == "kpis"} <= files  # 85 chunk versions were read
+    assert reader._small.cached_chunks("kpis") <= files  # 85 chunk versions were read

@@ -23,13 +23,13 @@ from typing import Any, cast
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
 from comgra.store import chunk_checks, layout, remote, validation
 from comgra.store.series_read import SeriesReader
+from comgra.store.small_tables import SmallTables
 
 _TENSORS = fmt.SCHEMAS["tensors"]
 log = logging.getLogger("comgra.store")
@@ -118,7 +118,7 @@ class TrialReader:
         self._still_read: set[str] = set()  # files in ``_problems`` whose good part is read (not skipped)
         self._problems_lock = threading.Lock()  # the app's request threads find damage concurrently
         self._keep_readable_modules()
-        self._cache: dict[tuple[str, str], pa.Table] = {}
+        self._small = SmallTables(self)  # steps, KPIs, notes, ...: read once per immutable chunk
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
         # Opened on the first query (4 MiB each): a trial only listed or scanned (with pyarrow) never opens one.
@@ -167,33 +167,33 @@ class TrialReader:
     # -- small tables, cached per immutable chunk --------------------------------------------
     def steps(self, rank: int | None = None) -> pa.Table:
         """One row per (rank, training_step, iteration), sorted: the index of everything recorded."""
-        return self._cached_table("steps", rank).sort_by(
+        return self._small.table("steps", rank).sort_by(
             [("training_step", "ascending"), ("iteration", "ascending"), ("rank", "ascending")])
 
     def kpis(self, rank: int | None = None) -> pa.Table:
-        return self._cached_table("kpis", rank).sort_by(
+        return self._small.table("kpis", rank).sort_by(
             [("kpi_group", "ascending"), ("timepoint", "ascending"), ("rank", "ascending")])
 
     def notes(self, rank: int | None = None) -> list[str]:
-        table = self._cached_table("notes", rank).sort_by(
+        table = self._small.table("notes", rank).sort_by(
             [("wall_time", "ascending"), ("rank", "ascending"), ("seq", "ascending")])
         return table.column("note").to_pylist()
 
     def layers(self, rank: int | None = None) -> pa.Table:
         """Per-layer profiling rows (one per execution of a module), sorted by step, module and call."""
-        return self._cached_table("layers", rank).sort_by(
+        return self._small.table("layers", rank).sort_by(
             [("training_step", "ascending"), ("module", "ascending"), ("call", "ascending"), ("rank", "ascending")])
 
     def resources(self, rank: int | None = None) -> pa.Table:
         """Resource samples over time (long format: wall_time, source, metric, value)."""
-        return self._cached_table("resources", rank).sort_by(
+        return self._small.table("resources", rank).sort_by(
             [("wall_time", "ascending"), ("source", "ascending"), ("metric", "ascending")])
 
     def evidence(self, table: str, rank: int | None = None) -> pa.Table:
         """The rows of ``runinfo`` or ``sentinels`` (format.RUNINFO_SCHEMA, SENTINELS_SCHEMA), sorted by step and rank."""
         if table not in ("runinfo", "sentinels"):
             raise SelectionError(f"No evidence table {table!r}" + did_you_mean(table, ["runinfo", "sentinels"]))
-        return self._cached_table(table, rank).sort_by([("training_step", "ascending"), ("rank", "ascending")])
+        return self._small.table(table, rank).sort_by([("training_step", "ascending"), ("rank", "ascending")])
 
     def graph(self, graph_hash: str) -> fmt.GraphDocument:
         """The dependency graph of one iteration (see the README for its fields), once its fields are checked."""
@@ -444,10 +444,6 @@ class TrialReader:
         ranges_now = [(p, fmt.step_range_of(p.name)) for p in self._files("tensors")]
         return [p for p, (first, last) in ranges_now if first <= high and last >= low]
 
-    def _readable(self, files: list[Path]) -> list[Path]:
-        bad = self._skipped()
-        return [p for p in files if str(p) not in bad]
-
     def _skipped(self) -> set[str]:
         with self._problems_lock:
             return set(self._problems) - self._still_read
@@ -471,63 +467,6 @@ class TrialReader:
                     log.debug("comgra: skipped %s", path, exc_info=error)
                     found = True
         return found
-
-    def _cached_table(self, table: str, rank: int | None = None) -> pa.Table:
-        # A live writer's compaction may remove parts between our listing and our read; their rows are
-        # then in a merged chunk that the listing did not have yet. Such a listing is stale: list again.
-        for _ in range(_STALE_LISTING_ATTEMPTS):
-            parts = self._read_listed(table, rank)
-            if parts is not None:
-                break
-        else:
-            parts = []
-        self._forget_merged_away(table)
-        if not parts:
-            return fmt.SCHEMAS[table].empty_table()
-        merged = pa.concat_tables(parts)
-        return merged if rank is None else merged.filter(pc.equal(merged["rank"], rank))
-
-    def _forget_merged_away(self, table: str) -> None:
-        """Let go of the chunks of ``table`` no longer on disk: a live writer merges every flush's chunks away,
-        and a server that kept them all grew with every chunk the run wrote (one scandir; removal is per key,
-        so a request thread adding a chunk meanwhile loses nothing)."""
-        on_disk = set(self.chunk_names(table))
-        for key in [k for k in list(self._cache) if k[0] == table and k[1] not in on_disk]:
-            self._cache.pop(key, None)
-
-    def _read_listed(self, table: str, rank: int | None) -> list[pa.Table] | None:
-        """The chunks of one listing of ``table``; None when one of them vanished before it was read."""
-        parts = []
-        for path in self._files(table, rank):
-            key = (table, path.name)  # a chunk's name is unique across ranks: it holds the rank
-            kept = self._cache.get(key)  # once: another thread may let go of a chunk merged away meanwhile
-            if kept is None:
-                try:
-                    # Without a rank column a small table's rows are rank 0's (format 1, and tools that write
-                    # chunks of the *_SCHEMA the recorder hands its writer), as they always were.
-                    read = chunk_checks.complete(table, chunk_checks.read_small(table, path, self.format_version))
-                    kept = self._cache[key] = self._each_step_once(path, read) if table == "steps" else read
-                except Exception as error:  # noqa: BLE001 - a damaged chunk is reported, the rest stays usable
-                    if not path.exists():
-                        return None  # merged away meanwhile
-                    reason = chunk_checks.damage_reason(error, "damaged, or not a comgra chunk of this table")
-                    self._report_problem(path, reason)
-                    log.debug("comgra: skipped %s", path, exc_info=error)
-                    continue
-            parts.append(kept)
-        return parts
-
-    def _each_step_once(self, path: Path, table: pa.Table) -> pa.Table:
-        """A steps chunk with each step once (see ``chunk_checks.each_step_once``); a repeat is reported, and the
-        chunk stays in the listing: its rows are read, each once, on every call."""
-        table, twice = chunk_checks.each_step_once(table)
-        if twice:
-            self._report_problem(path, f"holds {twice} row(s) of the step index twice; each step is listed once",
-                                 skipped=False)
-        return table
-
-
-_STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight listings in a row cannot all be stale
 
 
 def _covers(name: str, training_step: int) -> bool:
