@@ -132,7 +132,7 @@ def _prctl() -> Any:
         return lambda *arguments: 0
 
 
-_PRCTL = _prctl() if sys.platform == "linux" else None
+_PRCTL: Any = _prctl() if sys.platform == "linux" else None
 
 
 def _kill_group(group: int) -> None:

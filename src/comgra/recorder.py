@@ -21,15 +21,13 @@ from typing import Any
 import torch
 
 from comgra._version import __version__
-from comgra.capture import gradients as scaling, kpis as kpi_buffer
-from comgra.capture import compiled, open_recorders, stages, step_control
+from comgra.capture import compiled, gradients as scaling, kpis as kpi_buffer, open_recorders, stages, step_control
 from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import discover_rank
 from comgra.capture.session import Session, report_fault
 from comgra.capture.step import garbage_collector_paused
 from comgra.capture.evidence import RunEvidence
-from comgra.capture.modules import ModuleTracker
-from comgra.capture.modules import unwrapped as _unwrapped  # comgra.watch: a wrapped model's own module names
+from comgra.capture.modules import ModuleTracker, unwrapped as _unwrapped  # _unwrapped: for comgra.watch
 from comgra.capture.watched import WatchedTensors
 from comgra.profiling.instruments import Instruments
 from comgra.profiling import profiler

@@ -166,3 +166,18 @@ def test_a_compiled_model_is_watched_under_its_own_names(make_recorder, store_ro
     nodes = _nodes(store_root)
     assert {"model.0", "model.2"} <= nodes  # the names its parameters have (model.0.weight), not model._orig_mod.0
     assert not [n for n in nodes if "_orig_mod" in n]
+
+
+def test_torch_autograd_backward_is_torchs_own_once_no_watch_is_active(make_recorder) -> None:
+    """comgra.watch sees the loss by wrapping torch.autograd.backward while a watch is active; removing the last
+    watch (or finalize) gives torch its own function back (house style: hooks exist while a recorder is active)."""
+    original = torch.autograd.backward
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    recorder = make_recorder({0})
+    first = comgra.watch(model, recorder=recorder)
+    assert torch.autograd.backward is not original
+    second = comgra.watch(torch.nn.Linear(2, 2), recorder=recorder, name="other")
+    first.remove()
+    assert torch.autograd.backward is not original  # one watch still active
+    second.remove()
+    assert torch.autograd.backward is original

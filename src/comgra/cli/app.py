@@ -24,6 +24,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from comgra import terminal
 from comgra.cli.arguments import USAGE_ERROR, UsageError, add_path, check_recording, chosen_path, drop_recording_paths, positive_int
@@ -162,8 +163,7 @@ def _serve(args: argparse.Namespace) -> int:
     path = chosen_path(args)
     if args.use_path_for_test_run == (path is not None):
         raise UsageError("give the path of a recording (comgra ROOT/GROUP) or --use-path-for-test-run, one of them.")
-    path = _test_run_path() if args.use_path_for_test_run else path
-    group = check_recording(path)
+    group = check_recording(_test_run_path() if args.use_path_for_test_run or path is None else path)
     from comgra.server.app import limit_malloc_arenas
     limit_malloc_arenas()  # before any thread: see there
     _repair_closed_trials(group)
@@ -286,7 +286,7 @@ def _run_server(group: Path | str, *, host: str, port: int, visualization_file: 
     return 0
 
 
-def _announce(app: object, server: object, group: Path | str, view: str) -> None:
+def _announce(app: Any, server: Any, group: Path | str, view: str) -> None:
     """The addresses to open, each with its ``?token=`` (the browser keeps it as a cookie), and the API's token."""
     from comgra.server.app import start_links
 
@@ -294,7 +294,7 @@ def _announce(app: object, server: object, group: Path | str, view: str) -> None
     print(f"comgra: serving {terminal.printable(group)}\ncomgra: open {links[0]} in a browser (Ctrl+C to stop)", flush=True)
     for other in links[1:]:
         print(f"comgra: or, on this machine, {other}", flush=True)
-    token = app.server.config.get("COMGRA_API_TOKEN")  # type: ignore[attr-defined]
+    token = app.server.config.get("COMGRA_API_TOKEN")
     if token:  # every state-changing call needs it, on loopback too
         print(f"comgra: token for the REST API (Authorization: Bearer ...): {token}", flush=True)
     else:
@@ -314,6 +314,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     limit_malloc_arenas()
     chosen = chosen_path(args)
+    if isinstance(chosen, str):  # the demo records on this machine; a URL is for recordings made elsewhere
+        raise UsageError(f"comgra demo records into a local folder, not {chosen!r}; give a folder, or none.")
     root = chosen.expanduser().resolve() if chosen else Path(tempfile.mkdtemp(prefix="comgra-demo-"))
     group = root / DEMO_GROUP
     if (group / "trials").is_dir() and any((group / "trials").iterdir()):

@@ -85,7 +85,7 @@ def add_path(parser: argparse.ArgumentParser, help: str, *, required: bool = Tru
     parser.set_defaults(_path_required=required)
 
 
-def chosen_path(args: argparse.Namespace) -> Path | None:
+def chosen_path(args: argparse.Namespace) -> Path | str | None:
     """The path of ``add_path``, given positionally or as ``--path``; a UsageError when both differ or, where
     required, when neither is given."""
     positional, option = args.path, args.path_option

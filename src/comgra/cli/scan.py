@@ -91,7 +91,7 @@ def run(arguments: list[str]) -> int:
     return 0
 
 
-def _scan_on_ray(group: Path, args: argparse.Namespace, options: Any, on_trial: Callable[[str, int, int], None]) -> Any:
+def _scan_on_ray(group: Path | str, args: argparse.Namespace, options: Any, on_trial: Callable[[str, int, int], None]) -> Any:
     """The scan as one Ray task per trial (``comgra.analysis.sweep.scan_on_ray``)."""
     from comgra.analysis import ScanResult
     from comgra.analysis.sweep import gathered, scan_on_ray

@@ -98,6 +98,8 @@ class Watch:
         """Stop watching: the hooks come off and stay off. Safe to call more than once."""
         self.active = False
         _WATCHING.discard(self)
+        if not any(watch.active for watch in _WATCHING):
+            _uninstall_backward_hook()  # the last watch gone: torch.autograd.backward is torch's own again
         self._step(False)
         for listeners, action in ((self.recorder._on_finalize, self.remove), (self.recorder._step_listeners, self._step)):
             if action in listeners:
@@ -209,8 +211,9 @@ def _has_loss(recorder: ComgraRecorder) -> bool:
 
 
 def _install_backward_hook() -> None:
-    """Wrap ``torch.autograd.backward`` (what ``Tensor.backward`` calls) once per process: the active watches
-    see the tensor a backward pass runs from. A fault of comgra's there is reported and never stops training."""
+    """Wrap ``torch.autograd.backward`` (what ``Tensor.backward`` calls) while a watch is active: the active watches
+    see the tensor a backward pass runs from. A fault of comgra's there is reported and never stops training. The
+    last watch removed puts torch's own function back (``_uninstall_backward_hook``)."""
     global _ORIGINAL_BACKWARD
     if _ORIGINAL_BACKWARD is not None:
         return
@@ -233,6 +236,16 @@ def _install_backward_hook() -> None:
     backward.__wrapped__ = original  # type: ignore[attr-defined]
     backward.__doc__ = original.__doc__
     torch.autograd.backward = backward  # type: ignore[assignment]
+
+
+def _uninstall_backward_hook() -> None:
+    """Put back the ``torch.autograd.backward`` that ``_install_backward_hook`` wrapped, unless someone wrapped it
+    again since (then ours stays in their chain, and does nothing without an active watch)."""
+    global _ORIGINAL_BACKWARD
+    original = _ORIGINAL_BACKWARD
+    if original is not None and getattr(torch.autograd.backward, "__wrapped__", None) is original:
+        torch.autograd.backward = original  # type: ignore[assignment]
+        _ORIGINAL_BACKWARD = None
 
 
 def watch_model(model: torch.nn.Module, recorder: ComgraRecorder | None, *, name: str | None = None,

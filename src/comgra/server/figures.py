@@ -274,8 +274,8 @@ def kpi_overlay_figures(tables: dict[str, pa.Table], options: KpiOptions = KpiOp
             label = name if type_ in ("", None, DEFAULT_TYPE) else f"{name} · {type_}"
             if wanted and wanted not in f"{group} · {label}".lower():  # the figure's title (the group) too
                 continue
-            order = rows[np.argsort(x_all[rows], kind="stable")]
-            lines.setdefault(group, []).append(KpiLine(trial, label, x_all[order], y_all[order]))
+            by_x = rows[np.argsort(x_all[rows], kind="stable")]
+            lines.setdefault(group, []).append(KpiLine(trial, label, x_all[by_x], y_all[by_x]))
     steps = [line.x for entries in lines.values() for line in entries if len(line.x)]
     x_range = (float(min(x.min() for x in steps)), float(max(x.max() for x in steps))) if steps else None
     trials = [t for t in tables if any(line.trial == t for entries in lines.values() for line in entries)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,8 +13,16 @@ import pyarrow.compute as pc
 from comgra.store import chunk_checks
 from comgra.store import format as fmt
 
-if TYPE_CHECKING:
-    from comgra.store.reader import TrialReader
+
+
+class _Reader(Protocol):
+    """What the cache asks of its ``TrialReader``."""
+
+    format_version: int
+
+    def chunk_names(self, table: str) -> list[str]: ...
+    def _files(self, table: str, rank: int | None = None) -> list[Path]: ...
+    def _report_problem(self, path: Path, reason: str, *, skipped: bool = True) -> None: ...
 
 log = logging.getLogger("comgra.store")
 _STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight listings in a row cannot all be stale
@@ -23,7 +31,7 @@ _STALE_LISTING_ATTEMPTS = 8  # a compaction finishes in milliseconds; eight list
 class SmallTables:
     """The per-chunk cache of one ``TrialReader``; damage is reported through the reader."""
 
-    def __init__(self, reader: TrialReader):
+    def __init__(self, reader: _Reader):
         self._reader = reader
         self._cache: dict[tuple[str, str], pa.Table] = {}
 
