@@ -25,6 +25,8 @@ def positive_int(text: str) -> int:
 
 def recording_path(text: str) -> str | Path:
     """A ``--path``: a URL (s3://, gs://, az://, hdfs://, ...) as it is, a local path or file:// URL as a Path."""
+    if ":" not in text:  # a plain local path: no need for the filesystem layer (and the store's imports) to say so
+        return Path(text)
     from comgra.errors import ConfigError
     from comgra.store.filesystems import is_url, local_path
 
@@ -37,19 +39,11 @@ def recording_path(text: str) -> str | Path:
 def check_recording(path: str | Path) -> Path | str:
     """The group folder to serve; raises UsageError with a hint when ``path`` holds no recording. A URL is
     returned as it is, once its group is found there (its readers mirror it: comgra.store.remote)."""
-    from comgra.errors import ComgraError
-    from comgra.store.filesystems import is_url
-    from comgra.store.remote import group_folder
+    if isinstance(path, str) and ":" in path:  # a URL (recording_path kept it as text): found through a mirror
+        from comgra.store.filesystems import is_url
 
-    if is_url(path):
-        try:
-            local, _ = group_folder(path)
-        except ComgraError as error:
-            raise UsageError(str(error)) from None
-        if not (local / "trials").is_dir():
-            raise UsageError(f"{path!r} holds no comgra recording (no 'trials' folder). Pass the group's URL: "
-                             "<comgra_root_path URL>/group.")
-        return str(path)
+        if is_url(path):
+            return _check_remote_recording(path)
     path = Path(path).expanduser().resolve()
     if not path.exists():
         raise UsageError(f"the path {str(path)!r} does not exist. Pass the group folder: comgra_root_path/group.")
@@ -65,6 +59,20 @@ def check_recording(path: str | Path) -> Path | str:
         raise UsageError(f"pass the group folder, the parent of {str(path)!r}.")
     raise UsageError(f"{str(path)!r} holds no comgra recording (no 'trials' folder). "
                      "Pass the group folder: comgra_root_path/group.")
+
+
+def _check_remote_recording(path: str) -> str:
+    from comgra.errors import ComgraError
+    from comgra.store.remote import group_folder
+
+    try:
+        local, _ = group_folder(path)
+    except ComgraError as error:
+        raise UsageError(str(error)) from None
+    if not (local / "trials").is_dir():
+        raise UsageError(f"{path!r} holds no comgra recording (no 'trials' folder). Pass the group's URL: "
+                         "<comgra_root_path URL>/group.")
+    return str(path)
 
 
 def drop_recording_paths() -> list[str]:
