@@ -27,7 +27,7 @@ def _start(tmp_path: Path, *arguments: str, cwd: Path | None = None) -> subproce
 def _url(process: subprocess.Popen[str]) -> str:
     assert process.stdout is not None
     for line in process.stdout:
-        match = re.search(r"open (http://\S+)", line)
+        match = re.search(r"open (http://[^\s?]+)", line)  # the address without its ?token= (reads need none)
         if match:
             return match.group(1).rstrip("/")
     raise AssertionError("the demo never printed its address")
