@@ -47,12 +47,12 @@ def test_a_broken_link_fails_the_build_and_a_page_missing_from_the_nav_is_added(
     shutil.copytree(ROOT / "docs", project / "docs")
     shutil.copy(ROOT / "mkdocs.yml", project / "mkdocs.yml")
     shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    (project / "docs" / "sweeps.md").write_text("# Sweeps\n\nA page another branch brings.\n")
+    (project / "docs" / "another-branch.md").write_text("# Sweeps\n\nA page another branch brings.\n")
     result = _mkdocs(tmp_path, project)
     assert result.returncode == 0, result.stderr[-4000:]
     index = (tmp_path / "site" / "index.html").read_text()
-    assert "sweeps/" in index and "More" in index  # listed in the nav, under More
-    (project / "docs" / "sweeps.md").write_text("# Sweeps\n\nSee [the store](store.md#no-such-section) and [x](gone.md).\n")
+    assert "another-branch/" in index and "More" in index  # listed in the nav, under More
+    (project / "docs" / "another-branch.md").write_text("# Sweeps\n\nSee [the store](store.md#no-such-section) and [x](gone.md).\n")
     result = _mkdocs(tmp_path, project)
     assert result.returncode != 0 and "gone.md" in result.stderr
 

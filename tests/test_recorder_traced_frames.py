@@ -66,6 +66,7 @@ def test_every_entry_point_leaves_a_traced_frame_and_records_as_eagerly(
     recorder.track_optimizer(torch.optim.SGD(tiny_model.parameters(), lr=0.1))
     recorder.set_sentinels(["loss"])
     recorder.add_note("traced")
+    recorder.record_hyperparameters({"lr": 0.1})
     x = torch.randn(4, 3, generator=generator)
     _one_step(recorder, tiny_model, x, 0, dynamic=False)
     _one_step(recorder, tiny_model, x, 1, dynamic=True)

@@ -85,9 +85,13 @@ def test_comgra_limits_them_before_anything_else_when_it_serves(monkeypatch, tmp
 
     order: list[str] = []
     monkeypatch.setattr(app, "limit_malloc_arenas", lambda: order.append("limit") or True)
-    with pytest.raises(UsageError):
-        cli._serve(SimpleNamespace(use_path_for_test_run=False, path=tmp_path / "missing"))
-    assert order == ["limit"]
+    monkeypatch.setattr(cli, "_run_server", lambda *a, **k: order.append("serve") or 0)
+    with pytest.raises(UsageError):  # a usage error answers before anything heavy, and serves nothing
+        cli._serve(SimpleNamespace(use_path_for_test_run=False, path=tmp_path / "missing", path_option=None))
+    assert order == []
+    (tmp_path / "group" / "trials").mkdir(parents=True)
+    assert cli._serve(cli._parser().parse_args([str(tmp_path / "group")])) == 0
+    assert order == ["limit", "serve"]  # the allocator is limited before the server (and its threads) start
 
 
 def test_building_the_app_changes_no_allocator(mallopt_calls, recording) -> None:
