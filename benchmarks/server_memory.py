@@ -122,7 +122,7 @@ def start_training(root: Path, args: argparse.Namespace) -> subprocess.Popen:
     command = [sys.executable, __file__, "--train", str(root), "--seconds", str(args.seconds + 120),
                "--every", str(args.every), "--steps-per-second", str(args.steps_per_second)]
     process = subprocess.Popen(command, env=os.environ.copy())
-    steps = root / GROUP / "trials" / TRIAL
+    steps = root / GROUP  # format 3: the tables lie beside trials/, in GROUP/<table>/trial=<id>/
     deadline = time.monotonic() + 120
     while not any(steps.rglob("*.parquet")):
         if process.poll() is not None or time.monotonic() > deadline:

@@ -52,10 +52,11 @@ def test_the_progress_bar_takes_a_trial_name_as_text_not_markup(monkeypatch: pyt
     from comgra.cli import scan
 
     monkeypatch.setattr(scan, "PROGRESS_AFTER_SECONDS", 0.0)
-    with scan._Progress() as progress:
+    with scan._Progress(terminal=True) as progress:
         progress.update("[/bold] [link=x]\x1b[2J", 1, 3)  # unbalanced markup raised MarkupError in the bar
         (task,) = progress._bar.tasks
-    assert "\x1b" not in task.description and "[/bold]" in task.description.replace("\\[", "[")
+    # The bar counts trials (a sweep's thousands of names would flicker past): no recorded text reaches it.
+    assert "\x1b" not in task.description and "[/bold]" not in task.description
 
 
 def test_a_comgra_command_s_log_lines_and_warnings_are_escaped() -> None:

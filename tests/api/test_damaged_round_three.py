@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from comgra.store import format as fmt
+from comgra.store import layout
 
 pytest.importorskip("torch")
 
@@ -59,7 +60,7 @@ def test_a_tensors_chunk_without_steps_is_skipped_and_listed_by_reader_rest_and_
     from comgra.analysis import Scanner
     from comgra.store.reader import GroupReader
 
-    chunks = fmt.chunk_files(trial_dir(group_dir) / "tensors")
+    chunks = fmt.chunk_files(layout.rank_dir(trial_dir(group_dir), "tensors", 0))
     chunk = chunks[0]
     rewrite(chunk, _null_steps)
     trial = GroupReader(group_dir).trial(TRIAL)
@@ -77,7 +78,7 @@ def test_a_tensors_chunk_without_steps_is_skipped_and_listed_by_reader_rest_and_
 def test_a_steps_chunk_with_every_row_twice_gives_the_same_steps_on_every_call(group_dir: Path) -> None:
     from comgra.store.reader import GroupReader
 
-    chunks = fmt.chunk_files(trial_dir(group_dir) / "steps")
+    chunks = fmt.chunk_files(layout.rank_dir(trial_dir(group_dir), "steps", 0))
     for chunk in chunks:
         rewrite(chunk, lambda table: pa.concat_tables([table, table]))
     trial = GroupReader(group_dir).trial(TRIAL)
@@ -91,7 +92,7 @@ def test_a_steps_chunk_with_every_row_twice_gives_the_same_steps_on_every_call(g
 @pytest.mark.parametrize("route", ["values", "graph"])
 def test_values_and_graph_of_a_step_in_a_damaged_steps_chunk_name_the_damage(client: Any, group_dir: Path,
                                                                              route: str) -> None:
-    chunk = fmt.chunk_files(trial_dir(group_dir) / "steps")[0]
+    chunk = fmt.chunk_files(layout.rank_dir(trial_dir(group_dir), "steps", 0))[0]
     step = fmt.step_range_of(chunk.name)[0]
     chunk.write_bytes(b"junk" * 64)
     response = client.get(f"{T}/{route}?step={step}")
