@@ -1,6 +1,9 @@
 """The app in Chromium: every click and selector shows the store's numbers for the selection."""
 from __future__ import annotations
 
+import json
+import os
+
 import itertools
 
 import pyarrow as pa
@@ -244,8 +247,17 @@ def test_new_steps_and_trials_appear_while_the_page_is_open(serve, open_page, fr
     trial = GroupReader(fresh_recording).trial(BUGGED)
     steps = steps_of(fresh_recording, BUGGED)
     new_step = steps[-1] + 1000
-    copy_last_step(trial, new_step)
-    expect(app.page.locator("#step-info")).to_contain_text(f"of {len(steps) + 1} recorded steps")
+    # As a running training does: its writer holds the trial's lock while it writes, and it rewrites trial.json
+    # (the app's poll lists the chunks of such trials only: comgra.service.changes).
+    from comgra.store.writer import _lock_trial
+
+    fmt.write_json_atomic(trial.directory / fmt.TRIAL_META, json.loads((trial.directory / fmt.TRIAL_META).read_text()))
+    lock = _lock_trial(trial.directory, 0)
+    try:
+        copy_last_step(trial, new_step)
+        expect(app.page.locator("#step-info")).to_contain_text(f"of {len(steps) + 1} recorded steps")
+    finally:
+        os.close(lock)
     app.page.focus("#step-slider [role=slider]")
     app.page.keyboard.press("End")
     app.wait_for(training_step=new_step)

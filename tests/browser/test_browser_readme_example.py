@@ -44,17 +44,16 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_readmes_example_finds_the_stuck_loss_and_shows_it(serve, browser: Any, recorded: Path) -> None:
     findings = Scanner().scan(recorded).findings
-    top = findings[0]
-    assert top.severity == "warning" and top.node == "loss" and top.detector.startswith("loss_"), findings[:3]
+    # The loss that stays at chance is named. Since issue 32 it is an info, not a warning: while the parameters
+    # move at a learning pace, a loss at chance cannot be told from a healthy plateau at the start of training.
+    assert [f for f in findings if f.node == "loss" and f.detector.startswith("loss_")], findings[:3]
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     url = serve(recorded)
     page.goto(url)
-    strip = page.locator(".start-here-box")
-    expect(strip).to_be_visible()
-    expect(strip).to_contain_text("loss")
+    # No "Start here" strip: it leads from a warning, and the stuck loss is an info since issue 32 (see above).
     # The graph: module outputs named with their type; the input, output and loss in their roles.
     expect(page.locator('[data-node="model.1"] .node-name')).to_have_text("model.1 (ReLU)")
     expect(page.locator('[data-node="model.0"] .node-name')).to_have_text("model.0 (Conv2d)")
