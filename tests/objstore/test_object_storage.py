@@ -221,7 +221,9 @@ def test_the_spool_limit_stops_recording_once_and_training_goes_on(tmp_path: Pat
     config.write_text("[storage]\nspool_limit_gb = 0.000001\nupload_timeout_s = 1.0\n"
                       "[storage.options.s3]\nconnect_timeout = 0.5\nrequest_timeout = 0.5\n")
     with pytest.warns(ComgraWarning) as warned:
-        recorder = train("s3://bucket/runs", "t1", steps=60, pause=0.1, config=config)
+        # long enough (15 s) for the uploader to find the spool full while the run trains, even when its first pass
+        # spends seconds on failing connections
+        recorder = train("s3://bucket/runs", "t1", steps=150, pause=0.1, config=config)
     messages = [str(w.message) for w in warned]
     assert sum("spool" in m and "stopped recording" in m for m in messages) == 1, messages
     assert any("comgra sync" in m for m in messages), messages  # finalize says what is left and how to send it
