@@ -135,7 +135,9 @@ def test_a_scan_on_ray_survives_a_lost_worker_node_and_doubles_nothing(cluster, 
     out, err = scan.communicate(timeout=900)
     assert scan.returncode == 0, err
     assert out.startswith("{"), (out[:500], err[-3000:])  # Ray's news on stderr: stdout is the document alone
-    assert "will be retried" in err  # the task that ran on the lost node ran again
+    # The task that ran on the lost node ran again: every trial's findings below equal the local scan's, and one of
+    # them was computed on the node killed mid-task. (Ray's own "will be retried" line on stderr depends on how fast
+    # it notices the node is gone: it was missing in one run of three.)
 
     def keys(document: str) -> list[tuple]:
         return sorted((f["trial"], f["detector"], f["node"], f["training_step"], f["message"])
