@@ -21,7 +21,6 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from comgra.errors import ComgraError
 from comgra.server import kpi_view
-from comgra.server.dom import attributes
 from comgra.service import RecordingService
 from comgra.service.runs import KPI_STATISTICS, SEVERITIES, GroupBand, Run
 
