@@ -88,6 +88,8 @@ class Session:
             writer = ChunkWriter(directory, flush_seconds=options.flush_seconds, rank=ranks.rank)
             uploader = None if options.remote_group is None else \
                 spool.start_upload(options.group_dir, options.remote_group, options.settings)
+            if uploader is not None:
+                writer.on_written = uploader.wake  # a pass after each flush, and none while nothing is written
             prepare()  # the first recorded step's one-time costs, before the training loop
         except OSError as error:
             session = cls(options, directory, None, metadata, broken=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -142,12 +143,31 @@ def local_files(folder: Path) -> dict[str, tuple[int, int]]:
     return {**other, **steps}
 
 
-def on_threads(work: Callable[[], None], count: int, name: str) -> None:
-    """Run ``work`` on ``count`` threads at once (this one among them) and return when all are done.
+def lower_priority(niceness: int = 10) -> None:
+    """Lower the OS priority of the calling thread (Linux: each thread has a nice value of its own), so that the
+    uploader yields the CPU to the training whenever both want it. Never call it from a thread the user owns (a
+    lowered priority cannot be raised again without privileges); elsewhere, or when refused, nothing happens."""
+    if not (sys.platform.startswith("linux") and hasattr(os, "setpriority")):
+        return
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + niceness))
+    except OSError:
+        pass
+
+
+def on_threads(work: Callable[[], None], count: int, name: str, *, low_priority: bool = False) -> None:
+    """Run ``work`` on ``count`` threads at once (this one among them) and return when all are done; with
+    ``low_priority`` the helper threads run at a lowered OS priority (``lower_priority``).
 
     Short-lived threads, not a pool: finalize may run in an ``atexit`` handler, after Python has shut the pools of
     ``concurrent.futures`` down."""
-    helpers = [threading.Thread(target=work, name=name, daemon=True) for _ in range(count - 1)]
+    def helper() -> None:
+        if low_priority:
+            lower_priority()
+        work()
+
+    helpers = [threading.Thread(target=helper, name=name, daemon=True) for _ in range(count - 1)]
     for helper in helpers:
         helper.start()
     work()
@@ -164,14 +184,22 @@ class Uploader:
 
     ``journal_root`` is the folder whose ``.comgra-upload/`` holds the journal (the spool root). ``limit_bytes``
     bounds what may wait for upload: past it ``full`` is set (the recorder then stops recording, once, with a
-    message) until the backlog drains."""
+    message) until the backlog drains.
+
+    The thread costs the training as little as it can: it runs at a lowered OS priority, it sleeps until ``wake``
+    (the recorder's writer calls it after each flush) or ``idle_interval`` seconds have passed, and it waits
+    ``interval`` seconds after a wake before its pass, so that what the writer publishes meanwhile goes in the same
+    pass (at most one pass per ``interval``). A file goes up as one copy in Arrow's C++ code, without the GIL."""
 
     def __init__(self, local: Path, remote: Location, *, journal_root: Path | None = None, interval: float = 1.0,
-                 limit_bytes: int | None = None, workers: int = 4, max_attempts: int = 3):
+                 limit_bytes: int | None = None, workers: int = 4, max_attempts: int = 3,
+                 idle_interval: float = 30.0):
         self.local = local
         self.remote = remote
         self.journal = Journal(journal_root or local, remote.url)
         self.interval = interval
+        self.idle_interval = idle_interval
+        self.wakeups = 0  # the thread's wakeups (passes and backlog checks): the benchmark reports them per second
         self.limit_bytes = limit_bytes
         self.workers = workers
         self.max_attempts = max_attempts
@@ -188,21 +216,34 @@ class Uploader:
     # -- the thread ------------------------------------------------------------------------------
     def start(self) -> Uploader:
         self._thread = threading.Thread(target=self._loop, name="comgra-uploader", daemon=True)
+        self._wake.set()  # a first pass at once: what an earlier run of this spool left, and the new trial.json
         self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """New files are in the folder (the writer published a flush): a pass within ``interval`` seconds."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        next_pass = 0.0
+        lower_priority()
+        retry_at: float | None = None  # while the store fails, or files wait: when the next pass is due
         while not self._stop.is_set():
-            if time.monotonic() >= next_pass:
-                self.run_pass()
-                # Backoff while the store fails: 2, 4, ... 30 s between passes (each pass retries each request too).
-                next_pass = time.monotonic() + (self.interval if not self.failures else
-                                                min(30.0, self.interval * 2 ** min(self.failures, 5)))
-            else:
-                self.measure_backlog()  # the spool keeps growing while the store is away: the limit holds meanwhile
-            self._wake.wait(self.interval)
+            timeout = self.idle_interval if retry_at is None else max(0.0, retry_at - time.monotonic())
+            woken = self._wake.wait(timeout)
+            if self._stop.is_set():
+                return  # finish() runs the last passes
             self._wake.clear()
+            self.wakeups += 1
+            if retry_at is not None and time.monotonic() < retry_at:
+                self.measure_backlog()  # the spool keeps growing while the store is away: the limit holds meanwhile
+                continue
+            if woken and self._stop.wait(self.interval):
+                return  # a batch: what the writer publishes in the next moment goes up in the same pass
+            self._wake.clear()
+            result = self.run_pass()
+            # Backoff while the store fails: 2, 4, ... 30 s between passes (each pass retries each request too).
+            retry_at = (time.monotonic() + min(30.0, self.interval * 2 ** min(self.failures, 5)) if self.failures
+                        else time.monotonic() + 2 * self.interval if result.pending else None)
 
     def measure_backlog(self) -> int:
         """Bytes of the spool not uploaded yet (a local listing, no network); sets ``full``."""
@@ -320,7 +361,8 @@ class Uploader:
                         result.pending += 1
                         result.pending_bytes += size
 
-        on_threads(work, min(self.workers, len(items)), "comgra-upload")
+        on_threads(work, min(self.workers, len(items)), "comgra-upload",
+                   low_priority=threading.current_thread() is self._thread)
         with lock:
             for key, size, _ in queue:  # left after an error
                 result.pending += 1

@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,7 @@ class ChunkWriter:
         # that a long run leaves tens of files, not one per flush.
         self._levels: dict[str, dict[int, list[Path]]] = {name: {} for name in fmt.TABLES}
         self._buffer = _Buffer()
+        self.on_written: Callable[[], None] | None = None  # called on this writer's thread after files land
         trial_dir.mkdir(parents=True, exist_ok=True)
         self._lock = _lock_trial(trial_dir, rank)
         try:
@@ -220,6 +222,11 @@ class ChunkWriter:
             if len(fmt.chunk_names(folder)) > 1:
                 compact_folder(folder, name, check=self._check_trial_folder)
         release_unused_memory(trim=True)
+        self._written()
+
+    def _written(self) -> None:
+        if self.on_written is not None:  # the uploader of a URL root (store.uploader): new files to send
+            self.on_written()
 
     def _interval(self) -> float:
         age = time.monotonic() - self._started
@@ -281,6 +288,7 @@ class ChunkWriter:
         self._seq += 1
         merged = [self._merge(name) for name in fmt.TABLES]
         release_unused_memory(trim=any(merged))
+        self._written()
 
     def _publish(self, staged: list[_Staged]) -> None:
         """Rename a flush's chunks into place, the steps chunk last, with as few waits on the disk as that allows.
