@@ -257,3 +257,62 @@ def test_a_question_does_not_wait_for_a_refresh_under_way(s3_env: str, tmp_path:
     assert time.monotonic() - started < 5
     release.set()
     poll.join(30)
+
+
+def test_findings_of_a_scan_on_a_url_go_to_the_bucket(s3_env: str, tmp_path: Path, monkeypatch) -> None:
+    """``comgra scan URL`` on one machine (its own mirror): the findings table and the signed findings JSON land in
+    the bucket, where DuckDB reads the rows the scan printed, and a second machine (a fresh mirror, the same user's
+    key) reads the saved findings instead of scanning again."""
+    import json
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from comgra.analysis import saved
+    from comgra.analysis.findings import ScanOptions, trial_signature
+
+    url = f"{s3_env}/runs/{GROUP}"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    recorder = ComgraRecorder(f"{s3_env}/runs", GROUP, "t1", DecisionMakerForRecordingsFrequencyPerType(1))
+    recorder.track_module("main", model)
+    for step in range(8):
+        x = torch.randn(4, 6)
+        if step >= 5:
+            x[0, 0] = float("nan")  # a finding the scan reports (non-finite values from step 5)
+        recorder.start_batch(step, 4)
+        recorder.start_iteration()
+        recorder.register_tensor("x", x, is_input=True)
+        loss = model(x).pow(2).mean()
+        recorder.register_tensor("loss", loss, is_loss=True)
+        loss.backward()
+        recorder.finish_iteration()
+        recorder.finish_batch()
+    recorder.finalize()
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "machine1"), "PYTHONPATH": os.pathsep.join(sys.path)}
+    scan = subprocess.run([sys.executable, "-m", "comgra.cli.app", "scan", url, "--json"], env=environment,
+                          capture_output=True, text=True, timeout=600)
+    assert scan.returncode == 0, scan.stderr
+    printed = json.loads(scan.stdout)["findings"]
+    assert any(f["node"] and f["training_step"] == 5 for f in printed), printed
+    keys = open_location(url).list_files()
+    table_key = "findings/trial=t1/rank=0/findings.parquet"
+    assert table_key in keys and any(k.startswith("trials/t1/analysis/findings-") for k in keys), sorted(keys)
+    location = open_location(url)
+    dataset = ds.dataset([location.key(table_key)], filesystem=location.filesystem, format="parquet")  # noqa: F841
+    with duckdb.connect() as con:
+        stored = con.execute("SELECT detector, node, training_step FROM dataset ORDER BY ALL").fetchall()
+    assert stored == sorted((f["detector"], f["node"], f["training_step"]) for f in printed)
+    # The second machine: a mirror of its own, filled from the bucket alone.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine2"))
+    group = GroupReader(url)
+    assert str(tmp_path / "machine2") in str(group.path)
+    trial = group.trial("t1")
+    kept = saved.load(trial, trial_signature(trial), ScanOptions())
+    assert kept is not None and len(kept[0]) == len(printed)
+    assert pq.read_table(group.path / table_key).num_rows == len(printed)
+    # A later refresh of the first machine's mirror keeps them (they are in the bucket now, at the bucket's time).
+    again = subprocess.run([sys.executable, "-m", "comgra.cli.app", "scan", url, "--json"], env=environment,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and json.loads(again.stdout)["findings"] == printed, again.stderr

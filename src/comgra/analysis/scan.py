@@ -193,6 +193,7 @@ class Scanner:
         if kept is not None:
             if not findings_table.is_current(group.path, trial_id, options, chunks):  # e.g. last written at other options
                 findings_table.write(group.path, trial_id, kept[0], options, chunks)
+                _publish(group, [findings_table.path_of(group.path, trial_id)])
             with self._lock:
                 self._found[key] = (chunks, *kept)
             return kept
@@ -210,6 +211,7 @@ class Scanner:
         if self.persist:  # the table first, the signed JSON (what a later scan trusts) last
             findings_table.write(group.path, trial_id, found, options, chunks)
             saved.save(trial, chunks, options, found, problems)
+            _publish(group, [findings_table.path_of(group.path, trial_id), saved.path_of(trial.directory, options)])
         with self._lock:
             self._found[key] = (chunks, found, problems)
         return found, problems
@@ -234,6 +236,13 @@ class Scanner:
         from comgra.analysis.loading import return_freed_memory
 
         return_freed_memory()
+
+
+def _publish(group: GroupReader, paths: list[Path]) -> None:
+    """A recording read from a URL: the findings just saved in its mirror go to the store too (store.remote)."""
+    mirror = getattr(group, "mirror", None)
+    if mirror is not None:
+        mirror.publish(paths)
 
 
 def _trial_folder(group: GroupReader, trial_id: str) -> Path:

@@ -95,7 +95,9 @@ class Mirror:
                   and ".." not in key.split("/") and self._differs(key, size, mtime)]
         self._fetch([key for key in wanted if not is_commit(key)], remote)
         self._fetch([key for key in wanted if is_commit(key)], remote)  # the index after its data
-        self._forget([key for key in self._local_keys() if key not in remote])
+        # Not what a scan wrote into the mirror since this listing began: it is being published (``publish``).
+        listed_at = time.time_ns() - int((time.monotonic() - now) * 1e9)
+        self._forget([key for key in self._local_keys() if key not in remote], younger_than=listed_at)
         self.last_refresh_seconds = time.monotonic() - now
         return True
 
@@ -158,9 +160,37 @@ class Mirror:
             keys += [name if relative == "." else f"{relative}/{name}" for name in files if not name.startswith(".")]
         return keys
 
-    def _forget(self, keys: list[str]) -> None:
+    def _forget(self, keys: list[str], younger_than: int | None = None) -> None:
         for key in keys:
-            (self.local / key).unlink(missing_ok=True)
+            path = self.local / key
+            try:
+                if younger_than is not None and path.stat().st_mtime_ns >= younger_than:
+                    continue
+            except FileNotFoundError:
+                continue
+            path.unlink(missing_ok=True)
+
+    def publish(self, paths: list[Path]) -> int:
+        """Upload files written into the mirror (the findings a scan saved) to the store, so that a scan or the
+        app on another machine reads them; each local copy then takes the object's time, so that the next
+        refresh does not download it again. Returns the files uploaded; a store that refuses is logged."""
+        sent = 0
+        for path in paths:
+            try:
+                key = path.resolve().relative_to(self.local.resolve()).as_posix()
+            except ValueError:
+                continue  # not in this mirror
+            try:
+                if not path.is_file():
+                    continue
+                self.location.upload(path, key)
+                info = self.location.filesystem.get_file_info(self.location.key(key))
+                if info.mtime_ns:
+                    os.utime(path, ns=(info.mtime_ns, info.mtime_ns))
+                sent += 1
+            except OSError as error:  # a read-only bucket, the store away: the findings stay in this mirror
+                log.warning("comgra could not upload %s to %s: %s", key, self.location.url, error)
+        return sent
 
 
 def group_folder(path: Any, storage_options: dict[str, Any] | None = None) -> tuple[Path, Mirror | None]:

@@ -162,12 +162,12 @@ def on_threads(work: Callable[[], None], count: int, name: str, *, low_priority:
 
     Short-lived threads, not a pool: finalize may run in an ``atexit`` handler, after Python has shut the pools of
     ``concurrent.futures`` down."""
-    def helper() -> None:
+    def lowered() -> None:
         if low_priority:
             lower_priority()
         work()
 
-    helpers = [threading.Thread(target=helper, name=name, daemon=True) for _ in range(count - 1)]
+    helpers = [threading.Thread(target=lowered, name=name, daemon=True) for _ in range(count - 1)]
     for helper in helpers:
         helper.start()
     work()
