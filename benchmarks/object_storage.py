@@ -73,10 +73,11 @@ def median(samples: list[float]) -> float:
 
 
 # -- training ------------------------------------------------------------------------------------------------
-def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, float, float, float]:
+def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, float, float, float, float]:
     """Seconds of one recorded run: (the training loop's wall clock, finalize's wall clock, the training thread's
     CPU time in the loop, the whole process's CPU time in the loop: the writer's and the uploader's threads too),
-    and the uploader thread's wakeups per second of the loop (0 for a local root)."""
+    and the uploader thread's passes (and backlog checks) per second of the loop and its CPU seconds in them per
+    second of the loop (0 for a local root)."""
     import torch
 
     from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
@@ -91,6 +92,7 @@ def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, 
     recorder.track_module("main", model)
     started = time.perf_counter()
     thread_cpu, process_cpu = time.thread_time(), time.process_time()
+    passes, pass_cpu = UPLOADER_WORK["calls"], UPLOADER_WORK["cpu"]
     for step in range(steps):
         recorder.start_batch(step, 64)
         recorder.start_iteration()
@@ -106,26 +108,53 @@ def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, 
         recorder.finish_batch()
     trained = time.perf_counter() - started
     thread_cpu, process_cpu = time.thread_time() - thread_cpu, time.process_time() - process_cpu
-    uploader = getattr(recorder.session, "uploader", None)
-    wakeups = getattr(uploader, "wakeups", 0) / trained
+    passes, pass_cpu = UPLOADER_WORK["calls"] - passes, UPLOADER_WORK["cpu"] - pass_cpu
     started = time.perf_counter()
     recorder.finalize()
-    return trained, time.perf_counter() - started, thread_cpu, process_cpu, wakeups
+    return trained, time.perf_counter() - started, thread_cpu, process_cpu, passes / trained, pass_cpu / trained
+
+
+# What the uploader's own thread does while the training runs (its passes and backlog checks): counted by wrapping
+# the Uploader's methods, so that the same count works on any version of comgra (run against another checkout with
+# PYTHONPATH=<its src>).
+UPLOADER_WORK = {"calls": 0, "cpu": 0.0}
+
+
+def count_uploader_work() -> None:
+    import threading
+
+    from comgra.store import uploader
+
+    for name in ("run_pass", "measure_backlog"):
+        original = getattr(uploader.Uploader, name)
+
+        def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            if threading.current_thread().name != "comgra-uploader":
+                return _original(self, *args, **kwargs)
+            started = time.thread_time()
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                UPLOADER_WORK["calls"] += 1
+                UPLOADER_WORK["cpu"] += time.thread_time() - started
+
+        setattr(uploader.Uploader, name, counted)
 
 
 def part_training(args: argparse.Namespace, out: Path) -> None:
     import torch
 
     torch.set_num_threads(1)
+    count_uploader_work()
     url = bucket("bench-training") + "/runs"
     local = out / "training-local"
     train_once(local, "warmup", 20)
     train_once(url, "warmup", 20)
     figures: dict[str, dict[str, list[float]]] = {kind: {"loop": [], "finalize": [], "thread": [], "process": [],
-                                                          "wakeups": []} for kind in ("local", "s3")}
+                                                          "passes": [], "pass_cpu": []} for kind in ("local", "s3")}
     for repeat in range(args.repeats):
         for kind, root in (("local", local), ("s3", url)) if repeat % 2 == 0 else (("s3", url), ("local", local)):
-            for name, value in zip(("loop", "finalize", "thread", "process", "wakeups"),
+            for name, value in zip(("loop", "finalize", "thread", "process", "passes", "pass_cpu"),
                                    train_once(root, f"run{repeat}", args.steps)):
                 figures[kind][name].append(value)
     print(f"\n## training cost ({args.steps} steps of a 4x256 MLP, every 10th step recorded, {args.repeats} runs "
@@ -137,7 +166,8 @@ def part_training(args: argparse.Namespace, out: Path) -> None:
         f = figures[kind]
         print(f"| {kind} | {median(f['loop']):.3f} | {', '.join(f'{t:.2f}' for t in f['loop'])} | "
               f"{median(f['thread']):.3f} | {median(f['process']):.3f} | {median(f['finalize']):.3f} |")
-    print(f"the uploader thread's wakeups per second of training: median {median(figures['s3']['wakeups']):.2f}")
+    print(f"the uploader thread while training: median {median(figures['s3']['passes']):.2f} passes (or backlog "
+          f"checks) per second, {1000 * median(figures['s3']['pass_cpu']):.1f} ms of its CPU per second of training")
     for name, label in (("loop", "wall clock"), ("thread", "training thread's CPU"), ("process", "process CPU")):
         pairs = [s / loc for s, loc in zip(figures["s3"][name], figures["local"][name])]
         print(f"S3 / local, {label}: median {median(figures['s3'][name]) / median(figures['local'][name]):.3f}x "
@@ -389,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
             {"training": part_training, "app": part_app, "sweep": part_sweep}[part](args, args.out)
     finally:
         server.terminate()
-        server.wait(10)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
     return 0
 
 

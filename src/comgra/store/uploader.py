@@ -199,7 +199,6 @@ class Uploader:
         self.journal = Journal(journal_root or local, remote.url)
         self.interval = interval
         self.idle_interval = idle_interval
-        self.wakeups = 0  # the thread's wakeups (passes and backlog checks): the benchmark reports them per second
         self.limit_bytes = limit_bytes
         self.workers = workers
         self.max_attempts = max_attempts
@@ -233,7 +232,6 @@ class Uploader:
             if self._stop.is_set():
                 return  # finish() runs the last passes
             self._wake.clear()
-            self.wakeups += 1
             if retry_at is not None and time.monotonic() < retry_at:
                 self.measure_backlog()  # the spool keeps growing while the store is away: the limit holds meanwhile
                 continue
