@@ -316,3 +316,37 @@ def test_findings_of_a_scan_on_a_url_go_to_the_bucket(s3_env: str, tmp_path: Pat
     again = subprocess.run([sys.executable, "-m", "comgra.cli.app", "scan", url, "--json"], env=environment,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and json.loads(again.stdout)["findings"] == printed, again.stderr
+
+
+def test_a_recorders_uploader_walks_its_own_trial_after_its_first_pass(s3_env: str, tmp_path: Path) -> None:
+    """The first pass sends everything the spool holds (what earlier runs left); later passes walk only the trial's
+    folders, so a pass of the thousandth trial of a sweep costs what the first one did, and deletes nothing of the
+    other trials."""
+    local = tmp_path / "group"
+    mine = [local / "trials" / "a" / "trial.json", local / "tensors" / "trial=a" / "rank=0" / "c0.parquet"]
+    other = local / "tensors" / "trial=b" / "rank=0" / "c0.parquet"
+    for path in [*mine, other]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 10)
+    location = open_location(f"{s3_env}/g")
+    walked: list[list[str]] = []
+
+    def scope() -> list[str]:
+        walked.append(["trials/a", "tensors/trial=a"])
+        return walked[-1]
+
+    uploader = Uploader(local, location, journal_root=tmp_path, scope=scope)
+    assert uploader.run_pass().uploaded == 3 and walked == []  # the first pass: the whole folder
+    late = local / "tensors" / "trial=b" / "rank=0" / "c1.parquet"  # another trial's writer, another uploader
+    late.write_bytes(b"y")
+    merged = local / "tensors" / "trial=a" / "rank=0" / "c1.parquet"
+    merged.write_bytes(b"m" * 20)
+    mine[1].unlink()  # merged away
+    other.unlink()  # gone from another trial's folder: not this uploader's to delete
+    result = uploader.run_pass()
+    assert (result.uploaded, result.deleted) == (1, 1) and len(walked) == 1
+    assert sorted(location.list_files()) == ["tensors/trial=a/rank=0/c1.parquet", "tensors/trial=b/rank=0/c0.parquet",
+                                             "trials/a/trial.json"]
+    # comgra sync (no scope) walks everything: the other trial's new file goes up, its merged-away part goes.
+    result = Uploader(local, location, journal_root=tmp_path).run_pass()
+    assert (result.uploaded, result.deleted) == (1, 1)

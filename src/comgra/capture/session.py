@@ -87,7 +87,7 @@ class Session:
             fmt.write_json_atomic(directory / metadata_name, metadata)
             writer = ChunkWriter(directory, flush_seconds=options.flush_seconds, rank=ranks.rank)
             uploader = None if options.remote_group is None else \
-                spool.start_upload(options.group_dir, options.remote_group, options.settings)
+                spool.start_upload(options.group_dir, options.remote_group, options.settings, options.trial_id)
             if uploader is not None:
                 writer.on_written = uploader.wake  # a pass after each flush, and none while nothing is written
             prepare()  # the first recorded step's one-time costs, before the training loop

@@ -15,6 +15,8 @@ from typing import Any
 import platformdirs
 
 from comgra.errors import StoreError
+from comgra.store import format as fmt
+from comgra.store import layout
 from comgra.store.filesystems import is_url, local_path, open_location, url_digest
 from comgra.store.uploader import Uploader
 
@@ -48,12 +50,19 @@ def recording_root(root: Any, settings: Any = None) -> RecordingRoot:
     return RecordingRoot(local_path(root).resolve())
 
 
-def start_upload(local_group: Path, url_group: str, settings: Any = None) -> Uploader:
-    """The running uploader of one group folder of the spool (its journal in the spool root)."""
+def start_upload(local_group: Path, url_group: str, settings: Any = None, trial_id: str | None = None) -> Uploader:
+    """The running uploader of one group folder of the spool (its journal in the spool root). With ``trial_id``,
+    its passes after the first walk only that trial's folders (the first sends what earlier runs left)."""
     storage = getattr(settings, "storage", None)
     limit = int(float(getattr(storage, "spool_limit_gb", 20.0)) * 2 ** 30)
+
+    def trial_folders() -> list[str]:
+        assert trial_id is not None
+        return [f"{fmt.TRIALS_DIR}/{trial_id}"] + [folder.relative_to(local_group).as_posix()
+                                                    for folder in layout.trial_partitions(local_group, trial_id)]
+
     return Uploader(local_group, open_location(url_group, config=settings), journal_root=local_group.parent,
-                    limit_bytes=limit).start()
+                    limit_bytes=limit, scope=None if trial_id is None else trial_folders).start()
 
 
 def finish_upload(uploader: Uploader, settings: Any = None) -> str | None:

@@ -118,12 +118,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def local_files(folder: Path) -> dict[str, tuple[int, int]]:
-    """The files to mirror below ``folder``: relative POSIX path -> (size, mtime_ns); the steps folders first."""
+def local_files(folder: Path, within: list[str] | None = None) -> dict[str, tuple[int, int]]:
+    """The files to mirror below ``folder``: relative POSIX path -> (size, mtime_ns); the steps folders first.
+    ``within``: only below these relative folders (None: all of ``folder``)."""
     steps: dict[str, tuple[int, int]] = {}
     other: dict[str, tuple[int, int]] = {}
+    roots = [folder] if within is None else [folder / relative for relative in within]
     for wanted in (True, False):  # listed in two walks: a steps chunk seen here has its data seen by the second
-        for directory, folders, files in os.walk(folder):
+        for directory, folders, files in (entry for root in roots for entry in os.walk(root)):
             folders[:] = [f for f in folders if not f.startswith(".") and f != "live"]
             relative_dir = Path(directory).relative_to(folder).as_posix()
             is_steps = COMMIT_FOLDER in Path(directory).relative_to(folder).parts
@@ -189,16 +191,23 @@ class Uploader:
     The thread costs the training as little as it can: it runs at a lowered OS priority, it sleeps until ``wake``
     (the recorder's writer calls it after each flush) or ``idle_interval`` seconds have passed, and it waits
     ``interval`` seconds after a wake before its pass, so that what the writer publishes meanwhile goes in the same
-    pass (at most one pass per ``interval``). A file goes up as one copy in Arrow's C++ code, without the GIL."""
+    pass (at most one pass per ``interval``). A file goes up as one copy in Arrow's C++ code, without the GIL.
+
+    ``scope`` (a function returning folders relative to ``local``) narrows the passes after the first full one to
+    those folders: a recorder's uploader walks its own trial's folders, not every trial of a spool that a sweep
+    filled, so that a pass costs the same at the thousandth trial as at the first. The first pass, and those of
+    ``comgra sync``, walk the whole folder (what crashed runs left)."""
 
     def __init__(self, local: Path, remote: Location, *, journal_root: Path | None = None, interval: float = 1.0,
                  limit_bytes: int | None = None, workers: int = 4, max_attempts: int = 3,
-                 idle_interval: float = 30.0):
+                 idle_interval: float = 30.0, scope: Callable[[], list[str]] | None = None):
         self.local = local
         self.remote = remote
         self.journal = Journal(journal_root or local, remote.url)
         self.interval = interval
         self.idle_interval = idle_interval
+        self.scope = scope
+        self._walked_all = False  # a pass has walked the whole folder (later ones may keep to ``scope``)
         self.limit_bytes = limit_bytes
         self.workers = workers
         self.max_attempts = max_attempts
@@ -247,7 +256,7 @@ class Uploader:
         """Bytes of the spool not uploaded yet (a local listing, no network); sets ``full``."""
         self.journal.read_new()
         waiting = 0
-        for key, (size, mtime) in (local_files(self.local) if self.local.is_dir() else {}).items():
+        for key, (size, mtime) in self._local_files()[1].items():
             entry = self.journal.entries.get(key)
             if entry is None or entry.op != "U" or (entry.size, entry.mtime) != (size, mtime):
                 waiting += size
@@ -288,9 +297,16 @@ class Uploader:
                 self.full = result.pending_bytes > self.limit_bytes
             return result
 
+    def _local_files(self) -> tuple[list[str] | None, dict[str, tuple[int, int]]]:
+        """(the folders walked, None for all; the files found there)."""
+        if not self.local.is_dir():
+            return None, {}
+        within = self.scope() if self.scope is not None and self._walked_all else None
+        return within, local_files(self.local, within)
+
     def _pass(self, result: PassResult) -> None:
         self.journal.read_new()
-        present = local_files(self.local) if self.local.is_dir() else {}
+        within, present = self._local_files()
         todo: list[tuple[str, int, int]] = []
         for key, (size, mtime) in present.items():
             entry = self.journal.entries.get(key)
@@ -315,12 +331,15 @@ class Uploader:
             self._send(commits, result)
         if result.errors:
             return
+        self._walked_all = self._walked_all or within is None
+        prefixes = None if within is None else tuple(f"{folder.rstrip('/')}/" for folder in within)
         # Sent by this process or by one that died (before it deleted them remotely), and gone here: merged into
         # a chunk this pass or an earlier one uploaded. Those of a living process of this node are its own to delete.
         # Only a file whose folder is still there went by a merge: a spool (or a trial in it) that someone deleted
         # deletes nothing in the store.
         gone = [key for key, entry in list(self.journal.entries.items())
-                if entry.op in "PU" and key not in present and (entry.pid == os.getpid() or not _alive(entry.pid))
+                if entry.op in "PU" and key not in present and (prefixes is None or key.startswith(prefixes))
+                and (entry.pid == os.getpid() or not _alive(entry.pid))
                 and not (self.local / key).exists() and (self.local / key).parent.is_dir()]
         for key in gone:
             self._with_retries(lambda key=key: self.remote.delete(key))
