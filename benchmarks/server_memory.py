@@ -78,8 +78,7 @@ if folder:
     signal.signal(signal.SIGUSR1, dump)
 breakdown = os.environ.get("COMGRA_BENCH_BREAKDOWN")
 if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark; a signal runs between requests)
-    import gc, json, threading
-    import pyarrow as pa
+    import gc, json, threading  # pyarrow only when asked: comgra chooses Arrow's pool before pyarrow loads
     sys.path.insert(0, os.environ["COMGRA_BENCH_HERE"])
     from process_memory import native_heap_mib
     def tell(*_):
@@ -88,9 +87,10 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
         except Exception as error:  # a signal handler's exception would end the server
             print(f"breakdown failed: {error!r}", file=sys.stderr, flush=True)
     def told():
+        import pyarrow as pa
         from comgra.store.reader import TrialReader
         readers = [o for o in gc.get_objects() if isinstance(o, TrialReader)]
-        data = {"arrow": pa.total_allocated_bytes() / 2**20, **native_heap_mib(), "blocks": sys.getallocatedblocks(),
+        data = {"arrow": pa.total_allocated_bytes() / 2**20, "pool": pa.default_memory_pool().backend_name, **native_heap_mib(), "blocks": sys.getallocatedblocks(),
                 "threads": threading.active_count(), "readers": len(readers),
                 "kept_tables": sum(len(r._small._cache) for r in readers),
                 "graphs": sum(len(r._graphs) for r in readers),
@@ -284,7 +284,7 @@ def breakdown_of(path: Path) -> str:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return ""
-    return (f"arrow {data['arrow']:.1f}  malloc used {data.get('malloc_used', 0):.1f} free {data.get('malloc_free', 0):.1f}"
+    return (f"arrow ({data.get('pool')}) {data['arrow']:.1f}  malloc used {data.get('malloc_used', 0):.1f} free {data.get('malloc_free', 0):.1f}"
             f"  duckdb {data.get('duckdb', 0):.1f}  python blocks {data['blocks']:,}  readers {data['readers']}"
             f"  kept tables {data['kept_tables']}  graphs {data.get('graphs')}  threads {data.get('threads')}"
             + "".join(f"  {k} {v:.1f}" for k, v in data.get("smaps", {}).items()))
