@@ -1,12 +1,14 @@
 """Arrow's memory pool in ``comgra``'s own server process (issue 31 item 13).
 
 pyarrow's wheels take Arrow's buffers from mimalloc. mimalloc keeps the pages a thread frees in that
-thread's heap; the server answers every request on a new thread (Werkzeug), so the pages of every chunk a
-request read stayed behind in heaps of threads that had ended. Under REST clients and a live run, the
-1 GiB mapping mimalloc reserves held most of the server's RSS growth while Arrow's own count stayed
-under 1 MiB (``benchmarks/server_hours.py`` prints both, each minute). jemalloc's arenas are shared by
-all threads and hand freed pages back after a short decay, so the server takes Arrow's buffers from it,
-or from glibc's malloc (its arenas limited by ``limit_malloc_arenas``) where pyarrow has no jemalloc.
+thread's heap; the server answers every request on a new thread (Werkzeug), so the pages of the chunks
+requests read stayed behind in heaps of threads that had ended. Under REST clients and a live run, the
+1 GiB mapping mimalloc reserves held about half of what the server had gained after 10 minutes (116 MiB
+with the background scan, while Arrow's own count was 31 MiB; 33 MiB without it, Arrow's count 1.2 MiB;
+``benchmarks/server_hours.py`` prints both each minute). jemalloc's arenas are shared by all threads
+and hand freed pages back after a short decay, so the server takes Arrow's buffers from it, or from
+glibc's malloc (its arenas limited by ``limit_malloc_arenas``) where pyarrow has no jemalloc. This lowers
+the server's memory, not the slope of its growth (docs/performance.md).
 """
 from __future__ import annotations
 
