@@ -47,10 +47,18 @@ def _server_memory() -> Any:
 memory = _server_memory()
 
 
-def start_server(group: Path, findings_scan: bool) -> tuple[subprocess.Popen, str]:
+def start_server(group: Path, findings_scan: bool, source: str | None = None,
+                 breakdown: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """``comgra`` on ``group`` (through server_memory's wrapper: comgra's own CLI, which tells where its memory is
+    on SIGUSR2 into ``breakdown``); ``source``: another tree's ``src`` folder to run instead (a baseline)."""
     options = [] if findings_scan else ["--no-findings-scan"]
-    process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(group), "--port", "0", *options],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {**os.environ, "COMGRA_BENCH_HERE": str(HERE)}
+    if source:
+        env["PYTHONPATH"] = source
+    if breakdown is not None:
+        env["COMGRA_BENCH_BREAKDOWN"] = str(breakdown)
+    process = subprocess.Popen([sys.executable, "-c", memory.SERVER, "--path", str(group), "--port", "0", *options],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
     for line in process.stdout:
         match = re.search(r"(http://[^\s?]+)", line)  # reads are open on loopback: no token needed here
@@ -101,8 +109,12 @@ class FindingsClient:
                 f"{slow} over {FINDINGS_BOUND_S:g} s, {marked} marked refreshing, {errors} errors")
 
 
-def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float) -> dict[str, list[tuple[float, ...]]]:
-    """(seconds since the start, RSS MiB, load average) per server, sampled at the same moments."""
+def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float,
+           breakdowns: dict[str, Path] | None = None) -> dict[str, list[tuple[float, ...]]]:
+    """(seconds since the start, RSS MiB, load average) per server, sampled at the same moments; every 60 s each
+    server's breakdown (``server_memory.breakdown_of``: Arrow's pool, glibc's heap, DuckDB, mappings) is printed."""
+    import signal
+
     import psutil
 
     watched = {mode: psutil.Process(process.pid) for mode, process in servers.items()}
@@ -115,6 +127,10 @@ def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float) -
             samples[mode].append((now, process.memory_info().rss / 2**20, load))
         print(f"  {now:7.0f}  " + "  ".join(f"{samples[m][-1][1]:18.1f} MiB" for m in servers) + f"  {load:4.2f}",
               flush=True)
+        if breakdowns and len(samples[next(iter(servers))]) % max(1, round(60 / every)) == 1:
+            for mode, process in servers.items():
+                print(f"      {mode}: {memory.breakdown_of(breakdowns[mode])}", flush=True)
+                process.send_signal(signal.SIGUSR2)
         time.sleep(every)
     return samples
 
@@ -124,9 +140,18 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     training = memory.start_training(root, argparse.Namespace(seconds=args.seconds, every=args.every,
                                                               steps_per_second=args.steps_per_second))
     modes = {"findings scan": True, "no findings scan": False}
-    servers, urls = {}, {}
+    modes = {mode: scan for mode, scan in modes.items() if mode in args.modes.split(",")}
+    sources = {mode: None for mode in modes}
+    for other in (args.baseline_src or "").split(","):
+        name, _, source = other.rpartition("=")
+        if source:
+            for mode, scan in list(modes.items()):
+                if mode in sources and sources[mode] is None:
+                    modes[f"{mode}, {name or 'baseline'}"], sources[f"{mode}, {name or 'baseline'}"] = scan, source
+    servers, urls, breakdowns = {}, {}, {}
     for mode, scan in modes.items():
-        servers[mode], urls[mode] = start_server(root / memory.GROUP, scan)
+        breakdowns[mode] = root / f"breakdown-{len(breakdowns)}.json"
+        servers[mode], urls[mode] = start_server(root / memory.GROUP, scan, sources[mode], breakdowns[mode])
     stop = threading.Event()
     threads, tallies, finders = [], {}, {}
     for mode, url in urls.items():
@@ -139,7 +164,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         thread.start()
     print(f"{args.clients} REST clients per server for {args.seconds:g} s; servers {urls}", flush=True)
     try:
-        samples = sample(servers, args.seconds, args.sample_every)
+        samples = sample(servers, args.seconds, args.sample_every, breakdowns)
     finally:
         stop.set()
         for thread in threads:
@@ -168,7 +193,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         print(f"{'':>17}  {finders[mode].summary()}")
         results[mode] = {"slope": slope, "low": low, "high": high, "requests": requests, "errors": errors,
                          "findings": finders[mode].answers}
-    loads = [s[2] for s in samples["findings scan"]]
+    loads = [s[2] for s in samples[next(iter(modes))]]
     print(f"load average (1 min) {min(loads):.2f} - {max(loads):.2f}, median {statistics.median(loads):.2f} "
           f"on {os.cpu_count()} cores")
     return results
@@ -184,6 +209,9 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--every", type=int, default=10, help="one training step in EVERY is recorded in full")
     result.add_argument("--steps-per-second", type=float, default=20.0)
     result.add_argument("--out", help="the recording's folder (default: a fresh temporary one)")
+    result.add_argument("--modes", default="findings scan,no findings scan", help="which servers, comma-separated")
+    result.add_argument("--baseline-src", help="other trees' src folders, [NAME=]SRC,...: one more server per mode "
+                                               "runs each (e.g. the code before a change, from git archive), side by side")
     return result
 
 

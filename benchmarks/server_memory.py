@@ -78,21 +78,45 @@ if folder:
     signal.signal(signal.SIGUSR1, dump)
 breakdown = os.environ.get("COMGRA_BENCH_BREAKDOWN")
 if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark; a signal runs between requests)
-    import gc, json, threading
-    import pyarrow as pa
+    import gc, json, threading  # pyarrow only when asked: comgra chooses Arrow's pool before pyarrow loads
     sys.path.insert(0, os.environ["COMGRA_BENCH_HERE"])
     from process_memory import native_heap_mib
     def tell(*_):
+        try:
+            told()
+        except Exception as error:  # a signal handler's exception would end the server
+            print(f"breakdown failed: {error!r}", file=sys.stderr, flush=True)
+    def told():
+        import pyarrow as pa
         from comgra.store.reader import TrialReader
         readers = [o for o in gc.get_objects() if isinstance(o, TrialReader)]
-        data = {"arrow": pa.total_allocated_bytes() / 2**20, **native_heap_mib(), "blocks": sys.getallocatedblocks(),
+        data = {"arrow": pa.total_allocated_bytes() / 2**20, "pool": pa.default_memory_pool().backend_name, **native_heap_mib(), "blocks": sys.getallocatedblocks(),
                 "threads": threading.active_count(), "readers": len(readers),
-                "kept_tables": sum(len(r._cache) for r in readers),
+                "kept_tables": sum(len(r._small._cache) for r in readers),
+                "graphs": sum(len(r._graphs) for r in readers),
                 "duckdb": sum(r._connection.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
-                              or 0 for r in readers) / 2**20}
+                              or 0 for r in readers if r._connection is not None) / 2**20,
+                "smaps": smaps_mib()}
         with open(breakdown + ".tmp", "w") as out:
             json.dump(data, out)
         os.replace(breakdown + ".tmp", breakdown)
+    def smaps_mib():  # resident anonymous memory by kind of mapping: glibc's [heap], other anonymous maps, files
+        kinds, kind, maps = {"heap": 0, "anon": 0, "file": 0}, "file", []
+        with open("/proc/self/smaps") as lines:
+            for line in lines:
+                first = line.split(None, 6)
+                if "-" in first[0] and len(first) >= 5 and ":" not in first[0]:
+                    name = first[5].strip() if len(first) > 5 else ""
+                    kind = "heap" if name == "[heap]" else "anon" if not name or name.startswith("[anon") else "file"
+                    maps.append([first[0], first[1], kind, 0, 0])
+                elif first[0] == "Size:":
+                    maps[-1][3] = int(first[1])
+                elif first[0] == "Rss:":
+                    kinds[kind] += int(first[1])
+                    maps[-1][4] = int(first[1])
+        with open(breakdown + ".maps", "w") as out:  # each anonymous mapping: address, perms, size and RSS in KiB
+            json.dump([m for m in maps if m[2] != "file"], out)
+        return {k: v / 1024 for k, v in kinds.items()}
     signal.signal(signal.SIGUSR2, tell)
 from comgra.cli.app import run
 sys.argv = ["comgra", *sys.argv[1:]]
@@ -260,9 +284,10 @@ def breakdown_of(path: Path) -> str:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return ""
-    return (f"arrow {data['arrow']:.1f}  malloc used {data.get('malloc_used', 0):.1f} free {data.get('malloc_free', 0):.1f}"
+    return (f"arrow ({data.get('pool')}) {data['arrow']:.1f}  malloc used {data.get('malloc_used', 0):.1f} free {data.get('malloc_free', 0):.1f}"
             f"  duckdb {data.get('duckdb', 0):.1f}  python blocks {data['blocks']:,}  readers {data['readers']}"
-            f"  kept tables {data['kept_tables']}")
+            f"  kept tables {data['kept_tables']}  graphs {data.get('graphs')}  threads {data.get('threads')}"
+            + "".join(f"  {k} {v:.1f}" for k, v in data.get("smaps", {}).items()))
 
 
 def verdict(samples: list[tuple[float, ...]]) -> tuple[float, float, float, str]:

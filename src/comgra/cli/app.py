@@ -28,6 +28,7 @@ from typing import Any
 
 from comgra import terminal
 from comgra.cli.arguments import USAGE_ERROR, UsageError, add_path, check_recording, chosen_path, drop_recording_paths, positive_int
+from comgra.cli.arrow_pool import use_arrow_pool_that_gives_back
 
 __all__ = ["main"]
 
@@ -160,6 +161,7 @@ def _demo_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    use_arrow_pool_that_gives_back()  # before pyarrow loads: see there
     path = chosen_path(args)
     if args.use_path_for_test_run == (path is not None):
         raise UsageError("give the path of a recording (comgra ROOT/GROUP) or --use-path-for-test-run, one of them.")
@@ -310,6 +312,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     from comgra.cli import demo
     from comgra.errors import ConfigError, StoreError
+    use_arrow_pool_that_gives_back()
     from comgra.server.app import create_app, limit_malloc_arenas, make_http_server
 
     limit_malloc_arenas()

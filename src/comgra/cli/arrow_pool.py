@@ -1,0 +1,47 @@
+"""Arrow's memory pool in ``comgra``'s own server process (issue 31 item 13).
+
+pyarrow's wheels take Arrow's buffers from mimalloc. mimalloc keeps the pages a thread frees in that
+thread's heap; the server answers every request on a new thread (Werkzeug), so the pages of the chunks
+requests read stayed behind in heaps of threads that had ended. Under REST clients and a live run, the
+1 GiB mapping mimalloc reserves held about half of what the server had gained after 10 minutes (116 MiB
+with the background scan, while Arrow's own count was 31 MiB; 33 MiB without it, Arrow's count 1.2 MiB;
+``benchmarks/server_hours.py`` prints both each minute). jemalloc's arenas are shared by all threads
+and hand freed pages back after a short decay, so the server takes Arrow's buffers from it, or from
+glibc's malloc (its arenas limited by ``limit_malloc_arenas``) where pyarrow has no jemalloc. This lowers
+the server's memory, not the slope of its growth (docs/performance.md).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+POOL = "jemalloc"
+
+
+def use_arrow_pool_that_gives_back() -> str | None:
+    """Make jemalloc (else the system allocator) Arrow's pool in this process; returns its name, or None where the
+    user's ``ARROW_DEFAULT_MEMORY_POOL`` says otherwise.
+
+    Called first thing when ``comgra`` serves, before pyarrow is imported: Arrow's C++ code takes its pool
+    from ``ARROW_DEFAULT_MEMORY_POOL`` once, when pyarrow loads, and the setting is taken out of the
+    environment again at once, so that no child process inherits it. Where pyarrow is loaded already, the
+    pool pyarrow's own calls use is set (parts of Arrow's C++ code then still use mimalloc). A notebook's app
+    runs in the user's process and never calls this: its pool is the user's."""
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        return None
+    if "pyarrow" not in sys.modules:
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = POOL
+        try:
+            import pyarrow as pa
+
+            pa.default_memory_pool()  # Arrow reads the setting now
+        finally:
+            del os.environ["ARROW_DEFAULT_MEMORY_POOL"]
+    import pyarrow as pa
+
+    try:
+        pool = pa.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without jemalloc
+        pool = pa.system_memory_pool()
+    pa.set_memory_pool(pool)
+    return str(pool.backend_name)
