@@ -68,8 +68,9 @@ class ComgraRecorder(WatchedTensors):
     """Records named tensors, their gradients and the tracked parameters on the steps a policy picks.
 
     The arguments are those of the original Comgra 0.11.5. ``max_num_mappings_to_save_at_once_during_serialization``
-    and ``type_of_serialization`` are accepted and have no effect (comgra always writes Parquet).
-    ``max_num_neurons_to_record`` (ours) caps how many values of each tensor are kept per sample. Under
+    and ``type_of_serialization`` have no effect (comgra writes Parquet). ``calculate_svd_and_other_expensive_...``
+    is off by default (on in the original): spectral norms (``svd_max``), no detector reads them, cost half a small
+    model's recorded step. ``max_num_neurons_to_record`` (ours) caps the values of each tensor kept per sample. Under
     torch.distributed every rank records its own shard of the trial; ``record_ranks`` (ours: ``"all"``, ``"zero"``
     or a list of ranks) limits that, and the other ranks behave as with ``comgra_is_active=False``.
     ``profile_history``, ``profile_flops_every`` and ``profile_every`` (ours) tune per-layer profiling
@@ -78,10 +79,7 @@ class ComgraRecorder(WatchedTensors):
     Where an argument is left out, comgra.toml (``config``) decides."""
 
     def __init__(
-        self,
-        comgra_root_path: str | Path,
-        group: str,
-        trial_id: str,
+        self, comgra_root_path: str | Path, group: str, trial_id: str,
         decision_maker_for_recordings: DecisionMakerForRecordings,
         max_num_batch_size_to_record: int | None = None,
         prefixes_for_grouping_module_parameters_visually: list[str] | None = None,
@@ -89,7 +87,7 @@ class ComgraRecorder(WatchedTensors):
         comgra_is_active: bool = True,
         max_num_mappings_to_save_at_once_during_serialization: int = 10000,
         type_of_serialization: str = "msgpack",
-        calculate_svd_and_other_expensive_operations_of_parameters: bool = True,
+        calculate_svd_and_other_expensive_operations_of_parameters: bool = False,
         *,
         max_num_neurons_to_record: int = 256,
         flush_seconds: float = 2.0,

@@ -239,7 +239,7 @@ def test_parameters_are_recorded_before_the_update_of_the_same_step(update: str)
     optimizer = torch.optim.SGD(model.parameters(), lr=10.0)  # a large step: the update is visible
     with tempfile.TemporaryDirectory() as root:
         recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded({0, 1}),
-                                  flush_seconds=0.01)
+                                  calculate_svd_and_other_expensive_operations_of_parameters=True, flush_seconds=0.01)
         recorder.track_module("model", model)
         before = {}
         for step in range(2):
@@ -301,7 +301,8 @@ def test_gradient_statistics_are_those_at_record_time(edit: str) -> None:
     torch.manual_seed(1)
     model = _Wide()
     with tempfile.TemporaryDirectory() as root:
-        recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded({0}), flush_seconds=0.01)
+        recorder = ComgraRecorder(root, "group", "trial", DecisionMakerForRecordingsHardcoded({0}), flush_seconds=0.01,
+                                  calculate_svd_and_other_expensive_operations_of_parameters=True)
         recorder.track_module("model", model)
         recorder.start_batch(0, 4)
         recorder.start_iteration()

@@ -70,10 +70,11 @@ def test_record_per_batch_index_false_keeps_only_batch_statistics(make_recorder,
 
 
 def test_parameters_with_and_without_svd(make_recorder, open_trial) -> None:
-    for trial_id, with_svd in (("svd", True), ("no_svd", False)):
+    # Off by default (opt-in, issue 34: no detector reads them, and they cost half of a small model's recorded step).
+    for trial_id, with_svd in (("svd", True), ("no_svd", False), ("default", None)):
         model = torch.nn.Linear(3, 2)
-        recorder = make_recorder({0}, trial_id=trial_id,
-                                 calculate_svd_and_other_expensive_operations_of_parameters=with_svd)
+        recorder = make_recorder({0}, trial_id=trial_id, **({} if with_svd is None else {
+            "calculate_svd_and_other_expensive_operations_of_parameters": with_svd}))
         recorder.track_module("m", model)
         recorder.start_batch(0, 1)
         recorder.finish_batch()
@@ -83,7 +84,8 @@ def test_parameters_with_and_without_svd(make_recorder, open_trial) -> None:
         weight = rows["m.weight"]
         assert (weight["aggregation"], weight["iteration"], weight["tensor_type"]) == ("none", -1, "parameter")
         assert weight["shape"] == [2, 3] and weight["num_neurons"] == 6
-        assert weight["mean"] == pytest.approx(model.weight.detach().mean().item(), rel=1e-6)
+        # abs: six values of about 0.5 can sum to near 0, where a float32 mean is exact to ~1e-8 only, not to rel 1e-6
+        assert weight["mean"] == pytest.approx(model.weight.detach().mean().item(), rel=1e-6, abs=1e-7)
         expected = torch.linalg.matrix_norm(model.weight.detach(), ord=2).item() if with_svd else None
         if with_svd:
             assert weight["svd_max"] == pytest.approx(expected, rel=1e-5)

@@ -47,13 +47,15 @@ def registration_goes_on(recorder: Any, tensor_name: str, tensor: Any, is_initia
     """``check_registration`` for ``ComgraRecorder.register_tensor``, and whether it has more to do (a recorded or
     watched step). A checkpointed function's recomputation in the backward pass (capture/checkpointing.py) registers
     again what its forward pass registered: that goes to the step at any stage, and no further."""
-    if (recorder.current_stage != "forward" or watched or recorder._recording) and recomputing():
-        if recorder._recording:
+    recording, stage = recorder._recording, recorder.current_stage  # (read once: called for every tensor of every step)
+    if (stage != "forward" or watched or recording) and recomputing():
+        if recording:
             recorder._guarded(lambda session: session.recomputed(tensor_name, tensor))
         return False
-    check_registration(tensor_name, recorder.current_stage, is_initial_value)
-    recorder._evidence.register(tensor_name, tensor, is_loss, recorder._recording)  # sentinels, dtypes (capture.evidence)
-    return bool(watched or recorder._recording)
+    if is_initial_value or stage != "forward":
+        check_registration(tensor_name, stage, is_initial_value)
+    recorder._evidence.register(tensor_name, tensor, is_loss, recording)  # sentinels, dtypes (capture.evidence)
+    return bool(watched or recording)
 
 
 def check_type(type_of_execution: str) -> None:
