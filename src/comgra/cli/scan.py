@@ -35,6 +35,9 @@ PROGRESS_AFTER_SECONDS = 1.0
 PLAIN_EVERY_SECONDS = 10.0
 DEFAULT_WIDTH = 100
 ENGINES = ("local", "ray")
+# By default a group of fewer trials is scanned in this process: starting a worker (importing the detectors'
+# libraries) costs about as much CPU as scanning a few small trials.
+POOL_FROM_TRIALS = 8
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -47,8 +50,8 @@ def parser() -> argparse.ArgumentParser:
                              "--ray-address or RAY_ADDRESS (a local Ray when neither)")
     result.add_argument("--ray-address", help="the Ray cluster to scan on (default: RAY_ADDRESS)")
     result.add_argument("--workers", type=_workers, default=0,
-                        help="local: scan in this many processes (default: one per usable core; 1: in this "
-                             "process; detectors of --detector or comgra.toml scan in this process)")
+                        help="local: scan in this many processes (default: one per usable core from 8 trials on; "
+                             "1: in this process; detectors of --detector or comgra.toml scan in this process)")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
     result.add_argument("--verbose", "-v", action="store_true",
@@ -118,6 +121,8 @@ def _pool_size(group: Path, args: argparse.Namespace) -> int:
     from comgra.analysis.sweep import usable_cores
 
     trials = len(args.trial) if args.trial else sum(1 for _ in (group / "trials").iterdir())
+    if not args.workers and trials < POOL_FROM_TRIALS:
+        return 1
     return min(args.workers or usable_cores(), trials)
 
 
