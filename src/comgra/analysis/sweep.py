@@ -19,6 +19,7 @@ cores (``comgra scan GROUP``, the default for a group of several trials).
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -73,7 +74,22 @@ def scan_trial(group: str | Path, trial: str, *, options: ScanOptions | None = N
         return TrialScan(trial, [], [f"trial {trial!r}: {error}"])
     finally:
         reader.close()
+        _collect_now_and_then()
     return TrialScan(trial, rank_findings(found), list(problems))
+
+
+_scanned = itertools.count(1)
+
+
+def _collect_now_and_then() -> None:
+    """A full garbage collection every ``COLLECT_EVERY_TRIALS`` trials this process scanned with ``scan_trial``: each
+    call makes a ``Scanner`` of its own, whose count of trials starts again, so a long-lived worker of a pool, Ray or
+    Dask would otherwise free what only reference cycles hold when Python's own thresholds say so."""
+    from comgra.analysis.loading import return_freed_memory
+    from comgra.analysis.scan import COLLECT_EVERY_TRIALS
+
+    if next(_scanned) % COLLECT_EVERY_TRIALS == 0:
+        return_freed_memory(collect=True)
 
 
 def _scan_task(group: str, trial: str, options: ScanOptions) -> TrialScan:
