@@ -73,6 +73,49 @@ def polls(group_dir: Path, repeat: int) -> None:
         service.close()
 
 
+def old_summaries(group_dir: Path) -> int:
+    """The KPI part of the Runs rows before the one query (service/run_summaries.py): each trial's reader, read and
+    summarised one by one."""
+    from comgra.service.runs import kpi_summary
+
+    group = GroupReader(group_dir)
+    return sum(len(kpi_summary(group.trial(t).kpis())) for t in group.trials())
+
+
+def new_summaries(group_dir: Path) -> int:
+    from comgra.service.run_summaries import kpi_summaries
+    from comgra.service.runs import _kpi_files
+
+    group = GroupReader(group_dir)
+    found = kpi_summaries({t: _kpi_files(group.trial(t)) for t in group.trials()})
+    return sum(len(s.kpis) for s in (found or {}).values())
+
+
+def first_answer(group_dir: Path, repeat: int) -> None:
+    """The service's first Runs answer (every row computed), and its KPI part before and after, interleaved; wall
+    and CPU (process_time: Arrow's threads too)."""
+    timings: dict[str, list[tuple[float, float]]] = {"old KPI summaries": [], "new KPI summaries": [],
+                                                      "service.runs(), cold": []}
+
+    def cold_runs() -> None:
+        service = RecordingService(group_dir)
+        try:
+            service.runs()
+        finally:
+            service.close()
+
+    for _ in range(repeat):
+        for name, action in (("old KPI summaries", lambda: old_summaries(group_dir)),
+                             ("new KPI summaries", lambda: new_summaries(group_dir)),
+                             ("service.runs(), cold", cold_runs)):
+            wall, cpu = time.perf_counter(), time.process_time()
+            action()
+            timings[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+    for name, values in timings.items():
+        print(f"  {name:<22} wall {statistics.median(v[0] for v in values) * 1e3:7.0f} ms   CPU "
+              f"{statistics.median(v[1] for v in values) * 1e3:7.0f} ms (medians of {len(values)})")
+
+
 def kpis(group_dir: Path, repeat: int) -> None:
     app = create_app(group_dir, warm_up=False)
     client = app.server.test_client()
@@ -88,6 +131,20 @@ def kpis(group_dir: Path, repeat: int) -> None:
     app.server.config.clear()
 
 
+# Clocks in the page: the input event and the mouse press are seen first (window, capturing), the count's text and the
+# sort arrow when they change (MutationObserver).
+_IN_PAGE_CLOCKS = """() => {
+    const clocks = window.__clocks = {};
+    window.addEventListener('input', () => { clocks.input = performance.now(); }, true);
+    window.addEventListener('mousedown', () => { clocks.press = performance.now(); }, true);
+    new MutationObserver(() => { clocks.count = performance.now(); }).observe(
+        document.querySelector('#runs-count'), {childList: true, characterData: true, subtree: true});
+    new MutationObserver(() => { clocks.sorted = performance.now(); }).observe(
+        document.querySelector("#runs-grid .ag-header-cell[col-id='steps']"), {attributes: true,
+                                                                               attributeFilter: ['aria-sort']});
+}"""
+
+
 def browser(group_dir: Path, repeat: int) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -95,7 +152,7 @@ def browser(group_dir: Path, repeat: int) -> None:
         chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium",
                                               args=["--no-sandbox", "--disable-gpu"])
         try:
-            first, filters, sorts = [], [], []
+            first, filters, sorts, inside_filters, inside_sorts = [], [], [], [], []
             for _ in range(repeat):
                 server = make_http_server(create_app(group_dir, warm_up=False, poll_seconds=600), port=0)
                 thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -108,6 +165,7 @@ def browser(group_dir: Path, repeat: int) -> None:
                 page.get_by_role("tab", name="Runs").click()
                 page.wait_for_selector("#runs-grid .ag-center-cols-container .ag-row")
                 first.append(time.perf_counter() - started)
+                page.evaluate(_IN_PAGE_CLOCKS)
                 total = len(RecordingService(group_dir).trials())
                 for text, expected in (("lr=0\\.01$", f"{total // 5} of {total} trials"), ("", f"{total} trials")):
                     started = time.perf_counter()
@@ -115,6 +173,7 @@ def browser(group_dir: Path, repeat: int) -> None:
                     page.wait_for_function(f"() => document.querySelector('#runs-count').textContent"
                                            f" === {expected!r}", polling="raf")
                     filters.append(time.perf_counter() - started)
+                    inside_filters.append(page.evaluate("window.__clocks.count - window.__clocks.input") / 1e3)
                 header = "#runs-grid .ag-header-cell[col-id='steps']"
                 for direction in ("ascending", "descending"):
                     started = time.perf_counter()
@@ -122,6 +181,7 @@ def browser(group_dir: Path, repeat: int) -> None:
                     page.wait_for_function(f"() => document.querySelector(\"{header}\").getAttribute('aria-sort')"
                                            f" === '{direction}'", polling="raf")
                     sorts.append(time.perf_counter() - started)
+                    inside_sorts.append(page.evaluate("window.__clocks.sorted - window.__clocks.press") / 1e3)
                 page.context.close()
                 server.shutdown()
                 server.server_close()
@@ -129,7 +189,12 @@ def browser(group_dir: Path, repeat: int) -> None:
             chromium.close()
     print(f"  Runs view in Chromium: first page {statistics.median(first) * 1e3:7.0f} ms   "
           f"filter {statistics.median(filters) * 1e3:6.0f} ms   sort {statistics.median(sorts) * 1e3:6.0f} ms "
-          f"(medians of {len(first)}, {len(filters)}, {len(sorts)})")
+          f"(medians of {len(first)}, {len(filters)}, {len(sorts)}; driver-timed)")
+    print(f"  the same in the page (performance.now(), from the input event or the mouse press to the count or the "
+          f"sort arrow changed): filter {statistics.median(inside_filters) * 1e3:6.0f} ms   sort "
+          f"{statistics.median(inside_sorts) * 1e3:6.0f} ms")
+    print("  each: first " + " ".join(f"{v:.2f}" for v in first) + " s; filter " +
+          " ".join(f"{v * 1e3:.0f}" for v in filters) + " ms; sort " + " ".join(f"{v * 1e3:.0f}" for v in sorts) + " ms")
 
 
 def main() -> None:
@@ -143,6 +208,7 @@ def main() -> None:
         group_dir = sweep_group.write_group(OUT / f"sweep{trials}", trials, 50)
         print(f"{trials} trials ({group_dir}):")
         polls(group_dir, args.repeat)
+        first_answer(group_dir, args.repeat)
         if not args.no_browser and trials >= 1000:
             browser(group_dir, max(1, args.repeat // 2))
     kpis(sweep_group.write_group(OUT / "long20000", 1, 20_000), args.repeat)

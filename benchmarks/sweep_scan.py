@@ -9,6 +9,9 @@ the load average is printed with each row.
 
     git archive main src | tar -x -C /tmp/main_src       # the "before" sources
     python benchmarks/sweep_scan.py --trials 10 100 1000 --before-src /tmp/main_src/src --before-max 100 --ray-max 100
+    python benchmarks/sweep_scan.py --trials 200 1000 --workers 0 1 --workers-max 200 --ray-max 0   # pool vs one process
+
+The CPU time and peak RSS of a scan include its worker processes (children it waits for).
 """
 from __future__ import annotations
 
@@ -32,12 +35,14 @@ def forget_findings(group: Path) -> None:
     shutil.rmtree(group / "findings", ignore_errors=True)
 
 
-def measured_scan(group: Path, sources: Path, engine: str) -> dict:
+def measured_scan(group: Path, sources: Path, engine: str, workers: int = 0) -> dict:
     """One cold ``comgra scan`` in a process of its own: wall seconds, CPU seconds, peak RSS (MiB), findings."""
     forget_findings(group)
     environment = {**os.environ, "PYTHONPATH": str(sources)}
     command = [sys.executable, "-m", "comgra.cli.app", "scan"]
     command += [str(group), "--json", "--engine", engine] if engine != "local" else ["--path", str(group), "--json"]
+    command += ["--workers", str(workers)] if workers else []
+    load_at_start = round(os.getloadavg()[0], 1)
     start = time.perf_counter()
     process = subprocess.Popen(command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     output = process.stdout.read() if process.stdout else b""
@@ -47,7 +52,7 @@ def measured_scan(group: Path, sources: Path, engine: str) -> dict:
         raise SystemExit(f"{command} failed")
     return {"wall_s": round(wall, 1), "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
             "peak_rss_mib": round(usage.ru_maxrss / 1024), "findings": len(json.loads(output)["findings"]),
-            "load_average": round(os.getloadavg()[0], 1)}
+            "load_average": f"{load_at_start}-{round(os.getloadavg()[0], 1)}"}
 
 
 def main() -> None:
@@ -59,24 +64,31 @@ def main() -> None:
     parser.add_argument("--before-src", type=Path, help="the sources to compare with (e.g. main's src folder)")
     parser.add_argument("--before-max", type=int, default=100, help="the largest group scanned with --before-src")
     parser.add_argument("--ray-max", type=int, default=100, help="the largest group scanned on a local Ray")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0],
+                        help="local scans of this checkout with each of these --workers (0: comgra's default, one "
+                             "process per usable core; 1: in the comgra scan process, as before the pool)")
+    parser.add_argument("--workers-max", type=int, default=1000,
+                        help="the largest group scanned with --workers other than the first")
     args = parser.parse_args()
     rows = []
     for count in args.trials:
         group = sweep_groups.record_sweep(args.out / f"sweep{count}", count)
-        runs = [("after", SOURCES, "local")]
+        runs = [("after", SOURCES, "local", w) for i, w in enumerate(args.workers) if i == 0 or count <= args.workers_max]
         if args.before_src is not None and count <= args.before_max:
-            runs.insert(0, ("before", args.before_src, "local"))
+            runs.insert(0, ("before", args.before_src, "local", 0))
         if count <= args.ray_max:
-            runs.append(("after", SOURCES, "ray"))
-        for label, sources, engine in runs:  # interleaved: before and after of one size back to back
-            row = {"trials": count, "code": label, "engine": engine, **measured_scan(group, sources, engine)}
+            runs.append(("after", SOURCES, "ray", 0))
+        for label, sources, engine, workers in runs:  # interleaved: before and after of one size back to back
+            row = {"trials": count, "code": label, "engine": engine, "workers": workers or "default",
+                   **measured_scan(group, sources, engine, workers)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     (args.out / "sweep_scan.json").write_text(json.dumps(rows, indent=1))
-    print(f"\n{'trials':>7} {'code':>7} {'engine':>7} {'wall s':>8} {'CPU s':>7} {'peak MiB':>9} {'findings':>9} {'load':>5}")
+    print(f"\n{'trials':>7} {'code':>7} {'engine':>7} {'workers':>8} {'wall s':>8} {'CPU s':>7} {'peak MiB':>9} "
+          f"{'findings':>9} {'load':>9}")
     for row in rows:
-        print(f"{row['trials']:>7} {row['code']:>7} {row['engine']:>7} {row['wall_s']:>8} {row['cpu_s']:>7} "
-              f"{row['peak_rss_mib']:>9} {row['findings']:>9} {row['load_average']:>5}")
+        print(f"{row['trials']:>7} {row['code']:>7} {row['engine']:>7} {row['workers']:>8} {row['wall_s']:>8} {row['cpu_s']:>7} "
+              f"{row['peak_rss_mib']:>9} {row['findings']:>9} {row['load_average']:>9}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,10 @@ def test_the_regex_filter_and_sorting_work_in_the_browser(runs_page) -> None:
 
 def test_grouping_over_seeds_and_parallel_coordinates(runs_page) -> None:
     page = runs_page.page
+    waiting = page.locator("#runs-parallel .annotation-text")
+    expect(waiting).to_contain_text("Press 'Draw the plots'", timeout=SLOW)  # drawn when asked, not at once
+    expect(page.locator("#runs-parallel .parcoords")).to_have_count(0)
+    page.click("#runs-draw")
     page.click("#runs-group-by")
     page.locator(".dash-dropdown-option").get_by_text("lr", exact=True).click()
     bands = page.locator("#runs-bands .scatterlayer .trace")

@@ -82,7 +82,13 @@ def fingerprint(options: ScanOptions) -> dict[str, Any]:
     sensitivity and thresholds it was scanned at. Saved findings with another fingerprint are stale."""
     from comgra.analysis.custom import signature
 
-    return {**environment(), "options": asdict(options), "user_detectors": signature()}
+    return {**environment(), "options": _options_of(options), "user_detectors": signature()}
+
+
+@functools.lru_cache(maxsize=16)
+def _options_of(options: ScanOptions) -> dict[str, Any]:
+    """``asdict(options)``, once per options (the Runs view checks the saved findings of thousands of trials)."""
+    return asdict(options)
 
 
 def code_version() -> str:
@@ -99,7 +105,7 @@ def _installed_version(name: str) -> str:
 
 def path_of(trial_directory: Path, options: ScanOptions) -> Path:
     """One file per set of options (a scan at another sensitivity does not overwrite the default's)."""
-    key = hashlib.sha256(json.dumps(asdict(options), sort_keys=True).encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps(_options_of(options), sort_keys=True).encode()).hexdigest()[:12]
     return trial_directory / FOLDER / f"findings-{key}.json"
 
 

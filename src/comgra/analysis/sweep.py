@@ -14,10 +14,12 @@ Any engine that can map a function over a list maps it over ``trial_ids(group)``
     scans = db.from_sequence(trial_ids(group), npartitions=8).map(lambda t: scan_trial(group, t)).compute()
 
 ``scan_on_ray`` does this with one Ray task per trial (``comgra scan GROUP --engine ray``); a task whose worker
-or node is lost is retried by Ray (``max_retries``).
+or node is lost is retried by Ray (``max_retries``). ``scan_in_processes`` does it in a pool of this machine's
+cores (``comgra scan GROUP``, the default for a group of several trials).
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -72,7 +74,22 @@ def scan_trial(group: str | Path, trial: str, *, options: ScanOptions | None = N
         return TrialScan(trial, [], [f"trial {trial!r}: {error}"])
     finally:
         reader.close()
+        _collect_now_and_then()
     return TrialScan(trial, rank_findings(found), list(problems))
+
+
+_scanned = itertools.count(1)
+
+
+def _collect_now_and_then() -> None:
+    """A full garbage collection every ``COLLECT_EVERY_TRIALS`` trials this process scanned with ``scan_trial``: each
+    call makes a ``Scanner`` of its own, whose count of trials starts again, so a long-lived worker of a pool, Ray or
+    Dask would otherwise free what only reference cycles hold when Python's own thresholds say so."""
+    from comgra.analysis.loading import return_freed_memory
+    from comgra.analysis.scan import COLLECT_EVERY_TRIALS
+
+    if next(_scanned) % COLLECT_EVERY_TRIALS == 0:
+        return_freed_memory(collect=True)
 
 
 def _scan_task(group: str, trial: str, options: ScanOptions) -> TrialScan:
@@ -110,6 +127,50 @@ def scan_on_ray(group: str | Path, *, trials: list[str] | None = None, options: 
     finally:
         if started_here:
             ray.shutdown()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def scan_in_processes(group: str | Path, *, trials: list[str] | None = None, options: ScanOptions | None = None,
+                      workers: int | None = None,
+                      on_trial: Callable[[str, int, int], None] | None = None) -> Iterator[TrialScan]:
+    """Scan the trials of a local ``group`` in a pool of ``workers`` processes (default: ``usable_cores()``), one
+    ``scan_trial`` per trial, yielding each trial's answer as it comes (in no set order). The detectors are pure
+    Python and NumPy/pandas that hold the GIL, so threads scanned about one trial at a time; processes use every
+    core. Each worker lets go of a trial once its findings are saved (``scan_trial``), so the memory of each
+    process stays flat in the number of trials. Detectors of your own (``comgra.analysis.custom``) are registered
+    in this process only: scan with them in-process (``Scanner``)."""
+    import concurrent.futures
+    import multiprocessing
+
+    wanted = _checked_trials(group, trials)
+    options = options or ScanOptions()
+    count = max(1, min(len(wanted), workers or usable_cores()))
+    # spawn: fresh workers (a fork would copy this process's threads in whatever state they hold), children of
+    # this process, so that its peak RSS and CPU time, as its parent sees them (wait4), include theirs.
+    context = multiprocessing.get_context("spawn")
+    path = str(Path(group).expanduser().resolve())
+    pool = concurrent.futures.ProcessPoolExecutor(count, mp_context=context)
+    try:
+        futures = [pool.submit(_scan_task, path, trial, options) for trial in wanted]
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            try:
+                answer: TrialScan = future.result()
+            except concurrent.futures.process.BrokenProcessPool:
+                raise ComgraError(f"A scan worker process died (out of memory, or killed) after {done - 1} of "
+                                  f"{len(wanted)} trials; what was scanned is saved. Scan again with fewer "
+                                  "--workers (1: in this process).") from None
+            if on_trial is not None:
+                on_trial(answer.trial, done, len(wanted))
+            yield answer
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _checked_trials(group: str | Path, trials: list[str] | None) -> list[str]:

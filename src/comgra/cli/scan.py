@@ -35,6 +35,9 @@ PROGRESS_AFTER_SECONDS = 1.0
 PLAIN_EVERY_SECONDS = 10.0
 DEFAULT_WIDTH = 100
 ENGINES = ("local", "ray")
+# By default a group of fewer trials is scanned in this process: starting a worker (importing the detectors'
+# libraries) costs about as much CPU as scanning a few small trials.
+POOL_FROM_TRIALS = 8
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
@@ -46,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                         help="local: this process (default); ray: one Ray task per trial on the cluster of "
                              "--ray-address or RAY_ADDRESS (a local Ray when neither)")
     result.add_argument("--ray-address", help="the Ray cluster to scan on (default: RAY_ADDRESS)")
+    result.add_argument("--workers", type=_workers, default=0,
+                        help="local: scan in this many processes (default: one per usable core from 8 trials on; "
+                             "1: in this process; detectors of --detector or comgra.toml scan in this process)")
     result.add_argument("--trial", action="append", help="scan only this trial (repeatable; default: all)")
     result.add_argument("--json", action="store_true", help="print the findings as JSON (format_version 1)")
     result.add_argument("--verbose", "-v", action="store_true",
@@ -72,11 +78,13 @@ def run(arguments: list[str]) -> int:
     from comgra.service import finding_link
 
     options = ScanOptions(sensitivity=_chosen_sensitivity(args), target=args.target)
-    _load_user_detectors(args)
+    own_detectors = _load_user_detectors(args)
     try:
         with _Progress() as progress:
             if args.engine == "ray":
                 result = _scan_on_ray(group, args, options, progress.update)
+            elif isinstance(group, Path) and not own_detectors and _pool_size(group, args) > 1:
+                result = _scan_in_processes(group, args, options, progress.update)
             else:
                 result = Scanner(persist=True, keep_chunks=False).scan(group, trials=args.trial, options=options,
                                                                        on_trial=progress.update)
@@ -108,8 +116,30 @@ def _scan_on_ray(group: Path | str, args: argparse.Namespace, options: Any, on_t
     return ScanResult(findings, problems, trials)
 
 
-def _load_user_detectors(args: argparse.Namespace) -> None:
-    """The user detectors of ``--detector`` and of comgra.toml's ``[anomalies] detectors``, registered."""
+def _pool_size(group: Path, args: argparse.Namespace) -> int:
+    """How many processes scan locally: ``--workers``, else one per usable core, never more than the trials."""
+    from comgra.analysis.sweep import usable_cores
+
+    trials = len(args.trial) if args.trial else sum(1 for _ in (group / "trials").iterdir())
+    if not args.workers and trials < POOL_FROM_TRIALS:
+        return 1
+    return min(args.workers or usable_cores(), trials)
+
+
+def _scan_in_processes(group: Path, args: argparse.Namespace, options: Any,
+                       on_trial: Callable[[str, int, int], None]) -> Any:
+    """The local scan in a pool of processes (``comgra.analysis.sweep.scan_in_processes``)."""
+    from comgra.analysis import ScanResult
+    from comgra.analysis.sweep import gathered, scan_in_processes
+
+    findings, problems, trials = gathered(scan_in_processes(group, trials=args.trial, options=options,
+                                                            workers=_pool_size(group, args), on_trial=on_trial))
+    return ScanResult(findings, problems, trials)
+
+
+def _load_user_detectors(args: argparse.Namespace) -> bool:
+    """The user detectors of ``--detector`` and of comgra.toml's ``[anomalies] detectors``, registered; whether
+    there were any (they are registered in this process only)."""
     from comgra.analysis.custom import load_configured
     from comgra.config import load_settings
 
@@ -119,6 +149,7 @@ def _load_user_detectors(args: argparse.Namespace) -> None:
         load_configured(settings.anomalies.detectors, explicit=args.detector or [])
     except ComgraError as error:
         raise UsageError(str(error)) from None
+    return bool(settings.anomalies.detectors or args.detector)
 
 
 def _say_ignored(settings: Any) -> None:
@@ -140,6 +171,12 @@ def _chosen_sensitivity(args: argparse.Namespace) -> float:
                             source=f"{settings.source}: anomalies.sensitivity").sensitivity
     except ComgraError as error:
         raise UsageError(str(error)) from None
+
+
+def _workers(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of worker processes; use 1 to 1024, e.g. 2")
+    return int(text)
 
 
 def _sensitivity(text: str) -> float:

@@ -5,7 +5,8 @@ filter in the browser) with each trial's hyperparameters, the last/best/min of e
 by severity, status, steps and duration. The regex filter runs in the browser over the trial ids and
 hyperparameter values (``name=value`` too), as ``GET /api/v1/runs?filter=`` does on the server.
 Below the table: a KPI's mean and min/max band over the trials of each value of a hyperparameter
-(seeds), and a parallel-coordinates plot of the hyperparameters against a KPI. Ticked trials open in
+(seeds), and a parallel-coordinates plot of the hyperparameters against a KPI, drawn when asked ("Draw the
+plots") and then following the filter. Ticked trials open in
 the Graphs tab (overlaid) or in Compare (the first beside the second). The data questions are
 ``RecordingService.runs`` and ``run_group_bands``; the figures are pure functions of their answers.
 """
@@ -25,6 +26,9 @@ from comgra.service import RecordingService
 from comgra.service.runs import KPI_STATISTICS, SEVERITIES, GroupBand, Run
 
 SHOWN_STATISTICS = ("last", "best", "min")  # per KPI in the table; max is in the REST answer and the plots
+# The plots are drawn when asked ("Draw the plots"), then follow the filter: a parallel-coordinates plot (WebGL) held
+# the browser's main thread 4-8 s per draw in Chromium without a GPU at load 20, of 40 trials as of 1,000, and the
+# filter and sorting of the table waited for it.
 _MARGIN = {"l": 60, "r": 20, "t": 40, "b": 40}
 
 
@@ -32,7 +36,7 @@ class ID:
     FILTER = "runs-filter"
     FILTER_NOTICE = "runs-filter-notice"
     COUNT = "runs-count"
-    ROWS = "runs-rows"  # dcc.Store: every trial's row (grid form), filtered in the browser
+    SHOWN = "runs-shown"  # dcc.Store: the trial ids the filter lets through (assets/runs.js), which the plots show
     GRID = "runs-grid"
     GROUP_BY = "runs-group-by"
     KPI = "runs-kpi"
@@ -40,12 +44,13 @@ class ID:
     PARALLEL = "runs-parallel"
     OPEN_GRAPHS = "runs-open-graphs"
     OPEN_COMPARE = "runs-open-compare"
+    DRAW = "runs-draw"
     MESSAGE = "runs-message"
 
 
 def panel() -> html.Div:
     return html.Div(className="runs-panel", children=[
-        dcc.Store(id=ID.ROWS, data=[]),
+        dcc.Store(id=ID.SHOWN, data=None),
         html.Div(className="d-flex flex-wrap align-items-end gap-3 mb-2", children=[
             html.Div(className="selector runs-filter", children=[
                 html.Label("Filter runs (regex over trial ids and hyperparameters)", htmlFor=ID.FILTER,
@@ -78,6 +83,9 @@ def panel() -> html.Div:
             html.Div(className="selector runs-kpi", style={"minWidth": "260px"}, children=[
                 html.Label("KPI", htmlFor=ID.KPI, className="form-label"),
                 dcc.Dropdown(id=ID.KPI, clearable=False, placeholder="a KPI")]),
+            html.Button("Draw the plots", id=ID.DRAW, className="btn btn-outline-primary btn-sm",
+                        title="Draw the mean and band per group and the parallel coordinates of the trials shown; "
+                              "once drawn, they follow the filter"),
         ]),
         html.Div(className="runs-plots", children=[
             dcc.Graph(id=ID.BANDS, config={"displaylogo": False}),
@@ -194,29 +202,25 @@ def _json_text(value: Any) -> str:
 
 
 # -- callbacks ------------------------------------------------------------------------------------------
-# The browser's filter (assets/runs.js): the grid filters the rows it holds, so typing costs no new rowData and no
-# request; an invalid regex shows all rows and says why.
-_FILTER_JS = """
-function(text, _shown, rows) {
-    const notice = window.comgraRuns.compile(text);
-    rows = rows || [];
-    let api = null;
-    try { api = dash_ag_grid.getApi('""" + ID.GRID + """'); } catch (error) { api = null; }
-    if (!api || !window.comgraRuns.present()) {
-        if (api) { api.onFilterChanged(); }
-        return [notice, rows.length + ' trials'];
-    }
-    api.onFilterChanged();
-    return [notice, api.getDisplayedRowCount() + ' of ' + rows.length + ' trials'];
-}
-"""
+# The browser's filter (assets/runs.js): typing is handled there, outside Dash's callbacks (no request, no new
+# rowData); this callback applies the filter to new rows (the tab opened, a poll) and says the count. An invalid
+# regex shows all rows and says why.
 _ROWS_JS = """
-function(rows) { return rows || []; }
+function(rows, text) {
+    const runs = window.comgraRuns;
+    runs.rows = rows || [];
+    const notice = runs.compile(text);
+    const passing = runs.passing();
+    const api = runs.grid();
+    if (api) { api.onFilterChanged(); }
+    const changed = runs.changedShown(passing);
+    return [notice, runs.count(passing), changed === null ? window.dash_clientside.no_update : changed];
+}
 """
 
 
 def register(app: Dash, service: RecordingService, *, tabs: str, data_version: str, trial_select: str) -> None:
-    @app.callback(Output(ID.ROWS, "data"), Output(ID.GRID, "columnDefs"), Output(ID.GROUP_BY, "options"),
+    @app.callback(Output(ID.GRID, "rowData"), Output(ID.GRID, "columnDefs"), Output(ID.GROUP_BY, "options"),
                   Output(ID.KPI, "options"), Output(ID.KPI, "value"), Output(ID.MESSAGE, "children"),
                   Input(tabs, "active_tab"), Input(data_version, "data"), State(ID.KPI, "value"))
     def rows(active: str, _version: Any, kpi: Any) -> Any:
@@ -232,16 +236,19 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
         message = "" if runs else "This recording has no trials yet."
         return [grid_row(r) for r in runs], column_defs(runs), names, kpis, chosen, message
 
-    app.clientside_callback(_ROWS_JS, Output(ID.GRID, "rowData"), Input(ID.ROWS, "data"))
-    app.clientside_callback(_FILTER_JS, Output(ID.FILTER_NOTICE, "children"), Output(ID.COUNT, "children"),
-                            Input(ID.FILTER, "value"), Input(ID.GRID, "rowData"), State(ID.ROWS, "data"))
+    app.clientside_callback(_ROWS_JS, Output(ID.FILTER_NOTICE, "children"), Output(ID.COUNT, "children"),
+                            Output(ID.SHOWN, "data"), Input(ID.GRID, "rowData"), State(ID.FILTER, "value"))
 
     @app.callback(Output(ID.BANDS, "figure"), Output(ID.PARALLEL, "figure"), Input(ID.GROUP_BY, "value"),
-                  Input(ID.KPI, "value"), Input(ID.GRID, "virtualRowData"), State(tabs, "active_tab"))
-    def plots(by: Any, kpi: Any, shown: Any, active: str) -> Any:
+                  Input(ID.KPI, "value"), Input(ID.SHOWN, "data"), Input(ID.DRAW, "n_clicks"),
+                  State(tabs, "active_tab"))
+    def plots(by: Any, kpi: Any, shown: Any, asked: Any, active: str) -> Any:
         if active != "runs" or not kpi:
             return _empty("Choose a KPI."), _empty("Choose a KPI.")
-        trials = [row["trial"] for row in shown or []]
+        trials = [str(trial) for trial in shown or []]
+        if not asked:
+            waiting = _empty(f"Press 'Draw the plots' to draw them for the {len(trials)} trials shown.")
+            return waiting, waiting
         wanted = set(trials)
         runs = [r for r in service.runs().runs if r.trial in wanted]
         bands = band_figure(service.run_group_bands(trials, by, kpi), by=by, kpi=kpi) if by else \

@@ -25,10 +25,8 @@ import math
 import os
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,18 +39,19 @@ from comgra.analysis import saved
 from comgra.analysis.findings import ScanOptions
 from comgra.errors import ComgraError, ConfigError, did_you_mean
 from comgra.service.changes import TrialState
+from comgra.service.run_summaries import HIGHER_IS_BETTER, Summary, kpi_summaries
 from comgra.service.trials import TrialQuestions
+from comgra.store import chunk_checks
 from comgra.store import format as fmt
 from comgra.store import hyperparameters as hyperparameter_store
+from comgra.store import layout
 from comgra.store.reader import TrialReader
 
 KPI_STATISTICS = ("last", "best", "min", "max")
 SEVERITIES = ("error", "warning", "info")
 STATUSES = ("running", "finished", "crashed")
 COLUMNS = ("trial", "status", "steps", "duration")
-HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|score|reward|bleu|rouge|iou|map|r2|return", re.I)
 MAX_FILTER = 1000
-ROW_THREADS = 4  # trials read side by side when many changed (the first answer of a sweep)
 SORT_KEY = re.compile(r"hyperparameters\..+|kpis\..+\.(last|best|min|max)|findings\.(error|warning|info)", re.S)
 
 
@@ -135,13 +134,10 @@ class RunQuestions:
                 del self._rows[trial]
                 self._findings.pop(trial, None)
             stale = [t for t in sorted(states) if t not in self._rows or self._rows[t][0] != states[t]]
-            # Reading a trial's files waits on the disk and on pyarrow, which let go of the GIL: a few side by side.
-            with ThreadPoolExecutor(max_workers=ROW_THREADS) if len(stale) > 1 else nullcontext() as pool:
-                made = pool.map(lambda t: self._row(t, states[t]), stale) if pool else map(
-                    lambda t: self._row(t, states[t]), stale)
-                for trial, run in zip(stale, made):
-                    self._rows[trial] = (states[trial], run)
-                    self.computed += 1
+            made = self._rows_of(stale, states)
+            for trial in stale:
+                self._rows[trial] = (states[trial], made[trial])
+                self.computed += 1
             return [_with_findings(self._rows[t][1], self._finding_counts(t, options)) for t in sorted(states)]
 
     def page(self, *, filter: str | None = None, sort: str | None = None, offset: int = 0,
@@ -174,19 +170,42 @@ class RunQuestions:
         return bands
 
     # -- one trial --------------------------------------------------------------------------------
-    def _row(self, trial: str, state: TrialState) -> Run:
-        try:
-            reader = self.trial_questions.trial(trial)
-            metadata = reader.metadata
-            values = hyperparameter_store.read(reader.directory)
-            table = reader.kpis()
-        except ComgraError as error:
-            return Run(trial, {}, {}, {}, "running" if state.live else "crashed", 0, problems=(str(error),))
+    def _rows_of(self, stale: list[str], states: Mapping[str, TrialState]) -> dict[str, Run]:
+        """The rows of ``stale``: each trial's metadata and hyperparameters (small JSON documents), the KPI
+        summaries of all of them in one engine query (``service.run_summaries``); a trial whose KPI chunks that
+        query cannot read, or of an older format, is summarised from its own reader (which reports the damage)."""
+        rows: dict[str, Run] = {}
+        opened: dict[str, tuple[TrialReader, dict[str, Any]]] = {}
+        files: dict[str, list[Path]] = {}
+        for trial in stale:
+            try:
+                reader = self.trial_questions.trial(trial)
+                opened[trial] = (reader, hyperparameter_store.read(reader.directory))
+            except ComgraError as error:
+                rows[trial] = _unreadable(trial, states[trial], error)
+                continue
+            if reader.format_version >= 3:
+                files[trial] = _kpi_files(reader)
+        summaries = _summaries(files)
+        for trial, (reader, values) in opened.items():
+            summary = summaries.get(trial)
+            if summary is None:
+                try:
+                    table = reader.kpis()
+                except ComgraError as error:
+                    rows[trial] = _unreadable(trial, states[trial], error)
+                    continue
+                summary = Summary(kpi_summary(table), pc.max(table["timepoint"]).as_py() if table.num_rows else None)
+            rows[trial] = self._row(trial, states[trial], reader.metadata, values, summary)
+        return rows
+
+    def _row(self, trial: str, state: TrialState, metadata: Mapping[str, Any], values: dict[str, Any],
+             summary: Summary) -> Run:
         status = "running" if state.live else "finished" if metadata.get("finished") or metadata.get(
             "types_of_execution") else "crashed"
         last_step = max([-1, *_last_steps(self.trial_questions, trial),
-                         *([pc.max(table["timepoint"]).as_py()] if table.num_rows else [])])
-        return Run(trial, values, kpi_summary(table), {}, status, last_step + 1, _number(metadata.get("created")),
+                         *([summary.last_timepoint] if summary.last_timepoint is not None else [])])
+        return Run(trial, values, summary.kpis, {}, status, last_step + 1, _number(metadata.get("created")),
                    _number(metadata.get("finished")))
 
     def _finding_counts(self, trial: str, options: ScanOptions) -> dict[str, int]:
@@ -202,10 +221,10 @@ class RunQuestions:
         if kept is not None and kept[0] == key:
             return kept[1]
         counts = dict.fromkeys(SEVERITIES, 0)
-        # A reader of its own, not the group's cached one: counting the findings of 1,000 trials opens no DuckDB
-        # connection and keeps nothing per trial (the signature check needs the chunk listing only).
+        # The group's reader, opened for the row already (it opens a DuckDB connection only on a query, and the
+        # signature check needs the chunk listing only).
         try:
-            found = saved.read(TrialReader(directory), options) if key is not None else None
+            found = saved.read(self.trial_questions.trial(trial), options) if key is not None else None
         except ComgraError:  # its metadata went bad meanwhile: no counts, the row still shows
             found = None
         for finding in found.findings if found is not None else []:
@@ -308,6 +327,32 @@ def band(value: Any, trials: list[str], series: list[tuple[np.ndarray, np.ndarra
 def _saved_name(options: ScanOptions) -> Path:
     """Where in a trial folder the findings of ``options`` are saved (hashed once, not once per trial)."""
     return saved.path_of(Path(), options)
+
+
+def _unreadable(trial: str, state: TrialState, error: ComgraError) -> Run:
+    return Run(trial, {}, {}, {}, "running" if state.live else "crashed", 0, problems=(str(error),))
+
+
+def _kpi_files(reader: TrialReader) -> list[Path]:
+    """The KPI chunks the reader would read (merged-away parts and foreign files left out), by listing only."""
+    folders = layout.table_dirs(reader.directory, "kpis", reader.format_version)
+    return [path for folder in folders for path in fmt.visible_chunks(fmt.chunk_files(folder))
+            if chunk_checks.not_own_chunk(path, path.parent.parent) is None]
+
+
+def _summaries(files: dict[str, list[Path]]) -> dict[str, Summary]:
+    """``kpi_summaries`` of ``files``; where it cannot read them all, of each half, down to the trials it cannot
+    read, which are left out (about twice the reading for one damaged chunk among a thousand trials)."""
+    if not files:
+        return {}
+    found = kpi_summaries(files)
+    if found is not None:
+        return found
+    if len(files) == 1:
+        return {}
+    trials = list(files)
+    middle = len(trials) // 2
+    return {**_summaries({t: files[t] for t in trials[:middle]}), **_summaries({t: files[t] for t in trials[middle:]})}
 
 
 def _with_findings(run: Run, counts: dict[str, int]) -> Run:
