@@ -15,7 +15,7 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, no_update
 
-from comgra.server import compare, figures, health_view, kpi_view, panels, profile_panel, samples, tensors
+from comgra.server import compare, figures, health_view, images_view, kpi_view, panels, profile_panel, samples, tensors
 from comgra.server import breakpoints as breakpoints_panel
 from comgra.server import findings as findings_panel
 from comgra.server import runs_view, start_here
@@ -33,6 +33,7 @@ def register(app: Dash, service: RecordingService, visualization: VisualizationF
     _register_poll(app, service)
     samples.register(app, service, shown_store=ID.SHOWN, tabs=ID.TABS)
     compare.register(app, service, shown_store=ID.SHOWN, tabs=ID.TABS)
+    images_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     kpi_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     profile_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     breakpoints_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL)

@@ -4,7 +4,7 @@ and the layout both import it and neither imports the other.
 """
 from __future__ import annotations
 
-TABS = ("tensors", "runs", "findings", "health", "samples", "compare", "network", "notes", "graphs", "profile", "resources", "breakpoints", "visualization")
+TABS = ("tensors", "runs", "findings", "health", "samples", "images", "compare", "network", "notes", "graphs", "profile", "resources", "breakpoints", "visualization")
 
 
 class ID:
