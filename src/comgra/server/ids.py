@@ -47,6 +47,7 @@ class ID:
     RANK = "rank-select"  # a rank of a torch.distributed run, or "all" (one line per rank in the series plot)
     RANK_BOX = "rank-selector"  # shown only when the trial has more than one rank
     SEARCH = "node-search"
+    SEARCH_ELSEWHERE = "node-search-elsewhere"  # dcc.Store: search options of nodes only in other iterations
     GRAPH = "dependency-graph"
     NOTICE = "notice"
     VALUES = "values"

@@ -38,7 +38,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         dcc.Store(id=ID.LINK), dcc.Store(id=ID.URL_WRITTEN),
         dcc.Store(id=ID.GRAPH_KEY), dcc.Store(id=ID.GRAPHS, data={}), dcc.Store(id=ID.GRAPHS_KNOWN, data=[]),
         dcc.Store(id=ID.GRAPH_RENDERED), dcc.Store(id=ID.BADGES, data={}),
-        dcc.Store(id=ID.STEP_KEY), dcc.Store(id=ID.NODE_SUMMARIES, data={}), dcc.Store(id=ID.NOTICES, data={}),
+        dcc.Store(id=ID.STEP_KEY), dcc.Store(id=ID.SEARCH_ELSEWHERE, data=[]), dcc.Store(id=ID.NODE_SUMMARIES, data={}), dcc.Store(id=ID.NOTICES, data={}),
         dcc.Store(id=ID.VALUES_DATA), dcc.Store(id=ID.VALUES_RENDERED), dcc.Store(id=ID.SUMMARIES_SET),
         dcc.Interval(id=ID.POLL, interval=poll_ms),
         _header(title, tabs),

@@ -822,13 +822,14 @@
     return renderKey;
   }
 
-  function searchOptions(key, documents) {
+  function searchOptions(key, documents, elsewhere) {
     var doc = key && key.hash && documents ? documents[key.hash] : null;
     if (!doc) return [];
+    // Then the nodes that exist only in another iteration of this step (server/node_search.py): choosing one opens it.
     return doc.nodes.slice().sort(function (a, b) { return a.name < b.name ? -1 : a.name > b.name ? 1 : 0; })
       .map(function (n) {
         return { label: n.name + (n.module_type ? " (" + n.module_type + ")" : "") + (n.old ? " (previous iteration)" : "") + " [" + n.role + "]", value: n.id };
-      });
+      }).concat(Array.isArray(elsewhere) ? elsewhere : []);
   }
 
   function notices(data) {
