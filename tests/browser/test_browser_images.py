@@ -64,6 +64,7 @@ def test_images_per_sample_across_steps_are_the_recorded_values(browser, serve, 
     trial = GroupReader(tmp_path / GROUP).trial(TRIAL)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     app = ComgraPage(context.new_page(), tmp_path / GROUP)
+    app.page.set_default_timeout(SLOW)  # a loaded 2-core machine
     try:
         app.load(serve(tmp_path / GROUP), ready="#tabs")
         app.page.get_by_role("tab", name="Images").click()

@@ -23,6 +23,7 @@ DRAWN = """() => { const p = document.querySelector('#kpi-graphs .js-plotly-plot
 def open_graphs(browser, url, recording):
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     app = ComgraPage(context.new_page(), recording)
+    app.page.set_default_timeout(SLOW)  # a loaded 2-core machine
     app.load(url, ready="#tabs")
     app.page.get_by_role("tab", name="Graphs").click()
     expect(app.page.locator(PLOT).first).to_be_attached(timeout=SLOW)
