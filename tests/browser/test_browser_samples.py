@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -197,4 +198,31 @@ def test_choosing_a_trial_keeps_the_pinned_side_and_one_click_compares_with_the_
         sides = app.page.locator(f"#compare-table [data-field='{field}']")
         assert sides.nth(0).inner_text() == sides.nth(1).inner_text()
     compared_rows_are_the_stores(app, recording, shown, (("pinned", BUGGED), ("shown", FIXED)))
+    assert not app.errors
+
+
+def test_the_samples_csv_is_the_table_as_shown_at_full_precision_and_named_after_it(app, recording):
+    import csv
+    import io
+
+    shown = app.read()
+    app.page.get_by_role("tab", name="Samples").click()
+    app.page.click("#samples-add-selected")
+    header = app.page.locator("#samples-table th.dash-header", has_text=shown["node"])
+    expect(header.first).to_be_visible(timeout=SLOW)
+    button = app.page.locator("#samples-csv")
+    expect(button).to_have_class("btn btn-outline-secondary btn-sm")  # styled as the other tabs' buttons
+    with app.page.expect_download() as download:
+        button.click()
+    name = download.value.suggested_filename
+    assert name == f"comgra-samples-{shown['trial']}-step{shown['training_step']}-iteration{shown['iteration']}.csv"
+    rows = list(csv.reader(io.StringIO(Path(download.value.path()).read_text())))
+    assert rows[0][0] == "sample" and any(shown["node"] in title for title in rows[0])
+    column = next(i for i, title in enumerate(rows[0]) if shown["node"] in title)
+    aggregation, _ = parse_aggregation(shown["aggregation"])
+    for row in rows[1:]:
+        (stored,) = store_rows(recording, shown["trial"], training_step=int(shown["training_step"]),
+                               node=shown["node"], role=shown["role"], kind=shown["kind"],
+                               iteration=int(shown["iteration"]), aggregation="sample", sample=int(row[0]))
+        assert float(row[column]) == stored["mean"]  # full precision: the float32 the store holds, exactly
     assert not app.errors
