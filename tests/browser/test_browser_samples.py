@@ -219,7 +219,6 @@ def test_the_samples_csv_is_the_table_as_shown_at_full_precision_and_named_after
     rows = list(csv.reader(io.StringIO(Path(download.value.path()).read_text())))
     assert rows[0][0] == "sample" and any(shown["node"] in title for title in rows[0])
     column = next(i for i, title in enumerate(rows[0]) if shown["node"] in title)
-    aggregation, _ = parse_aggregation(shown["aggregation"])
     for row in rows[1:]:
         (stored,) = store_rows(recording, shown["trial"], training_step=int(shown["training_step"]),
                                node=shown["node"], role=shown["role"], kind=shown["kind"],

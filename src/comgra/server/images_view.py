@@ -41,7 +41,8 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
         options = [{"label": t.label if t.whole else f"{t.label}: not drawable", "value": t.key} for t in tensors]
         keys = [t.key for t in tensors]
         drawable = [t.key for t in tensors if t.whole]
-        return options, chosen if chosen in keys else (drawable or keys or [None])[0]
+        fallback = (drawable or keys)[0] if keys else None
+        return options, chosen if chosen in keys else fallback
 
     @app.callback(Output(ID.GRID, "children"), Output(ID.CAPTION, "children"), Input(tabs, "active_tab"),
                   Input(ID.TENSOR, "value"), Input(current_trial, "data"), Input(data_version, "data"))

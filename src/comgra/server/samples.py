@@ -137,7 +137,7 @@ def table_csv(columns: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
     writer.writerow([str(c.get("name", c.get("id"))) for c in columns])
     for row in rows:
         writer.writerow([repr(v) if isinstance(v, float) else "" if v is None else v
-                         for v in (row.get(c.get("id")) for c in columns)])
+                         for v in (row.get(str(c.get("id"))) for c in columns)])
     return out.getvalue()
 
 
