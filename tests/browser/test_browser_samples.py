@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -151,17 +152,76 @@ def test_a_matrix_parameter_is_drawn_as_a_heatmap_of_its_stored_values(app, reco
     assert [value for row in z for value in row] == pytest.approx(stored["neurons"][:whole_rows * 32], rel=1e-6)
 
 
-def test_compare_pins_the_shown_tensor_in_another_trial(app, recording):
-    shown = app.read()
-    app.page.get_by_role("tab", name="Compare").click()
-    choose_option(app.page, "compare-trial", FIXED)
-    expect(app.page.locator("#compare-table [data-side='pinned'][data-field='trial']")).to_have_text(FIXED, timeout=SLOW)
-    expect(app.page.locator("#compare-table [data-side='shown'][data-field='trial']")).to_have_text(BUGGED, timeout=SLOW)
+def compared_rows_are_the_stores(app, recording, shown, sides):
     aggregation, sample = parse_aggregation(shown["aggregation"])
-    for side, trial in (("pinned", FIXED), ("shown", BUGGED)):
+    for side, trial in sides:
         (row,) = store_rows(recording, trial, training_step=int(shown["training_step"]), node=shown["node"],
                             role=shown["role"], kind=shown["kind"], iteration=int(shown["iteration"]),
                             aggregation=aggregation, sample=sample)
         cell = app.page.locator(f"#compare-table [data-side='{side}'][data-stat='mean']")
         assert float(cell.get_attribute("data-value")) == row["mean"]
+
+
+def test_compare_the_shown_tensor_with_itself_in_another_trial(app, recording):
+    """Nothing pinned: the shown tensor is pinned, and compared with itself in the trial chosen (issue 33, item 10)."""
+    shown = app.read()
+    app.page.get_by_role("tab", name="Compare").click()
+    choose_option(app.page, "compare-trial", FIXED)
+    expect(app.page.locator("#compare-table [data-side='pinned'][data-field='trial']")).to_have_text(BUGGED, timeout=SLOW)
+    expect(app.page.locator("#compare-table [data-side='shown'][data-field='trial']")).to_have_text(FIXED, timeout=SLOW)
+    expect(app.page.locator("#compare-table thead")).to_contain_text("Compared − pinned")
+    compared_rows_are_the_stores(app, recording, shown, (("pinned", BUGGED), ("shown", FIXED)))
+    assert not app.errors
+
+
+def test_choosing_a_trial_keeps_the_pinned_side_and_one_click_compares_with_the_other_trial(app, recording):
+    shown = app.read()
+    app.page.get_by_role("tab", name="Compare").click()
+    app.page.click("#compare-pin")
+    pinned_trial = app.page.locator("#compare-table [data-side='pinned'][data-field='trial']")
+    expect(pinned_trial).to_have_text(BUGGED, timeout=SLOW)
+    pinned_step = app.page.locator("#compare-table [data-side='pinned'][data-field='training_step']").inner_text()
+    choose_option(app.page, "compare-trial", FIXED)  # the pinned side stays what was pinned
+    expect(app.page.locator("#compare-table [data-side='shown'][data-field='trial']")).to_have_text(FIXED, timeout=SLOW)
+    expect(pinned_trial).to_have_text(BUGGED)
+    assert app.page.locator("#compare-table [data-side='pinned'][data-field='training_step']").inner_text() == pinned_step
+    compared_rows_are_the_stores(app, recording, shown, (("pinned", BUGGED), ("shown", FIXED)))
+
+    app.page.click("#compare-clear")
+    expect(app.page.locator("#compare-table")).to_have_count(0, timeout=SLOW)
+    button = app.page.locator("#compare-other-trial")  # two trials in the group: one click
+    expect(button).to_have_text(f"Compare with the other trial ({FIXED})", timeout=SLOW)
+    button.click()
+    expect(pinned_trial).to_have_text(BUGGED, timeout=SLOW)
+    expect(app.page.locator("#compare-table [data-side='shown'][data-field='trial']")).to_have_text(FIXED, timeout=SLOW)
+    for field in ("training_step", "node_id", "role", "iteration"):  # same node, same step
+        sides = app.page.locator(f"#compare-table [data-field='{field}']")
+        assert sides.nth(0).inner_text() == sides.nth(1).inner_text()
+    compared_rows_are_the_stores(app, recording, shown, (("pinned", BUGGED), ("shown", FIXED)))
+    assert not app.errors
+
+
+def test_the_samples_csv_is_the_table_as_shown_at_full_precision_and_named_after_it(app, recording):
+    import csv
+    import io
+
+    shown = app.read()
+    app.page.get_by_role("tab", name="Samples").click()
+    app.page.click("#samples-add-selected")
+    header = app.page.locator("#samples-table th.dash-header", has_text=shown["node"])
+    expect(header.first).to_be_visible(timeout=SLOW)
+    button = app.page.locator("#samples-csv")
+    expect(button).to_have_class("btn btn-outline-secondary btn-sm")  # styled as the other tabs' buttons
+    with app.page.expect_download() as download:
+        button.click()
+    name = download.value.suggested_filename
+    assert name == f"comgra-samples-{shown['trial']}-step{shown['training_step']}-iteration{shown['iteration']}.csv"
+    rows = list(csv.reader(io.StringIO(Path(download.value.path()).read_text())))
+    assert rows[0][0] == "sample" and any(shown["node"] in title for title in rows[0])
+    column = next(i for i, title in enumerate(rows[0]) if shown["node"] in title)
+    for row in rows[1:]:
+        (stored,) = store_rows(recording, shown["trial"], training_step=int(shown["training_step"]),
+                               node=shown["node"], role=shown["role"], kind=shown["kind"],
+                               iteration=int(shown["iteration"]), aggregation="sample", sample=int(row[0]))
+        assert float(row[column]) == stored["mean"]  # full precision: the float32 the store holds, exactly
     assert not app.errors

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 from comgra.capture.session import ComgraWarning  # noqa: E402
+from comgra.capture.summaries import IMAGE_VALUES, image_shaped  # noqa: E402
 
 MAX_NEURONS = 8
 STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max")
@@ -23,12 +24,15 @@ STATISTICS = ("mean", "abs_mean", "std", "min", "max", "abs_max")
 
 # -- expected values, computed with torch from a clone saved at registration ----------------------
 
-def per_sample_expected(value: torch.Tensor) -> dict[str, np.ndarray]:
-    """Each statistic per sample, (B,), and the first neurons per sample, (B, MAX_NEURONS)."""
+def per_sample_expected(value: torch.Tensor, kind: str = "forward") -> dict[str, np.ndarray]:
+    """Each statistic per sample, (B,), and the first neurons per sample, (B, MAX_NEURONS); an image-shaped value keeps
+    each sample's whole image (capture/summaries.py)."""
     flat = value.detach().double().reshape(value.shape[0], -1)
+    whole = flat.shape[1]
+    kept = whole if kind == "forward" and image_shaped(tuple(value.shape), 0) and whole <= IMAGE_VALUES else MAX_NEURONS
     return {"mean": flat.mean(1).numpy(), "abs_mean": flat.abs().mean(1).numpy(),
             "std": flat.std(1, unbiased=False).numpy(), "min": flat.amin(1).numpy(), "max": flat.amax(1).numpy(),
-            "abs_max": flat.abs().amax(1).numpy(), "neurons": flat[:, :MAX_NEURONS].numpy()}
+            "abs_max": flat.abs().amax(1).numpy(), "neurons": flat[:, :kept].numpy()}
 
 
 def assert_recorded(trial: Any, name: str, saved: torch.Tensor, training_step: int = 0,
@@ -36,7 +40,7 @@ def assert_recorded(trial: Any, name: str, saved: torch.Tensor, training_step: i
     """The mean-over-batch row and every per-sample row of ``name`` match ``saved``."""
     rows = [r for r in trial.selection(training_step=training_step, kind=kind).to_pylist()
             if r["tensor_name"] == name]
-    expected = per_sample_expected(saved)
+    expected = per_sample_expected(saved, kind)
     tolerance = 1e-5 * float(saved.abs().max()) + 1e-12  # float32 rounding, at the tensor's own scale
     (mean_row,) = [r for r in rows if r["aggregation"] == "mean"]
     for statistic in STATISTICS:

@@ -15,6 +15,7 @@ from hypothesis.extra import numpy as hnp
 
 from comgra.capture import fused, spectral, stats
 from comgra.capture.stats import STATISTICS, batch_aggregates, summarize
+from comgra.capture.summaries import IMAGE_VALUES, image_shaped
 from comgra.objects import DecisionMakerForRecordingsHardcoded
 from comgra.recorder import ComgraRecorder
 from comgra.store import GroupReader
@@ -160,7 +161,8 @@ def test_stored_rows_are_numpy_statistics_of_the_registered_tensor(case: tuple[n
 
     flat = array.reshape(batch, -1).astype(np.float64)
     per_sample = reference_statistics(flat)
-    kept = min(max_neurons, flat.shape[1])
+    whole = flat.shape[1]  # an image-shaped value keeps each sample's whole image (capture/summaries.py)
+    kept = whole if image_shaped(array.shape, 0) and whole <= IMAGE_VALUES else min(max_neurons, whole)
     expected = {("sample", k): (per_sample[k], flat[k, :kept]) for k in range(batch)}
     over_batch_stats, over_batch_neurons = reference_over_batch(per_sample), reference_over_batch(flat[:, :kept])
     for j, aggregation in enumerate(("mean", "std", "abs_max")):

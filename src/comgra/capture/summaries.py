@@ -59,11 +59,33 @@ def summarize_values(kind: str, items: list[tuple[Registration, torch.Tensor]], 
     blocks = []
     for (_, size), (registrations, values) in groups.items():
         summary = summarize(values, batch_size=1 if size is None else size,
-                            max_neurons=[0 if r.recording_type in ("kpis", "kpis_and_svd") else max_neurons
-                                         for r in registrations])
+                            max_neurons=[neuron_cap(kind, r, max_neurons) for r in registrations])
         blocks.append(Block(kind, registrations, summary, size is not None, _svd(kind, registrations, values, with_svd,
                                                                              complex_values)))
     return blocks
+
+
+# An image-shaped tensor, (N, C, H, W) with C of 1 or 3, keeps every value of each recorded sample up to this many
+# (3x64x64: 48 KiB of float32 per sample and recorded step), so that the app's Images tab can draw it (TensorBoard's
+# Images). Larger images keep max_num_neurons_to_record values as any tensor does (raise it to C*H*W to draw them).
+IMAGE_VALUES = 3 * 64 * 64
+
+
+def image_shaped(shape: tuple[int, ...] | None, batch_dim: int | None) -> bool:
+    """(N, C, H, W) with the batch first and C of 1 (grey) or 3 (RGB)."""
+    return shape is not None and batch_dim == 0 and len(shape) == 4 and shape[1] in (1, 3) and shape[2] >= 2 and shape[3] >= 2
+
+
+def neuron_cap(kind: str, registration: Registration, max_neurons: int) -> int:
+    """How many values of each sample of ``registration`` to keep: none for a KPI-only tensor, a whole image of an
+    image-shaped value (not its gradient) up to IMAGE_VALUES, ``max_neurons`` otherwise (0 keeps none at all)."""
+    if registration.recording_type in ("kpis", "kpis_and_svd"):
+        return 0
+    if max_neurons and kind == fmt.FORWARD and image_shaped(registration.shape, registration.batch_dim):
+        whole = registration.shape[1] * registration.shape[2] * registration.shape[3]
+        if whole <= IMAGE_VALUES:
+            return max(max_neurons, whole)
+    return max_neurons
 
 
 def unsummarisable(tensor: torch.Tensor) -> str | None:

@@ -277,7 +277,7 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
             for number, finding in numbered:
                 line = RichText.assemble(f"{number:>3} ", (printable(f"{finding.severity:<8}"),
                                                            SEVERITY_STYLES.get(finding.severity, "")),
-                                         printable(f"{_where(finding):<{wide}}  "),
+                                         f"{column(printable(_where(finding)), wide)}  ",
                                          "" if verbose else printable(summary(finding)))
                 if verbose:
                     line.rstrip()  # in place: the padding of the node column
@@ -297,6 +297,15 @@ def print_findings(console: Any, findings: list[Any], problems: list[str], trial
     if findings:
         console.print(Text("Next, to open the app on finding 1: " + open_command(path, link(findings[0])), style="bold"),
                       soft_wrap=True)
+
+
+def column(text: str, wide: int) -> str:
+    """``text`` padded to ``wide`` characters, or cut in its middle with an ellipsis (both ends tell nodes apart), so
+    that the column after it starts at the same place on every line, whatever the length of a node's name."""
+    if len(text) <= wide:
+        return text.ljust(wide)
+    head = (wide - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (wide - 1 - head):]}"
 
 
 def _where(finding: Any) -> str:

@@ -15,10 +15,10 @@ from typing import Any
 
 from dash import Dash, Input, Output, State, no_update
 
-from comgra.server import compare, figures, health_view, kpi_view, panels, profile_panel, samples, tensors
+from comgra.server import compare, figures, health_view, images_view, kpi_view, panels, profile_panel, samples, tensors
 from comgra.server import breakpoints as breakpoints_panel
 from comgra.server import findings as findings_panel
-from comgra.server import runs_view, start_here
+from comgra.server import node_search, runs_view, start_here
 from comgra.server.guards import guarded
 from comgra.server.ids import ID, TABS
 from comgra.server.view_state import selection_from
@@ -28,11 +28,13 @@ from comgra.service import RecordingService, visualization_selection
 
 def register(app: Dash, service: RecordingService, visualization: VisualizationFile | None) -> None:
     tensors.register(app, service)
+    node_search.register(app, service)
     _register_tabs(app, with_visualization=visualization is not None)
     _register_tab_contents(app, service)
     _register_poll(app, service)
     samples.register(app, service, shown_store=ID.SHOWN, tabs=ID.TABS)
     compare.register(app, service, shown_store=ID.SHOWN, tabs=ID.TABS)
+    images_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     kpi_view.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     profile_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL, data_version=ID.DATA_VERSION)
     breakpoints_panel.register(app, service, tabs=ID.TABS, current_trial=ID.CURRENT_TRIAL)

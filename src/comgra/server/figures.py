@@ -222,6 +222,7 @@ class KpiOptions:
     smoothing: float = 0.0  # 0 (none) to 0.99
     robust_range: bool = True  # the y-range of the bulk of the values; points beyond are drawn at its edge
     name_filter: str = ""  # only the curves whose name holds this text (case-insensitive)
+    x_axis: str = "step"  # X_AXES: the training step, the wall time of each point, or seconds since the first
 
 
 def robust_range(values: np.ndarray, *, log_y: bool, fence: float = 4.0) -> tuple[float, float] | None:
@@ -241,6 +242,27 @@ def robust_range(values: np.ndarray, *, log_y: bool, fence: float = 4.0) -> tupl
     low, high = float(inside.min()), float(inside.max())
     pad = (high - low) * 0.05 or spread * 0.05
     return low - pad, high + pad
+
+
+# TensorBoard's three x-axes; the two by time read the KPI table's wall_time (null in recordings made before it).
+X_AXES = {"step": "training step", "wall": "wall time", "relative": "seconds since the trial's first KPI point"}
+
+
+def kpi_x(table: pa.Table, x_axis: str) -> tuple[np.ndarray, np.ndarray]:
+    """The x of each KPI row on ``x_axis`` (seconds for the two by time), and the rows that have one."""
+    if x_axis == "step":
+        return table.column("timepoint").to_numpy(), np.ones(table.num_rows, dtype=bool)
+    times = table.column("wall_time").to_numpy(zero_copy_only=False).astype(np.float64) \
+        if "wall_time" in table.column_names else np.full(table.num_rows, np.nan)
+    known = np.isfinite(times)
+    if x_axis == "relative" and known.any():
+        times = times - times[known].min()
+    return times, known
+
+
+def _plotted_x(x: np.ndarray, x_axis: str) -> Any:
+    """x as plotly draws it: a date axis for the wall time (milliseconds, UTC), the numbers otherwise."""
+    return (np.asarray(x, dtype=np.float64) * 1000).astype("datetime64[ms]") if x_axis == "wall" else x
 
 
 DEFAULT_TYPE = "main_execution_type"  # the recorder's type_of_execution when none is given: no news in a label
@@ -268,12 +290,13 @@ def kpi_overlay_figures(tables: dict[str, pa.Table], options: KpiOptions = KpiOp
         if table.num_rows == 0:
             continue
         table = _rank_in_names(table)
-        x_all = table.column("timepoint").to_numpy()
+        x_all, known = kpi_x(table, options.x_axis)
         y_all = table.column("value").to_numpy(zero_copy_only=False).astype(np.float64)
         for (group, name, type_), rows in _line_keys(table):
             label = name if type_ in ("", None, DEFAULT_TYPE) else f"{name} · {type_}"
             if wanted and wanted not in f"{group} · {label}".lower():  # the figure's title (the group) too
                 continue
+            rows = rows[known[rows]]
             by_x = rows[np.argsort(x_all[rows], kind="stable")]
             lines.setdefault(group, []).append(KpiLine(trial, label, x_all[by_x], y_all[by_x]))
     steps = [line.x for entries in lines.values() for line in entries if len(line.x)]
@@ -299,6 +322,8 @@ def kpi_line_style(trial_index: int, curve_index: int, several: bool) -> dict[st
 def _overlay_figure(group: str, entries: list[KpiLine], options: KpiOptions, max_points: int, *,
                     trials: list[str], x_range: tuple[float, float] | None, order: Sequence[str] = ()) -> go.Figure:
     figure = _kpi_figure(group)
+    figure.update_layout(xaxis_title=X_AXES.get(options.x_axis, X_AXES["step"]))
+    at = {"step": "step %{x}", "wall": "%{x|%Y-%m-%d %H:%M:%S}"}.get(options.x_axis, "%{x:.1f} s")
     several = len(trials) > 1
     labels = list(dict.fromkeys(line.label for line in entries))
     everything = np.concatenate([line.y for line in entries]) if entries else np.array([])
@@ -315,17 +340,17 @@ def _overlay_figure(group: str, entries: list[KpiLine], options: KpiOptions, max
         smoothed = smooth(line.y, options.smoothing)
         if options.smoothing > 0:  # the raw curve stays visible, faint, behind the smoothed one
             rx, ry = downsample(line.x, line.y, max_points)
-            figure.add_trace(go.Scatter(x=rx, y=ry, mode="lines", name=f"{line.label} (raw)", showlegend=False,
+            figure.add_trace(go.Scatter(x=_plotted_x(rx, options.x_axis), y=ry, mode="lines", name=f"{line.label} (raw)", showlegend=False,
                                         opacity=0.25, line={"width": 1, "color": colour}, hoverinfo="skip",
                                         legendgroup=legendgroup))
         sx, sy = downsample(line.x, smoothed, max_points)
         marker = style.get("marker")
-        figure.add_trace(go.Scatter(x=sx, y=sy, mode="lines+markers" if marker else "lines", name=line.label,
-                                    line={"width": 1.6, **style["line"]}, meta=key,
-                                    hovertemplate=f"{key}<br>step %{{x}}: %{{y:.6g}}<extra></extra>",
+        figure.add_trace(go.Scatter(x=_plotted_x(sx, options.x_axis), y=sy, mode="lines+markers" if marker else "lines",
+                                    name=line.label, line={"width": 1.6, **style["line"]}, meta=key,
+                                    hovertemplate=f"{key}<br>{at}: %{{y:.6g}}<extra></extra>",
                                     **({"marker": marker} if marker else {}), **grouping))
         if bounds is not None:
-            _add_outliers(figure, key, line.x, line.y, bounds, options.log_y, colour, legendgroup)
+            _add_outliers(figure, key, line.x, line.y, bounds, options.log_y, colour, legendgroup, options.x_axis, at)
     if options.log_y:
         figure.update_yaxes(type="log")
     if bounds is not None:
@@ -334,7 +359,7 @@ def _overlay_figure(group: str, entries: list[KpiLine], options: KpiOptions, max
                                             "▲▼ mark points beyond it (hover for the value)</sup>"})
     if x_range is not None:  # every figure of the tab spans the same steps: their x-axes line up
         pad = (x_range[1] - x_range[0]) * 0.02 or 0.5
-        figure.update_xaxes(range=[x_range[0] - pad, x_range[1] + pad])
+        figure.update_xaxes(range=_plotted_x(np.array([x_range[0] - pad, x_range[1] + pad]), options.x_axis).tolist())
     # The legend under the plot, a group per trial: the plots keep the width, whatever the names' length.
     legend_rows = len(labels) + 1 if several else -(-len(labels) // 4)  # a column per trial; else 4 a row
     figure.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0, "groupclick": "toggleitem",
@@ -344,7 +369,7 @@ def _overlay_figure(group: str, entries: list[KpiLine], options: KpiOptions, max
 
 
 def _add_outliers(figure: go.Figure, label: str, x: np.ndarray, y: np.ndarray, bounds: tuple[float, float],
-                  log_y: bool, colour: str, legendgroup: str) -> None:
+                  log_y: bool, colour: str, legendgroup: str, x_axis: str = "step", at: str = "step %{x}") -> None:
     """Points outside the y-range, drawn on its edge as triangles that point the way they lie."""
     low, high = (10 ** bounds[0], 10 ** bounds[1]) if log_y else bounds
     for mask, edge, symbol in ((y > high, high, "triangle-up"), (y < low, low, "triangle-down")):
@@ -353,10 +378,10 @@ def _add_outliers(figure: go.Figure, label: str, x: np.ndarray, y: np.ndarray, b
             continue
         ox, oy = downsample(x[mask], y[mask])  # a long run can have thousands: keep each bucket's extremes
         figure.add_trace(go.Scatter(
-            x=ox, y=np.full(len(ox), edge), mode="markers", name=f"{label} (beyond the range)",
+            x=_plotted_x(ox, x_axis), y=np.full(len(ox), edge), mode="markers", name=f"{label} (beyond the range)",
             legendgroup=legendgroup, showlegend=False, customdata=oy,
             marker={"symbol": symbol, "size": 9, "color": colour, "line": {"width": 1, "color": "#222"}},
-            hovertemplate=f"{label}<br>step %{{x}}: %{{customdata:.6g}}<extra>beyond the range</extra>"))
+            hovertemplate=f"{label}<br>{at}: %{{customdata:.6g}}<extra>beyond the range</extra>"))
 
 
 # -- distributions across steps (TensorBoard's Distributions view) -------------------------------------

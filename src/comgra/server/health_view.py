@@ -74,6 +74,8 @@ def components(health: TrainingHealth) -> list[Any]:
     """Everything below the heatmap."""
     parts: list[Any] = []
     if health.layers:
+        parts.append(html.P([html.Span(className="missing-swatch", style={"background": MISSING_COLOUR}),
+                             MISSING_LEGEND], className="text-muted small health-missing-legend"))
         parts.append(html.P("Click a cell for the link to that layer's gradient at that step.", className="text-muted"))
     else:
         parts.append(html.P("No gradient norms in this trial (comgra records them on the steps it records with "
@@ -84,16 +86,31 @@ def components(health: TrainingHealth) -> list[Any]:
     return parts
 
 
+MISSING_COLOUR = "#BDBDBD"  # the heatmap's cells without a colour: the plot's background, named in the legend
+MISSING_LEGEND = ("Grey: no colour for that layer at that step: its gradient was not recorded (hover: \"not "
+                  "recorded\"), or its norm is 0 or not finite (hover: 0, inf or nan), which a log scale cannot show.")
+CLIP = 160  # characters of a finding's message in the table; the whole message on hover
+
+
 def gradient_heatmap(health: TrainingHealth) -> go.Figure:
     z = [[math.log10(v) if v is not None and v > 0 and math.isfinite(v) else None for v in row] for row in health.grad_norm]
-    text = [[f"{v:.3g}" if v is not None else "" for v in row] for row in health.grad_norm]
+    text = [[f"{v:.3g}" if v is not None else "not recorded" for v in row] for row in health.grad_norm]
     figure = go.Figure(go.Heatmap(z=z, x=[str(s) for s in health.steps], y=health.layers, text=text,
-                                  colorscale="Viridis", colorbar={"title": "log10 norm"},
+                                  colorscale="Viridis", colorbar={"title": "log10 norm"}, hoverongaps=True,
                                   hovertemplate="%{y}<br>step %{x}<br>gradient norm %{text}<extra></extra>"))
     figure.update_layout(height=max(260, 22 * len(health.layers) + 120), margin={"l": 10, "r": 10, "t": 10, "b": 40},
                          xaxis={"title": "recorded training step", "type": "category"},
-                         yaxis={"autorange": "reversed"})
+                         yaxis={"autorange": "reversed"}, plot_bgcolor=MISSING_COLOUR)
     return figure
+
+
+def clipped(text: str, limit: int = CLIP) -> Any:
+    """``text`` whole, or cut at a word before ``limit`` characters with an ellipsis, the whole text on hover."""
+    if len(text) <= limit:
+        return html.Span(text, title=text)
+    cut = text[:limit - 1]
+    cut = cut[:cut.rfind(" ")] if " " in cut[limit // 2:] else cut
+    return html.Span(cut.rstrip(" ,;:.") + "…", title=text, className="clipped")
 
 
 def cell_link(click: Any, links: Any) -> Any:
@@ -125,13 +142,14 @@ def _events(health: TrainingHealth) -> Any:
 def _dead(health: TrainingHealth) -> Any:
     if not health.dead_units:
         return html.P("None found" + (" yet (scanning)." if health.pending else "."), className="text-muted")
-    return html.Ul([html.Li([html.A(d["node"], href=d["link"]), ": ", d["message"]]) for d in health.dead_units])
+    return html.Ul([html.Li([html.A(d["node"], href=d["link"]), ": ", clipped(d["message"], 2 * CLIP)])
+                    for d in health.dead_units])
 
 
 def _findings(health: TrainingHealth) -> Any:
     if not health.findings_by_node:
         return html.P("None" + (" yet (scanning)." if health.pending else "."), className="text-muted")
     rows = [html.Tr([html.Td(html.A(f["node"], href=f["link"])), html.Td(f["error"]), html.Td(f["warning"]),
-                     html.Td(f["info"]), html.Td(f["top"][:160])]) for f in health.findings_by_node]
+                     html.Td(f["info"]), html.Td(clipped(f["top"]))]) for f in health.findings_by_node]
     header = html.Thead(html.Tr([html.Th(t) for t in ("node", "errors", "warnings", "info", "most important")]))
     return html.Table([header, html.Tbody(rows)], className="table table-sm health-findings")

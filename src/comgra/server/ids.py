@@ -4,7 +4,7 @@ and the layout both import it and neither imports the other.
 """
 from __future__ import annotations
 
-TABS = ("tensors", "runs", "findings", "health", "samples", "compare", "network", "notes", "graphs", "profile", "resources", "breakpoints", "visualization")
+TABS = ("tensors", "runs", "findings", "health", "samples", "images", "compare", "network", "notes", "graphs", "profile", "resources", "breakpoints", "visualization")
 
 
 class ID:
@@ -47,6 +47,7 @@ class ID:
     RANK = "rank-select"  # a rank of a torch.distributed run, or "all" (one line per rank in the series plot)
     RANK_BOX = "rank-selector"  # shown only when the trial has more than one rank
     SEARCH = "node-search"
+    SEARCH_ELSEWHERE = "node-search-elsewhere"  # dcc.Store: search options of nodes only in other iterations
     GRAPH = "dependency-graph"
     NOTICE = "notice"
     VALUES = "values"

@@ -22,6 +22,8 @@ class ID:
     FILTER = "kpi-filter"  # text: only the curves whose name holds it
     CSV = "kpi-csv"
     DOWNLOAD = "kpi-download"
+    X_AXIS = "kpi-x-axis"  # step, wall time or relative time (TensorBoard's three)
+    X_NOTE = "kpi-x-note"  # why the two by time are off
     FIGURES = "kpi-graphs"  # the figures, one per KPI group (the id the tests and links knew before)
 
 
@@ -39,11 +41,16 @@ def panel() -> html.Div:
                 html.Label("Figures or curves named", htmlFor=ID.FILTER, className="form-label"),
                 dcc.Input(id=ID.FILTER, type="search", placeholder="e.g. loss", debounce=0.4, value="",
                           className="form-control form-control-sm")]),
+            html.Div(className="selector kpi-x", children=[
+                html.Label("x-axis", htmlFor=ID.X_AXIS, className="form-label d-block"),
+                dcc.RadioItems(id=ID.X_AXIS, value="step", inline=True, className="kpi-x-axis",
+                               options=x_axis_options(True), inputStyle={"marginLeft": "0.8em"})]),
             html.Div(className="selector kpi-smoothing", style={"minWidth": "260px"}, children=[
                 html.Label("Smoothing", htmlFor=ID.SMOOTHING, className="form-label"),
                 dcc.Slider(id=ID.SMOOTHING, min=0, max=0.99, step=0.01, value=0,
                            marks={0: "0", 0.5: "0.5", 0.99: "0.99"}, tooltip={"placement": "bottom"})]),
         ]),
+        html.Small(id=ID.X_NOTE, className="text-muted d-block mb-1"),
         html.Div(className="mb-2", children=[
             html.Button("Download CSV", id=ID.CSV, n_clicks=0, className="btn btn-outline-secondary btn-sm",
                         title="The points of the curves shown (the chosen trials, the name filter), unsmoothed"),
@@ -68,20 +75,51 @@ def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: 
             return no_update
         return [{"label": t, "value": t} for t in service.trials()]
 
-    @app.callback(Output(ID.FIGURES, "children"), Input(tabs, "active_tab"), Input(current_trial, "data"),
+    @app.callback(Output(ID.FIGURES, "children"), Output(ID.X_AXIS, "options"), Output(ID.X_NOTE, "children"),
+                  Input(tabs, "active_tab"), Input(current_trial, "data"),
                   Input(data_version, "data"), Input(ID.TRIALS, "value"), Input(ID.OPTIONS, "value"),
-                  Input(ID.SMOOTHING, "value"), Input(ID.FILTER, "value"))
+                  Input(ID.SMOOTHING, "value"), Input(ID.FILTER, "value"), Input(ID.X_AXIS, "value"))
     def update_figures(active: str, trial: Any, _version: Any, chosen: Any, options: Any, smoothing: Any,
-                       name_filter: Any = "") -> Any:
+                       name_filter: Any = "", x_axis: Any = "step") -> Any:
         if active != "graphs":
-            return no_update
+            return no_update, no_update, no_update
         try:
             trials = chosen_trials(service, chosen, trial)
             if not trials:
-                return html.Div("This recording has no trials yet.", className="alert alert-warning")
-            return kpi_graphs(service, trials, kpi_options(options, smoothing, name_filter))
+                return html.Div("This recording has no trials yet.", className="alert alert-warning"), \
+                    x_axis_options(True), ""
+            untimed = untimed_trials(service, trials)
+            note = untimed_note(untimed)
+            chosen_axis = x_axis if x_axis in figures.X_AXES and not untimed else "step"
+            return kpi_graphs(service, trials, kpi_options(options, smoothing, name_filter, chosen_axis)), \
+                x_axis_options(not untimed), note
         except ComgraError as error:
-            return html.Div(str(error), className="alert alert-warning")
+            return html.Div(str(error), className="alert alert-warning"), no_update, no_update
+
+
+def x_axis_options(timed: bool) -> list[dict[str, Any]]:
+    """The x-axis switch: the two by time are off where a trial's KPI points have no recorded time."""
+    return [{"label": " step", "value": "step"},
+            {"label": " wall time", "value": "wall", "disabled": not timed},
+            {"label": " relative", "value": "relative", "disabled": not timed}]
+
+
+def untimed_trials(service: RecordingService, trials: list[str]) -> list[str]:
+    """The trials with KPI points of which none has its time (recorded before the KPI table had wall_time)."""
+    untimed = []
+    for trial in trials:
+        table = service.kpis(trial)
+        if table.num_rows and ("wall_time" not in table.column_names or table["wall_time"].null_count == table.num_rows):
+            untimed.append(trial)
+    return untimed
+
+
+def untimed_note(untimed: list[str]) -> str:
+    if not untimed:
+        return ""
+    names = ", ".join(repr(t) for t in untimed[:3]) + (f" and {len(untimed) - 3} more" if len(untimed) > 3 else "")
+    return (f"Wall time and relative time are off: the KPI points of {names} have no recorded time (recorded "
+            "with a comgra before the KPI table kept the time of each point). Record again to plot them by time.")
 
 
 def kpi_csv(service: RecordingService, trials: list[str], name_filter: str = "") -> str:
@@ -114,12 +152,13 @@ def chosen_trials(service: RecordingService, chosen: Any, current: Any) -> list[
     return [current] if current in known else known[:1]
 
 
-def kpi_options(options: Any, smoothing: Any, name_filter: Any = "") -> figures.KpiOptions:
+def kpi_options(options: Any, smoothing: Any, name_filter: Any = "", x_axis: Any = "step") -> figures.KpiOptions:
     values = options if isinstance(options, list) else []
     weight = float(smoothing) if isinstance(smoothing, (int, float)) and not isinstance(smoothing, bool) else 0.0
     return figures.KpiOptions(log_y=LOG_Y in values, robust_range=ROBUST in values,
                               smoothing=min(0.99, max(0.0, weight)),
-                              name_filter=name_filter[:200] if isinstance(name_filter, str) else "")
+                              name_filter=name_filter[:200] if isinstance(name_filter, str) else "",
+                              x_axis=x_axis if x_axis in figures.X_AXES else "step")
 
 
 def kpi_graphs(service: RecordingService, trials: list[str], options: figures.KpiOptions) -> Any:

@@ -10,7 +10,7 @@ from dash import dcc, html
 from dash.development.base_component import Component
 
 from comgra.server import breakpoints as breakpoints_panel
-from comgra.server import compare, health_view, kpi_view, profile_panel, samples
+from comgra.server import compare, health_view, images_view, kpi_view, profile_panel, samples
 from comgra.server import findings as findings_panel
 from comgra.server import runs_view, start_here
 from comgra.server.dom import attributes
@@ -18,7 +18,7 @@ from comgra.server.graph_view import legend
 from comgra.server.ids import ID, TABS
 from comgra.service import PLOT_STATISTICS
 
-TAB_LABELS = {"tensors": "Tensors", "runs": "Runs", "findings": "Findings", "health": "Health", "samples": "Samples", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
+TAB_LABELS = {"tensors": "Tensors", "runs": "Runs", "findings": "Findings", "health": "Health", "samples": "Samples", "images": "Images", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
               "profile": "Profile", "resources": "Resources", "breakpoints": "Breakpoints", "visualization": "Visualization"}
 NAVIGATION = {"left": "←", "up": "↑", "down": "↓", "right": "→"}
 ZOOM = {"out": ("−", "Zoom out"), "fit": ("Fit", "Fit the graph into view"), "in": ("+", "Zoom in")}
@@ -38,7 +38,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         dcc.Store(id=ID.LINK), dcc.Store(id=ID.URL_WRITTEN),
         dcc.Store(id=ID.GRAPH_KEY), dcc.Store(id=ID.GRAPHS, data={}), dcc.Store(id=ID.GRAPHS_KNOWN, data=[]),
         dcc.Store(id=ID.GRAPH_RENDERED), dcc.Store(id=ID.BADGES, data={}),
-        dcc.Store(id=ID.STEP_KEY), dcc.Store(id=ID.NODE_SUMMARIES, data={}), dcc.Store(id=ID.NOTICES, data={}),
+        dcc.Store(id=ID.STEP_KEY), dcc.Store(id=ID.SEARCH_ELSEWHERE, data=[]), dcc.Store(id=ID.NODE_SUMMARIES, data={}), dcc.Store(id=ID.NOTICES, data={}),
         dcc.Store(id=ID.VALUES_DATA), dcc.Store(id=ID.VALUES_RENDERED), dcc.Store(id=ID.SUMMARIES_SET),
         dcc.Interval(id=ID.POLL, interval=poll_ms),
         _header(title, tabs),
@@ -50,6 +50,7 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
         html.Div(id=ID.panel("health"), className="panel hidden", children=health_view.panel()),
         html.Div(id=ID.panel("samples"), className="panel hidden", children=samples.panel()),
+        html.Div(id=ID.panel("images"), className="panel hidden", children=images_view.panel()),
         html.Div(id=ID.panel("compare"), className="panel hidden", children=compare.panel()),
         html.Div(id=ID.panel("network"), className="panel hidden", children=html.Div(id=ID.NETWORK)),
         html.Div(id=ID.panel("notes"), className="panel hidden", children=html.Div(id=ID.NOTES)),

@@ -31,6 +31,8 @@ class ID:
     CAPTION = "samples-caption"
     TABLE = "samples-table"
     SHOWN = "samples-shown"  # dcc.Store: the Tensors tab's selection, copied in the page while this tab is open
+    CSV = "samples-csv"  # the table as shown (sorted as shown), full precision: comgra-samples-<trial>-step<N>.csv
+    DOWNLOAD = "samples-download"
 
 
 def panel() -> html.Div:
@@ -48,6 +50,9 @@ def panel() -> html.Div:
                           className="form-control form-control-sm")]),
             html.Button("Add the selected node", id=ID.ADD_SELECTED, className="btn btn-outline-primary btn-sm",
                         title="Add the tensor selected in the Tensors tab as a column"),
+            html.Button("Download CSV", id=ID.CSV, n_clicks=0, className="btn btn-outline-secondary btn-sm",
+                        title="The table as shown (its sort too), the numbers at full precision"),
+            dcc.Download(id=ID.DOWNLOAD),
         ]),
         html.Div(className="selector samples-columns-selector", children=[
             html.Label("Columns (tensors of this iteration with per-sample values)", htmlFor=ID.COLUMNS,
@@ -55,7 +60,6 @@ def panel() -> html.Div:
             dcc.Dropdown(id=ID.COLUMNS, multi=True, value=[], placeholder="Choose tensors…")]),
         html.P(id=ID.CAPTION, className="text-muted small mt-2", role="status"),
         DataTable(id=ID.TABLE, sort_action="native", sort_mode="multi", page_action="none",
-                  export_format="csv", export_headers="display",  # an "Export" button: the table as shown, as CSV
                              style_table={"overflowX": "auto", "maxHeight": "70vh", "overflowY": "auto"},
                              fixed_rows={"headers": True}, style_cell={"fontFamily": "monospace", "minWidth": "90px"},
                              style_header={"fontWeight": "bold", "whiteSpace": "normal", "height": "auto"}),
@@ -66,6 +70,7 @@ def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: st
     """Callbacks of the tab. ``shown_store`` holds the Tensors tab's selection, ``tabs`` the active tab."""
     app.clientside_callback(copy_while_open("samples"), Output(ID.SHOWN, "data"), Input(tabs, "active_tab"),
                             Input(shown_store, "data"))
+    register_download(app)
 
     @app.callback(Output(ID.COLUMNS, "options"), Input(tabs, "active_tab"), Input(ID.SHOWN, "data"),
                   Input(ID.STATISTIC, "value"), Input(ID.NEURON, "value"), State(ID.COLUMNS, "value"))
@@ -109,6 +114,44 @@ def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: st
         except ComgraError as error:
             return [], [], str(error)
         return table_columns(table), table_rows(table), caption(table, selection)
+
+
+def register_download(app: Dash) -> None:
+    @app.callback(Output(ID.DOWNLOAD, "data"), Input(ID.CSV, "n_clicks"), State(ID.TABLE, "derived_virtual_data"),
+                  State(ID.TABLE, "data"), State(ID.TABLE, "columns"), State(ID.CAPTION, "children"),
+                  prevent_initial_call=True)
+    def download(clicks: Any, shown_rows: Any, rows: Any, columns: Any, caption_: Any) -> Any:
+        if not clicks or not isinstance(columns, list) or not columns:
+            return no_update
+        chosen = shown_rows if isinstance(shown_rows, list) and shown_rows else rows if isinstance(rows, list) else []
+        return dcc.send_string(table_csv(columns, chosen), csv_name(caption_))
+
+
+def table_csv(columns: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """The table as CSV: the headers the user sees, the values at full precision (repr), in the rows' order."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([str(c.get("name", c.get("id"))) for c in columns])
+    for row in rows:
+        writer.writerow([repr(v) if isinstance(v, float) else "" if v is None else v
+                         for v in (row.get(str(c.get("id"))) for c in columns)])
+    return out.getvalue()
+
+
+def csv_name(caption_: Any) -> str:
+    """comgra-samples-<trial>-step<N>-iteration<I>.csv, from the caption's data (what the table shows)."""
+    props = caption_.get("props", {}) if isinstance(caption_, dict) else {}
+    text = props.get("children")
+    trial = text[0].split(",", 1)[0].removeprefix("Trial ") if isinstance(text, list) and text and \
+        isinstance(text[0], str) else ""
+    step, iteration = props.get("data-step"), props.get("data-iteration")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in trial)[:80]
+    parts = ["comgra-samples", *([safe] if safe else []), *([f"step{step}"] if step else []),
+             *([f"iteration{iteration}"] if iteration else [])]
+    return "-".join(parts) + ".csv"
 
 
 def copy_while_open(tab: str) -> str:

@@ -76,7 +76,8 @@ def start_here(finding: Finding | None) -> Component | None:
 
 
 def register(app: Dash, service: RecordingService, *, series: str, url: str) -> None:
-    """The strip's callbacks; ``series`` is the id of the Tensors view's series plot, ``url`` the dcc.Location."""
+    """The strip's callbacks; ``series`` is the id of the Tensors view's series plot, ``url`` the dcc.Location (its
+    links open their view without a reload: assets/comgra.js)."""
     @app.callback(Output(ID.BOX, "children"), Output(ID.POLL, "disabled"), Input(ID.POLL, "n_intervals"),
                   Input(ID.DISMISSED, "data"))
     def show(_tick: Any, dismissed: Any) -> Any:
@@ -95,9 +96,10 @@ def register(app: Dash, service: RecordingService, *, series: str, url: str) -> 
 
     app.clientside_callback(  # "the plot that proves it": in view once drawn, once per page load
         """function (children, search) {
-            if (!children || window.comgraSeriesShown || (search || "").indexOf("%s") < 0)
+            // Once per address asking for it: a Start here link changes the address without a reload.
+            if (!children || window.comgraSeriesShownFor === search || (search || "").indexOf("%s") < 0)
                 return window.dash_clientside.no_update;
-            window.comgraSeriesShown = true;
+            window.comgraSeriesShownFor = search;
             var tries = 0;
             (function show() {  // Plotly draws after Dash rendered the children: wait for the plot (at most 10 s)
                 var plot = document.getElementById("%s");

@@ -175,7 +175,7 @@ def _register_graph(app: Dash, service: RecordingService) -> None:
     app.clientside_callback(ClientsideFunction("comgra", "renderValues"), Output(ID.VALUES_RENDERED, "data"),
                             Input(ID.VALUES_DATA, "data"), State(ID.SELECTION, "data"))
     app.clientside_callback(ClientsideFunction("comgra", "searchOptions"), Output(ID.SEARCH, "options"),
-                            Input(ID.GRAPH_KEY, "data"), Input(ID.GRAPHS, "data"))
+                            Input(ID.GRAPH_KEY, "data"), Input(ID.GRAPHS, "data"), Input(ID.SEARCH_ELSEWHERE, "data"))
     app.clientside_callback(ClientsideFunction("comgra", "notices"),
                             [Output(ID.notice(topic), "children") for topic in NOTICE_TOPICS],
                             Input(ID.NOTICES, "data"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from dash import Patch, no_update
 
-from comgra.server import panels
+from comgra.server import node_search, panels
 from comgra.server.graph_view import client_graph
 from comgra.server.ids import ID
 from comgra.server.values_view import values_data
@@ -113,7 +113,11 @@ def next_wanted(service: RecordingService, wanted: Mapping[str, Any], shown: Map
     elif trigger == "node_click" and isinstance(value, dict):
         wanted["node_id"] = value.get("id")
     elif trigger == "search" and value:
-        wanted["node_id"] = value
+        elsewhere = node_search.parse(value)  # a node only in another iteration of this step: open that iteration
+        if elsewhere is not None:
+            wanted["iteration"], wanted["node_id"] = elsewhere
+        else:
+            wanted["node_id"] = value
     elif trigger == "step_input" and value is not None:
         wanted["training_step"] = value
     elif trigger == "rank":

@@ -79,7 +79,8 @@ class ChunkChecks:
             return
         with pq.ParquetFile(path, pre_buffer=False, page_checksum_verification=True) as parquet:
             if checked is None:
-                validation.check_chunk_schema(parquet.schema_arrow, fmt.SCHEMAS[table], rank_optional=rank_optional)
+                validation.check_chunk_schema(parquet.schema_arrow, fmt.SCHEMAS[table], rank_optional=rank_optional,
+                                              may_lack=fmt.added_column_names(table))
                 check_key_columns(parquet, KEY_COLUMNS.get(table, ()))
                 checked = Checked(parquet.num_row_groups, frozenset(parquet.schema_arrow.names), {})
             done = dict(checked.done)
@@ -180,11 +181,13 @@ def complete(table_name: str, table: pa.Table) -> pa.Table:
 def read_small(table: str, path: Path, format_version: int) -> pa.Table:
     """One chunk of a small table, in the reader's schema (format.SCHEMAS): ``rank`` and the format-3 renames."""
     schema = pq.read_schema(path)
+    # Columns added later (format.ADDED_COLUMNS) that an older chunk lacks read as nulls, as a missing rank does.
+    lacks = tuple(n for n in fmt.added_column_names(table) if n not in schema.names)
     if format_version >= 3 and "rank" not in schema.names:
-        validation.check_chunk_schema(schema, fmt.FILE_SCHEMAS[table], rank_optional=True)
+        validation.check_chunk_schema(schema, fmt.FILE_SCHEMAS[table], rank_optional=True, may_lack=lacks)
         read = pq.read_table(path, schema=fmt.FILE_SCHEMAS[table], page_checksum_verification=True)
         return layout.from_file(table, read, layout.rank_of_chunk(path))
     # Formats 1 and 2, and chunks of the recorder's row schema (tools): a missing rank is the chunk's own.
-    validation.check_chunk_schema(schema, fmt.SCHEMAS[table], rank_optional=True)
+    validation.check_chunk_schema(schema, fmt.SCHEMAS[table], rank_optional=True, may_lack=lacks)
     return with_rank_of_format_1(
         pq.read_table(path, schema=fmt.SCHEMAS[table], page_checksum_verification=True), layout.rank_of_chunk(path))

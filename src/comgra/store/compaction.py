@@ -75,7 +75,7 @@ def compact_folder(folder: Path, table: str, *, target_bytes: int = TARGET_BYTES
         if len(batch) < 2:
             tables.append(None)
             continue
-        merged = pa.concat_tables([_read_part(p) for p in batch])
+        merged = pa.concat_tables([fmt.with_added_columns(table, _read_part(p)) for p in batch])
         if merged.schema.names != fmt.FILE_SCHEMAS[table].names:
             report.skipped = "its chunks are not all of format 3"
             return report

@@ -171,12 +171,28 @@ SENTINELS_SCHEMA = pa.schema(
         ("event", pa.string()),
     ]
 )
+# Columns added to a table after format 3 shipped. Chunks written before lack them, and so may the rows a tool hands
+# the writer (the *_SCHEMA above): both read them as nulls. kpis' wall_time: when the point was recorded (seconds
+# since the epoch), the Graphs tab's wall-time and relative-time x-axes.
+ADDED_COLUMNS: dict[str, tuple[pa.Field, ...]] = {"kpis": (pa.field("wall_time", pa.float64()),)}
 # The *_SCHEMA above are the rows the recorder hands to its writer; SCHEMAS are the chunk files on disk:
-# the same columns plus ``rank``, which the writer adds (it alone knows which rank's shard it writes).
-SCHEMAS = {name: schema.append(RANK_FIELD) for name, schema in
+# the same columns, the added ones, plus ``rank``, which the writer adds (it alone knows which rank's shard it writes).
+SCHEMAS = {name: pa.schema([*schema, *ADDED_COLUMNS.get(name, ()), RANK_FIELD]) for name, schema in
            {"steps": STEPS_SCHEMA, "tensors": TENSORS_SCHEMA, "kpis": KPIS_SCHEMA, "notes": NOTES_SCHEMA,
             "layers": LAYERS_SCHEMA, "resources": RESOURCES_SCHEMA, "runinfo": RUNINFO_SCHEMA,
             "sentinels": SENTINELS_SCHEMA}.items()}
+
+
+def added_column_names(table_name: str) -> tuple[str, ...]:
+    return tuple(field.name for field in ADDED_COLUMNS.get(table_name, ()))
+
+
+def with_added_columns(table_name: str, table: pa.Table) -> pa.Table:
+    """``table`` with the ADDED_COLUMNS of ``table_name`` it lacks appended as nulls (a chunk written before them)."""
+    for field in ADDED_COLUMNS.get(table_name, ()):
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table
 # Format 3 on disk: a column name has one type across every table, so that an engine merges the schemas of the whole
 # group (Spark's mergeSchema). Two names had two types before: runinfo's text ``value`` (kpis and resources hold a
 # float64 ``value``) and sentinels' float64 ``abs_max`` (tensors hold a float32 one). comgra's reader gives the

@@ -155,7 +155,7 @@ def to_file(table_name: str, table: pa.Table) -> pa.Table:
     renames = fmt.FILE_RENAMES.get(table_name, {})
     if renames:
         table = table.rename_columns([renames.get(name, name) for name in table.column_names])
-    return table.cast(fmt.FILE_SCHEMAS[table_name])
+    return fmt.with_added_columns(table_name, table).cast(fmt.FILE_SCHEMAS[table_name])
 
 
 def from_file(table_name: str, table: pa.Table, rank: int) -> pa.Table:

@@ -172,14 +172,16 @@ class ChunkDamaged(ValueError):
         self.reason = reason
 
 
-def check_chunk_schema(actual: pa.Schema, expected: pa.Schema, *, rank_optional: bool) -> None:
+def check_chunk_schema(actual: pa.Schema, expected: pa.Schema, *, rank_optional: bool,
+                       may_lack: tuple[str, ...] = ()) -> None:
     """Raise ``ChunkDamaged`` unless a chunk has exactly the columns of its table, each of its type.
 
     Names alone are not enough: a column of the right name and another type is read as junk (a string
     cast to a number, an int64 step read as a float) or fails deep inside a query. ``rank_optional``:
-    format 1 has no ``rank`` column.
+    format 1 has no ``rank`` column. ``may_lack``: columns added later (format.ADDED_COLUMNS), absent in older chunks.
     """
-    names = [n for n in expected.names if not (rank_optional and n == "rank" and n not in actual.names)]
+    names = [n for n in expected.names if not (rank_optional and n == "rank" and n not in actual.names)
+             and not (n in may_lack and n not in actual.names)]
     if sorted(actual.names) != sorted(names) or len(set(actual.names)) != len(actual.names):
         missing = sorted(set(names) - set(actual.names))
         extra = sorted(set(actual.names) - set(names))

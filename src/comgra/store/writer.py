@@ -271,7 +271,7 @@ class ChunkWriter:
                 tables = buffer.tables[name]
                 if not tables:
                     continue
-                table = layout.to_file(name, pa.concat_tables(tables))
+                table = layout.to_file(name, pa.concat_tables([fmt.with_added_columns(name, t) for t in tables]))
                 first, last = _step_range(name, table)
                 folder = layout.rank_dir(self.trial_dir, name, self.rank)
                 folder.mkdir(parents=True, exist_ok=True)  # outside the trial folder (format 3): see store/layout.py

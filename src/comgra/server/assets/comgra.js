@@ -667,6 +667,22 @@
   });
 
   // -- the URL ----------------------------------------------------------------------------------
+  // The Start here strip's links open their view in this page, with no reload: the address changes and the app's
+  // dcc.Location (refresh=False) tells the callbacks, as a dcc.Link does. A counter makes each click a new address,
+  // so that a link followed before (the app rewrote the address since, see writeUrl) is followed again.
+  var followed = 0;
+  document.addEventListener("click", function (event) {
+    var link = event.target && event.target.closest ? event.target.closest("a.start-here-link") : null;
+    if (!link || event.defaultPrevented || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey ||
+        event.altKey) return;  // a new tab or window: the browser's own way
+    var url = new URL(link.getAttribute("href"), window.location.href);
+    if (url.origin !== window.location.origin || url.pathname !== window.location.pathname) return;
+    event.preventDefault();
+    url.searchParams.set("go", String(++followed));
+    window.history.pushState({}, "", url.pathname + url.search);
+    window.dispatchEvent(new CustomEvent("_dashprivate_pushstate"));
+  });
+
   function writeUrl(link, tab) {
     if (!link || typeof link !== "string") return window.dash_clientside.no_update;
     var query = new URLSearchParams(link.split("?")[1] || "");
@@ -822,13 +838,14 @@
     return renderKey;
   }
 
-  function searchOptions(key, documents) {
+  function searchOptions(key, documents, elsewhere) {
     var doc = key && key.hash && documents ? documents[key.hash] : null;
     if (!doc) return [];
+    // Then the nodes that exist only in another iteration of this step (server/node_search.py): choosing one opens it.
     return doc.nodes.slice().sort(function (a, b) { return a.name < b.name ? -1 : a.name > b.name ? 1 : 0; })
       .map(function (n) {
         return { label: n.name + (n.module_type ? " (" + n.module_type + ")" : "") + (n.old ? " (previous iteration)" : "") + " [" + n.role + "]", value: n.id };
-      });
+      }).concat(Array.isArray(elsewhere) ? elsewhere : []);
   }
 
   function notices(data) {
