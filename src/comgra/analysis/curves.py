@@ -82,16 +82,22 @@ def _at_chance(data: TrialData, node: str, steps: np.ndarray, values: np.ndarray
     chance = math.log(classes)
     window = max(3, len(values) // 10)  # one noisy batch is not leaving the band; a few steps in a row are
     smoothed = pd.Series(values).rolling(window, min_periods=1, center=True).median().to_numpy()
+    # An initialisation whose logits are not yet uniform starts above chance, and the optimizer first learns the
+    # uniform guess: the loss must be in its band by the end of the first quarter and never leave it after, and never
+    # fall below it anywhere (below chance, it has learned something).
     off = np.abs(smoothed - chance) / chance
-    if off.max() > CHANCE_MARGIN:
+    settled = max(1, len(values) // 4)
+    if off[settled:].max() > CHANCE_MARGIN or (smoothed < chance * (1 - CHANCE_MARGIN)).any():
         return None
+    off = off[settled:]
     moved = _moved_steps(data)
     stuck = moved is not None and moved >= MOVED_STEPS
     evidence = {**evidence, "chance": chance, "classes": classes, "largest_distance_from_chance": float(off.max()),
                 "moved_steps": moved}
     late = float(np.median(values[-max(2, len(values) // 4):]))
     message = (f"The loss {node} stays at chance over all {len(values)} recorded training steps (steps {int(steps[0])} "
-               f"to {int(steps[-1])}): {late:.3g} at the end, never more than {off.max():.1%} from the "
+               f"to {int(steps[-1])}): {late:.3g} at the end, never below its band and, from step {int(steps[settled])} on, never more "
+               f"than {off.max():.1%} from the "
                f"{chance:.3g} = log({classes}) of a classifier that guesses among its {classes} classes. ")
     if stuck:
         message += (f"The optimizer has moved the parameters {moved:.0f} of its steps away from where they started, "
