@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
+from torch import nn
 
-import comgra  # noqa: E402
-from comgra.analysis import Scanner  # noqa: E402
-from comgra.objects import DecisionMakerForRecordingsFrequencyPerType  # noqa: E402
-from comgra.recorder import ComgraRecorder  # noqa: E402
-from comgra.store import GroupReader  # noqa: E402
+import comgra
+from comgra.analysis import Scanner
+from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
+from comgra.recorder import ComgraRecorder
+from comgra.store import GroupReader
 
 
 def _cnn_on_unrelated_labels(root: Path, trial: str, steps: int, every: int, *, finalize: bool = True) -> ComgraRecorder:

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch import nn  # noqa: E402
-from torch.optim import optimizer as torch_optimizer  # noqa: E402
+from torch import nn
+from torch.optim import optimizer as torch_optimizer
 
-from comgra.analysis import Scanner  # noqa: E402
-from comgra.objects import DecisionMakerForRecordingsFrequencyPerType  # noqa: E402
-from comgra.recorder import ComgraRecorder  # noqa: E402
+from comgra.analysis import Scanner
+from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
+from comgra.recorder import ComgraRecorder
 
 
 def _record(root: Path, trial: str, bug: bool) -> None:
