@@ -127,3 +127,41 @@ def zero_grad_forgotten_cnn(run: Run, bug: bool) -> None:
 CASES.append(Case("zero_grad_forgotten_cnn", zero_grad_forgotten_cnn,
                   "PyTorch forum 'loss goes up after a few iterations': the tutorial loop without optimizer.zero_grad()",
                   ("model.0", "model.3", "model.7"), ("stale_gradient",), architecture="CNN"))
+
+
+def frozen_body_trained_by_second_optimizer(run: Run, bug: bool) -> None:
+    """'Frozen layers still change' (PyTorch forum): the pretrained body is frozen with a parameter group of learning
+    rate 0 while the head trains; the auxiliary head's optimizer was built with ``model.parameters()`` (instead of
+    the auxiliary head's own), so the body trains through it. The run never calls ``track_optimizer``: the
+    optimizers are found through torch's global step hook."""
+    model = mlp(run, (8, 32, 32, 4))
+    auxiliary = torch.nn.Linear(32, 4)
+    batches = blobs(run)
+    run.recorder.track_module("model", model)
+    body = list(model.layers[0].parameters())
+    rest = [p for p in model.parameters() if all(p is not b for b in body)]
+    main = torch.optim.AdamW([{"params": body, "lr": 0.0}, {"params": rest}], lr=1e-2)
+    aux_optimizer = torch.optim.SGD(list(model.parameters() if bug else []) + list(auxiliary.parameters()), lr=1e-2)
+    for step in range(run.steps):
+        x, y = batches(step)
+        with run.step(step, x.shape[0]):
+            run.recorder.register_tensor("input", x, is_input=True)
+            run.recorder.register_tensor("target", y, is_target=True)
+            features = model.layers[1](model.layers[0](x))
+            out = features
+            for layer in model.layers[2:]:
+                out = layer(out)
+            run.recorder.register_tensor("output", out)
+            loss = cross_entropy(out, y)
+            run.recorder.register_tensor("loss", loss, is_loss=True)
+            main.zero_grad()
+            aux_optimizer.zero_grad()
+            (loss + 0.3 * cross_entropy(auxiliary(features), y)).backward()
+            run.recorder.record_current_gradients("gradients")
+            main.step()
+            aux_optimizer.step()
+
+
+CASES.append(Case("frozen_body_trained_by_second_optimizer", frozen_body_trained_by_second_optimizer,
+                  "PyTorch forum 'frozen layers still change': a second optimizer built with model.parameters()",
+                  ("model.layers.0.weight", "model.layers.0.bias"), ("optimizer_groups",), architecture="MLP"))

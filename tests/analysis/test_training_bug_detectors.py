@@ -41,6 +41,7 @@ class Program:
     weight_decay: float = 0.0
     detach_hidden: bool = False
     sign: float = 1.0
+    adam: bool = False  # Adam instead of SGD
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -61,7 +62,8 @@ def record(root: Path, trial: str, program: Program) -> Path:
     recorder = ComgraRecorder(root, GROUP, trial, DecisionMakerForRecordingsHardcoded(set(range(program.steps))),
                               max_num_batch_size_to_record=8, resource_seconds=None)
     recorder.track_module("model", model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=program.lr, weight_decay=program.weight_decay)
+    optimizer = (torch.optim.Adam if program.adam else torch.optim.SGD)(model.parameters(), lr=program.lr,
+                                                                        weight_decay=program.weight_decay)
     for step in range(program.steps):
         if program.lr_at is not None:
             for group in optimizer.param_groups:
@@ -113,7 +115,10 @@ def _constant(model: nn.Sequential) -> None:
 PLANTED = [
     # (name, the bugged program, detector, node)
     ("missing zero_grad", Program(zero_grad=False, classes=4, lr=0.01), "stale_gradient", "model."),
-    ("labels unrelated to inputs", Program(classes=4, targets=lambda y: y[torch.randperm(len(y))]), "loss_stuck", "loss"),
+    # Long enough for the optimizer to move the parameters well past its step size (40 SGD steps on labels without
+    # signal are a random walk of about 9 steps: too early to tell from a plateau, an info).
+    ("labels unrelated to inputs", Program(classes=4, steps=80, adam=True, lr=0.003,
+                                           targets=lambda y: y[torch.randperm(len(y))]), "loss_stuck", "loss"),
     ("learning rate set to 0 partway", Program(classes=4, lr_at=lambda step: 0.05 if step < 15 else 0.0),
      "parameter_stopped", "model."),
     ("constant initialisation", Program(classes=4, activation=nn.Tanh, init=_constant), "identical_units", "hidden"),

@@ -1,5 +1,5 @@
 """The README's one-line example, run exactly as written (a CNN whose labels do not belong to its images, so
-that its loss stays at chance), then opened in the app: a finding about the loss, the Start here strip that
+that its loss stays at chance), then opened in the app: a warning about the loss, the Start here strip that
 leads to it, the loss curve in the Graphs tab with the values the store holds, and nodes named with their type."""
 from __future__ import annotations
 
@@ -43,17 +43,30 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_readmes_example_finds_the_stuck_loss_and_shows_it(serve, browser: Any, recorded: Path) -> None:
+    from comgra.server.start_here import guide_finding
+
     findings = Scanner().scan(recorded).findings
-    # The loss that stays at chance is named. Since issue 32 it is an info, not a warning: while the parameters
-    # move at a learning pace, a loss at chance cannot be told from a healthy plateau at the start of training.
-    assert [f for f in findings if f.node == "loss" and f.detector.startswith("loss_")], findings[:3]
+    # The loss that stays at chance (log 10, the logits' width) over all 200 steps, while the optimizer moved the
+    # parameters well past its step size: a warning, first, and the finding the Start here strip leads from.
+    stuck = [f for f in findings if f.node == "loss" and f.detector == "loss_stuck"]
+    assert stuck and stuck[0].severity == "warning" and findings[0] is stuck[0], findings[:3]
+    guide = guide_finding(findings)
+    assert guide is not None and (guide.node, guide.detector) == ("loss", "loss_stuck")
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     url = serve(recorded)
     page.goto(url)
-    # No "Start here" strip: it leads from a warning, and the stuck loss is an info since issue 32 (see above).
+    # The Start here strip, in view, leads to the stuck loss: step 1 opens it first in the Findings tab.
+    strip = page.locator(".start-here-box")
+    expect(strip).to_be_in_viewport()
+    expect(strip).to_contain_text("loss_stuck (warning)")
+    strip.get_by_role("link", name="The finding").click()
+    first = page.locator("#findings-list .finding").first
+    expect(first).to_be_in_viewport()
+    assert (first.get_attribute("data-node"), first.get_attribute("data-detector")) == ("loss", "loss_stuck")
+    page.goto(url)
     # The graph: module outputs named with their type; the input, output and loss in their roles.
     expect(page.locator('[data-node="model.1"] .node-name')).to_have_text("model.1 (ReLU)")
     expect(page.locator('[data-node="model.0"] .node-name')).to_have_text("model.0 (Conv2d)")

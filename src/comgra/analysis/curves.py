@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from comgra.analysis import parameters
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
 from comgra.analysis.loading import TrialData, as_text
@@ -25,6 +26,9 @@ MIN_LOSS_STEPS = 20  # a shorter curve is too noisy to say it does not decrease
 NOT_DECREASING = 0.05
 DIVERGING_FACTOR = 10.0  # a loss that ends this many times larger in magnitude than it started diverges
 CHANCE_MARGIN = 0.05  # a cross-entropy within this fraction of log(classes) is at chance
+# A loss at chance is stuck, not a plateau before the fall, once the optimizer has moved the parameters this many of
+# their own steps away from where the recording began (the median trained parameter), the loss in its band throughout.
+MOVED_STEPS = 25.0
 JUMP_ORDERS = 2.0  # a step whose scale is this many powers of ten above the other steps of its type
 MIN_STEPS_PER_TYPE = 5
 BOUND_TOUCH = 0.01  # an output within this share of its reach from a bound presses against it
@@ -56,14 +60,9 @@ def loss_curve(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list
             evidence={**evidence, "orders_of_magnitude": math.log10(abs(late) / max(abs(early), 1e-12))}, **base)]
     classes = _classes(data, facts)
     if classes and classes >= 2 and early > 0:
-        chance = math.log(classes)
-        if abs(late - chance) <= CHANCE_MARGIN * chance and abs(early - chance) <= 0.25 * chance:
-            return [Finding(detector="loss_stuck", severity="warning", score=0.85, training_step=int(steps[0]),
-                            iteration=_iteration_of(data, node, fmt.FORWARD, int(steps[0])),
-                            message=f"The loss {node} stays at chance: {late:.3g} in the last quarter of the recorded "
-                                    f"training steps, where a classifier that guesses among {classes} classes gets "
-                                    f"log({classes}) = {chance:.3g}. Do the labels belong to the inputs?",
-                            evidence={**evidence, "chance": chance, "classes": classes}, **base)]
+        stuck = _at_chance(data, node, steps, values, classes, evidence, base)
+        if stuck is not None:
+            return [stuck]
     decrease = (early - late) / max(abs(early), 1e-12)
     if early > 0 and decrease < options.scaled(NOT_DECREASING) and trend > -0.5:
         return [Finding(detector="loss_not_decreasing", severity="warning", score=0.7 + 0.2 * min(1.0, -decrease),
@@ -73,6 +72,59 @@ def loss_curve(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list
                                 "(learning rate, clipping, optimizer), and can the output reach the target?",
                         evidence={**evidence, "relative_decrease": decrease}, **base)]
     return []
+
+
+def _at_chance(data: TrialData, node: str, steps: np.ndarray, values: np.ndarray, classes: int,
+               evidence: dict[str, Any], base: dict[str, Any]) -> Finding | None:
+    """A classifier's loss at chance (log of its classes) over the whole recorded run: a warning where the optimizer
+    has moved the parameters well past its step size (``MOVED_STEPS`` of them, net) and the loss never left its
+    band; an info while the run is too short to tell it from a plateau before the fall. None where it leaves."""
+    chance = math.log(classes)
+    window = max(3, len(values) // 10)  # one noisy batch is not leaving the band; a few steps in a row are
+    smoothed = pd.Series(values).rolling(window, min_periods=1, center=True).median().to_numpy()
+    # An initialisation whose logits are not yet uniform starts above chance, and the optimizer first learns the
+    # uniform guess: the loss must be in its band by the end of the first quarter and never leave it after, and never
+    # fall below it anywhere (below chance, it has learned something).
+    off = np.abs(smoothed - chance) / chance
+    settled = max(1, len(values) // 4)
+    if off[settled:].max() > CHANCE_MARGIN or (smoothed < chance * (1 - CHANCE_MARGIN)).any():
+        return None
+    off = off[settled:]
+    moved = _moved_steps(data)
+    stuck = moved is not None and moved >= MOVED_STEPS
+    evidence = {**evidence, "chance": chance, "classes": classes, "largest_distance_from_chance": float(off.max()),
+                "moved_steps": moved}
+    late = float(np.median(values[-max(2, len(values) // 4):]))
+    message = (f"The loss {node} stays at chance over all {len(values)} recorded training steps (steps {int(steps[0])} "
+               f"to {int(steps[-1])}): {late:.3g} at the end, never below its band and, from step {int(steps[settled])} on, never more "
+               f"than {off.max():.1%} from the "
+               f"{chance:.3g} = log({classes}) of a classifier that guesses among its {classes} classes. ")
+    if stuck:
+        message += (f"The optimizer has moved the parameters {moved:.0f} of its steps away from where they started, "
+                    "and the loss did not follow: do the labels belong to the inputs (shuffled separately, the "
+                    "wrong column), does the input reach the output?")
+    else:
+        moved_text = "not far" if moved is None else f"only {moved:.0f} of its steps"
+        message += (f"The optimizer has moved the parameters {moved_text} from where they started: too early to "
+                    f"tell a plateau before the fall from labels that do not belong to the inputs (a warning once "
+                    f"they have moved {MOVED_STEPS:.0f} steps and the loss has not left).")
+    return Finding(detector="loss_stuck", severity="warning" if stuck else "info", score=0.85 if stuck else 0.4,
+                   training_step=int(steps[0]), iteration=_iteration_of(data, node, fmt.FORWARD, int(steps[0])),
+                   message=message, evidence=evidence, **base)
+
+
+def _moved_steps(data: TrialData) -> float | None:
+    """How far the optimizer has moved the parameters, in its own steps: per trained parameter, the distance between
+    its first and last recorded statistics over the median change per training step; the median over parameters.
+    Noise that goes back and forth stays near the square root of the steps, a drift grows with them."""
+    ratios = []
+    for part in parameters.parts(data).values():
+        if part.gradient <= 0 or len(part.steps) < 3:
+            continue
+        per_step = float(np.median(part.changes / np.maximum(np.diff(part.steps), 1)))
+        if per_step > 0:
+            ratios.append(float(np.linalg.norm(part.last - part.first)) / per_step)
+    return float(np.median(ratios)) if ratios else None
 
 
 def _loss_series(data: TrialData, facts: GraphFacts) -> tuple[str, np.ndarray, np.ndarray] | None:
@@ -105,9 +157,12 @@ def _classes(data: TrialData, facts: GraphFacts) -> int | None:
         return None
     outputs = [n for n, role in facts.role.items() if role == "output"]
     targets = shapes[shapes["tensor_type"] == "target"]
-    if len(outputs) != 1 or not len(targets):
+    if len(outputs) != 1:
         return None
     out_shapes = shapes[shapes["node"] == outputs[0]]["shape"]
+    if not len(targets):  # no target registered (comgra.watch): the logits' width, where the output has a batch axis
+        widths = {tuple(shape)[-1] for shape in out_shapes if len(shape) >= 2}
+        return int(widths.pop()) if len(widths) == 1 and min(widths) >= 2 else None
     target_rows = data.stats[(data.stats["tensor_type"] == "target") & (data.stats["aggregation"] == "sample")]
     if not len(out_shapes) or not len(target_rows):
         return None

@@ -109,7 +109,7 @@ def learning_of(paces: dict[str, float], facts: graphs.GraphFacts) -> tuple[dict
     return learns, moving
 
 
-LOSS_SYMPTOMS = ("loss_not_decreasing",)
+LOSS_SYMPTOMS = ("loss_not_decreasing", "loss_stuck")  # consequences: another warning may say why
 COLLAPSE_CAUSES = ("dead_units", "parameter_shrinking", "identical_units")
 
 

@@ -1,7 +1,8 @@
 """Parameters and the optimizer: left out of every parameter group, or meant to be frozen and still changing.
 
-Read from the ``runinfo`` table: each parameter's optimizer group (for the optimizers the run gave to
-``recorder.track_optimizer``, which the Trainer and Lightning callbacks do), ``requires_grad``, the groups'
+Read from the ``runinfo`` table: each parameter's optimizer groups (for the optimizers the run gave to
+``recorder.track_optimizer``, which the Trainer and Lightning callbacks do, and every optimizer torch's global step
+hook saw step on a recorded step), ``requires_grad``, the groups'
 learning rates, and float64 fingerprints (sum, norm) of each parameter's value and gradient on the recorded
 steps.
 
@@ -119,7 +120,7 @@ def _frozen_but_changing(data: TrialData, facts: graphs.GraphFacts, training: pd
 
 
 def _zero_learning_rate(data: TrialData) -> dict[str, set[int]]:
-    """Parameter -> the recorded training steps at which every group it is in has a learning rate of 0."""
+    """Parameter -> the recorded training steps at which a group of learning rate 0 holds it."""
     rates = tables.runinfo_field(data, "optimizer_group", "lr")
     groups = tables.with_phase(data, tables.runinfo_field(data, "parameter", "optimizer_group"))
     if not len(rates) or not len(groups):
@@ -127,8 +128,9 @@ def _zero_learning_rate(data: TrialData) -> dict[str, set[int]]:
     zero = {(int(r), int(s), str(n)) for r, s, n, v in zip(rates["rank"], rates["training_step"], rates["name"],
                                                             rates["number"]) if v == 0}
     found: dict[str, set[int]] = {}
-    for rank, step, name, label in zip(groups["rank"], groups["training_step"], groups["name"], groups["value"]):
-        if label and (int(rank), int(step), str(label)) in zero:
+    for rank, step, name, labels in zip(groups["rank"], groups["training_step"], groups["name"], groups["value"]):
+        # Meant to be frozen: a group of learning rate 0 holds it (another optimizer may still step it: the bug).
+        if labels and any((int(rank), int(step), label) in zero for label in str(labels).split(",")):
             found.setdefault(str(name), set()).add(int(step))
     return found
 

@@ -117,6 +117,18 @@ def _runinfo_by_name(data: TrialData, field: str) -> dict[str, str]:
     return found
 
 
+def _zero_rate(data: TrialData, role: str) -> bool:
+    """Whether every optimizer group that holds the parameter has a learning rate of 0 (its last recorded one)."""
+    labels = [label for label in _runinfo_by_name(data, "optimizer_group").get(role, "").split(",") if label]
+    if not labels:
+        return False
+    from comgra.analysis import evidence_tables
+
+    rows = evidence_tables.runinfo_field(data, "optimizer_group", "lr")
+    rates = dict(zip(rows["name"].astype(str), rows["number"].astype(float))) if len(rows) else {}
+    return all(rates.get(label) == 0 for label in labels)
+
+
 def _not_updated(role: str, gradient: float, span: str, part: ParameterPart, data: TrialData) -> tuple[str, dict]:
     """The cause the evidence supports for a parameter that gets a gradient and never changes: its updates rounded
     away in a low-precision format (where it is stored in one and, if known, is in the optimizer), or left out of
@@ -149,6 +161,11 @@ def _finding(data: TrialData, facts: GraphFacts, node: str, role: str, part: Par
                 iteration=_first_iteration(data, steps[0]), aggregation="none", column=facts.column.get(node, 0))
     has_gradient = gradient > 0 and np.isfinite(gradient)
     span = f"steps {steps[0]} to {steps[-1]} ({len(steps)} recorded)"
+    if not changed and has_gradient and _zero_rate(data, role):
+        return Finding(detector="parameter_frozen", severity="info", score=0.5, statistic="mean",
+                       message=f"{role} never changes over {span}: every optimizer group that holds it has a learning "
+                               "rate of 0 (frozen on purpose).", evidence={"steps": len(steps), "cause": "lr_0"},
+                       **base)
     if not changed and has_gradient:
         message, cause = _not_updated(role, gradient, span, part, data)
         return Finding(detector="parameter_not_updated", severity="warning", score=0.9, statistic="mean",

@@ -2,8 +2,9 @@
 no mark in the tensors' values.
 
 On a recorded step the ``runinfo`` table gets (format.RUNINFO_SCHEMA): each tracked module's mode (train or
-eval) and class, each tracked parameter's dtype, ``requires_grad``, optimizer group (for the optimizers given
-to ``recorder.track_optimizer``; ``""`` for a parameter in none of them) and float64 fingerprints of its value
+eval) and class, each tracked parameter's dtype, ``requires_grad``, optimizer groups (for the optimizers given
+to ``recorder.track_optimizer`` and those torch's global step hook saw step on a recorded step; comma-separated;
+``""`` for a parameter in none of them) and float64 fingerprints of its value
 and gradient (sum and norm: the ranks of a data-parallel run must agree on them), each registered tensor's
 dtype and ``requires_grad``, each optimizer group's learning rate and weight decay, the autocast state and
 whether gradients were enabled while the step's tensors were registered, and the batch size. About a
@@ -57,6 +58,12 @@ class RunEvidence:
             return evidence
         evidence.exact = recorder.rank_info.world_size > 1
         recorder._on_finalize.append(evidence.close)  # before the session closes: the last rows go with it
+        # Every optimizer that steps during a recorded step, without track_optimizer: torch's global hook.
+        try:
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+        except ImportError:  # a torch without global optimizer hooks (before 2.0): track_optimizer only
+            return evidence
+        recorder._on_finalize.append(register_optimizer_step_pre_hook(evidence._optimizer_steps).remove)
         session.on_graph, session.on_flush = sentinels.learn_outputs, sentinels.flush
         return evidence
 
@@ -74,6 +81,12 @@ class RunEvidence:
             raise RecordingError(f"track_optimizer() needs a torch.optim.Optimizer (with param_groups), got "
                                  f"{type(optimizer).__name__}.")
         if not any(known is optimizer for known in self.optimizers):
+            self.optimizers.append(optimizer)
+
+    def _optimizer_steps(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        """torch's global step pre-hook: an optimizer that steps on a recorded step is tracked from then on (its
+        groups, learning rates and parameters go into the next recorded steps' rows). One attribute test otherwise."""
+        if self._rows is not None and not self.broken and not any(known is optimizer for known in self.optimizers):
             self.optimizers.append(optimizer)
 
     # -- the training step -----------------------------------------------------------------------------
@@ -126,8 +139,8 @@ class RunEvidence:
             for number, group in enumerate(optimizer.param_groups):
                 label = f"optimizer{index}.group{number}"
                 parameters = list(group.get("params", []))
-                for parameter in parameters:
-                    groups.setdefault(id(parameter), label)
+                for parameter in parameters:  # a parameter in several groups (two optimizers) lists them all
+                    groups[id(parameter)] = f"{groups[id(parameter)]},{label}" if id(parameter) in groups else label
                 for key in ("lr", "weight_decay"):
                     value = group.get(key)
                     number_value = float(value) if isinstance(value, (int, float)) or torch.is_tensor(value) else math.nan
