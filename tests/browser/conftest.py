@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from comgra_page import TIMEOUT
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
@@ -32,6 +33,7 @@ def browser() -> Iterator[Any]:
             pytest.fail(f"no Chromium at {CHROMIUM}; install it with apt-get install -y chromium")
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium)")
     sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api.expect.set_options(timeout=TIMEOUT)  # one policy for every module (see comgra_page.TIMEOUT)
     playwright = sync_api.sync_playwright().start()
     browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
     yield browser
