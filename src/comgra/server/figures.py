@@ -443,15 +443,20 @@ def histograms_figure(histograms: Any, *, title: str) -> go.Figure:
     edges = histograms.edges
     centres = ((edges[:-1] + edges[1:]) / 2).tolist()
     top = max(int(c.max(initial=0)) for c in histograms.counts.values()) or 1
+    # A category axis ordered by step: one row of equal height per recorded step, however the steps are spaced
+    # (on a numeric axis a row spans half the gap to each neighbour, so uneven spacing gives uneven rows).
+    steps = sorted({int(s) for trial in trials for s in histograms.steps[trial]})
     for column, trial in enumerate(trials, start=1):
         figure.add_trace(go.Heatmap(
-            x=centres, y=histograms.steps[trial].tolist(), z=histograms.counts[trial].tolist(), name=trial, zmin=0,
+            x=centres, y=[str(int(s)) for s in histograms.steps[trial]], z=histograms.counts[trial].tolist(),
+            name=trial, zmin=0,
             zmax=top, colorscale="Blues", showscale=column == 1, xgap=1, ygap=1,
             colorbar={"title": {"text": "values"}, "thickness": 12},
             hovertemplate="step %{y}<br>value ≈ %{x:.4g}<br>%{z} values<extra>" + trial + "</extra>"), row=1, col=column)
         figure.update_xaxes(title_text="value", range=[float(edges[0]), float(edges[-1])], row=1, col=column)
-    figure.update_yaxes(title_text="training step", autorange="reversed", matches="y", row=1, col=1)
-    figure.update_yaxes(matches="y")
+    figure.update_yaxes(title_text="training step", autorange="reversed", row=1, col=1)
+    figure.update_yaxes(type="category", categoryorder="array", categoryarray=[str(s) for s in steps],
+                        matches="y", automargin=True)
     figure.update_layout(height=340, margin={**_MARGIN, "t": 60}, title={
         "text": f"{title}<br><sup>{len(centres)} bins of width {float(edges[1] - edges[0]):.3g}, the same in every "
                 "trial; the colour counts the stored values in a bin</sup>", "font": {"size": 13}})
