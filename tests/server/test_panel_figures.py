@@ -118,6 +118,20 @@ def test_styles_stay_distinct_far_beyond_plotlys_ten():
     assert len({tuple(figures.curve_style(i).values()) for i in range(300)}) == 300
 
 
+def test_twelve_curves_of_one_trial_have_twelve_colours_people_tell_apart():
+    """Two of twelve curves were the same magenta (Dark24's #DA16FF and #FB00D1: CIEDE2000 about 8, where 10 is
+    hard to tell apart on a thin line). Every pair of the twelve drawn colours is now at least 20 apart."""
+    from comgra.server.palette import ciede2000, lab
+
+    figure = figures.kpi_overlay_figures({"a": kpis([f"l{i}" for i in range(12)])})[0][1]
+    colours = [t.line.color for t in figure.data if t.mode == "lines"]
+    assert len(colours) == 12 and len(set(colours)) == 12
+    points = lab(colours)
+    apart = ciede2000(points[:, None], points[None])
+    assert apart[~np.eye(12, dtype=bool)].min() >= 20
+    assert ciede2000(lab(["#DA16FF"]), lab(["#FB00D1"]))[0] < 10  # the measure sees the old pair as one colour
+
+
 def test_one_spike_does_not_flatten_the_rest_and_stays_visible():
     figure = figures.kpi_overlay_figures({"a": kpis(["loss"], spike=(20, 1e6))})[0][1]
     low, high = figure.layout.yaxis.range

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import plotly.colors as pcolors
 import plotly.graph_objects as go
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from comgra.service import Series
 from comgra.service.kpi_points import extreme_indices
+from comgra.server.palette import distinct_colours
 
 MAX_POINTS = 2000
 _MARGIN = {"l": 50, "r": 10, "t": 40, "b": 40}
@@ -188,9 +188,9 @@ def _line_keys(table: pa.Table) -> list[tuple[tuple[str, str, str], np.ndarray]]
 
 
 # -- the Graphs tab: KPIs of several trials overlaid ------------------------------------------------------
-# Distinct colours for many curves: plotly's ten repeat after ten. 50 hues from two qualitative palettes; past
-# them a curve also gets its own dash pattern, so no two curves look the same.
-CURVE_COLOURS = tuple(dict.fromkeys(c.upper() for c in (*pcolors.qualitative.Dark24, *pcolors.qualitative.Alphabet)))
+# Distinct colours for many curves: plotly's ten repeat after ten. plotly's qualitative palettes pooled and
+# ordered farthest-first (palette.py), so the first dozen are far apart; past them a curve also gets its own dash.
+CURVE_COLOURS = distinct_colours()
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
