@@ -38,3 +38,11 @@ def test_a_named_type_of_step_and_a_distinct_role_are_shown() -> None:
 def test_figure_titles_name_the_tensor_without_repeating_the_node() -> None:
     assert tensor_name(selection("main_model.weight", "main_model.weight", "t")) == "main_model.weight"
     assert tensor_name(selection("helper", "partial_sums", "t")) == "helper [partial_sums]"
+
+
+def test_the_type_selector_names_the_default_type_in_plain_words() -> None:
+    from comgra.server.view_state import type_label
+    from comgra.service import ANY_TYPE
+
+    assert type_label("main_execution_type") == "Steps of no named type"
+    assert type_label(ANY_TYPE) == "Any training step" and type_label("05_iterations") == "05_iterations"
