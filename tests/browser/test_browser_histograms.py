@@ -14,6 +14,11 @@ SLOW = 30_000
 HEATMAPS = """() => document.querySelector('#distribution-plot .js-plotly-plot').data
   .map(t => ({type: t.type, name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || []), z: t.z}))"""
 
+# The pixel position of every step's row on the drawn step axis (plotly's own data-to-pixel map).
+ROWS = """() => { const gd = document.querySelector('#distribution-plot .js-plotly-plot');
+  const axis = gd._fullLayout.yaxis;
+  return {length: axis._length, range: axis.range, rows: axis.categoryarray.map(c => axis.c2p(axis.d2c(c)))}; }"""
+
 
 def pooled_values(recording, trial, row, steps_of_type):
     rows = ds.dataset(str(layout.trial_partition(recording, "tensors", trial)), format="parquet", partitioning="hive").to_table().to_pylist()
@@ -55,8 +60,13 @@ def test_the_histograms_are_the_stored_values_of_both_trials_on_shared_bins(brow
         assert centres == pytest.approx((edges[:-1] + edges[1:]) / 2)
         for trial, series in expected.items():
             assert drawn[trial]["x"] == pytest.approx(centres.tolist())
-            assert drawn[trial]["y"] == sorted(series)
+            assert drawn[trial]["y"] == [str(s) for s in sorted(series)]
             assert drawn[trial]["z"] == [np.histogram(series[s], bins=edges)[0].tolist() for s in sorted(series)]
+        # Equal row heights whatever the steps' spacing: the pixel rows of the drawn steps are evenly spaced.
+        drawn_axis = app.page.evaluate(ROWS)
+        rows, gaps = drawn_axis["rows"], np.diff(drawn_axis["rows"])
+        assert len(rows) >= 10 and gaps.max() - gaps.min() < 0.05, drawn_axis
+        assert abs(gaps.mean()) == pytest.approx(drawn_axis["length"] / len(rows), rel=0.01), drawn_axis
         assert not app.errors
     finally:
         context.close()

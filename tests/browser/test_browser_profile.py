@@ -77,12 +77,15 @@ def test_the_resources_tab_plots_the_stored_samples(serve: Any, open_page: Any, 
                if r["source"] == "process" and r["metric"] == "memory_bytes"]
     traces = app.page.evaluate("""() => Array.from(document.querySelectorAll('.resource-plot .js-plotly-plot'))
         .flatMap(p => p.data.map(t => ({name: t.name, y: t.y, unit: (p.layout.yaxis.ticksuffix || "").trim()})))""")
-    shown = next(t for t in traces if t["name"] == "process memory_bytes")
+    shown = next(t for t in traces if t["name"] == "Training process: memory in use")  # not "process memory_bytes"
     size = 1024 ** ["B", "KiB", "MiB", "GiB", "TiB"].index(shown["unit"])  # bytes are shown in binary units
     assert sorted(v * size for v in shown["y"]) == pytest.approx(sorted(r["value"] for r in samples), rel=1e-12)
     status = app.page.locator("#resources-status")
     gpu = json.loads((recording / "trials" / TRIAL / "resources-r000.json").read_text())["gpu_status"]
-    expect(status).to_have_text(f"GPU: {gpu}")
+    from comgra.server.profile_panel import gpu_sentence
+
+    expect(status).to_have_text(gpu_sentence(gpu))
+    assert "NVMLError" not in status.inner_text()  # the exception's text only on hover
     if gpu.startswith("no GPU"):
         assert not any(t["name"].startswith("gpu") for t in traces)
     href = app.page.locator("#resources-links a.api-link").get_attribute("href")

@@ -78,3 +78,17 @@ def test_histograms_are_numpys_counts_of_the_pooled_stored_values_on_bins_shared
     assert found.edges[0] == everything.min() and found.edges[-1] == pytest.approx(everything.max())
     figure = figures.histograms_figure(found, title="t")
     assert [list(map(list, t.z)) for t in figure.data] == [c.tolist() for c in found.counts.values()]
+
+
+def test_histogram_rows_have_equal_heights_on_unevenly_spaced_steps() -> None:
+    """Steps 0, 1, 2, 50, 1000: on a numeric axis the rows of 50 and 1000 would be hundreds of times taller than
+    the others; on a category axis ordered by step every step is one row of the same height."""
+    from comgra.service.distributions import Histograms
+
+    edges = np.linspace(0.0, 1.0, 5)
+    found = Histograms(edges=edges, steps={"a": np.array([0, 1, 2, 50, 1000]), "b": np.array([1, 7])},
+                       counts={"a": np.ones((5, 4), dtype=np.int64), "b": np.ones((2, 4), dtype=np.int64)})
+    figure = figures.histograms_figure(found, title="t")
+    assert [list(t.y) for t in figure.data] == [["0", "1", "2", "50", "1000"], ["1", "7"]]
+    for axis in (figure.layout.yaxis, figure.layout.yaxis2):
+        assert axis.type == "category" and list(axis.categoryarray) == ["0", "1", "2", "7", "50", "1000"]

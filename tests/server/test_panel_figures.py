@@ -118,6 +118,20 @@ def test_styles_stay_distinct_far_beyond_plotlys_ten():
     assert len({tuple(figures.curve_style(i).values()) for i in range(300)}) == 300
 
 
+def test_twelve_curves_of_one_trial_have_twelve_colours_people_tell_apart():
+    """Two of twelve curves were the same magenta (Dark24's #DA16FF and #FB00D1: CIEDE2000 about 8, where 10 is
+    hard to tell apart on a thin line). Every pair of the twelve drawn colours is now at least 20 apart."""
+    from comgra.server.palette import ciede2000, lab
+
+    figure = figures.kpi_overlay_figures({"a": kpis([f"l{i}" for i in range(12)])})[0][1]
+    colours = [t.line.color for t in figure.data if t.mode == "lines"]
+    assert len(colours) == 12 and len(set(colours)) == 12
+    points = lab(colours)
+    apart = ciede2000(points[:, None], points[None])
+    assert apart[~np.eye(12, dtype=bool)].min() >= 20
+    assert ciede2000(lab(["#DA16FF"]), lab(["#FB00D1"]))[0] < 10  # the measure sees the old pair as one colour
+
+
 def test_one_spike_does_not_flatten_the_rest_and_stays_visible():
     figure = figures.kpi_overlay_figures({"a": kpis(["loss"], spike=(20, 1e6))})[0][1]
     low, high = figure.layout.yaxis.range
@@ -215,3 +229,32 @@ def test_a_trial_has_one_colour_in_every_view_whichever_trials_are_shown():
     for colours in (series_colours, distribution_colours, kpi_colours):
         assert colours(every) == expected, colours.__name__
         assert colours(["fixed"]) == {"fixed": expected["fixed"]}, colours.__name__  # the bugged trial hidden
+
+
+def test_resource_legends_and_the_gpu_status_are_plain_words():
+    from comgra.server.profile_panel import gpu_sentence, resource_figures, series_label
+
+    assert series_label("process", "memory_bytes") == "Training process: memory in use"
+    assert series_label("machine", "cpu_percent", 1) == "Whole machine: CPU (rank 1)"
+    assert series_label("gpu:0", "utilization_percent") == "GPU 0: utilisation"
+    assert series_label("disk", "read_bytes") == "disk: read"  # an unknown name still loses its unit suffix
+    figure = dict(resource_figures([{"source": "process", "metric": "memory_bytes", "value": [1.0], "wall_time": [1.0],
+                                     "training_step": [0], "rank": 0}]))["bytes"]
+    assert [t.name for t in figure.data] == ["Training process: memory in use"]
+    raw = "no GPU: NVML is not available (NVMLError_LibraryNotFound: NVML Shared Library Not Found)"
+    assert gpu_sentence(raw) == "No GPU was sampled: no NVIDIA driver was found on the machine that trained. " \
+                                "CPU and memory were."
+    assert "pip install nvidia-ml-py" in gpu_sentence("no GPU: nvidia-ml-py is not installed (pip install nvidia-ml-py)")
+    assert gpu_sentence("2 GPU(s) through NVML") == "GPU: 2 GPU(s) through NVML"
+
+
+def test_an_unprofiled_trial_says_why_the_profile_tab_is_empty_and_which_call_fills_it():
+    from comgra.server.profile_panel import profile_view
+
+    class Unprofiled:
+        def flame_graph(self, trial, phase, **steps):
+            return []
+
+    message = profile_view(Unprofiled(), "bugged", "forward")["flame"]
+    assert "recorded no per-layer forward times" in message.children
+    assert "recorder.track_module(name, module, profile=True)" in message.children

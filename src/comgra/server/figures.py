@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import plotly.colors as pcolors
 import plotly.graph_objects as go
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from comgra.service import Series
 from comgra.service.kpi_points import extreme_indices
+from comgra.server.palette import distinct_colours
 
 MAX_POINTS = 2000
 _MARGIN = {"l": 50, "r": 10, "t": 40, "b": 40}
@@ -188,9 +188,9 @@ def _line_keys(table: pa.Table) -> list[tuple[tuple[str, str, str], np.ndarray]]
 
 
 # -- the Graphs tab: KPIs of several trials overlaid ------------------------------------------------------
-# Distinct colours for many curves: plotly's ten repeat after ten. 50 hues from two qualitative palettes; past
-# them a curve also gets its own dash pattern, so no two curves look the same.
-CURVE_COLOURS = tuple(dict.fromkeys(c.upper() for c in (*pcolors.qualitative.Dark24, *pcolors.qualitative.Alphabet)))
+# Distinct colours for many curves: plotly's ten repeat after ten. plotly's qualitative palettes pooled and
+# ordered farthest-first (palette.py), so the first dozen are far apart; past them a curve also gets its own dash.
+CURVE_COLOURS = distinct_colours()
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
@@ -443,15 +443,20 @@ def histograms_figure(histograms: Any, *, title: str) -> go.Figure:
     edges = histograms.edges
     centres = ((edges[:-1] + edges[1:]) / 2).tolist()
     top = max(int(c.max(initial=0)) for c in histograms.counts.values()) or 1
+    # A category axis ordered by step: one row of equal height per recorded step, however the steps are spaced
+    # (on a numeric axis a row spans half the gap to each neighbour, so uneven spacing gives uneven rows).
+    steps = sorted({int(s) for trial in trials for s in histograms.steps[trial]})
     for column, trial in enumerate(trials, start=1):
         figure.add_trace(go.Heatmap(
-            x=centres, y=histograms.steps[trial].tolist(), z=histograms.counts[trial].tolist(), name=trial, zmin=0,
+            x=centres, y=[str(int(s)) for s in histograms.steps[trial]], z=histograms.counts[trial].tolist(),
+            name=trial, zmin=0,
             zmax=top, colorscale="Blues", showscale=column == 1, xgap=1, ygap=1,
             colorbar={"title": {"text": "values"}, "thickness": 12},
             hovertemplate="step %{y}<br>value ≈ %{x:.4g}<br>%{z} values<extra>" + trial + "</extra>"), row=1, col=column)
         figure.update_xaxes(title_text="value", range=[float(edges[0]), float(edges[-1])], row=1, col=column)
-    figure.update_yaxes(title_text="training step", autorange="reversed", matches="y", row=1, col=1)
-    figure.update_yaxes(matches="y")
+    figure.update_yaxes(title_text="training step", autorange="reversed", row=1, col=1)
+    figure.update_yaxes(type="category", categoryorder="array", categoryarray=[str(s) for s in steps],
+                        matches="y", automargin=True)
     figure.update_layout(height=340, margin={**_MARGIN, "t": 60}, title={
         "text": f"{title}<br><sup>{len(centres)} bins of width {float(edges[1] - edges[0]):.3g}, the same in every "
                 "trial; the colour counts the stored values in a bin</sup>", "font": {"size": 13}})

@@ -123,23 +123,28 @@ def untimed_note(untimed: list[str]) -> str:
 
 
 def kpi_csv(service: RecordingService, trials: list[str], name_filter: str = "") -> str:
-    """The KPI points of ``trials`` as CSV (trial, group, name, type of step, step, value; ranks as in the
-    figures), only the curves whose name holds ``name_filter``."""
+    """The KPI points of ``trials`` as CSV (trial, group, name, type of step, step, value, and wall_time in
+    seconds since the epoch where the KPI table has it, as TensorBoard's CSV; ranks as in the figures), only the
+    curves whose name holds ``name_filter``."""
     import csv
     import io
 
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["trial", "kpi_group", "kpi_name", "type_of_execution", "training_step", "value"])
+    tables = {trial: service.kpis(trial) for trial in trials}
+    timed = any("wall_time" in t.column_names and t["wall_time"].null_count < t.num_rows for t in tables.values())
+    writer.writerow(["trial", "kpi_group", "kpi_name", "type_of_execution", "training_step", "value",
+                     *(["wall_time"] if timed else [])])
     wanted = name_filter.strip().lower()
-    for trial in trials:
-        for row in service.kpis(trial).to_pylist():
+    for trial, table in tables.items():
+        for row in table.to_pylist():
             name = row["kpi_name"] if row.get("rank") in (None, 0) or "rank" not in row else \
                 f"{row['kpi_name']} · rank {row['rank']}"
             if wanted and wanted not in f"{row['kpi_group']} · {name} · {row['type_of_execution']}".lower():
                 continue
+            time = row.get("wall_time")
             writer.writerow([trial, row["kpi_group"], name, row["type_of_execution"], row["timepoint"],
-                             repr(row["value"])])
+                             repr(row["value"]), *([] if not timed else ["" if time is None else repr(time)])])
     return out.getvalue()
 
 

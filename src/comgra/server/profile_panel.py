@@ -151,6 +151,34 @@ def percent_title(members: list[dict[str, Any]]) -> str:
     return f"{named[:1].upper()}{named[1:]} use (%)"
 
 
+# Plain words for the stored (source, metric) names of resource samples; the store keeps its names.
+SOURCES = {"process": "Training process", "machine": "Whole machine"}
+METRICS = {"cpu_percent": "CPU", "memory_bytes": "memory in use", "memory_percent": "memory in use",
+           "utilization_percent": "utilisation", "memory_used_bytes": "memory in use"}
+
+
+def series_label(source: str, metric: str, rank: Any = 0) -> str:
+    """``process memory_bytes`` as a legend says it: "Training process: memory in use"."""
+    where = SOURCES.get(source) or (f"GPU {source.split(':', 1)[1]}" if source.startswith("gpu:") else source)
+    what = METRICS.get(metric) or metric.removesuffix("_percent").removesuffix("_bytes").replace("_", " ")
+    return f"{where}: {what}" + (f" (rank {rank})" if rank else "")
+
+
+def gpu_sentence(status: str) -> str:
+    """The recorder's GPU status (NVML's exception text where there was no GPU) as a sentence for a person."""
+    if not status.startswith("no GPU"):
+        return f"GPU: {status}"
+    if "nvidia-ml-py is not installed" in status:
+        why = "the package nvidia-ml-py, which reads NVIDIA GPUs, is not installed (pip install nvidia-ml-py)"
+    elif "LibraryNotFound" in status or "NVML is not available" in status:
+        why = "no NVIDIA driver was found on the machine that trained"
+    elif "no devices" in status:
+        why = "the NVIDIA driver saw no GPU"
+    else:
+        why = status.removeprefix("no GPU").lstrip(": ")
+    return f"No GPU was sampled: {why}. CPU and memory were."
+
+
 def resource_figures(series: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     """One figure per kind of quantity (percent, bytes), one line per source and metric.
 
@@ -167,7 +195,7 @@ def resource_figures(series: list[dict[str, Any]]) -> list[tuple[str, go.Figure]
             unit, size = binary_unit(max((abs(v) for s in members for v in s["value"] if v is not None), default=0.0))
         figure = go.Figure([go.Scatter(x=[dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in s["wall_time"]],
                                        y=[None if v is None else v / size for v in s["value"]], mode="lines+markers",
-                                       name=f"{s['source']} {s['metric']}" + (f" (rank {s['rank']})" if s["rank"] else ""),
+                                       name=series_label(s["source"], s["metric"], s["rank"]),
                                        customdata=s["training_step"],
                                        hovertemplate=f"%{{y:.4~f}} {unit}<br>%{{x|%H:%M:%S.%L}} UTC<br>training step "
                                                      "%{customdata}<extra>%{fullData.name}</extra>")
@@ -202,8 +230,10 @@ def profile_view(service: RecordingService, trial: str, phase: str, first_step: 
                     title="The training steps chosen at the left; opens in https://ui.perfetto.dev and chrome://tracing")]
     if not nodes:
         where = "" if not suffix else " in these training steps"
-        message = html.P(f"No {phase} times in trial {trial!r}{where}. Profile a module with "
-                         "recorder.track_module(name, module, profile=True).", className="text-muted no-profile")
+        message = html.P(f"Nothing to show: trial {trial!r} recorded no per-layer {phase} times{where}. This tab "
+                         "shows how long each module takes; it fills in when a module is tracked with profile=True: "
+                         "recorder.track_module(name, module, profile=True).",
+                         className="text-muted no-profile")
         return {"flame": message, "table": None, "links": links[:2]}
     rows = service.profile_summary(trial, phase, limit=SLOWEST, **steps)
     return {"flame": dcc.Graph(figure=flame_figure(nodes, phase), config={"displaylogo": False}),
@@ -218,7 +248,7 @@ def resources_view(service: RecordingService, trial: str) -> dict[str, Any]:
     if not plots:
         plots = [html.P(f"No resource samples in trial {trial!r} (recorded with resource_seconds=None?).",
                         className="text-muted")]
-    return {"status": f"GPU: {answer['gpu']}", "plots": plots,
+    return {"status": html.Span(gpu_sentence(answer["gpu"]), title=answer["gpu"]), "plots": plots,
             "links": api_link(api_url(f"trials/{trial}/resources"), "Resources (API)")}
 
 

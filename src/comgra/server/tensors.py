@@ -245,10 +245,10 @@ def _register_series(app: Dash, service: RecordingService) -> None:
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
         if mode == "histograms":
-            title = f"Histograms of {selection.node} [{selection.role}] across steps, {selection.kind}"
+            title = f"Histograms of {tensor_name(selection)} across steps, {selection.kind}"
             return _graph(guarded(lambda: figures.histograms_figure(histograms(service, selection), title=title),
                                   figures.empty_figure))
-        title = f"Distribution of {selection.node} [{selection.role}] across steps, {selection.kind}"
+        title = f"Distribution of {tensor_name(selection)} across steps, {selection.kind}"
         return _graph(guarded(lambda: figures.distribution_figure(
             distributions(service, selection), title=title, current_step=selection.training_step,
             trials=service.trials()),
@@ -274,13 +274,13 @@ def neuron_figure(service: RecordingService, selection: Selection) -> Any:
     stored = service.neuron_values(selection)
     return figures.neuron_figure(stored.values, shape=stored.shape, total=stored.total,
                                  has_batch=parse_aggregation(selection.aggregation)[0] != "none",
-                                 title=f"Neuron values of {selection.node} [{selection.role}]")
+                                 title=f"Neuron values of {tensor_name(selection)}")
 
 
 def series_title(selection: Selection, statistic: str) -> str:
     """The series plot's title, in the words of the selectors (no "none", no "iteration -1")."""
     aggregation = parse_aggregation(selection.aggregation)[0]
-    parts = [f"{statistic} of {selection.node} [{selection.role}]", selection.kind]
+    parts = [f"{statistic} of {tensor_name(selection)}", selection.kind]
     if aggregation != "none":
         parts.append(aggregation_label(selection.aggregation).lower())
     if selection.data_iteration >= 0:
@@ -294,3 +294,8 @@ def _graph(figure: Any) -> Any:
 
 def neurons(service: RecordingService, selection: Selection) -> list[float]:
     return service.neuron_values(selection).values  # the question lives in service; kept for older callers
+
+
+def tensor_name(selection: Any) -> str:
+    """``node [role]``, or the node alone where the role only repeats it (a parameter's role is its own name)."""
+    return selection.node if selection.role in (selection.node, "", None) else f"{selection.node} [{selection.role}]"

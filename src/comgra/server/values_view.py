@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from comgra.server import panels
+from comgra.server.figures import DEFAULT_TYPE
 from comgra.service import Selection, aggregation_label
 from comgra.store import format as fmt
 
@@ -44,11 +45,13 @@ def breadcrumb(selection: Selection, row: dict[str, Any] | None) -> list[list[di
     aggregation = aggregation_label(selection.aggregation, row.get("category") if row else None)
     role = ([_text(" ["), _field("role", selection.role), _text("]")] if selection.role != selection.node
             else [_field("role", selection.role, hidden=True)])  # a parameter's role is its own name
+    # The recorder's default type of step says nothing to a reader: kept for the page's state, not shown.
+    step_type = ([_text(" ("), _field("type_of_execution", selection.step_type), _text(")")]
+                 if selection.step_type != DEFAULT_TYPE else [_field("type_of_execution", selection.step_type, hidden=True)])
     return [
         [_field("node", selection.node, strong=True), *role],
         [_field("kind", selection.kind), _text(" · "), _field("aggregation", aggregation, raw=selection.aggregation)],
-        [_text("step "), _field("training_step", selection.training_step), _text(" ("),
-         _field("type_of_execution", selection.step_type), _text(")")],
+        [_text("step "), _field("training_step", selection.training_step), *step_type],
         [_text("iteration "), _field("iteration", selection.iteration, raw=str(selection.data_iteration))],
         [_field("tensor_type", row.get("tensor_type") if row else "–"), _text(" · "),
          _field("shape", shape_text(row.get("shape") if row else None))],

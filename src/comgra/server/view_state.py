@@ -18,7 +18,7 @@ from dash import Patch, no_update
 from comgra.server import node_search, panels
 from comgra.server.graph_view import client_graph
 from comgra.server.ids import ID
-from comgra.server.values_view import values_data
+from comgra.server.values_view import DEFAULT_TYPE, values_data
 from comgra.service import (
     ANY_TYPE, NOTICE_TOPICS, RecordingService, Selection, View, view_link, wanted_from_query,
 )
@@ -183,6 +183,12 @@ def remember(wanted: Mapping[str, Any], view: View) -> dict[str, Any]:
     return wanted
 
 
+def type_label(type_of_execution: str) -> str:
+    """A type of step as the selector names it: the recorder's default name (no type given) in plain words."""
+    return {ANY_TYPE: "Any training step", DEFAULT_TYPE: "Steps of no named type"}.get(type_of_execution,
+                                                                                        type_of_execution)
+
+
 def view_outputs(view: View, wanted: dict[str, Any], previous_shown: dict[str, Any] | None, *,
                  known: list[Any] | None = None, badges: Any = no_update) -> dict[str, Any]:
     """Every output of the view callback, built from the service's answer; ``known``: the graph hashes
@@ -195,7 +201,7 @@ def view_outputs(view: View, wanted: dict[str, Any], previous_shown: dict[str, A
         "current_trial": view.trial,
         "trial_options": _options(choices.trials), "trial": selection.trial if selection else wanted.get("trial"),
         "kind_options": _options(choices.kinds), "kind": selection.kind if selection else None,
-        "type_options": [{"label": "Any training step" if t == ANY_TYPE else t, "value": t} for t in choices.types],
+        "type_options": [{"label": type_label(t), "value": t} for t in choices.types],
         "type": selection.type_of_execution if selection else None,
         "aggregation_options": [{"label": label, "value": value} for value, label in choices.aggregations],
         "aggregation": selection.aggregation if selection and choices.aggregations else None,
