@@ -161,10 +161,10 @@ def _demo_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    use_arrow_pool_that_gives_back()  # before pyarrow loads: see there
     path = chosen_path(args)
     if args.use_path_for_test_run == (path is not None):
         raise UsageError("give the path of a recording (comgra ROOT/GROUP) or --use-path-for-test-run, one of them.")
+    use_arrow_pool_that_gives_back()  # before pyarrow loads (see there), after a usage error, which imports nothing
     group = check_recording(_test_run_path() if args.use_path_for_test_run or path is None else path)
     from comgra.server.app import limit_malloc_arenas
     limit_malloc_arenas()  # before any thread: see there
