@@ -72,6 +72,7 @@ class Sentinels:
         self.enabled = True
         self.marked: frozenset[str] | None = None  # None: losses and outputs
         self.pause_on_error = False
+        self.inputs = True  # the inputs and targets too (False: the losses and outputs only; benchmarks/input_sentinel_cost.py)
         self.outputs: set[str] = set()  # output tensors' names, learned from the recorded steps' graphs
         self.step: _Step | None = None
         self._waiting: _Step | None = None  # the previous step's results, read at the next step (CUDA)
@@ -112,7 +113,8 @@ class Sentinels:
         """Whether ``register_tensor(name, ...)`` is watched this step (a set lookup)."""
         if self.step is None:
             return False
-        return name in self.marked if self.marked is not None else (is_loss or is_input or name in self.outputs)
+        return name in self.marked if self.marked is not None else \
+            (is_loss or (is_input and self.inputs) or name in self.outputs)
 
     def register(self, name: str, tensor: torch.Tensor, is_loss: bool, is_input: bool = False) -> None:
         step = self.step

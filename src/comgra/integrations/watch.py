@@ -159,7 +159,7 @@ class Watch:
         every-step sentinels, under the names the recorded steps give them (an input zeroed on some steps)."""
         recorder = self.recorder
         if recorder.current_stage != "forward" or recorder._evidence is None or \
-                recorder._evidence.sentinels.step is None:
+                recorder._evidence.sentinels.step is None or not recorder._evidence.sentinels.inputs:
             return
         found = [pair for index, value in enumerate(args) for pair in _tensors_of(value, f"[{index}]", 1)]
         found += [pair for key, value in (kwargs or {}).items() for pair in _tensors_of(value, f"[{key}]", 1)]
