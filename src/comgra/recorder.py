@@ -293,7 +293,8 @@ class ComgraRecorder(WatchedTensors):
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
-        if not stages.registration_goes_on(self, tensor_name, tensor, is_initial_value, watched, is_loss):  # or checkpointing's
+        if not stages.registration_goes_on(self, tensor_name, tensor, is_initial_value, watched, is_loss,
+                                           is_input or is_target):  # or checkpointing's
             return
         arguments: dict[str, Any] = dict(index_of_batch_dimension=index_of_batch_dimension,
                                          flags=dict(is_input=is_input, is_parameter=is_parameter, is_target=is_target,

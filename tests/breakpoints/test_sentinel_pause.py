@@ -81,7 +81,9 @@ def test_without_pause_on_error_the_run_goes_on_and_says_it_once(tmp_path: Path,
         _train(tmp_path, False, progress)
     assert progress == list(range(8))
     said = [r.getMessage() for r in caplog.records if r.name == "comgra.sentinels"]
-    assert len(said) == 1 and f"'loss' holds a NaN at training step {NAN_STEP}" in said[0]  # once, not per step
+    # once per tensor, not per step: the input the NaN came in with (inputs are watched too), then the loss
+    assert len(said) == 2 and [f"'{name}' holds a NaN at training step {NAN_STEP}" in message
+                               for name, message in zip(("x", "loss"), said)] == [True, True]
     assert any(said[0] == note for note in GroupReader(tmp_path / "group").trial("trial").notes())
     rows = GroupReader(tmp_path / "group").trial("trial").evidence("sentinels").to_pylist()
     events = sorted({r["training_step"] for r in rows if r["event"] == "nan"})

@@ -5,6 +5,11 @@
   plainly, and the ``non_finite`` findings of the recorded steps after it are no longer taken for its origin
   (``reattribute``): on those steps the parameters may already hold the NaN, which made the first
   recorded NaN look born in a parameter.
+- *An input that collapses on some steps*: an input or target (a collate function or a transform that zeroes the
+  batch, labels all set to one value or to ignore_index, an attention mask all zeros) that is constant within the
+  step (its smallest value is its largest) on a minority of the steps, while on most steps it varies, or holds
+  another constant (an all-ones mask of unpadded batches is the norm, an all-zeros one is not). An input constant
+  on most steps, with a value that changes from step to step (a diffusion timestep), is constant by design.
 - *A transient scale jump*: a step whose largest magnitude is orders above its neighbours' on both sides
   (logits that jump to 1e5 for one evaluation pass against 5-10 elsewhere), judged per tensor and type of
   execution against a running median, so that a loss falling during training is no jump.
@@ -25,13 +30,15 @@ NEIGHBOUR_ORDERS = 1.0  # and this many above the steps just before and after it
 WINDOW = 11
 MIN_POINTS = 10
 MAX_JUMP_FRACTION = 0.05  # more jumping steps than this is the series' nature, not a transient
+MIN_ELEMENTS = 16  # an input of fewer elements can be constant by chance (8 binary labels: 1 step in 128)
 
 
 def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> list[Finding]:
     sentinels = tables.table(data, "sentinels")
     if not len(sentinels):
         return []
-    return _non_finite(data, facts, sentinels) + _empty(data, facts, sentinels) + _jumps(data, facts, sentinels, options)
+    return (_non_finite(data, facts, sentinels) + _empty(data, facts, sentinels) + _collapsed(data, facts, sentinels)
+            + _jumps(data, facts, sentinels, options))
 
 
 def first_unrecorded_non_finite(data: TrialData) -> int | None:
@@ -90,7 +97,7 @@ def _empty(data: TrialData, facts: graphs.GraphFacts, sentinels: pd.DataFrame) -
 
 
 def _jumps(data: TrialData, facts: graphs.GraphFacts, sentinels: pd.DataFrame, options: ScanOptions) -> list[Finding]:
-    rows = sentinels[(sentinels["source"] != "batch") & sentinels["event"].isna()]
+    rows = sentinels[~sentinels["source"].isin(["batch", "input"]) & sentinels["event"].isna()]
     findings = []
     for (name, kind, rank), group in rows.groupby(["name", "type_of_execution", "rank"], sort=True, observed=True,
                                                   dropna=False):
@@ -135,3 +142,50 @@ def reattribute(data: TrialData, findings: list[Finding]) -> list[Finding]:
                                 "recorded: this is where it shows, not necessarily where it began.")
             finding.evidence["born_on_unrecorded_step"] = step
     return findings
+
+
+def _collapsed(data: TrialData, facts: graphs.GraphFacts, sentinels: pd.DataFrame) -> list[Finding]:
+    if "value_min" not in sentinels.columns:
+        return []  # a recording from before the sentinels kept the smallest and largest value
+    rows = sentinels[(sentinels["source"] == "input") & sentinels["event"].isna() &
+                     (sentinels["numel"] >= MIN_ELEMENTS)]
+    findings = []
+    for (name, kind, rank), group in rows.groupby(["name", "type_of_execution", "rank"], sort=True, observed=True,
+                                                  dropna=False):
+        group = group[np.isfinite(group["value_min"].to_numpy(dtype=np.float64)) &
+                      np.isfinite(group["value_max"].to_numpy(dtype=np.float64))].sort_values("training_step")
+        if len(group) < MIN_POINTS:
+            continue
+        low, high = group["value_min"].to_numpy(dtype=np.float64), group["value_max"].to_numpy(dtype=np.float64)
+        constant = low == high
+        bad = _collapsed_steps(constant, high)
+        if not bad.any() or bad.sum() > len(group) / 2:
+            continue
+        steps = [int(s) for s in group["training_step"].to_numpy()[bad]]
+        values = sorted({float(v) for v in high[bad]})
+        unrecorded = int((~group["recorded"].to_numpy(dtype=bool)[bad]).sum())
+        what = "all zeros" if values == [0.0] else f"constant ({', '.join(f'{v:g}' for v in values[:3])})"
+        usual = "varies" if (~constant).mean() >= 0.5 else f"is {high[~bad][0]:g} throughout"
+        findings.append(Finding(
+            detector="sentinel_events", severity="warning", score=0.85, trial=data.trial, node=str(name),
+            role=str(name), kind="forward", training_step=steps[0], steps=steps,
+            message=f"The input {name} is {what} on {len(steps)} of {len(group)} steps ({kind}; first at step "
+                    f"{steps[0]}, {unrecorded} of them not recorded), while on the other steps it {usual}: the model "
+                    "sees no signal there. A collate function or transform that zeroes the batch, labels all set to one "
+                    "value or to ignore_index, or an attention mask of zeros.",
+            evidence={"problem": "input_collapsed", "values": values, "steps_collapsed": len(steps),
+                      "steps_unrecorded": unrecorded, "rank": int(rank)},
+            statistic="abs_max", column=facts.column.get(str(name), 0)))
+    return findings
+
+
+def _collapsed_steps(constant: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Which steps collapsed: constant, where the input varies on most steps (unless at the largest value the
+    varying steps reach and not zero: an unpadded batch's all-ones mask), or at another value than the constant
+    most steps hold."""
+    if (~constant).mean() >= 0.5:
+        return constant & ((value != value[~constant].max()) | (value == 0))
+    values, counts = np.unique(value[constant], return_counts=True)
+    if counts.max() < len(value) / 2:
+        return np.zeros_like(constant)  # constant within each step by design, its value changing (a timestep)
+    return constant & (value != values[np.argmax(counts)])

@@ -4,8 +4,10 @@ The policy records one step in ten or a hundred; a NaN, an empty batch or a jump
 between leaves no trace in the recorded steps (or shows later, far from where it began). Sentinels keep a
 light series for every step: per watched tensor (by default the losses, ``is_loss=True``, and the tensors
 that the recorded steps' graphs show as outputs; or the names the user marks with
-``recorder.set_sentinels(["logits", ...])``) the NaN and infinity flags, the largest magnitude and the L2
-norm, and per step the batch size. They are the reductions breakpoints use (``torch.aminmax`` gives min, max
+``recorder.set_sentinels(["logits", ...])``) the NaN and infinity flags, the smallest and largest value, the
+largest magnitude and the L2 norm, and per step the batch size. The inputs and targets (``is_input=True``,
+``is_target=True``; ``comgra.watch`` gives the model's tensor inputs, token ids, masks and labels too) are
+watched by default as well: an input all zeros or constant on a step shows as value_min == value_max. They are the reductions breakpoints use (``torch.aminmax`` gives min, max
 and the NaN flag in one kernel, ``vector_norm`` the norm), taken at registration (the value as registered).
 
 On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
@@ -38,6 +40,7 @@ log = logging.getLogger("comgra.sentinels")
 
 ROWS_PER_TABLE = 2048  # rows buffered before they go to the writer (and at every flush and pause)
 ERROR_EVENTS = ("nan", "inf", "empty", "zero_batch")
+_SCHEMA = pa.schema([*fmt.SENTINELS_SCHEMA, *fmt.ADDED_COLUMNS["sentinels"]])  # the rows, with value_min, value_max
 _WORDS = {"nan": "a NaN", "inf": "an infinite value", "empty": "no elements", "zero_batch": "an empty batch"}
 
 
@@ -53,6 +56,7 @@ class _Step:
     # per tensor: (min, max, norm), as three 0-d tensors on its device, or as floats where they cost nothing to read
     # (a CPU scalar: the loss)
     parts: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    inputs: set[int] = field(default_factory=set)  # id() of the input tensors reduced (one tensor, two names: once)
     host: torch.Tensor | None = None  # the stacked tensor results on the host (pinned, filled asynchronously on CUDA)
     ready: Any = None  # the CUDA event after the copy; None: ``host`` is complete
 
@@ -68,6 +72,7 @@ class Sentinels:
         self.enabled = True
         self.marked: frozenset[str] | None = None  # None: losses and outputs
         self.pause_on_error = False
+        self.inputs = True  # the inputs and targets too (False: the losses and outputs only; benchmarks/input_sentinel_cost.py)
         self.outputs: set[str] = set()  # output tensors' names, learned from the recorded steps' graphs
         self.step: _Step | None = None
         self._waiting: _Step | None = None  # the previous step's results, read at the next step (CUDA)
@@ -104,18 +109,23 @@ class Sentinels:
             return
         self.step = _Step(training_step, type_of_execution, int(batch_size), recorded)
 
-    def wants(self, name: str, is_loss: bool) -> bool:
+    def wants(self, name: str, is_loss: bool, is_input: bool = False) -> bool:
         """Whether ``register_tensor(name, ...)`` is watched this step (a set lookup)."""
         if self.step is None:
             return False
-        return name in self.marked if self.marked is not None else (is_loss or name in self.outputs)
+        return name in self.marked if self.marked is not None else \
+            (is_loss or (is_input and self.inputs) or name in self.outputs)
 
-    def register(self, name: str, tensor: torch.Tensor, is_loss: bool) -> None:
+    def register(self, name: str, tensor: torch.Tensor, is_loss: bool, is_input: bool = False) -> None:
         step = self.step
         assert step is not None
         if any(name == known for known, _, _ in step.names):
             return  # registered twice in a step (iterations): its first value stands for the step
-        source = "marked" if self.marked is not None else "loss" if is_loss else "output"
+        if is_input:
+            if id(tensor) in step.inputs:
+                return  # the user's input, which comgra.watch also finds as the model's
+            step.inputs.add(id(tensor))
+        source = "marked" if self.marked is not None else "loss" if is_loss else "input" if is_input else "output"
         data = tensor.detach()
         if hasattr(data, "to_local"):  # a DTensor: this rank's shard (its global reduction would be a collective)
             data = data.to_local()
@@ -177,7 +187,8 @@ class Sentinels:
             nan = count > 0 and math.isnan(high)
             inf = not nan and (math.isinf(low) or math.isinf(high))
             event = "nan" if nan else "inf" if inf else "empty" if count == 0 else None
-            self._add(step, name, source, count, nan, inf, math.nan if nan else max(abs(low), abs(high)), norm, event)
+            self._add(step, name, source, count, nan, inf, math.nan if nan else max(abs(low), abs(high)), norm, event,
+                      low, high)
             if event is not None:
                 errors.append((name, event))
         self._add(step, "batch", "batch", step.batch_size, False, False, math.nan, math.nan,
@@ -190,9 +201,9 @@ class Sentinels:
             self._put_rows()
 
     def _add(self, step: _Step, name: str, source: str, count: int, nan: bool, inf: bool, abs_max: float,
-             norm: float, event: str | None) -> None:
+             norm: float, event: str | None, low: float = math.nan, high: float = math.nan) -> None:
         self._rows.append((step.training_step, step.type_of_execution, name, source, count, nan, inf, abs_max, norm,
-                           step.recorded, event))
+                           step.recorded, event, low, high))
 
     def _event(self, step: _Step, name: str, event: str, pausable: bool) -> None:
         self.events.append((step.training_step, name, event))
@@ -221,7 +232,7 @@ class Sentinels:
         if not self._rows:
             return
         rows, self._rows = self._rows, []
-        self.put(pa.table(dict(zip(fmt.SENTINELS_SCHEMA.names, map(list, zip(*rows)))), schema=fmt.SENTINELS_SCHEMA))
+        self.put(pa.table(dict(zip(_SCHEMA.names, map(list, zip(*rows)))), schema=_SCHEMA))
 
     def flush(self) -> None:
         """Hand the rows so far to the writer (the recorder's flush and a pause)."""

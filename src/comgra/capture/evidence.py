@@ -149,20 +149,20 @@ class RunEvidence:
                 rows.append(("optimizer_group", label, "type", type(optimizer).__name__, math.nan))
         return groups
 
-    def register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool) -> None:
-        if self.broken or (self._rows is None and not self.sentinels.wants(name, is_loss)) or \
+    def register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool = False) -> None:
+        if self.broken or (self._rows is None and not self.sentinels.wants(name, is_loss, is_input)) or \
                 not isinstance(tensor, torch.Tensor):
             return  # (the usual case of a step that is not recorded: two checks; the recorder reports a non-tensor)
         try:
-            self._register(name, tensor, is_loss, recording)
+            self._register(name, tensor, is_loss, recording, is_input)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
-    def _register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool) -> None:
-        if self.sentinels.wants(name, is_loss):
-            self.sentinels.register(name, tensor, is_loss)
+    def _register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool = False) -> None:
+        if self.sentinels.wants(name, is_loss, is_input):
+            self.sentinels.register(name, tensor, is_loss, is_input)
         rows = self._rows
         if rows is None or not recording or name in self._tensors_seen:
             return

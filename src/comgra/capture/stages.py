@@ -43,7 +43,7 @@ def check_gradient_group(name_of_loss_group: str) -> None:
 
 
 def registration_goes_on(recorder: Any, tensor_name: str, tensor: Any, is_initial_value: bool, watched: bool,
-                         is_loss: bool = False) -> bool:
+                         is_loss: bool = False, is_input: bool = False) -> bool:
     """``check_registration`` for ``ComgraRecorder.register_tensor``, and whether it has more to do (a recorded or
     watched step). A checkpointed function's recomputation in the backward pass (capture/checkpointing.py) registers
     again what its forward pass registered: that goes to the step at any stage, and no further."""
@@ -54,7 +54,7 @@ def registration_goes_on(recorder: Any, tensor_name: str, tensor: Any, is_initia
         return False
     if is_initial_value or stage != "forward":
         check_registration(tensor_name, stage, is_initial_value)
-    recorder._evidence.register(tensor_name, tensor, is_loss, recording)  # sentinels, dtypes (capture.evidence)
+    recorder._evidence.register(tensor_name, tensor, is_loss, recording, is_input)  # sentinels, dtypes (capture.evidence)
     return bool(watched or recording)
 
 

@@ -36,14 +36,14 @@ class WatchedTensors:
                                                     is_loss=is_loss, is_initial_value=False),
                                          recording_type=None, record_per_batch_index=None, node_name=None,
                                          role_within_node=None, watched=True, module_type=module_type)
-        self._watched_sentinel(tensor_name, tensor, is_loss)
+        self._watched_sentinel(tensor_name, tensor, is_loss, is_input)
         if self._breakpoints is not None and self._breakpoints.monitor.active:
             self._breakpoints.register(tensor_name, tensor, arguments)
         if self._recording:
             self._guarded(lambda session: session.register(tensor_name, tensor, **arguments))
 
-    def _watched_sentinel(self, tensor_name: str, tensor: torch.Tensor, is_loss: bool) -> None:
-        """A loss a callback found on any step, recorded or not: the every-step sentinels take it
-        (``capture.evidence``); a callback calls this where ``_takes_watched_tensors()`` is False."""
+    def _watched_sentinel(self, tensor_name: str, tensor: torch.Tensor, is_loss: bool, is_input: bool = False) -> None:
+        """A loss a callback found (or a model input comgra.watch found) on any step, recorded or not: the every-step
+        sentinels take it (``capture.evidence``); a callback calls this where ``_takes_watched_tensors()`` is False."""
         if self._evidence is not None and self.current_stage == "forward":
-            self._evidence.register(tensor_name, tensor, is_loss, self._recording)
+            self._evidence.register(tensor_name, tensor, is_loss, self._recording, is_input)

@@ -86,7 +86,9 @@ class Watch:
         self._loss_iteration = -1  # the recorder's iteration serial whose loss was seen
         self.finds_loss = True  # False: a callback registers the loss itself (unscaled, once per optimizer step)
         self.active = bool(modules)  # False after remove(), or where there is nothing to watch
+        self._sentinel_handle: Any = None  # the model's inputs to the every-step sentinels: on every step
         if self.active:
+            self._sentinel_handle = model.register_forward_pre_hook(self._sentinel_hook, with_kwargs=True)
             _WATCHING.add(self)
             _install_backward_hook()
             recorder._on_finalize.append(self.remove)
@@ -101,6 +103,9 @@ class Watch:
         if not any(watch.active for watch in _WATCHING):
             _uninstall_backward_hook()  # the last watch gone: torch.autograd.backward is torch's own again
         self._step(False)
+        if self._sentinel_handle is not None:
+            self._sentinel_handle.remove()
+            self._sentinel_handle = None
         for listeners, action in ((self.recorder._on_finalize, self.remove), (self.recorder._step_listeners, self._step)):
             if action in listeners:
                 listeners.remove(action)
@@ -148,6 +153,20 @@ class Watch:
             batch_dim = 0 if tensor.dim() > 0 and tensor.shape[0] == recorder._batch_size else None
             recorder._register_watched(f"{self.name}.input{'' if len(found) == 1 else key}", tensor, batch_dim,
                                        is_input=True)
+
+    def _sentinel_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        """Every step, recorded or not: the model's tensor inputs (token ids, masks and labels too) go to the
+        every-step sentinels, under the names the recorded steps give them (an input zeroed on some steps)."""
+        recorder = self.recorder
+        if recorder.current_stage != "forward" or recorder._evidence is None or \
+                recorder._evidence.sentinels.step is None or not recorder._evidence.sentinels.inputs:
+            return
+        found = [pair for index, value in enumerate(args) for pair in _tensors_of(value, f"[{index}]", 1)]
+        found += [pair for key, value in (kwargs or {}).items() for pair in _tensors_of(value, f"[{key}]", 1)]
+        floats = sum(1 for _, tensor in found if tensor.is_floating_point())
+        for key, tensor in found:
+            alone = floats == 1 and tensor.is_floating_point()  # the name _input_hook gives a lone float input
+            recorder._watched_sentinel(f"{self.name}.input{'' if alone else key}", tensor, False, True)
 
     def saw_backward(self, tensor: torch.Tensor) -> None:
         """``tensor.backward()`` (or ``torch.autograd.backward(tensor)``) runs now: the first scalar of an

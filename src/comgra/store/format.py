@@ -161,7 +161,7 @@ SENTINELS_SCHEMA = pa.schema(
         ("training_step", pa.int64()),
         ("type_of_execution", pa.string()),
         ("name", pa.string()),  # the registered tensor, or "batch" for the batch size
-        ("source", pa.string()),  # loss, output, marked, batch
+        ("source", pa.string()),  # loss, output, input (inputs and targets), marked, batch
         ("numel", pa.int64()),
         ("has_nan", pa.bool_()),
         ("has_inf", pa.bool_()),
@@ -174,7 +174,11 @@ SENTINELS_SCHEMA = pa.schema(
 # Columns added to a table after format 3 shipped. Chunks written before lack them, and so may the rows a tool hands
 # the writer (the *_SCHEMA above): both read them as nulls. kpis' wall_time: when the point was recorded (seconds
 # since the epoch), the Graphs tab's wall-time and relative-time x-axes.
-ADDED_COLUMNS: dict[str, tuple[pa.Field, ...]] = {"kpis": (pa.field("wall_time", pa.float64()),)}
+# sentinels' value_min and value_max: the smallest and largest value of the step's tensor (an input all zeros, or
+# constant, on some steps: analysis.sentinel_events).
+ADDED_COLUMNS: dict[str, tuple[pa.Field, ...]] = {"kpis": (pa.field("wall_time", pa.float64()),),
+                                                  "sentinels": (pa.field("value_min", pa.float64()),
+                                                                pa.field("value_max", pa.float64()))}
 # The *_SCHEMA above are the rows the recorder hands to its writer; SCHEMAS are the chunk files on disk:
 # the same columns, the added ones, plus ``rank``, which the writer adds (it alone knows which rank's shard it writes).
 SCHEMAS = {name: pa.schema([*schema, *ADDED_COLUMNS.get(name, ()), RANK_FIELD]) for name, schema in
