@@ -12,6 +12,8 @@ zeroed (a padding or attention mask zeroes whole positions; dropout zeroes value
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -26,6 +28,7 @@ MIN_DROPPED = 0.05  # of the positive input values exactly zero in the output on
 MIN_POSITIVE = 32  # positive input values on evaluation steps, to judge the fraction at all
 MIN_SIGN_AGREEMENT = 0.95  # values non-zero in both that keep their sign: the tensors are aligned value by value
 MAX_WHOLE_ROWS = 0.2  # of the samples whose positive values are all zeroed: more is a mask, not dropout
+MAX_LISTED = 8  # tensors named in the message
 ROW_KEYS = ["rank", "training_step", "iteration", "sample"]
 
 
@@ -43,15 +46,15 @@ def detect(data: TrialData, facts: GraphFacts, skip: set[str]) -> list[Finding]:
     keys = keys.assign(phase=phase, position=np.arange(len(keys)))
     by_node = {str(node): group for node, group in keys.groupby("node", sort=True, observed=True)
                if str(group["tensor_type"].iloc[0]) not in NOT_LEARNED}
-    findings = []
+    found = []
     for source in sorted(by_node):
         for node in sorted(facts.feeds.get(source, ())):
             if node not in by_node or node in facts.learned or node in skip or facts.is_loss_like(node):
                 continue
-            found = _judge(data, facts, rows, by_node[source], by_node[node], source, node)
-            if found is not None:
-                findings.append(found)
-    return findings
+            judged = _judge(rows, by_node[source], by_node[node], source, node)
+            if judged is not None:
+                found.append(judged)
+    return [_finding(data, facts, found, by_node)] if found else []
 
 
 def _pairs(rows, source: pd.DataFrame, node: pd.DataFrame, phase: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -83,28 +86,41 @@ def _dropped(inputs: np.ndarray, outputs: np.ndarray) -> tuple[float, int] | Non
     return float(zeroed.sum() / positive.sum()), int(positive.sum())
 
 
-def _judge(data: TrialData, facts: GraphFacts, rows, source: pd.DataFrame, node: pd.DataFrame, source_name: str,
-           name: str) -> Finding | None:
+def _judge(rows, source: pd.DataFrame, node: pd.DataFrame, source_name: str, name: str) -> dict[str, Any] | None:
     inputs, outputs, steps = _pairs(rows, source, node, tables.EVALUATION)
     judged = _dropped(inputs, outputs) if steps else None
     if judged is None or judged[0] < MIN_DROPPED or judged[0] > 1 - MIN_DROPPED:
         return None
-    fraction, positive = judged
     train_in, train_out, train_steps = _pairs(rows, source, node, tables.TRAINING)
     training = _dropped(train_in, train_out) if train_steps else None
-    also = (f" Training steps show the same ({training[0]:.0%})." if training is not None
-            and training[0] >= MIN_DROPPED else "")
-    role = str(node["role"].iloc[0])
+    return {"node": name, "input": source_name, "zero_fraction": judged[0], "positive_inputs": judged[1],
+            "training_zero_fraction": None if training is None else training[0], "steps": steps}
+
+
+def _finding(data: TrialData, facts: GraphFacts, found: list[dict[str, Any]], by_node: dict[str, pd.DataFrame]
+             ) -> Finding:
+    """One finding for the cause, on the earliest tensor that shows it, listing every tensor that does."""
+    found = sorted(found, key=lambda f: (facts.column.get(f["node"], 0), f["node"]))
+    first = found[0]
+    name, steps, training = first["node"], first["steps"], first["training_zero_fraction"]
+    also = (f" Training steps show the same ({training:.0%})." if training is not None and training >= MIN_DROPPED
+            else "")
+    others = [f["node"] for f in found[1:]]
+    more = (f" {len(others)} more tensor(s) show it too: {', '.join(others[:MAX_LISTED])}"
+            f"{' and more' if len(others) > MAX_LISTED else ''}." if others else "")
     return Finding(
-        detector="run_modes", severity="error", score=0.9, trial=data.trial, node=name, role=role,
-        kind=fmt.FORWARD, training_step=steps[0], steps=steps, iteration=_iteration_of(data, name, fmt.FORWARD, steps[0]),
-        message=f"On evaluation steps ({_listed(steps)}), {fraction:.0%} of the values of {name} are exactly zero where "
-                f"its input {source_name} was positive ({positive} values): dropout is applied while evaluating, "
-                f"though no dropout module is in training mode.{also} A functional dropout, F.dropout(x, p), whose "
-                "training argument defaults to True, stays on after model.eval(): pass training=self.training (or "
-                "use an nn.Dropout module).",
-        evidence={"problem": "functional_dropout_in_evaluation", "zero_fraction": fraction, "input": source_name,
-                  "positive_inputs": positive, "training_zero_fraction": None if training is None else training[0]},
+        detector="run_modes", severity="error", score=0.9, trial=data.trial, node=name,
+        role=str(by_node[name]["role"].iloc[0]), kind=fmt.FORWARD, training_step=steps[0], steps=steps,
+        iteration=_iteration_of(data, name, fmt.FORWARD, steps[0]),
+        message=f"On evaluation steps ({_listed(steps)}), {first['zero_fraction']:.0%} of the values of {name} are "
+                f"exactly zero where its input {first['input']} was positive ({first['positive_inputs']} values): "
+                f"dropout is applied while evaluating, though no dropout module is in training mode.{also}{more} A "
+                "functional dropout, F.dropout(x, p), whose training argument defaults to True, stays on after "
+                "model.eval(): pass training=self.training (or use an nn.Dropout module).",
+        evidence={"problem": "functional_dropout_in_evaluation", "zero_fraction": first["zero_fraction"],
+                  "input": first["input"], "positive_inputs": first["positive_inputs"],
+                  "training_zero_fraction": training, "nodes": [f["node"] for f in found],
+                  "node_count": len(found)},
         aggregation="sample:0", statistic="abs_mean", column=facts.column.get(name, 0))
 
 
