@@ -1,8 +1,8 @@
 """Dropout left on in evaluation through the functional interface (issue 32): ``F.dropout(x, p)`` (``training``
 defaults to True) or ``F.dropout(x, p, training=True)`` in a module's forward, so ``model.eval()`` does not switch
 it off and no dropout module is in training mode. Real loops recorded with the documented API and scanned; the
-healthy variants (an ``nn.Dropout`` module used right, ReLU zeros, sparse inputs, whole samples masked, the fixed
-twin) must stay silent."""
+healthy variants (an ``nn.Dropout`` module used right, ReLU zeros, sparse inputs, whole samples masked, small
+values shrunk to zero, the fixed twin) must stay silent."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,6 +42,8 @@ class Block(torch.nn.Module):
         if self.variant == "masked":  # padding: whole samples zeroed, in training and evaluation alike
             keep = (torch.arange(h.shape[0]) % 4 != 0).to(h.dtype)[:, None]
             return h * keep
+        if self.variant == "shrink":  # the small values zeroed, in training and evaluation alike
+            return F.hardshrink(h, 0.3)
         return h  # "relu", "sparse"
 
 
@@ -95,13 +97,14 @@ def test_functional_dropout_on_evaluation_steps_is_an_error_on_its_module(tmp_pa
     assert [(f.detector, f.severity, f.node) for f in found] == [("run_modes", "error", "net.1")], found
     evidence = found[0].evidence
     assert evidence["problem"] == "functional_dropout_in_evaluation" and evidence["input"] == "net.1.fc"
+    assert evidence["nodes"] == ["net.1"]
     assert 0.25 <= evidence["zero_fraction"] <= 0.55  # p = 0.4, estimated from the recorded values
     assert 0.25 <= evidence["training_zero_fraction"] <= 0.55  # on in training too
     assert found[0].steps == [3, 7, 11, 15, 19, 23]  # every evaluation step
     assert "training=self.training" in found[0].message
 
 
-@pytest.mark.parametrize("variant", ["fixed", "module", "relu", "sparse", "masked"])
+@pytest.mark.parametrize("variant", ["fixed", "module", "relu", "sparse", "masked", "shrink"])
 def test_healthy_zeros_give_no_dropout_finding(tmp_path: Path, variant: str) -> None:
     findings = record(tmp_path, variant)
     assert _dropout_findings(findings) == [], [f.message for f in _dropout_findings(findings)]

@@ -8,7 +8,8 @@ positive input to a non-zero value (ReLU, GELU, tanh, sigmoid: their zeros lie w
 negative), a dropout switched off is the identity, and zeros of sparse inputs are zeros of the input too; only
 something that drops values at random zeroes positive ones. Two further checks keep structured zeroing out: the
 values that pass keep the input's sign (the two tensors are aligned value by value), and whole samples are not
-zeroed (a padding or attention mask zeroes whole positions; dropout zeroes values one by one).
+zeroed (a padding or attention mask zeroes whole positions; dropout zeroes values one by one), and the zeroed
+values are not only the small ones (dropout does not look at a value; a threshold, shrinkage or top-k does).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ MIN_POSITIVE = 32  # positive input values on evaluation steps, to judge the fra
 MIN_SIGN_AGREEMENT = 0.95  # values non-zero in both that keep their sign: the tensors are aligned value by value
 MAX_WHOLE_ROWS = 0.2  # of the samples whose positive values are all zeroed: more is a mask, not dropout
 MAX_LISTED = 8  # tensors named in the message
+MIN_LARGE_DROPPED = 0.2  # of the zeroed values whose input was above the median positive input (dropout: half)
 ROW_KEYS = ["rank", "training_step", "iteration", "sample"]
 
 
@@ -83,6 +85,8 @@ def _dropped(inputs: np.ndarray, outputs: np.ndarray) -> tuple[float, int] | Non
     whole = (zeroed.sum(axis=1) == positive.sum(axis=1))[rows_with_positive]
     if len(whole) and whole.mean() > MAX_WHOLE_ROWS:
         return None
+    if zeroed.any() and (inputs[zeroed] > np.median(inputs[positive])).mean() < MIN_LARGE_DROPPED:
+        return None  # the small values are zeroed: a threshold, shrinkage or top-k keeps the large ones
     return float(zeroed.sum() / positive.sum()), int(positive.sum())
 
 
