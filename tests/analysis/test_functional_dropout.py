@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from evidence_runs import scan, serious
 
 import comgra
-
 from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
 from comgra.recorder import ComgraRecorder
-from evidence_runs import scan, serious
 
 BATCH = 16
 
