@@ -36,7 +36,7 @@ class Block(torch.nn.Module):
             return F.dropout(h, p=0.4, training=True)
         if self.variant == "fixed":
             return F.dropout(h, 0.4, training=self.training)
-        if self.variant == "module":
+        if self.variant in ("module", "module_left_on"):
             return self.dropout(h)
         if self.variant == "masked":  # padding: whole samples zeroed, in training and evaluation alike
             keep = (torch.arange(h.shape[0]) % 4 != 0).to(h.dtype)[:, None]
@@ -60,7 +60,7 @@ def record(directory: Path, variant: str) -> list:
         if variant == "sparse":  # about 70% of the features exactly zero
             x = x * (torch.rand(BATCH, 12, generator=generator) > 0.7)
         y = torch.randn(BATCH, 1, generator=generator)
-        net.train(not evaluation)
+        net.train(not evaluation or variant == "module_left_on")  # model.eval() forgotten: the module's finding
         recorder.start_batch(step, BATCH, type_of_execution="evaluation" if evaluation else "training")
         recorder.start_iteration()
         recorder.register_tensor("x", x, is_input=True)
@@ -108,3 +108,9 @@ def test_healthy_zeros_give_no_dropout_finding(tmp_path: Path, variant: str) -> 
     findings = record(tmp_path, variant)
     assert _dropout_findings(findings) == [], [f.message for f in _dropout_findings(findings)]
     assert [f.message for f in serious(findings, ("run_modes",))] == []
+
+
+def test_a_dropout_module_left_in_training_mode_is_one_finding_not_two(tmp_path: Path) -> None:
+    found = _dropout_findings(record(tmp_path, "module_left_on"))
+    assert [(f.evidence["problem"], f.node) for f in found] == [("dropout_train_in_evaluation", "net.1.dropout")], [
+        f.message for f in found]

@@ -27,7 +27,7 @@ def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> l
     modes = _modes(data)
     covered = {m for f in modes if f.evidence.get("problem") == "dropout_train_in_evaluation"
                for m in f.evidence.get("modules", [])}
-    dropout = evaluation_dropout.detect(data, facts, covered) if not covered else []
+    dropout = evaluation_dropout.detect(data, facts, covered)  # a module's own finding covers its output
     return modes + dropout + _dtypes(data, facts) + _outside_autocast(data, facts)
 
 
