@@ -15,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
-from comgra.analysis import evidence_tables as tables
 from comgra.analysis import evaluation_dropout, graphs, module_types
+from comgra.analysis import evidence_tables as tables
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.loading import TrialData
 
