@@ -27,7 +27,8 @@ def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> l
     modes = _modes(data)
     covered = {m for f in modes if f.evidence.get("problem") == "dropout_train_in_evaluation"
                for m in f.evidence.get("modules", [])}
-    dropout = evaluation_dropout.detect(data, facts, covered)  # a module's own finding covers its output
+    # A dropout module left in training mode has its finding: the zeros it makes downstream are that one cause.
+    dropout = evaluation_dropout.detect(data, facts, covered) if not covered else []
     return modes + dropout + _dtypes(data, facts) + _outside_autocast(data, facts)
 
 
