@@ -32,11 +32,11 @@ SCAN_SECONDS_TARGET = 5.0
 
 
 def all_cases() -> list:
-    from bugs import (controls, programs_data, programs_inputs, programs_issue32, programs_model, programs_training,
-                      programs_unrecorded)
+    from bugs import (controls, programs_data, programs_evaluation, programs_inputs, programs_issue32, programs_model,
+                      programs_training, programs_unrecorded)
 
     return (programs_training.CASES + programs_model.CASES + programs_data.CASES + programs_unrecorded.CASES
-            + programs_issue32.CASES + programs_inputs.CASES + controls.CASES)
+            + programs_issue32.CASES + programs_evaluation.CASES + programs_inputs.CASES + controls.CASES)
 
 
 @dataclass

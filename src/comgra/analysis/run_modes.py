@@ -1,7 +1,8 @@
 """Modes and dtypes that are wrong for the phase, or change within it (from the ``runinfo`` table).
 
 - A dropout (p > 0) or a BatchNorm in training mode on an evaluation step: ``model.eval()`` was not called
-  (the evaluation is random, or moves the running statistics).
+  (the evaluation is random, or moves the running statistics); dropout on evaluation steps with no dropout module
+  in training mode (``F.dropout(x, p)``: ``comgra.analysis.evaluation_dropout``).
 - On training steps, a dropout or BatchNorm whose mode changed (``model.train()`` not called again after an
   evaluation), or a BatchNorm in evaluation mode whose parameters train (its statistics are frozen while
   its affine parameters keep learning: usually a leftover ``eval()``).
@@ -14,8 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from comgra.analysis import evaluation_dropout, graphs, module_types
 from comgra.analysis import evidence_tables as tables
-from comgra.analysis import graphs, module_types
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.loading import TrialData
 
@@ -23,7 +24,12 @@ MAX_LISTED_MODULES = 8
 
 
 def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> list[Finding]:
-    return _modes(data) + _dtypes(data, facts) + _outside_autocast(data, facts)
+    modes = _modes(data)
+    covered = {m for f in modes if f.evidence.get("problem") == "dropout_train_in_evaluation"
+               for m in f.evidence.get("modules", [])}
+    # A dropout module left in training mode has its finding: the zeros it makes downstream are that one cause.
+    dropout = evaluation_dropout.detect(data, facts, covered) if not covered else []
+    return modes + dropout + _dtypes(data, facts) + _outside_autocast(data, facts)
 
 
 LOW_PRECISION = ("bfloat16", "float16")
