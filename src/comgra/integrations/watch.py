@@ -156,7 +156,10 @@ class Watch:
 
     def _sentinel_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         """Every step, recorded or not: the model's tensor inputs (token ids, masks and labels too) go to the
-        every-step sentinels, under the names the recorded steps give them (an input zeroed on some steps)."""
+        every-step sentinels, under the names the recorded steps give them (an input zeroed on some steps). Not
+        inside a graph torch.compile traces: the hook would add a graph break or a recompile to every step."""
+        if torch.compiler.is_compiling():
+            return
         recorder = self.recorder
         if recorder.current_stage != "forward" or recorder._evidence is None or \
                 recorder._evidence.sentinels.step is None or not recorder._evidence.sentinels.inputs:
