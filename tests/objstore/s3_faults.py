@@ -29,6 +29,11 @@ class Faults:
     seed: int = 0
     injected: Counter[str] = field(default_factory=Counter)
     requests: int = 0
+    sent: Counter[str] = field(default_factory=Counter)  # body bytes answered to the client, by method
+
+    def count(self, method: str, size: int) -> None:
+        with self._lock:
+            self.sent[method] += size
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.seed)
@@ -113,6 +118,7 @@ class FaultyProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
+                    proxy.faults.count(self.command, len(data))
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 

@@ -178,6 +178,7 @@ def _chunk_parts(trial: TrialReader, path: Path) -> Iterator[pa.Table]:
     if not trial.has_tensor_schema(path):  # reported by the reader: a retyped column is junk, not values
         return
     try:
+        trial.fetch(path)  # a recording at a URL: the whole chunk into its local copy (store.ranges)
         parquet = pq.ParquetFile(path, page_checksum_verification=True)  # a failing page raises: caught by the caller
         # Format 3: the rank is the chunk's folder's, not a column.
         rank = None if "rank" in parquet.schema_arrow.names else layout.rank_of_chunk(path)

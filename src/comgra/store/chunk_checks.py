@@ -62,7 +62,8 @@ class Checked:
 class ChunkChecks:
     """The schema and page checks of the chunks of one trial, each chunk version checked once. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, fill: Callable[[Path, list[int], list[str]], None] | None = None) -> None:
+        self._fill = fill  # a recording at a URL: the ranges of what is read fetched first (store.ranges)
         self._checked: dict[tuple[str, int, int], Checked] = {}
         self._prune_above = CHECKED_PRUNE_AT_LEAST
         self._lock = threading.Lock()
@@ -84,7 +85,12 @@ class ChunkChecks:
                 check_key_columns(parquet, KEY_COLUMNS.get(table, ()))
                 checked = Checked(parquet.num_row_groups, frozenset(parquet.schema_arrow.names), {})
             done = dict(checked.done)
-            for group in row_groups(checked.num_row_groups):  # one row group in memory at a time
+            groups = row_groups(checked.num_row_groups)
+            if self._fill is not None:
+                needed = sorted({c for g in groups for c in (wanted & checked.names) - done.get(g, frozenset())})
+                if needed:
+                    self._fill(path, groups, needed)
+            for group in groups:  # one row group in memory at a time
                 missing = sorted((wanted & checked.names) - done.get(group, frozenset()))
                 if missing:
                     parquet.read_row_group(group, columns=missing, use_threads=False)

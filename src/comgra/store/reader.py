@@ -99,15 +99,18 @@ class GroupReader:
                 if not validation.inside(directory, self.path):
                     raise StoreError(f"Trial {trial_id!r} of {str(self.path)!r} is a link to a folder outside the "
                                      "recording; comgra reads nothing outside it. Copy the trial in instead.")
-                self._trials[trial_id] = TrialReader(directory)
+                self._trials[trial_id] = TrialReader(directory, mirror=self.mirror)
             return self._trials[trial_id]
 
 
 class TrialReader:
     """One trial. Every method reads only what its answer needs."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, *, mirror: remote.Mirror | None = None):
         self.directory = directory
+        # A recording at a URL: large chunks are sparse copies, their ranges fetched before they are read (``fetch``).
+        self._mirror = mirror
+        fill = mirror.fill if mirror is not None else None
         self.folder = fmt.folder_identity(directory)  # what the chunk cache holds is of this folder only
         self.trial_id = directory.name
         self.metadata = validation.read_trial_metadata(directory)
@@ -124,9 +127,9 @@ class TrialReader:
         # Opened on the first query (4 MiB each): a trial only listed or scanned (with pyarrow) never opens one.
         self._connection: duckdb.DuckDBPyConnection | None = None
         self._local = threading.local()
-        self._series_reader = SeriesReader()
+        self._series_reader = SeriesReader(fill=fill)
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
-        self._checks = chunk_checks.ChunkChecks()
+        self._checks = chunk_checks.ChunkChecks(fill)
 
     def migrated(self) -> bool:  # a trial of format 1 or 2 migrated since it was opened (trial.json replaced)
         return self.format_version < 3 and fmt.folder_identity(self.directory / fmt.TRIAL_META) != self._metadata_file
@@ -231,6 +234,12 @@ class TrialReader:
 
     report_problem = _report_problem  # for what a reader outside this class skipped (a damaged resources document)
 
+    def fetch(self, path: Path, row_groups: Iterable[int] | None = None, columns: Iterable[str] | None = None) -> None:
+        """Before reading a tensors chunk with pyarrow yourself: for a recording at a URL, bring the byte ranges of
+        ``row_groups`` x ``columns`` (None: all) into its local copy (``store.ranges``); nothing for a local one."""
+        if self._mirror is not None:
+            self._mirror.fill(path, row_groups, columns)
+
     # -- tensor values -------------------------------------------------------------------------
     def selection(self, *, training_step: int, columns: list[str] | None = None, **filters: Any) -> pa.Table:
         """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample, rank.
@@ -323,6 +332,7 @@ class TrialReader:
         try:
             # Read by pyarrow, every page checked as it is decoded: one pass, where DuckDB's route would check
             # the pages first and then decode them again.
+            self.fetch(path)
             with pq.ParquetFile(path, page_checksum_verification=True) as parquet:
                 table = parquet.read(columns=[c for c in wanted if c in parquet.schema_arrow.names])
         except FileNotFoundError:

@@ -9,9 +9,10 @@ the steps chunks last: they are fetched after every other new object of the same
 mirror's index holds always has its data. ``Mirror.refresh`` does nothing when the last refresh is younger
 than ``refresh_seconds``: the app's poll and the questions of one page share one listing.
 
-Why a mirror rather than range reads: on the S3 server on this machine (benchmarks/object_storage.py) the app's
-first page over range reads needs one GET per footer and per row group, many per chunk, each a round trip; the
-mirror pays one GET per object once and then reads at local speed.
+Large tensors chunks (``ranges.is_lazy``: at least ``lazy_bytes``) are not downloaded whole: the refresh writes a
+sparse copy holding the object's footer, and the reader fetches the byte ranges of the row groups and columns a
+question reads before reading them (``Mirror.fill``, ``store.ranges``). Every other object (the steps index, the
+small tables, the JSON documents, small chunks) is fetched whole once: one GET each, then local reads.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import platformdirs
 
 from comgra.errors import StoreError
 from comgra.store.filesystems import Location, is_url, local_path, open_location, url_digest
+from comgra.store.ranges import LAZY_BYTES, SparseCopies, is_lazy
 from comgra.store.uploader import is_commit, on_threads
 
 __all__ = ["Mirror", "group_folder", "mirror_base", "poll"]
@@ -42,9 +44,11 @@ class Mirror:
     """The local copy of a remote folder (``location``) in ``local``."""
 
     def __init__(self, location: Location, local: Path | None = None, *, refresh_seconds: float = 2.0,
-                 workers: int = 8):
+                 workers: int = 8, lazy_bytes: int | None = LAZY_BYTES):
         self.location = location
         self.local = local if local is not None else mirror_base() / url_digest(location.url)
+        self.lazy_bytes = lazy_bytes  # None: every object fetched whole (``comgra repair URL`` rewrites them)
+        self.sparse = SparseCopies(location, self.local)
         self.refresh_seconds = refresh_seconds
         self.workers = workers
         self.listings = 0  # remote listings so far (one per refresh)
@@ -102,6 +106,10 @@ class Mirror:
         return True
 
     def _differs(self, key: str, size: int, mtime: int) -> bool:
+        recorded = self.sparse.recorded(key)
+        if recorded is not None:  # a sparse copy (its record holds the object's size and time)
+            return (recorded != (size, mtime) or not is_lazy(key, size, self.lazy_bytes)
+                    or not (self.local / key).is_file())
         try:
             status = (self.local / key).stat()
         except FileNotFoundError:
@@ -120,7 +128,11 @@ class Mirror:
                         return
                     key = pending.pop()
                 try:
-                    self._fetch_one(key, remote[key][1])
+                    size, mtime = remote[key]
+                    if is_lazy(key, size, self.lazy_bytes):
+                        self.sparse.create(key, size, mtime)
+                    else:
+                        self._fetch_one(key, mtime)
                 except FileNotFoundError:
                     pass  # deleted (merged away) since the listing: the next refresh forgets it
                 except Exception as error:  # noqa: BLE001 - re-raised below, on the caller's thread
@@ -150,6 +162,7 @@ class Mirror:
         if mtime:
             os.utime(temporary, ns=(mtime, mtime))
         os.replace(temporary, path)  # readers of the mirror never see a partial file
+        self.sparse.forget(key)
         self.downloads += 1
 
     def _local_keys(self) -> list[str]:
@@ -169,6 +182,21 @@ class Mirror:
             except FileNotFoundError:
                 continue
             path.unlink(missing_ok=True)
+            self.sparse.forget(key)
+
+    def fill(self, path: Path, row_groups: Any = None, columns: Any = None) -> None:
+        """Bring the byte ranges of ``row_groups`` x ``columns`` (None: all) of a chunk into its sparse copy before it
+        is read (nothing for a whole file); a store that fails is a StoreError naming the URL."""
+        for attempt in range(3):  # a dropped connection or a 503 the filesystem's own retries did not absorb
+            try:
+                self.sparse.fill(path, row_groups, columns)
+                return
+            except FileNotFoundError:
+                raise
+            except OSError as error:
+                if attempt == 2:
+                    raise StoreError(f"comgra could not read {self.location.url!r}: {error}") from error
+                time.sleep(0.2 * 4 ** attempt)
 
     def publish(self, paths: list[Path]) -> int:
         """Upload files written into the mirror (the findings a scan saved) to the store, so that a scan or the
@@ -217,7 +245,7 @@ def repair_remote(url: str, storage_options: dict[str, Any] | None = None) -> li
     (chunks already merged into another, left by an uploader that died first) deleted in the store as well."""
     from comgra.store.repair import repair_group
 
-    mirror = Mirror.open(url, storage_options=storage_options)
+    mirror = Mirror.open(url, storage_options=storage_options, lazy_bytes=None)
     before = set(mirror._local_keys())
     repairs = repair_group(mirror.local)
     for key in sorted(before - set(mirror._local_keys())):

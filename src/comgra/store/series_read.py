@@ -86,7 +86,9 @@ class SeriesReader:
     would drop each footer just before the next series needs it again, keeping none of use.
     """
 
-    def __init__(self, footer_budget: int = FOOTER_BUDGET_BYTES) -> None:
+    def __init__(self, footer_budget: int = FOOTER_BUDGET_BYTES, *,
+                 fill: Callable[[Path, list[int], list[str]], None] | None = None) -> None:
+        self._fill = fill  # a recording at a URL: the row groups' ranges fetched before they are read (store.ranges)
         self._bounds: dict[tuple[str, int, int], _Bounds] = {}
         self._parsed: dict[tuple[str, int, int], pq.FileMetaData] = {}
         self._parsed_bytes = 0
@@ -124,6 +126,8 @@ class SeriesReader:
                 needed = list(dict.fromkeys([*(c for c in columns if bounds.has_rank or c != "rank"), *here]))
                 # Each page read is checked against its checksum: a failure sends the caller to the reader's
                 # own route, which reports the chunk.
+                if self._fill is not None:
+                    self._fill(path, groups, needed)
                 rows = pq.ParquetFile(path, metadata=metadata, page_checksum_verification=True).read_row_groups(
                     groups, columns=needed, use_threads=False).filter(condition)
                 if rank is not None and "rank" in columns:
