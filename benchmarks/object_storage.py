@@ -6,9 +6,10 @@ both are timed), and the load average it ran at:
 * ``training``: the training's own time (the loop, not finalize) of an MLP recorded every 10th step, with the
   recorder's root a local folder and an ``s3://`` URL, alternating run by run; finalize's wait for the upload
   is reported apart;
-* ``app``: ``comgra --path`` on a synthetic recording (benchmarks/synthetic_recording.py, scale 1) on local disk
-  and in S3: time until the first page is served and its view answered (S3 cold: an empty mirror; warm: the
-  mirror of an earlier start), then node clicks (the values route), alternating local / S3;
+* ``app``: ``comgra --path`` on a synthetic recording (benchmarks/synthetic_recording.py, ``--scale``; with
+  ``--compact`` one tensors object per trial) on local disk and in S3: time until the first page is served and its
+  view answered (S3 cold: an empty mirror; warm: the mirror of an earlier start), then one click on each node (the
+  values route), alternating local / S3; the bytes fetched from S3 counted by a proxy (tests/objstore/s3_faults.py);
 * ``sweep``: a 1,000-trial sweep of ten-step trials (one trial recorded, copied under 1,000 ids), uploaded with
   comgra's uploader (upload throughput: objects/s and MiB/s), then the tensors table of every trial read from
   the bucket by pyarrow.dataset, DuckDB (over that Arrow dataset), polars, Dask and Ray Data, and by comgra's
@@ -17,6 +18,7 @@ both are timed), and the load average it ran at:
     python benchmarks/object_storage.py                       # all parts
     python benchmarks/object_storage.py --part training --repeats 7
     python benchmarks/object_storage.py --part sweep --trials 1000
+    python benchmarks/object_storage.py --part app --scale 4 --compact --repeats 3
 """
 from __future__ import annotations
 
@@ -179,68 +181,99 @@ def part_app(args: argparse.Namespace, out: Path) -> None:
     import app_latency
     import random
 
+    sys.path.insert(0, str(HERE.parent / "tests" / "objstore"))
+    from s3_faults import Faults, FaultyProxy
+
     from comgra.store.filesystems import open_location
     from comgra.store.uploader import Uploader
 
-    group = app_latency.recording_for(1, out / "app")
-    url = bucket("bench-app") + "/runs/synthetic"
+    group = app_latency.recording_for(args.scale, out / "app")
+    if args.compact:  # one object per table and rank of each trial: the tensors table of a trial is one large object
+        subprocess.run([sys.executable, "-m", "comgra.cli.app", "compact", str(group)], check=True,
+                       stdout=subprocess.DEVNULL)
+    url = bucket(f"bench-app-{os.getpid()}") + "/runs/synthetic"
     shutil.rmtree(out / "app-journal", ignore_errors=True)  # a fresh server: nothing of an earlier run is up
     uploader = Uploader(group, open_location(url), journal_root=out / "app-journal")
     started = time.perf_counter()
     result = uploader.finish(3600)
     print(f"# uploaded the app's recording: {uploader.total.uploaded} objects, {uploader.total.bytes / 2**20:.1f} MiB "
           f"in {time.perf_counter() - started:.1f} s (pending {result.pending})")
+    tensors = sorted(size for key, (size, _) in open_location(url).list_files().items()
+                     if "tensors" in key.split("/")[:-1])
+    print(f"# tensors objects: {len(tensors)}, {sum(tensors) / 2**20:.1f} MiB, the largest {tensors[-1] / 2**20:.1f} MiB")
+    # Between the app and the S3 server: a proxy without faults, which counts the bytes each GET is answered with.
+    proxy = FaultyProxy(os.environ["AWS_ENDPOINT_URL"], Faults())
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
     cache = out / "app-cache"
     first: dict[str, list[float]] = {"local": [], "s3 cold": [], "s3 warm": []}
-    clicks: dict[str, list[float]] = {"local": [], "s3 warm": []}
+    clicks: dict[str, list[float]] = {"local": [], "s3 cold": [], "s3 warm": []}
+    fetched: dict[str, list[float]] = {"s3 cold": [], "s3 warm": []}  # MiB: the first page, then per click
+    click_bytes: dict[str, list[float]] = {"s3 cold": [], "s3 warm": []}
     rng = random.Random(0)
 
     def serve(kind: str, path: str) -> None:
         if kind == "s3 cold":
             shutil.rmtree(cache, ignore_errors=True)
         os.environ["XDG_CACHE_HOME"] = str(cache)
+        os.environ["AWS_ENDPOINT_URL"] = proxy.url
+        before = proxy.faults.sent["GET"]
         started = time.perf_counter()
         process, address, _ = app_latency.start_server(path)  # type: ignore[arg-type]
         try:
             client = app_latency.DashClient(*app_latency.urllib_transport(address.rstrip("/")))
             client.trigger(app_latency.VIEW_OUTPUT)
             first[kind].append(time.perf_counter() - started)
-            if kind in clicks:
-                nodes = [n["id"] for n in client.graph()["nodes"]]
-                clicks[kind] += [app_latency.timed(lambda: client.click_values(rng.choice(nodes)))
-                                 for _ in range(args.clicks)]
+            if kind in fetched:
+                fetched[kind].append((proxy.faults.sent["GET"] - before) / 2**20)
+            nodes = [n["id"] for n in client.graph()["nodes"]]
+            for node in rng.sample(nodes, min(args.clicks, len(nodes))):  # each node once: its first click
+                before = proxy.faults.sent["GET"]
+                clicks[kind].append(app_latency.timed(lambda node=node: client.click_values(node)))
+                if kind in click_bytes:
+                    click_bytes[kind].append((proxy.faults.sent["GET"] - before) / 2**20)
         except Exception:
             process.terminate()
             print(f"# the server of {kind} failed:\n" + process.stdout.read()[-3000:], file=sys.stderr)
             raise
         finally:
+            os.environ["AWS_ENDPOINT_URL"] = endpoint
             process.terminate()
             process.wait(10)
 
     failures: list[str] = []
-    for repeat in range(args.repeats):
-        order = [("local", str(group)), ("s3 cold", url), ("s3 warm", url)]
-        for kind, path in order if repeat % 2 == 0 else [order[1], order[2], order[0]]:
-            try:
-                serve(kind, path)
-            except Exception as error:  # noqa: BLE001 - reported below; the start is measured again
-                failures.append(f"{kind}: {type(error).__name__}: {error}")
-                serve(kind, path)
+    cpu = time.process_time()
+    try:
+        for repeat in range(args.repeats):
+            order = [("local", str(group)), ("s3 cold", url), ("s3 warm", url)]
+            for kind, path in order if repeat % 2 == 0 else [order[1], order[2], order[0]]:
+                try:
+                    serve(kind, path)
+                except Exception as error:  # noqa: BLE001 - reported below; the start is measured again
+                    failures.append(f"{kind}: {type(error).__name__}: {error}")
+                    serve(kind, path)
+    finally:
+        proxy.close()
     if failures:
         print(f"# {len(failures)} start(s) failed and were repeated: {failures}")
-    print(f"\n## the app on S3 against local disk (synthetic recording, scale 1; {args.repeats} starts each, "
-          f"alternating; {load()})")
-    print("| recording | start until the first page's view is answered, median (s) | all (s) |")
-    print("|---|---|---|")
+    print(f"\n## the app on S3 against local disk (synthetic recording, scale {args.scale:g}"
+          f"{', compacted' if args.compact else ''}; {args.repeats} starts each, alternating; driver-timed over HTTP; "
+          f"{load()}; the driver's CPU {time.process_time() - cpu:.1f} s)")
+    print("| recording | start until the first page's view is answered, median (s) | all (s) | MiB fetched from S3 |")
+    print("|---|---|---|---|")
     for kind, samples in first.items():
-        print(f"| {kind} | {median(samples):.2f} | {', '.join(f'{s:.2f}' for s in samples)} |")
-    print("| recording | node click (values route), median (ms) | p95 (ms) |")
-    print("|---|---|---|")
+        got = fetched.get(kind)
+        print(f"| {kind} | {median(samples):.2f} | {', '.join(f'{s:.2f}' for s in samples)} | "
+              f"{median(got) if got else 0:.2f} |")
+    print("| recording | node click (values route; each node's first click of a start), median (ms) | p95 (ms) | "
+          "MiB fetched per click, median / max |")
+    print("|---|---|---|---|")
     for kind, samples in clicks.items():
         p50, p95 = app_latency.percentiles(samples)
-        print(f"| {kind} | {p50:.1f} | {p95:.1f} |")
+        got = click_bytes.get(kind)
+        print(f"| {kind} | {p50:.1f} | {p95:.1f} | " + (f"{median(got):.2f} / {max(got):.2f}" if got else "0") + " |")
     print(f"S3 / local: first page cold {median(first['s3 cold']) / median(first['local']):.2f}x, warm "
-          f"{median(first['s3 warm']) / median(first['local']):.2f}x; node click "
+          f"{median(first['s3 warm']) / median(first['local']):.2f}x; node click cold "
+          f"{median(clicks['s3 cold']) / median(clicks['local']):.2f}x, warm "
           f"{median(clicks['s3 warm']) / median(clicks['local']):.2f}x")
 
 
@@ -406,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--clicks", type=int, default=20)
+    parser.add_argument("--scale", type=float, default=1.0, help="app: the synthetic recording's scale")
+    parser.add_argument("--compact", action="store_true",
+                        help="app: compact the recording first (one large tensors object per trial)")
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "comgra-object-storage-bench")

@@ -12,7 +12,8 @@ key. It knows nothing of the layout, only three rules that every layout of comgr
 - a file that disappears locally was merged into another: it is deleted remotely after the pass has uploaded
   what replaced it.
 
-A journal (one line per claim, upload and delete, appended; in the spool's ``.comgra-upload/``) makes this
+A journal (one line per claim, upload and delete, appended; in the spool's ``.comgra-upload/``; rewritten with the
+last line of each file that still matters once most of its lines are history, ``Journal.compact``) makes this
 survive crashes and share a spool with other processes on the node (the ranks of a multi-GPU node, the trials of
 a sweep): a file recorded as uploaded with the same size and mtime is not sent again, a file another living
 process has claimed is left to it, and a file uploaded by a process that died before it deleted the file's
@@ -21,6 +22,7 @@ node writes only keys of its own files, so ranks on many nodes need no coordinat
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import sys
@@ -36,6 +38,7 @@ log = logging.getLogger("comgra.store")
 
 JOURNAL_DIR = ".comgra-upload"
 COMMIT_FOLDER = "steps"
+COMPACT_AT_LINES = 1024  # the journal is rewritten past this many lines and 4 per file that still matters
 _CLAIM_SECONDS = 120.0  # a claim older than this, by a process that still lives, is taken over
 _HOST = os.uname().nodename if hasattr(os, "uname") else "host"
 
@@ -59,14 +62,20 @@ class _Entry:
 
 
 class Journal:
-    """The append-only record of one spool folder's uploads to one URL."""
+    """The append-only record of one spool folder's uploads to one URL.
+
+    A long run appends a claim, an upload and (for each part merged away) a delete per chunk: the file would grow
+    without bound. ``compact`` rewrites it with the last line of each file that still matters, under an exclusive
+    lock that every append takes shared, and a reader that meets the new file (another inode) reads it anew."""
 
     def __init__(self, local_root: Path, url: str):
         folder = local_root / JOURNAL_DIR
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / f"{url_digest(url)}.log"
         self.entries: dict[str, _Entry] = {}
+        self.lines = 0  # lines of the journal file read so far (its length, against len(entries))
         self._offset = 0
+        self._inode: int | None = None
         self._lock = threading.Lock()
         self.read_new()
 
@@ -78,6 +87,9 @@ class Journal:
     def _read_new(self) -> None:
         try:
             with open(self.path, "rb") as stream:
+                inode = os.fstat(stream.fileno()).st_ino
+                if inode != self._inode:  # compacted by some process since the last read: read it from the start
+                    self._inode, self._offset, self.lines = inode, 0, 0
                 stream.seek(self._offset)
                 data = stream.read()
         except FileNotFoundError:
@@ -85,6 +97,7 @@ class Journal:
         complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
         for line in complete.decode("utf-8", "replace").splitlines():
+            self.lines += 1
             fields = line.split("\t")
             if len(fields) == 6 and fields[0] in "PUD" and fields[4] == _HOST:
                 op, size, mtime, pid, _, key = fields
@@ -96,12 +109,40 @@ class Journal:
     def append(self, op: str, key: str, size: int = 0, mtime: int = 0) -> None:
         line = f"{op}\t{size}\t{mtime}\t{os.getpid()}\t{_HOST}\t{key}\n".encode()
         with self._lock:
-            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            while True:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_SH)  # not while ``compact`` rewrites it
+                    try:
+                        current = os.stat(self.path).st_ino
+                    except FileNotFoundError:
+                        current = None
+                    if current == os.fstat(descriptor).st_ino:
+                        os.write(descriptor, line)  # one write of one line: appends of processes never interleave
+                        break
+                finally:
+                    os.close(descriptor)  # the lock with it
+            self.entries[key] = _Entry(op, size, mtime, os.getpid())
+
+    def compact(self, keep: Callable[[str, _Entry], bool]) -> bool:
+        """Rewrite the journal with the last line of each key that ``keep`` keeps (under an exclusive lock: the
+        lines other processes append wait for it, and none is lost). Returns whether it was rewritten."""
+        with self._lock:
+            descriptor = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
             try:
-                os.write(descriptor, line)  # one write of one line: appends of several processes never interleave
+                fcntl.flock(descriptor, fcntl.LOCK_EX)
+                self._read_new()  # every line appended until now
+                kept = {key: entry for key, entry in self.entries.items() if keep(key, entry)}
+                temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+                with open(temporary, "w", encoding="utf-8") as out:
+                    out.writelines(f"{e.op}\t{e.size}\t{e.mtime}\t{e.pid}\t{_HOST if e.pid >= 0 else '?'}\t{key}\n"
+                                   for key, e in kept.items())
+                os.replace(temporary, self.path)
+                self.entries, self._inode, self._offset, self.lines = kept, None, 0, 0
+                self._read_new()
+                return True
             finally:
                 os.close(descriptor)
-            self.entries[key] = _Entry(op, size, mtime, os.getpid())
 
 
 def _alive(pid: int) -> bool:
@@ -345,6 +386,16 @@ class Uploader:
             self._with_retries(lambda key=key: self.remote.delete(key))
             self.journal.append("D", key)
             result.deleted += 1
+        if self.journal.lines > max(COMPACT_AT_LINES, 4 * len(self.journal.entries)):
+            self.journal.compact(self._still_matters)
+
+    def _still_matters(self, key: str, entry: _Entry) -> bool:
+        """Whether a journal line is needed: not a delete done, nor the upload of a file whose folder is gone (a
+        spool folder removed once uploaded, ``store.spool``): nothing is left to send or to delete for those."""
+        if entry.op == "D":
+            return False
+        path = self.local / key
+        return path.exists() or path.parent.is_dir()
 
     def _send(self, items: list[tuple[str, int, int]], result: PassResult) -> None:
         if not items:
