@@ -28,6 +28,7 @@ from comgra.recorder import ComgraRecorder  # noqa: E402
 
 GROUP = "sweep"
 SECRET = "Xq7secretKEYnot4recording"
+KEEP_SPOOL = Path(__file__).with_name("keep_spool.toml")
 
 
 def train(root: str | Path, trial: str, steps: int = 12, pause: float = 0.0, **kwargs: Any) -> ComgraRecorder:
@@ -36,6 +37,7 @@ def train(root: str | Path, trial: str, steps: int = 12, pause: float = 0.0, **k
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     kwargs.setdefault("flush_seconds", 0.02)
+    kwargs.setdefault("config", KEEP_SPOOL)  # these tests compare the bucket with the spool the run wrote
     recorder = ComgraRecorder(root, GROUP, trial, DecisionMakerForRecordingsFrequencyPerType(1), **kwargs)
     recorder.track_module("main", model)
     for step in range(steps):

@@ -268,6 +268,12 @@ class Session:
             message = spool.finish_upload(self.uploader, self.options.settings)
             if message is not None:
                 _warn(message)
+            elif not getattr(getattr(self.options.settings, "storage", None), "keep_uploaded", True):
+                try:  # all in the bucket: the node's disk is given back
+                    spool.remove_uploaded(self.uploader, self.options.trial_id, self.writer.rank)
+                except OSError as error:  # a fault of the clean-up never reaches the training
+                    _warn(f"comgra could not remove the uploaded files of {self.options.trial_id!r} from the spool "
+                          f"{str(self.uploader.local)!r}: {error}")
 
     # -- plumbing ---------------------------------------------------------------------------------
     def put_table(self, name: str, table: pa.Table) -> None:

@@ -108,9 +108,16 @@ class Location:
         parent = self.key(relative).rsplit("/", 1)[0]
         if self.scheme not in _FLAT:
             self.filesystem.create_dir(parent, recursive=True)
-        # Read and sent in Arrow's C++ code, without the GIL: no copy of the file in Python while training runs.
-        pafs.copy_files(str(source), self.key(relative), source_filesystem=_LOCAL,
-                        destination_filesystem=self.filesystem, use_threads=False)
+        # Read and sent in blocks through Arrow's streams, which release the GIL while they read and send. Not
+        # ``pyarrow.fs.copy_files``: it drops the error of the final close, where S3 sends the object (a PUT to a
+        # store that does not answer "succeeded", and the journal recorded a file as uploaded that never was).
+        with _LOCAL.open_input_stream(str(source)) as stream, \
+                self.filesystem.open_output_stream(self.key(relative)) as out:
+            while True:
+                block = stream.read(UPLOAD_BLOCK)
+                if not block:
+                    break
+                out.write(block)
 
     def download(self, relative: str) -> bytes:
         with self.filesystem.open_input_stream(self.key(relative)) as stream:
@@ -126,6 +133,7 @@ class Location:
 # Stores without folders: nothing to create before a PUT.
 _FLAT = frozenset({"s3", "s3a", "gs", "gcs"})
 _LOCAL = pafs.LocalFileSystem()
+UPLOAD_BLOCK = 8 << 20
 
 
 def open_location(url: str, storage_options: dict[str, Any] | None = None, *, config: Any = None) -> Location:

@@ -5,9 +5,20 @@ the durable local writer (fsync, renames, locks: all local) and uploads that gro
 ``s3://bucket/runs/<group>/...`` on a background thread (``store.uploader``). The spool is
 ``[storage] spool_dir`` of comgra.toml or ``<user cache dir>/comgra/spool``; the same URL always gets the same
 spool folder, so the next run of a trial after a crash finds what was not uploaded yet and sends it.
+
+Once a finished rank's files are all in the bucket (each journaled as uploaded, at its size and time), finalize
+removes them from the spool (``remove_uploaded``; ``[storage] keep_uploaded = true`` keeps them): the rank's
+folders of every table, and the trial's folder of JSON documents once no rank of the trial is left. A folder is
+first renamed to a hidden name, then deleted, so that no uploader of the spool ever sees part of it gone (a file
+gone from a folder that is still there reads as merged away, and is deleted remotely). The journal keeps their
+lines: a later run of the same trial in this spool replaces them in the bucket, as it replaces a trial that is
+still in the spool.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +29,10 @@ from comgra.errors import StoreError
 from comgra.store import format as fmt
 from comgra.store import layout
 from comgra.store.filesystems import is_url, local_path, open_location, url_digest
-from comgra.store.uploader import Uploader
+from comgra.store.uploader import Uploader, local_files
 
-__all__ = ["RecordingRoot", "SpoolFull", "recording_root", "spool_base", "start_upload", "finish_upload"]
+__all__ = ["RecordingRoot", "SpoolFull", "recording_root", "spool_base", "start_upload", "finish_upload",
+           "remove_uploaded"]
 
 
 class SpoolFull(StoreError):
@@ -83,3 +95,38 @@ def spool_full_message(uploader: Uploader, settings: Any = None) -> str:
             f"{uploader.remote.url!r} ([storage] spool_limit_gb in comgra.toml); comgra stopped recording so that "
             f"the node's disk does not fill. What it recorded is kept there and uploaded when the store answers "
             f"(last error: {uploader.last.errors[-1] if uploader.last.errors else 'none'}).")
+
+
+def remove_uploaded(uploader: Uploader, trial_id: str, rank: int) -> int:
+    """Remove one finished rank of a trial from the spool once the bucket holds every file of it (journaled as
+    uploaded at its present size and time); the trial's folder too when no rank of it is left. Returns the bytes
+    freed; 0 (and nothing removed) while any file waits for upload."""
+    group = uploader.local
+    trial_dir = fmt.trial_dir(group, trial_id)
+    folders = [layout.partition_dir(group, partition.parent.name, trial_id, rank)
+               for partition in layout.trial_partitions(group, trial_id)]
+    folders = [folder for folder in folders if folder.is_dir()]
+    last_rank = not any(child.is_dir() and child not in folders for partition in layout.trial_partitions(group, trial_id)
+                        for child in partition.iterdir())
+    if last_rank and trial_dir.is_dir():
+        folders.append(trial_dir)
+    uploader.journal.read_new()
+    files = local_files(group, [folder.relative_to(group).as_posix() for folder in folders])
+    for key, version in files.items():
+        entry = uploader.journal.entries.get(key)
+        if entry is None or entry.op != "U" or (entry.size, entry.mtime) != version:
+            return 0
+    for folder in folders:
+        hidden = group / f".uploaded-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(folder, hidden)  # all of the folder at once (see the module's docstring)
+        except OSError:
+            continue
+        shutil.rmtree(hidden, ignore_errors=True)
+    if last_rank:
+        for partition in layout.trial_partitions(group, trial_id):
+            try:
+                partition.rmdir()  # empty now
+            except OSError:
+                pass
+    return sum(size for size, _ in files.values())

@@ -386,16 +386,9 @@ class Uploader:
             self._with_retries(lambda key=key: self.remote.delete(key))
             self.journal.append("D", key)
             result.deleted += 1
-        if self.journal.lines > max(COMPACT_AT_LINES, 4 * len(self.journal.entries)):
-            self.journal.compact(self._still_matters)
-
-    def _still_matters(self, key: str, entry: _Entry) -> bool:
-        """Whether a journal line is needed: not a delete done, nor the upload of a file whose folder is gone (a
-        spool folder removed once uploaded, ``store.spool``): nothing is left to send or to delete for those."""
-        if entry.op == "D":
-            return False
-        path = self.local / key
-        return path.exists() or path.parent.is_dir()
+        # Rewritten once most of its lines are history (claims since uploaded, deletes done): one line per file.
+        if self.journal.lines > max(COMPACT_AT_LINES, 4 * sum(e.op != "D" for e in self.journal.entries.values())):
+            self.journal.compact(lambda key, entry: entry.op != "D")
 
     def _send(self, items: list[tuple[str, int, int]], result: PassResult) -> None:
         if not items:

@@ -1,0 +1,110 @@
+"""What a recorder leaves on the training node when it records to a bucket: the spool is given back once the
+bucket holds everything, and the upload journal stays bounded over a long run."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_object_storage import GROUP, train
+
+from comgra.store import GroupReader, layout
+from comgra.store.filesystems import open_location
+from comgra.store.uploader import COMPACT_AT_LINES, Journal, Uploader, local_files
+
+
+def keys(trial: Any) -> list[tuple]:
+    return sorted(tuple(row[k] for k in ("training_step", "kind", "iteration", "node", "role", "aggregation", "sample"))
+                  for step in range(len(trial.steps())) for row in trial.selection(training_step=step).to_pylist())
+
+
+def spool_files(recorder) -> dict[str, tuple[int, int]]:
+    return local_files(recorder.options.group_dir)
+
+
+def test_finalize_removes_the_spool_once_the_bucket_holds_everything(s3_env: str, tmp_path: Path) -> None:
+    removing = tmp_path / "comgra.toml"
+    removing.write_text("[storage]\nupload_timeout_s = 120\n")  # keep_uploaded: its default, false
+    reference = train(tmp_path / "local", "t1", steps=9)  # the same run recorded locally: what the bucket must hold
+    url = f"{s3_env}/runs"
+    recorder = train(url, "t1", steps=9, config=removing)
+    group = recorder.options.group_dir
+    assert spool_files(recorder) == {}, spool_files(recorder)  # nothing of the trial left on the node
+    assert not (group / "trials" / "t1").exists() and not layout.trial_partitions(group, "t1")
+    a, b = GroupReader(f"{url}/{GROUP}").trial("t1"), GroupReader(reference.options.group_dir).trial("t1")
+    assert a.steps().drop_columns(["wall_time"]).to_pylist() == b.steps().drop_columns(["wall_time"]).to_pylist()
+    assert keys(a) == keys(b) and len(keys(a)) > 9  # the values differ: each run draws its own weights
+    assert a.problems == []
+
+    # A second trial of the same spool: the first one's objects stay in the bucket (no uploader deletes them).
+    train(url, "t2", steps=3, config=removing)
+    remote = GroupReader(f"{url}/{GROUP}")
+    assert remote.trials() == ["t1", "t2"]
+    assert len(remote.trial("t1").steps()) == 9
+
+    # A new run of t1 in the same spool replaces the earlier one in the bucket, as it would in a spool that kept it:
+    # no step twice, no object of the first run left.
+    train(url, "t1", steps=4, config=removing)
+    remote = GroupReader(f"{url}/{GROUP}")
+    steps = remote.trial("t1").steps()["training_step"].to_pylist()
+    assert sorted(steps) == [0, 1, 2, 3], steps
+    assert remote.trial("t1").problems == []
+
+
+def test_a_spool_with_files_not_uploaded_is_kept(s3_env: str, tmp_path: Path, monkeypatch) -> None:
+    config = tmp_path / "comgra.toml"
+    config.write_text("[storage]\nupload_timeout_s = 1.0\n[storage.options.s3]\nconnect_timeout = 0.5\n"
+                      "request_timeout = 0.5\n")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing answers: nothing is confirmed
+    with pytest.warns(Warning, match="comgra sync"):
+        recorder = train(f"{s3_env}/runs", "t1", steps=3, config=config)
+    assert any(key.endswith(".parquet") for key in spool_files(recorder))
+
+
+def test_the_upload_journal_is_compacted_over_a_long_run(s3_env: str, tmp_path: Path) -> None:
+    """A long run's flushes: parts uploaded, merged into one chunk, deleted remotely; the journal is rewritten as
+    it grows, no line another process appends meanwhile is lost, and what it says stays true."""
+    location = open_location(f"{s3_env}/long/{GROUP}")
+    local = tmp_path / "spool" / GROUP
+    folder = local / "tensors" / "trial=t" / "rank=0"
+    folder.mkdir(parents=True)
+    uploader = Uploader(local, location, journal_root=local.parent)
+    other = Journal(local.parent, location.url)  # another process of the node, sharing the journal
+    most, compacted = 0, False
+    for cycle in range(40):
+        for part in range(10):
+            (folder / f"part-{cycle:03d}-{part}.parquet").write_bytes(b"p" * (part + 1))
+        assert not uploader.run_pass().errors
+        for part in range(10):
+            (folder / f"part-{cycle:03d}-{part}.parquet").unlink()
+        (folder / f"merged-{cycle:03d}.parquet").write_bytes(b"m" * cycle)
+        other.append("P", f"other/{cycle}.parquet", 1, 1)  # a claim of the other process, between the passes
+        assert not uploader.run_pass().errors
+        lines = len(uploader.journal.path.read_text().splitlines())
+        compacted = compacted or lines < most
+        most = max(most, lines)
+    assert compacted and most <= COMPACT_AT_LINES + 40, most  # without compaction: 40 cycles x 32 lines
+    assert set(location.list_files()) == set(local_files(local))  # merged parts deleted remotely, merged ones up
+    fresh = Journal(local.parent, location.url)  # a later run reading the compacted journal
+    for journal in (fresh, other, uploader.journal):
+        journal.read_new()
+        assert {k for k, e in journal.entries.items() if e.op == "U"} == {f"tensors/trial=t/rank=0/{k}" for k in
+                                                                          (p.name for p in folder.iterdir())}
+        assert {k for k, e in journal.entries.items() if e.op == "P"} >= {f"other/{c}.parquet" for c in range(40)}
+    assert Uploader(local, location, journal_root=local.parent).run_pass().uploaded == 0  # nothing sent again
+
+
+def test_an_upload_the_store_did_not_take_is_not_journaled_as_uploaded(tmp_path: Path, monkeypatch) -> None:
+    """A PUT that fails at its end (S3 sends the object when the stream closes) is an error, not an upload: the file
+    stays pending (pyarrow.fs.copy_files dropped that error, and a run on a dead endpoint 'uploaded' everything)."""
+    for name, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "test",
+                        "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    local = tmp_path / GROUP
+    (local / "trials" / "t").mkdir(parents=True)
+    (local / "trials" / "t" / "trial.json").write_text("{}")
+    uploader = Uploader(local, open_location("s3://bucket/runs", {"connect_timeout": 0.5, "request_timeout": 0.5}),
+                        journal_root=tmp_path, max_attempts=1)
+    result = uploader.run_pass()
+    assert result.uploaded == 0 and result.pending == 1 and result.errors, result
+    assert all(entry.op != "U" for entry in uploader.journal.entries.values())
