@@ -205,20 +205,22 @@ def part_app(args: argparse.Namespace, out: Path) -> None:
     proxy = FaultyProxy(os.environ["AWS_ENDPOINT_URL"], Faults())
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     cache = out / "app-cache"
-    first: dict[str, list[float]] = {"local": [], "s3 cold": [], "s3 warm": []}
-    clicks: dict[str, list[float]] = {"local": [], "s3 cold": [], "s3 warm": []}
-    fetched: dict[str, list[float]] = {"s3 cold": [], "s3 warm": []}  # MiB: the first page, then per click
-    click_bytes: dict[str, list[float]] = {"s3 cold": [], "s3 warm": []}
+    kinds = ["local", "s3 cold", "s3 warm"] + (["s3 cold, baseline"] if args.baseline_src else [])
+    first: dict[str, list[float]] = {kind: [] for kind in kinds}
+    clicks: dict[str, list[float]] = {kind: [] for kind in kinds}
+    fetched: dict[str, list[float]] = {kind: [] for kind in kinds[1:]}  # MiB: the first page, then per click
+    click_bytes: dict[str, list[float]] = {kind: [] for kind in kinds[1:]}
     rng = random.Random(0)
 
     def serve(kind: str, path: str) -> None:
-        if kind == "s3 cold":
-            shutil.rmtree(cache, ignore_errors=True)
-        os.environ["XDG_CACHE_HOME"] = str(cache)
+        baseline = kind.endswith("baseline")  # another tree's comgra (--baseline-src), its own cache
+        if kind.startswith("s3 cold"):
+            shutil.rmtree(cache.with_name("app-cache-baseline") if baseline else cache, ignore_errors=True)
+        os.environ["XDG_CACHE_HOME"] = str(cache.with_name("app-cache-baseline") if baseline else cache)
         os.environ["AWS_ENDPOINT_URL"] = proxy.url
         before = proxy.faults.sent["GET"]
         started = time.perf_counter()
-        process, address, _ = app_latency.start_server(path)  # type: ignore[arg-type]
+        process, address, _ = app_latency.start_server(path, args.baseline_src if baseline else None)  # type: ignore
         try:
             client = app_latency.DashClient(*app_latency.urllib_transport(address.rstrip("/")))
             client.trigger(app_latency.VIEW_OUTPUT)
@@ -244,8 +246,8 @@ def part_app(args: argparse.Namespace, out: Path) -> None:
     cpu = time.process_time()
     try:
         for repeat in range(args.repeats):
-            order = [("local", str(group)), ("s3 cold", url), ("s3 warm", url)]
-            for kind, path in order if repeat % 2 == 0 else [order[1], order[2], order[0]]:
+            order = [("local", str(group))] + [(kind, url) for kind in kinds[1:]]
+            for kind, path in order if repeat % 2 == 0 else order[1:] + order[:1]:
                 try:
                     serve(kind, path)
                 except Exception as error:  # noqa: BLE001 - reported below; the start is measured again
@@ -274,7 +276,9 @@ def part_app(args: argparse.Namespace, out: Path) -> None:
     print(f"S3 / local: first page cold {median(first['s3 cold']) / median(first['local']):.2f}x, warm "
           f"{median(first['s3 warm']) / median(first['local']):.2f}x; node click cold "
           f"{median(clicks['s3 cold']) / median(clicks['local']):.2f}x, warm "
-          f"{median(clicks['s3 warm']) / median(clicks['local']):.2f}x")
+          f"{median(clicks['s3 warm']) / median(clicks['local']):.2f}x"
+          + (f"; baseline's first page cold {median(first['s3 cold, baseline']) / median(first['local']):.2f}x"
+             if args.baseline_src else ""))
 
 
 # -- a sweep of 1,000 trials -----------------------------------------------------------------------------------
@@ -440,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--clicks", type=int, default=20)
     parser.add_argument("--scale", type=float, default=1.0, help="app: the synthetic recording's scale")
+    parser.add_argument("--baseline-src", type=Path, default=None,
+                        help="app: also an S3 cold start of the app of another tree's src folder (e.g. main's)")
     parser.add_argument("--compact", action="store_true",
                         help="app: compact the recording first (one large tensors object per trial)")
     parser.add_argument("--trials", type=int, default=1000)
