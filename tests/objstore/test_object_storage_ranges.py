@@ -135,3 +135,19 @@ def test_a_damaged_page_in_a_sparse_copy_is_still_found(wide: Path, s3_env: str,
     trial = GroupReader(url).trial("t")
     trial.selection(training_step=0)  # every row group's pages of every column: group 0's damaged one too
     assert any("checksum" in reason for reason in trial.problem_reasons().values()), trial.problem_reasons()
+
+
+def test_a_mirror_that_needs_whole_files_replaces_the_sparse_copies(wide: Path, s3_env: str, tmp_path: Path) -> None:
+    """``comgra repair URL`` rewrites files, so it mirrors every object whole, over the sparse copies a reader left in
+    the same mirror folder."""
+    from comgra.store.remote import Mirror
+
+    url = f"{s3_env}/runs/g"
+    Uploader(wide, open_location(url), journal_root=tmp_path / "journal").finish(120)
+    chunk = sorted((wide / "tensors").rglob("*.parquet"))[0]
+    key = chunk.relative_to(wide)
+    reader = GroupReader(url)
+    assert (reader.path / RECORDS / key).is_file() and (reader.path / key).read_bytes() != chunk.read_bytes()
+    whole = Mirror.open(url, lazy_bytes=None)
+    assert whole.local == reader.path
+    assert (whole.local / key).read_bytes() == chunk.read_bytes() and not (whole.local / RECORDS / key).exists()

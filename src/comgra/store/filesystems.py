@@ -114,8 +114,8 @@ class Location:
         with _LOCAL.open_input_stream(str(source)) as stream, \
                 self.filesystem.open_output_stream(self.key(relative)) as out:
             while True:
-                block = stream.read(UPLOAD_BLOCK)
-                if not block:
+                block = stream.read_buffer(UPLOAD_BLOCK)  # an Arrow buffer: no copy into a Python bytes object
+                if not block.size:
                     break
                 out.write(block)
 

@@ -106,15 +106,19 @@ class Mirror:
         return True
 
     def _differs(self, key: str, size: int, mtime: int) -> bool:
-        recorded = self.sparse.recorded(key)
-        if recorded is not None:  # a sparse copy (its record holds the object's size and time)
-            return (recorded != (size, mtime) or not is_lazy(key, size, self.lazy_bytes)
-                    or not (self.local / key).is_file())
         try:
             status = (self.local / key).stat()
         except FileNotFoundError:
             return True
-        return status.st_size != size or (mtime != 0 and status.st_mtime_ns != mtime)
+        same = status.st_size == size and (mtime == 0 or status.st_mtime_ns == mtime)
+        if same and self.lazy_bytes is not None:
+            return False  # the usual case: one stat, no record read
+        # A sparse copy: its record holds the object's size and time (its file's time moves while ranges are written);
+        # without lazy reads (``comgra repair URL``) it is fetched whole.
+        recorded = self.sparse.recorded(key)
+        if recorded is not None:
+            return recorded != (size, mtime) or not is_lazy(key, size, self.lazy_bytes)
+        return not same
 
     def _fetch(self, keys: list[str], remote: dict[str, tuple[int, int]]) -> None:
         errors: list[BaseException] = []
