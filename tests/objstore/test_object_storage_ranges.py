@@ -151,3 +151,19 @@ def test_a_mirror_that_needs_whole_files_replaces_the_sparse_copies(wide: Path, 
     whole = Mirror.open(url, lazy_bytes=None)
     assert whole.local == reader.path
     assert (whole.local / key).read_bytes() == chunk.read_bytes() and not (whole.local / RECORDS / key).exists()
+
+
+def test_a_streamed_scan_reads_sparse_copies_whole(wide: Path, s3_env: str, tmp_path: Path) -> None:
+    """The streamed scan reads chunks with pyarrow itself: it asks for the whole chunk first, and gets the local rows."""
+    from comgra.analysis.streaming import _chunk_parts
+
+    url = f"{s3_env}/runs/g"
+    Uploader(wide, open_location(url), journal_root=tmp_path / "journal").finish(120)
+    chunk = sorted((wide / "tensors").rglob("*.parquet"))[0]
+    a, b = GroupReader(url).trial("t"), GroupReader(wide).trial("t")
+    copy = a.tensor_chunks()[0]
+    assert copy.name == chunk.name and a._mirror.sparse.partial(copy)
+    parts = list(_chunk_parts(a, copy))
+    assert sum(part.num_rows for part in parts) == pq.read_metadata(chunk).num_rows
+    assert sorted(r for part in parts for r in rows(part)) == sorted(r for part in _chunk_parts(b, chunk) for r in rows(part))
+    assert a.problems == []
