@@ -111,13 +111,16 @@ class Location:
         # Read and sent in blocks through Arrow's streams, which release the GIL while they read and send. Not
         # ``pyarrow.fs.copy_files``: it drops the error of the final close, where S3 sends the object (a PUT to a
         # store that does not answer "succeeded", and the journal recorded a file as uploaded that never was).
+        # Blocks of the file's own size (up to 8 MiB): a chunk of 30 KB does not allocate and free 8 MiB twice.
+        remaining = os.stat(source).st_size
         with _LOCAL.open_input_stream(str(source)) as stream, \
                 self.filesystem.open_output_stream(self.key(relative)) as out:
             while True:
-                block = stream.read_buffer(UPLOAD_BLOCK)  # an Arrow buffer: no copy into a Python bytes object
+                block = stream.read_buffer(max(1, min(UPLOAD_BLOCK, remaining)))  # an Arrow buffer: no bytes copy
                 if not block.size:
                     break
                 out.write(block)
+                remaining -= block.size
 
     def download(self, relative: str) -> bytes:
         with self.filesystem.open_input_stream(self.key(relative)) as stream:
