@@ -108,3 +108,34 @@ def test_an_upload_the_store_did_not_take_is_not_journaled_as_uploaded(tmp_path:
     result = uploader.run_pass()
     assert result.uploaded == 0 and result.pending == 1 and result.errors, result
     assert all(entry.op != "U" for entry in uploader.journal.entries.values())
+
+
+def test_each_rank_gives_back_its_own_folders_and_the_last_the_trials(s3_env: str, tmp_path: Path) -> None:
+    from comgra.store.spool import remove_uploaded
+
+    local = tmp_path / "spool" / GROUP
+    for rank in (0, 1):
+        for table in ("tensors", "steps"):
+            folder = layout.partition_dir(local, table, "t", rank)
+            folder.mkdir(parents=True)
+            (folder / f"000000000000-000000000009-r{rank:03d}-000000.parquet").write_bytes(b"x" * (rank + 3))
+    (local / "trials" / "t").mkdir(parents=True)
+    (local / "trials" / "t" / "trial.json").write_text("{}")
+    location = open_location(f"{s3_env}/ranks/{GROUP}")
+    uploader = Uploader(local, location, journal_root=local.parent)
+    assert uploader.run_pass().uploaded == 5
+    late = layout.partition_dir(local, "tensors", "t", 1) / "000000000010-000000000019-r001-000001.parquet"
+    late.write_bytes(b"late")  # rank 1 wrote a chunk that is not uploaded yet
+
+    assert remove_uploaded(uploader, "t", 0) == 2 * 3
+    assert not layout.partition_dir(local, "tensors", "t", 0).exists()
+    assert (local / "trials" / "t" / "trial.json").exists()  # rank 1 is still there
+    assert remove_uploaded(uploader, "t", 1) == 0  # its late chunk is not in the bucket: nothing removed
+    assert late.exists()
+    uploader.run_pass()
+    assert remove_uploaded(uploader, "t", 1) > 0
+    assert local_files(local) == {} and not (local / "trials" / "t").exists()
+    assert not layout.trial_partitions(local, "t")
+    assert len(location.list_files()) == 6  # nothing deleted in the store
+    assert uploader.run_pass().deleted == 0
+    assert len(location.list_files()) == 6
