@@ -33,7 +33,9 @@ from comgra.store.small_tables import SmallTables
 
 _TENSORS = fmt.SCHEMAS["tensors"]
 log = logging.getLogger("comgra.store")
-_SELECTION_FILTERS = ("training_step", "kind", "iteration", "node", "role", "aggregation", "sample", "rank")
+_SELECTION_FILTERS = ("training_step", "kind", "iteration", "node", "role", "aggregation", "sample", "rank",
+                      "type_of_execution")
+_TYPE = "type_of_execution"  # a step is (training_step, type): a row without a type (older chunks) is any type's
 
 
 class GroupReader:
@@ -233,7 +235,9 @@ class TrialReader:
 
     # -- tensor values -------------------------------------------------------------------------
     def selection(self, *, training_step: int, columns: list[str] | None = None, **filters: Any) -> pa.Table:
-        """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample, rank.
+        """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample, rank and
+        type_of_execution (an evaluation may share a training step's number; rows of chunks older than the
+        type column match any type, as their step number was unique).
 
         Cost grows with the rows returned, not with the size of the recording.
         """
@@ -245,7 +249,8 @@ class TrialReader:
         files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)]
         return self._query(files, columns, {"training_step": training_step, **filters})
 
-    def steps_selection(self, training_steps: list[int], *, rank: int | None = None) -> pa.Table:
+    def steps_selection(self, training_steps: list[int], *, rank: int | None = None,
+                        type_of_execution: str | None = None) -> pa.Table:
         """Every row of several training steps in one read.
 
         A tensors chunk is sorted by series, so one step's rows lie in all of its row groups: reading
@@ -253,19 +258,20 @@ class TrialReader:
         """
         steps = sorted({int(s) for s in training_steps})
         files = [p for p in self._files("tensors", rank) if any(_covers(p.name, s) for s in steps)]
-        return self._query(files, None, {"training_step": steps, "rank": rank})
+        return self._query(files, None, {"training_step": steps, "rank": rank, _TYPE: type_of_execution})
 
     def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int | None,
-               aggregation: str = "mean", sample: int = -1, statistic: str = "mean",
-               rank: int | None = None, cancelled: Callable[[], bool] | None = None) -> pa.Table:
+               aggregation: str = "mean", sample: int = -1, statistic: str = "mean", rank: int | None = None,
+               cancelled: Callable[[], bool] | None = None, type_of_execution: str | None = None) -> pa.Table:
         """One statistic of one tensor across every recorded step: columns training_step, value, rank,
         sorted by rank, then step (``rank=None``: every rank's line; ``iteration=None``: a row per recorded
-        iteration of each step, in no set order within the step). ``cancelled()``, asked between
+        iteration of each step, in no set order within the step; ``type_of_execution``: its steps only, where one
+        shares its number with a step of another type). ``cancelled()``, asked between
         chunks, ends the read with ``series_read.ReadCancelled`` once it is true."""
         if statistic not in fmt.STATISTICS + ("svd_max",):
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
         filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
-                   "aggregation": aggregation, "sample": sample, "rank": rank}
+                   "aggregation": aggregation, "sample": sample, "rank": rank, _TYPE: type_of_execution}
         table = self._series_rows(self._files("tensors", rank), ["training_step", statistic, "rank"], filters,
                                   cancelled)
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
@@ -313,6 +319,10 @@ class TrialReader:
             return False
         return True
 
+    def _has_type(self, path: Path) -> bool:
+        """Whether a tensors chunk has the type column (chunks written before it was added do not)."""
+        return self.format_version >= 3 and _TYPE in self._checks.names_of(path)
+
     def read_tensor_chunk(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """Every row of one tensors chunk; a damaged one is listed in ``problems`` and reads as empty,
         and so does one a live writer merged away meanwhile (its rows are in the merged chunk)."""
@@ -331,6 +341,7 @@ class TrialReader:
             self._report_problem(path, chunk_checks.damage_reason(error))
             log.debug("comgra: skipped %s", path, exc_info=error)
             return empty
+        table = fmt.with_added_columns("tensors", table)  # a chunk older than the type column: nulls
         if "rank" in wanted and "rank" not in table.column_names:  # format 1: rank 0's; format 3: its folder's
             rank = layout.rank_of_chunk(path)
             table = table.append_column(fmt.RANK_FIELD, pa.array(np.full(table.num_rows, rank, np.int32)))
@@ -344,15 +355,16 @@ class TrialReader:
         if not files:
             return _TENSORS.empty_table().select(columns or _TENSORS.names)
         # A list is a set of values (steps read together); the parameters are its items, one each.
-        where = " AND ".join(f'"{k}" IN ({", ".join("?" * len(v))})' if isinstance(v, list) else f'"{k}" = ?'
+        where = " AND ".join(f'"{k}" IN ({", ".join("?" * len(v))})' if isinstance(v, list) else
+                             f'("{k}" = ? OR "{k}" IS NULL)' if k == _TYPE else f'"{k}" = ?'
                              for k, v in active.items()) or "TRUE"
         values = [item for v in active.values() for item in (v if isinstance(v, list) else [v])]
         select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
 
         def run(paths: list[Path]) -> pa.Table:
-            groups: dict[int | None, list[str]] = {}  # format 3: by rank, each group's rank a constant
+            groups: dict[tuple[int | None, bool], list[str]] = {}  # format 3: by rank (a constant) and type column
             for p in paths:  # a trial named "run*" is no pattern
-                key = layout.rank_of_chunk(p) if self.format_version >= 3 else None
+                key = (layout.rank_of_chunk(p) if self.format_version >= 3 else None, self._has_type(p))
                 groups.setdefault(key, []).append(validation.glob_escaped(p))
             sql = f"SELECT {select} FROM {self._tensors_source(list(groups))} WHERE {where}"
             return self._cursor().sql(sql, params=[*groups.values(), *values]).to_arrow_table()
@@ -366,15 +378,18 @@ class TrialReader:
                 return _TENSORS.empty_table().select(columns or _TENSORS.names)
             return self._query([p for p in files if str(p) not in self.problems], columns, filters)
 
-    def _tensors_source(self, ranks: list[int | None]) -> str:
+    def _tensors_source(self, groups: list[tuple[int | None, bool]]) -> str:
         """Format 1 has no rank column (its rows are rank 0's), format 3 names it by folder: a constant stands in for it,
-        one ``read_parquet`` per rank, Hive detection off (it would add ``trial`` and a second ``rank`` column)."""
+        one ``read_parquet`` per rank, Hive detection off (it would add ``trial`` and a second ``rank`` column). A chunk
+        older than the type column reads it as null, one group per (rank, has the column)."""
+        null_type = f'CAST(NULL AS VARCHAR) AS "{_TYPE}", '
         if self.format_version >= 3:
-            read = 'SELECT *, CAST({} AS INTEGER) AS "rank" FROM read_parquet(?, hive_partitioning = false)'
-            return "(" + " UNION ALL ".join(read.format(int(r or 0)) for r in ranks) + ")"
+            read = 'SELECT *, {}CAST({} AS INTEGER) AS "rank" FROM read_parquet(?, hive_partitioning = false)'
+            return "(" + " UNION ALL ".join(read.format("" if typed else null_type, int(r or 0))
+                                            for r, typed in groups) + ")"
         if self.format_version >= 2:
-            return "read_parquet(?)"
-        return '(SELECT *, CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'
+            return f'(SELECT * EXCLUDE ("rank"), {null_type}"rank" FROM read_parquet(?))'
+        return f'(SELECT *, {null_type}CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         cursor = getattr(self._local, "cursor", None)
