@@ -29,11 +29,13 @@ class PanelQuestions:
 
     # -- the tensors page -----------------------------------------------------------------------------
     def node_summaries(self, trial_id: str, training_step: int, iteration: int, *, kind: str = fmt.FORWARD,
-                       rank: int = 0) -> dict[str, dict[str, float | None]]:
+                       rank: int = 0, type_of_execution: str | None = None) -> dict[str, dict[str, float | None]]:
         """min / mean / max of every node of one iteration (its first role; the batch mean of a tensor with a
         batch dimension), for the graph's hover cards. One query for the whole step."""
-        graph = self.graph_at(trial_id, training_step, iteration, rank)
-        table = self._reads.step_rows(trial_id, training_step, rank)  # also what the next clicks in this step read
+        graph = self.graph_at(trial_id, training_step, iteration, rank, type_of_execution)
+        type_of_execution = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)["type_of_execution"]
+        # also what the next clicks in this step read
+        table = self._reads.step_rows(trial_id, training_step, rank, type_of_execution)
         # Filtered in Arrow first: at 1,000 nodes a step has thousands of rows, and Python rows cost.
         table = table.filter(pc.and_(pc.equal(table["kind"], kind),
                                      pc.is_in(table["aggregation"], pa.array(["mean", "none"])))).select(
@@ -50,30 +52,43 @@ class PanelQuestions:
                 summaries[node["id"]] = {name: row[name] for name in ("min", "mean", "max")}
         return summaries
 
-    def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> dict[str, Any]:
-        """The steps index's row of one (training step, iteration): type, graph hash, samples, categories."""
-        rows = [r for r in self._reads.step_index(trial_id, rank).rows_of(training_step) if r["iteration"] == iteration]
+    def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0,
+                 type_of_execution: str | None = None) -> dict[str, Any]:
+        """The steps index's row of one (training step, iteration): type, graph hash, samples, categories. A number
+        several types share: of ``type_of_execution`` (None: the main type's; see ``StepIndex.rows_of``)."""
+        rows = [r for r in self._reads.step_index(trial_id, rank).rows_of(training_step, type_of_execution)
+                if r["iteration"] == iteration]
         if not rows:
             raise SelectionError(f"Trial {trial_id!r} has no iteration {iteration} of training step {training_step} "
                                  f"(rank {rank}); choose a recorded step in the Tensors tab.")
         return rows[0]
 
-    def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> fmt.GraphDocument:
+    def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0,
+                 type_of_execution: str | None = None) -> fmt.GraphDocument:
         """The dependency graph of one iteration of one recorded step."""
-        return self._trials.trial(trial_id).graph(self.step_row(trial_id, training_step, iteration, rank)["graph"])
+        row = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)
+        return self._trials.trial(trial_id).graph(row["graph"])
 
     def adjacent_step(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
-                      index: int | None = None, rank: int | None = 0) -> int | None:
-        """The recorded step ``offset`` steps of this type away from ``training_step`` (clamped to the first and
-        last), or the ``index``-th one; None when the type has no steps. The step buttons and slider ask this."""
-        steps = self._reads.step_index(trial_id, rank).steps_of(type_of_execution).tolist()
-        if not steps:
+                      index: int | None = None, rank: int | None = 0,
+                      step_type: str | None = None) -> tuple[int, str | None] | None:
+        """The recorded step (number, type) ``offset`` steps of this type away from (``training_step``,
+        ``step_type``) (clamped to the first and last), or the ``index``-th one; None when the type has no steps.
+        The step buttons and slider ask this; an evaluation that shares a training step's number is a step of its
+        own (``StepIndex.positions``)."""
+        positions = self._reads.step_index(trial_id, rank).positions(type_of_execution)
+        if not positions:
             return None
         if index is None:
-            here = steps.index(training_step) if training_step in steps else \
-                int(np.searchsorted(steps, training_step)) - (1 if offset > 0 else 0)
+            steps = [step for step, _ in positions]
+            here = next((i for i, pair in enumerate(positions) if pair == (training_step, step_type)), None)
+            if here is None and training_step in steps:
+                here = steps.index(training_step)
+            if here is None:
+                here = int(np.searchsorted(steps, training_step)) - (1 if offset > 0 else 0)
             index = here + offset
-        return int(steps[max(0, min(len(steps) - 1, index))])
+        step, kind = positions[max(0, min(len(positions) - 1, index))]
+        return int(step), kind
 
     def neuron_values(self, selection: Selection) -> NeuronValues:
         """The stored values of the selected tensor (the first ones of the flattened value dimensions)."""
@@ -91,7 +106,7 @@ class PanelQuestions:
         aggregation, sample = parse_aggregation(selection.aggregation)
         index = self._reads.step_index(selection.trial, selection.rank)
         rows = self._reads.node_rows(selection.trial, index, selection.training_step, iteration=selection.data_iteration,
-                              node=selection.node, rank=selection.rank)
+                                     node=selection.node, rank=selection.rank, type_of_execution=selection.step_type)
         wanted = {"kind": selection.kind, "role": selection.role, "aggregation": aggregation, "sample": sample}
         return next((row for row in rows if all(row[key] == value for key, value in wanted.items())), None)
 

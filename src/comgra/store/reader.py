@@ -23,6 +23,7 @@ from typing import Any, cast
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
@@ -236,18 +237,20 @@ class TrialReader:
     # -- tensor values -------------------------------------------------------------------------
     def selection(self, *, training_step: int, columns: list[str] | None = None, **filters: Any) -> pa.Table:
         """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample, rank and
-        type_of_execution (an evaluation may share a training step's number; rows of chunks older than the
-        type column match any type, as their step number was unique).
-
-        Cost grows with the rows returned, not with the size of the recording.
-        """
+        type_of_execution (an evaluation may share a training step's number). Cost grows with the rows returned."""
         unknown = set(filters) - set(_SELECTION_FILTERS)
         if unknown:
             raise SelectionError(f"Unknown filter(s) {sorted(unknown)}; valid filters: {list(_SELECTION_FILTERS)}")
         # One value each (no lists here); None means "any", as in _query.
         validation.check_filter_values({k: v for k, v in {"training_step": training_step, **filters}.items() if v is not None})
-        files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)]
+        files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)
+                 and (filters.get(_TYPE) is None or training_step in self._numbers_of(filters[_TYPE], None).to_pylist())]
         return self._query(files, columns, {"training_step": training_step, **filters})
+
+    def _numbers_of(self, type_of_execution: str, rank: int | None) -> pa.Array:
+        """The step numbers of one type: a row of a chunk older than the type column (null) is its number's one step's."""
+        steps = self.steps(rank)
+        return pc.filter(steps["training_step"], pc.equal(steps[_TYPE], type_of_execution)).combine_chunks()
 
     def steps_selection(self, training_steps: list[int], *, rank: int | None = None,
                         type_of_execution: str | None = None) -> pa.Table:
@@ -274,6 +277,8 @@ class TrialReader:
                    "aggregation": aggregation, "sample": sample, "rank": rank, _TYPE: type_of_execution}
         table = self._series_rows(self._files("tensors", rank), ["training_step", statistic, "rank"], filters,
                                   cancelled)
+        if type_of_execution is not None:
+            table = table.filter(pc.is_in(table["training_step"], self._numbers_of(type_of_execution, rank)))
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
 
@@ -321,7 +326,10 @@ class TrialReader:
 
     def _has_type(self, path: Path) -> bool:
         """Whether a tensors chunk has the type column (chunks written before it was added do not)."""
-        return self.format_version >= 3 and _TYPE in self._checks.names_of(path)
+        try:
+            return self.format_version >= 3 and _TYPE in self._checks.names_of(path)
+        except OSError:
+            return True  # merged away meanwhile: the query fails and lists again
 
     def read_tensor_chunk(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """Every row of one tensors chunk; a damaged one is listed in ``problems`` and reads as empty,
