@@ -15,7 +15,7 @@ from comgra.service import RecordingService
 from comgra.service.selection import ANY_TYPE
 from comgra.store import format as fmt
 
-from tests.conftest import GROUP
+from tests.conftest import GROUP, TRIAL
 
 
 def _step(recorder, step: int, kind: str, model, x: torch.Tensor) -> None:
@@ -124,3 +124,33 @@ def test_a_recording_without_the_type_column_reads_as_before(make_recorder, open
     assert [p["training_step"] for p in after["typed"]["evaluation"]] == [1, 3]
     assert open_trial().selection(training_step=1)["type_of_execution"].null_count == \
         open_trial().selection(training_step=1).num_rows  # read as null: the step's one type
+
+
+def test_the_rest_api_answers_each_step_of_a_shared_number(make_recorder, store_root, tiny_model) -> None:
+    from comgra.server.app import create_app
+
+    recorder = make_recorder({0, 1, 2})
+    inputs = {(0, "training"): 1.0, (1, "evaluation"): 2.0, (1, "training"): 3.0, (2, "training"): 4.0}
+    for (step, kind), scale in inputs.items():
+        _step(recorder, step, kind, tiny_model, scale * torch.ones(4, 3))
+    recorder.finalize()
+    app = create_app(store_root / GROUP, warm_up=False)
+    try:
+        client = app.server.test_client()
+        base = f"/api/v1/trials/{TRIAL}"
+        steps = client.get(f"{base}/steps").json["steps"]
+        assert sorted((r["training_step"], r["type_of_execution"]) for r in steps) == sorted(inputs)
+        for (step, kind), scale in inputs.items():
+            answer = client.get(f"{base}/values?step={step}&execution={kind}&node=x&aggregation=mean").json
+            assert answer["values"]["mean"] == pytest.approx(scale)
+            assert answer["selection"]["step_type"] == kind
+            assert client.get(f"{base}/graph?step={step}&execution={kind}").json["type_of_execution"] == kind
+        # Without ?execution= a shared number answers its main type (the one most steps have), and says so.
+        answer = client.get(f"{base}/values?step=1&node=x&aggregation=mean").json
+        assert answer["selection"]["step_type"] == "training" and answer["values"]["mean"] == pytest.approx(3.0)
+        missing = client.get(f"{base}/graph?step=0&execution=evaluation")
+        assert missing.status_code == 404 and "of type 'evaluation'" in missing.json["error"]["message"]
+        series = client.get(f"{base}/series?node=x&role=x&iteration=0&execution=evaluation").json
+        assert (series["training_step"], series["value"]) == ([1], [pytest.approx(2.0)])
+    finally:
+        app.server.config.clear()
