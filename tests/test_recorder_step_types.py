@@ -70,7 +70,7 @@ def test_an_evaluation_shares_a_training_steps_number_and_each_reads_its_own_row
                                              (2, "evaluation"), (2, "training")]
         # The app: the slider has a position per step; each resolves to its own values.
         for position, (step, kind) in enumerate(index.positions(ANY_TYPE)):
-            assert service.adjacent_step(trial.trial_id, ANY_TYPE, 0, index=position) == (step, kind)
+            assert service.adjacent_position(trial.trial_id, ANY_TYPE, 0, index=position) == (step, kind)
             view = service.resolve({"trial": trial.trial_id, "training_step": step, "step_type": kind,
                                     "node_id": "x", "aggregation": "mean"})
             assert (view.selection.training_step, view.selection.step_type) == (step, kind)
@@ -78,7 +78,7 @@ def test_an_evaluation_shares_a_training_steps_number_and_each_reads_its_own_row
         # Without a type, a shared number shows the main type (the one most steps have): training.
         view = service.resolve({"trial": trial.trial_id, "training_step": 1, "node_id": "x", "aggregation": "mean"})
         assert view.selection.step_type == "training" and view.row["mean"] == pytest.approx(3.0)
-        assert service.adjacent_step(trial.trial_id, ANY_TYPE, 1, offset=1, step_type="evaluation") == (1, "training")
+        assert service.adjacent_position(trial.trial_id, ANY_TYPE, 1, offset=1, step_type="evaluation") == (1, "training")
     finally:
         service.close()
 

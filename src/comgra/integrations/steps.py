@@ -44,6 +44,7 @@ class StepDriver:
         self.enabled = recorder.comgra_is_active
         self.number = -1  # the last comgra step number handed out
         self._evaluated_at: int | None = None  # the number of the last evaluation step (with number_of)
+        self._last_of: dict[str, int] = {}  # the last number of each kind of step
         self.open: str | None = None  # TRAINING or EVALUATION while a step is open
         self.evaluation_done = False  # this evaluation run's first batch is recorded
         self._loss_iteration = -1  # the recorder's iteration serial whose loss is registered
@@ -123,7 +124,11 @@ class StepDriver:
         return self.number + 1 if self.number_of is None else self.number_of()
 
     def _start(self, kind: str, batch_size: int) -> None:
-        self.number = self.number + 1 if self.number_of is None else self.number_of()
+        number = self.number + 1 if self.number_of is None else self.number_of()
+        last = self._last_of.get(kind)
+        if last is not None and number <= last:  # an optimizer step the framework did not count: never a step twice
+            number = last + 1
+        self.number = self._last_of[kind] = max(number, self.number)
         self.open = kind
         self.gradients_recorded = False
         self.recorder.start_batch(self.number, batch_size, type_of_execution=kind)

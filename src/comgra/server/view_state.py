@@ -161,7 +161,7 @@ def _unanswered_choices(wanted: dict[str, Any], shown: Mapping[str, Any], inputs
 
 
 def _step_from(service: RecordingService, shown: Mapping[str, Any] | None, trigger: str,
-               value: Any) -> tuple[int, str | None] | None:
+               value: Any) -> tuple[int, str] | None:
     """The step a step button or the slider asks for; the question lives in service (adjacent_step)."""
     if not shown:
         return None
@@ -169,8 +169,9 @@ def _step_from(service: RecordingService, shown: Mapping[str, Any] | None, trigg
         index, offset = (value if type(value) is int else 0), 0  # noqa: E721
     else:
         index, offset = None, (1 if trigger == "step_next" else -1)
-    return service.adjacent_step(shown["trial"], shown["type_of_execution"], shown["training_step"], offset=offset,
-                                 index=index, rank=shown.get("rank"), step_type=shown.get("step_type"))
+    return service.adjacent_position(shown["trial"], shown["type_of_execution"], shown["training_step"],
+                                     offset=offset, index=index, rank=shown.get("rank"),
+                                     step_type=shown.get("step_type"))
 
 
 def remember(wanted: Mapping[str, Any], view: View) -> dict[str, Any]:

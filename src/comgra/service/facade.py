@@ -121,10 +121,15 @@ class RecordingService:
         return self.panel_questions.graph_at(trial_id, training_step, iteration, rank, type_of_execution)
 
     def adjacent_step(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
-                      index: int | None = None, rank: int | None = 0,
-                      step_type: str | None = None) -> tuple[int, str | None] | None:
+                      index: int | None = None, rank: int | None = 0) -> int | None:
         return self.panel_questions.adjacent_step(trial_id, type_of_execution, training_step, offset=offset,
-                                                  index=index, rank=rank, step_type=step_type)
+                                                  index=index, rank=rank)
+
+    def adjacent_position(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
+                          index: int | None = None, rank: int | None = 0,
+                          step_type: str | None = None) -> tuple[int, str] | None:
+        return self.panel_questions.adjacent_position(trial_id, type_of_execution, training_step, offset=offset,
+                                                      index=index, rank=rank, step_type=step_type)
 
     def neuron_values(self, selection: Selection) -> NeuronValues:
         return self.panel_questions.neuron_values(selection)

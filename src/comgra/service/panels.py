@@ -70,8 +70,15 @@ class PanelQuestions:
         return self._trials.trial(trial_id).graph(row["graph"])
 
     def adjacent_step(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
-                      index: int | None = None, rank: int | None = 0,
-                      step_type: str | None = None) -> tuple[int, str | None] | None:
+                      index: int | None = None, rank: int | None = 0) -> int | None:
+        """The number of ``adjacent_position``."""
+        position = self.adjacent_position(trial_id, type_of_execution, training_step, offset=offset, index=index,
+                                          rank=rank)
+        return None if position is None else position[0]
+
+    def adjacent_position(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
+                          index: int | None = None, rank: int | None = 0,
+                          step_type: str | None = None) -> tuple[int, str] | None:
         """The recorded step (number, type) ``offset`` steps of this type away from (``training_step``,
         ``step_type``) (clamped to the first and last), or the ``index``-th one; None when the type has no steps.
         The step buttons and slider ask this; an evaluation that shares a training step's number is a step of its
