@@ -131,6 +131,46 @@ def test_evaluation_runs_are_their_own_type_of_step(tmp_path: Path) -> None:
     assert {("loss", 1), ("loss", 2), ("eval_loss", 1), ("eval_loss", 2), ("eval_loss", 3)} <= logged
 
 
+class _DropoutLeftOnInEvaluation(transformers.Trainer):  # type: ignore[misc]
+    """A planted bug: each evaluation batch runs with the model back in training mode (dropout on)."""
+
+    def prediction_step(self, model: Any, *arguments: Any, **kwargs: Any) -> Any:
+        model.train()
+        return super().prediction_step(model, *arguments, **kwargs)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_scan_sees_an_evaluation_beside_the_training_step_of_its_number(tmp_path: Path, planted: bool) -> None:
+    """With dropout in the model (GPT-2's default 0.1): the scan tells the evaluation at global_step g from training
+    step g. Before (step, type) phases, the training step's dropout in training mode was charged to the evaluation
+    of its number: a false "dropout in training mode on evaluation steps" error on a healthy run."""
+    from comgra.analysis.scan import Scanner
+
+    transformers.utils.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded(range(10)),
+                              flush_seconds=0.05)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
+        num_train_epochs=1, learning_rate=0.01, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1,
+        disable_tqdm=True, seed=0, eval_strategy="steps", eval_steps=2)
+    trainer_class = _DropoutLeftOnInEvaluation if planted else transformers.Trainer
+    trainer = trainer_class(model=model, args=args, train_dataset=_data(16, seed=5), eval_dataset=_data(4, seed=6),
+                            callbacks=[callback])
+    trainer.train()
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_loss" in e]
+    assert evaluated == [2, 4]
+    findings = Scanner().scan(tmp_path / "store" / "hf").findings
+    dropout = [f for f in findings if f.evidence.get("problem") == "dropout_train_in_evaluation"]
+    if planted:
+        assert dropout and dropout[0].severity == "error" and dropout[0].training_step == 2  # the first evaluation
+    else:
+        assert dropout == [], [f.message for f in dropout]
+
+
 def test_unrecorded_steps_leave_no_steps_and_hooks_come_off(tmp_path: Path) -> None:
     model = _model()
     callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded({1}),
