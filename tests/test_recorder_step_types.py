@@ -79,6 +79,13 @@ def test_an_evaluation_shares_a_training_steps_number_and_each_reads_its_own_row
         view = service.resolve({"trial": trial.trial_id, "training_step": 1, "node_id": "x", "aggregation": "mean"})
         assert view.selection.step_type == "training" and view.row["mean"] == pytest.approx(3.0)
         assert service.adjacent_position(trial.trial_id, ANY_TYPE, 1, offset=1, step_type="evaluation") == (1, "training")
+        # The Samples tab: the rows of the step of the shown type.
+        for kind, scale in (("evaluation", 2.0), ("training", 3.0)):
+            columns = service.sample_columns(trial.trial_id, 1, 0, type_of_execution=kind)
+            (column,) = [c for c in columns if c.node_id == "x" and c.kind == "forward"]
+            table = service.samples_table(trial.trial_id, 1, 0, [column], type_of_execution=kind)
+            assert table.type_of_execution == kind
+            assert [r[column.key] for r in table.rows] == pytest.approx([scale] * 4)
     finally:
         service.close()
 

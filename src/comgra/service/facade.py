@@ -143,12 +143,15 @@ class RecordingService:
     def counterpart(self, selection: Selection, *, trial: str | None = None, training_step: int | None = None) -> View:
         return self.panel_questions.counterpart(selection, trial=trial, training_step=training_step)
 
-    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *, rank: int = 0) -> list[SampleColumn]:
-        return self.panel_questions.sample_columns(trial_id, training_step, iteration, rank=rank)
+    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *, rank: int = 0,
+                       type_of_execution: str | None = None) -> list[SampleColumn]:
+        return self.panel_questions.sample_columns(trial_id, training_step, iteration, rank=rank,
+                                                   type_of_execution=type_of_execution)
 
     def samples_table(self, trial_id: str, training_step: int, iteration: int, columns: list[SampleColumn], *,
-                      rank: int = 0) -> SamplesTable:
-        return self.panel_questions.samples_table(trial_id, training_step, iteration, columns, rank=rank)
+                      rank: int = 0, type_of_execution: str | None = None) -> SamplesTable:
+        return self.panel_questions.samples_table(trial_id, training_step, iteration, columns, rank=rank,
+                                                  type_of_execution=type_of_execution)
 
     # -- findings ----------------------------------------------------------------------------------
     def configure_findings(self, *, sensitivity: float | None = None, background: bool = True) -> None:

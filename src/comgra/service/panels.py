@@ -139,12 +139,13 @@ class PanelQuestions:
                   "aggregation": selection.aggregation, "rank": selection.rank}
         return resolve(self._trials, self._reads, wanted)
 
-    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *,
-                       rank: int = 0) -> list[SampleColumn]:
+    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *, rank: int = 0,
+                       type_of_execution: str | None = None) -> list[SampleColumn]:
         """Every (node, role, kind) of this iteration that has per-sample values: the samples table's choices."""
-        graph = self.graph_at(trial_id, training_step, iteration, rank)
+        step = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)
+        graph = self._trials.trial(trial_id).graph(step["graph"])
         table = self._reads.tensor_rows(trial_id, training_step, columns=["node", "role", "kind", "iteration"],
-                                 aggregation="sample", rank=rank)
+                                        aggregation="sample", rank=rank, type_of_execution=step["type_of_execution"])
         recorded = set(zip(*(table.column(c).to_pylist() for c in ("node", "role", "kind", "iteration"))))
         columns = []
         for node in sorted(graph["nodes"], key=lambda n: (n["column"], n["row"])):
@@ -155,13 +156,13 @@ class PanelQuestions:
         return columns
 
     def samples_table(self, trial_id: str, training_step: int, iteration: int, columns: list[SampleColumn], *,
-                      rank: int = 0) -> SamplesTable:
+                      rank: int = 0, type_of_execution: str | None = None) -> SamplesTable:
         """One row per recorded sample of one iteration, one value per column (a statistic or one neuron).
 
         The tutorial's last finding is one look at this table: sort by ``loss_per_sample``
         and read ``helper_partial_sums`` beside it.
         """
-        step = self.step_row(trial_id, training_step, iteration, rank)
+        step = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)
         graph = self._trials.trial(trial_id).graph(step["graph"])
         nodes = {n["id"]: n for n in graph["nodes"]}
         samples = list(step["samples"] or [])
@@ -170,8 +171,8 @@ class PanelQuestions:
         missing = []
         for column in columns:
             node = nodes.get(column.node_id)
-            found = self._sample_values(trial_id, training_step, node_data_iteration(node, iteration), node["node"],
-                                        column, rank) if node else {}
+            found = self._sample_values(trial_id, (training_step, step["type_of_execution"]),
+                                        node_data_iteration(node, iteration), node["node"], column, rank) if node else {}
             if not found:
                 missing.append(column.label)
             for sample in found:
@@ -181,15 +182,15 @@ class PanelQuestions:
                  **{key: by_sample.get(sample) for key, by_sample in values.items()}} for sample in sorted(categories)]
         return SamplesTable(trial_id, training_step, iteration, step["type_of_execution"], list(columns), rows, missing)
 
-    def _sample_values(self, trial_id: str, training_step: int, data_iteration: int, node: str,
+    def _sample_values(self, trial_id: str, step: tuple[int, str], data_iteration: int, node: str,
                        column: SampleColumn, rank: int) -> dict[int, float | None]:
         read = "neurons" if column.statistic == NEURON else column.statistic
         if read not in (*PLOT_STATISTICS, "neurons"):
             raise SelectionError(f"Unknown statistic {column.statistic!r} for the samples table"
                                  + did_you_mean(column.statistic, [*PLOT_STATISTICS, NEURON]))
-        table = self._reads.tensor_rows(trial_id, training_step, columns=["sample", read], kind=column.kind,
-                                 iteration=data_iteration, node=node, role=column.role, aggregation="sample",
-                                 rank=rank)
+        table = self._reads.tensor_rows(trial_id, step[0], columns=["sample", read], kind=column.kind,
+                                        iteration=data_iteration, node=node, role=column.role, aggregation="sample",
+                                        rank=rank, type_of_execution=step[1])
         found: dict[int, float | None] = {}
         for sample, value in zip(table.column("sample").to_pylist(), table.column(read).to_pylist()):
             if read == "neurons":
