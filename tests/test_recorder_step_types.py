@@ -79,6 +79,12 @@ def test_an_evaluation_shares_a_training_steps_number_and_each_reads_its_own_row
         view = service.resolve({"trial": trial.trial_id, "training_step": 1, "node_id": "x", "aggregation": "mean"})
         assert view.selection.step_type == "training" and view.row["mean"] == pytest.approx(3.0)
         assert service.adjacent_position(trial.trial_id, ANY_TYPE, 1, offset=1, step_type="evaluation") == (1, "training")
+        # Compare pins the same step (number and type) of the same tensor.
+        shown = service.resolve({"trial": trial.trial_id, "training_step": 1, "step_type": "evaluation",
+                                 "node_id": "x", "aggregation": "mean"}).selection
+        pinned = service.counterpart(shown).selection
+        assert (pinned.training_step, pinned.step_type) == (1, "evaluation")
+        assert service.compare(pinned, shown).current_row["mean"] == pytest.approx(2.0)
         # The Samples tab: the rows of the step of the shown type.
         for kind, scale in (("evaluation", 2.0), ("training", 3.0)):
             columns = service.sample_columns(trial.trial_id, 1, 0, type_of_execution=kind)

@@ -132,7 +132,7 @@ class PanelQuestions:
         Whatever does not exist there (the step, the iteration, the node) falls back as in
         ``resolve``, and the view's notices say what changed.
         """
-        wanted = {"trial": trial or selection.trial, "type_of_execution": ANY_TYPE,
+        wanted = {"trial": trial or selection.trial, "type_of_execution": ANY_TYPE, "step_type": selection.step_type,
                   "training_step": selection.training_step if training_step is None else training_step,
                   "iteration": selection.iteration, "node_id": selection.node_id,
                   "roles": {selection.node: selection.role}, "kind": selection.kind,
