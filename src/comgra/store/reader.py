@@ -243,8 +243,9 @@ class TrialReader:
             raise SelectionError(f"Unknown filter(s) {sorted(unknown)}; valid filters: {list(_SELECTION_FILTERS)}")
         # One value each (no lists here); None means "any", as in _query.
         validation.check_filter_values({k: v for k, v in {"training_step": training_step, **filters}.items() if v is not None})
-        files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)
-                 and (filters.get(_TYPE) is None or training_step in self._numbers_of(filters[_TYPE], None).to_pylist())]
+        typed = filters.get(_TYPE)  # a step of another type at this number only: no rows
+        held = typed is None or bool(pc.any(pc.equal(self._numbers_of(typed, None), training_step)).as_py())
+        files = [p for p in self._files("tensors", filters.get("rank")) if held and _covers(p.name, training_step)]
         return self._query(files, columns, {"training_step": training_step, **filters})
 
     def _numbers_of(self, type_of_execution: str, rank: int | None) -> pa.Array:
