@@ -43,3 +43,25 @@ def test_a_listing_torn_by_a_merge_is_listed_again(make_recorder, open_trial, ti
     trial._files, trial.chunk_names = files, names  # type: ignore[method-assign]
     assert sorted(set(trial.steps()["training_step"].to_pylist())) == [0, 1, 2]
     assert torn == {"files": 0, "names": 0}
+
+
+def test_a_folder_read_torn_by_a_merge_is_read_again(make_recorder, open_trial, tiny_model, monkeypatch) -> None:
+    """The tensors a query reads: a folder read that a merge tore (the merged chunk missed, its parts gone) is read
+    again, so a recorded step's values are not answered as absent."""
+    from comgra.store import format as fmt
+
+    _record(make_recorder({0, 1, 2}), 3, tiny_model)
+    trial = open_trial()
+    real = fmt.chunk_names
+    torn = {"left": 1}
+
+    def chunk_names(folder):
+        names = real(folder)
+        if folder.parent.parent.name == "tensors" and torn["left"]:
+            torn["left"] -= 1
+            return []  # the merged chunk renamed in after the read passed it, the parts deleted before it got there
+        return names
+
+    monkeypatch.setattr(fmt, "chunk_names", chunk_names)
+    assert trial.selection(training_step=2, node="x", kind="forward", aggregation="mean").num_rows == 1
+    assert torn["left"] == 0

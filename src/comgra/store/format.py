@@ -379,6 +379,19 @@ def chunk_files(folder: Path) -> list[Path]:
     return [folder / name for name in chunk_names(folder)]
 
 
+def settled_chunk_files(folder: Path, attempts: int = 8) -> list[Path]:
+    """``chunk_files(folder)`` from a listing that two folder reads in a row agree on. A folder read is no snapshot:
+    a merged chunk renamed into place while it runs can be missed, and the parts it replaces, deleted meanwhile,
+    missed too; their steps would then be absent from one answer (the reader's queries list with this)."""
+    names = chunk_names(folder)
+    for _ in range(attempts):
+        again = chunk_names(folder)
+        if again == names:
+            break
+        names = again
+    return [folder / name for name in names]
+
+
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
     _write_atomic(path, lambda tmp: tmp.write_text(json_text(document)))
 

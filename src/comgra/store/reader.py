@@ -417,7 +417,7 @@ class TrialReader:
         bad = self._skipped()
         folders = layout.table_dirs(self.directory, table, self.format_version)
         visible = [p for folder in folders for p in fmt.visible_chunks(
-            [p for p in fmt.chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
+            [p for p in fmt.settled_chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
         return visible if rank is None else [p for p in visible if layout.rank_of_chunk(p) == rank]
 
     def _own_chunk(self, path: Path) -> bool:
