@@ -157,6 +157,7 @@ def test_the_rest_api_answers_each_step_of_a_shared_number(make_recorder, store_
             answer = client.get(f"{base}/values?step={step}&execution={kind}&node=x&aggregation=mean").json
             assert answer["values"]["mean"] == pytest.approx(scale)
             assert answer["selection"]["step_type"] == kind
+            assert f"type={kind}&step={step}&" in answer["app_link"]  # the app opens this step, not its number's other
             assert client.get(f"{base}/graph?step={step}&execution={kind}").json["type_of_execution"] == kind
         # Without ?execution= a shared number answers its main type (the one most steps have), and says so.
         answer = client.get(f"{base}/values?step=1&node=x&aggregation=mean").json

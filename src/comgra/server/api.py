@@ -340,7 +340,7 @@ class Routes:
             view = self.service.resolve({**wanted, "node_id": selection.node_id, "roles": {selection.node: role}})
             selection = view.selection
         self._check_met(selection, role=role, kind=wanted["kind"], aggregation=wanted["aggregation"])
-        link = view_link(trial, type_of_execution=selection.step_type, training_step=step, iteration=iteration,  # type: ignore[union-attr]
+        link = view_link(trial, type_of_execution=str_arg("execution"), training_step=step, iteration=iteration,
                          node_id=selection.node_id,  # type: ignore[union-attr]
                          role=selection.role, kind=selection.kind, aggregation=selection.aggregation, rank=rank)  # type: ignore[union-attr]
         return self._answer(trial, {"selection": selection.to_dict(), "values": view.row, "app_link": link})  # type: ignore[union-attr]
