@@ -52,6 +52,7 @@ class StepIndex:
         self._types: list[str] | None = None
         self._steps_of: dict[str, np.ndarray] = {}
         self._positions: dict[str, list[tuple[int, str]]] = {}
+        self._main: str | None = None
 
     def types_of_execution(self) -> list[str]:
         if self._types is None:
@@ -86,8 +87,10 @@ class StepIndex:
         when no type is asked for."""
         if not len(self.types):
             return None
-        names, counts = np.unique(self.types.astype(str), return_counts=True)
-        return str(names[int(np.argmax(counts))])
+        if self._main is None:  # the index never changes: once
+            names, counts = np.unique(self.types.astype(str), return_counts=True)
+            self._main = str(names[int(np.argmax(counts))])
+        return self._main
 
     def types_at(self, training_step: int) -> list[str]:
         """The types of the steps numbered ``training_step`` (an evaluation may share a training step's number)."""
