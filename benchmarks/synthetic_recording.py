@@ -592,7 +592,7 @@ class PresortedChunks:
             column = table.schema.get_field_index("training_step")
             table = table.set_column(column, table.schema.field(column), pa.array(relative, pa.int64()))
             rank = pa.repeat(pa.scalar(self.writer.rank, pa.int32()), table.num_rows)
-            table = table.append_column(fmt.RANK_FIELD, rank).cast(fmt.SCHEMAS["tensors"])
+            table = fmt.with_added_columns("tensors", table).append_column(fmt.RANK_FIELD, rank).cast(fmt.SCHEMAS["tensors"])
             template = table.sort_by(fmt.TENSOR_SORT)
             if len(self.templates) < self.MAX_TEMPLATES:
                 self.templates[offset] = template

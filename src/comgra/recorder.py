@@ -226,15 +226,12 @@ class ComgraRecorder(WatchedTensors):
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
                                  "is still open; call finish_batch() at the end of each training step, or "
                                  "abandon_step() to drop a step that an exception interrupted.")
-        if self.training_step is not None and training_step <= self.training_step:
-            raise RecordingError(f"training_step={training_step} does not increase (the previous step was "
-                                 f"{self.training_step}); pass a step counter that grows by at least 1 per call, or "
-                                 "make a new ComgraRecorder to record from the start again.")
+        step_control.check_order(self, training_step, type_of_execution)  # a step is (number, type)
         known = isinstance(type_of_execution, str) and type_of_execution in self._types_seen
         if type_of_execution is not None and not known:  # a type is checked once, not on every step
             stages.check_type(type_of_execution)
             self._types_seen.add(type_of_execution)
-        step_control.opened(self)  # what abandon_step() goes back to
+        step_control.opened(self, training_step, type_of_execution)  # what abandon_step() goes back to
         self.training_step, self.type_of_execution = training_step, type_of_execution
         self._batch_size = current_batch_size
         self.current_stage = "started"

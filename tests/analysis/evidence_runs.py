@@ -43,8 +43,10 @@ class Bug:
 
 
 def train(directory: Path, trial: str, bug: Bug, *, steps: int = 12, every: int = 3,
-          evaluate_every: int = 3, sentinels: dict[str, Any] | None = None) -> Path:
-    """Record one run; returns the group folder."""
+          evaluate_every: int = 3, sentinels: dict[str, Any] | None = None, shared_numbers: bool = False) -> Path:
+    """Record one run; returns the group folder. ``shared_numbers``: number the steps as the Hugging Face Trainer's
+    callback does (training steps 0, 1, 2, ...; an evaluation after training step g - 1 is step g of type
+    "evaluation", beside training step g), else one count of both."""
     net = model()
     optimizer = bug.optimizer(net) if bug.optimizer else torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     recorder = ComgraRecorder(directory, "group", trial,
@@ -77,7 +79,7 @@ def train(directory: Path, trial: str, bug: Bug, *, steps: int = 12, every: int 
                 _step(recorder, net, x, y, step, "evaluation")
                 recorder.finish_iteration()
                 recorder.finish_batch()
-            step += 1
+            step += 0 if shared_numbers else 1
             if bug.back_to_train_mode:
                 net.train()
     recorder.finalize()

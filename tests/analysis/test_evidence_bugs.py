@@ -14,27 +14,32 @@ from evidence_runs import EVIDENCE_DETECTORS, Bug, scan, serious, train
 
 
 
-def _fixed_is_clean(tmp_path: Path, bug: Bug) -> None:
-    findings = scan(train(tmp_path / "fixed", "fixed", bug))
+def _fixed_is_clean(tmp_path: Path, bug: Bug, **options: bool) -> None:
+    findings = scan(train(tmp_path / "fixed", "fixed", bug, **options))
     assert serious(findings, EVIDENCE_DETECTORS) == [], [f.message for f in serious(findings, EVIDENCE_DETECTORS)]
 
 
-def test_dropout_and_batchnorm_left_in_training_mode_during_evaluation(tmp_path: Path) -> None:
-    findings = scan(train(tmp_path / "buggy", "buggy", Bug(evaluate_in_eval_mode=False)))
+# shared_numbers: each evaluation takes the number of the training step after it (the Trainer's global_step), so
+# the phases of a step come from its number and its type.
+@pytest.mark.parametrize("shared_numbers", [False, True])
+def test_dropout_and_batchnorm_left_in_training_mode_during_evaluation(tmp_path: Path, shared_numbers: bool) -> None:
+    findings = scan(train(tmp_path / "buggy", "buggy", Bug(evaluate_in_eval_mode=False), shared_numbers=shared_numbers))
     dropout = [f for f in serious(findings, ("run_modes",)) if f.evidence["problem"] == "dropout_train_in_evaluation"]
     assert len(dropout) == 1 and dropout[0].severity == "error" and dropout[0].node == "net.3"
     assert dropout[0].training_step == 3  # the first evaluation step, recorded
     batchnorm = [f for f in findings if f.evidence.get("problem") == "batchnorm_train_in_evaluation"]
     assert [f.node for f in batchnorm] == ["net.1"]
-    _fixed_is_clean(tmp_path, Bug())
+    _fixed_is_clean(tmp_path, Bug(), shared_numbers=shared_numbers)
 
 
-def test_model_left_in_evaluation_mode_after_evaluating(tmp_path: Path) -> None:
-    findings = scan(train(tmp_path / "buggy", "buggy", Bug(back_to_train_mode=False)))
+@pytest.mark.parametrize("shared_numbers", [False, True])
+def test_model_left_in_evaluation_mode_after_evaluating(tmp_path: Path, shared_numbers: bool) -> None:
+    findings = scan(train(tmp_path / "buggy", "buggy", Bug(back_to_train_mode=False), shared_numbers=shared_numbers))
     changed = [f for f in serious(findings, ("run_modes",)) if f.evidence["problem"] == "mode_changes_in_training"]
     assert sorted(f.node for f in changed) == ["net.1", "net.3"]
-    # Recorded training steps: 0, 4 (after the first evaluation at step 3), 8, 12; eval mode from 4 on.
-    assert {f.training_step for f in changed} == {4}
+    # Recorded training steps: 0, 4 (after the first evaluation at step 3), 8, 12; eval mode from 4 on. Shared
+    # numbers: 0, 3 (beside the evaluation 3), 6, 9; eval mode from 3 on.
+    assert {f.training_step for f in changed} == ({3} if shared_numbers else {4})
 
 
 def test_batchnorm_left_out_of_the_optimizer(tmp_path: Path) -> None:

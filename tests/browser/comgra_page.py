@@ -104,15 +104,17 @@ class ComgraPage:
         """The store's row for what the page says it shows, found without asking the app."""
         trial = GroupReader(self.recording).trial(shown["trial"])
         step, iteration = int(shown["training_step"]), int(shown["iteration"])
-        (index_row,) = [r for r in trial.steps().to_pylist()
-                        if r["training_step"] == step and r["iteration"] == iteration]
+        # A step is (number, type): an evaluation may share a training step's number.
+        (index_row,) = [r for r in trial.steps().to_pylist() if r["training_step"] == step
+                        and r["iteration"] == iteration and r["type_of_execution"] == shown["type_of_execution"]]
         (node,) = [n for n in trial.graph(index_row["graph"])["nodes"] if n["id"] == shown["node_id"]]
         data_iteration = node["absolute_iteration"]
         if data_iteration is None:
             data_iteration = iteration + node["iteration_offset"]
         aggregation, sample = parse_aggregation(shown["aggregation"])
         rows = trial.selection(training_step=step, kind=shown["kind"], iteration=data_iteration, node=node["node"],
-                               role=shown["role"], aggregation=aggregation, sample=sample).to_pylist()
+                               role=shown["role"], aggregation=aggregation, sample=sample,
+                               type_of_execution=index_row["type_of_execution"]).to_pylist()
         assert len(rows) == 1, (shown, rows)
         assert shown["node"] == node["node"] and shown["type_of_execution"] == index_row["type_of_execution"]
         return rows[0]

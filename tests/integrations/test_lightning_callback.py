@@ -112,13 +112,18 @@ def test_validation_runs_are_their_own_type_of_step(tmp_path: Path) -> None:
         steps = {(r["training_step"], r["type_of_execution"]) for r in service.group.trial("t").steps().to_pylist()}
     finally:
         service.close()
-    assert steps == {(0, "training"), (1, "training"), (2, "evaluation"), (3, "training"), (4, "training"),
-                     (5, "evaluation")}
+    # One numbering, Lightning's global_step: the validation after optimizer step 1 is step 2 of type "evaluation",
+    # beside training step 2.
+    assert steps == {(0, "training"), (1, "training"), (2, "evaluation"), (2, "training"), (3, "training"),
+                     (4, "evaluation")}
     with torch.no_grad():
         expected = float(torch.nn.functional.mse_loss(model(validation[0]), validation[1]))
-    (recorded,) = _rows(tmp_path / "store", 5, node="loss", kind="forward")
+    (recorded,) = _rows(tmp_path / "store", 4, node="loss", kind="forward", type_of_execution="evaluation")
     assert recorded["mean"] == pytest.approx(expected, rel=1e-5)  # the final weights' validation loss
-    assert {r["kind"] for r in _rows(tmp_path / "store", 5, node="model.layer0")} == {"forward"}
+    assert {r["kind"] for r in _rows(tmp_path / "store", 2, node="model.layer0", type_of_execution="evaluation")} \
+        == {"forward"}
+    assert "gradients" in {r["kind"] for r in _rows(tmp_path / "store", 2, node="model.layer0.weight",
+                                                     type_of_execution="training")}
 
 
 def test_unrecorded_steps_and_the_end_of_fit(tmp_path: Path) -> None:

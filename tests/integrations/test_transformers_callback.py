@@ -97,23 +97,78 @@ def test_accumulated_gradients_of_a_ragged_step_are_the_optimizers(tmp_path: Pat
 
 
 def test_evaluation_runs_are_their_own_type_of_step(tmp_path: Path) -> None:
+    """comgra's step numbers are the Trainer's global_step with evaluation on: the evaluation logged at global_step g
+    is comgra's step g of type "evaluation", beside training step g (the optimizer step run while global_step is g,
+    whose loss is logged at g + 1). Each (step, type) reads its own rows."""
     model = _model()
     callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded(range(10)),
                               flush_seconds=0.05)
-    trainer = _train(tmp_path, model, _data(8, seed=2), callback, eval_strategy="steps", eval_steps=1)
+    trainer = _train(tmp_path, model, _data(12, seed=2), callback, eval_strategy="steps", eval_steps=1)
     service = RecordingService(tmp_path / "store" / "hf")
     try:
         steps = {(r["training_step"], r["type_of_execution"]) for r in service.group.trial("t").steps().to_pylist()}
         kpis = service.kpis("t").to_pylist()
     finally:
         service.close()
-    assert steps == {(0, "training"), (1, "evaluation"), (2, "training"), (3, "evaluation")}
-    evaluations = [e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e]
-    recorded = [_rows(tmp_path / "store", s, node="loss", kind="forward")[0]["mean"] for s in (1, 3)]
-    assert recorded == pytest.approx(evaluations, rel=1e-5)  # one batch of 4: the run's loss is the batch's
-    assert {r["kind"] for r in _rows(tmp_path / "store", 1, node="model.transformer.h.0")} == {"forward"}
+    store = tmp_path / "store"
+    assert steps == {(0, "training"), (1, "evaluation"), (1, "training"), (2, "evaluation"), (2, "training"),
+                     (3, "evaluation")}
+    evaluations = {e["step"]: e["eval_loss"] for e in trainer.state.log_history if "eval_loss" in e}
+    assert sorted(evaluations) == [s for s, kind in sorted(steps) if kind == "evaluation"]  # one numbering
+    for step, eval_loss in evaluations.items():  # one batch of 4: the run's loss is the batch's
+        (row,) = _rows(store, step, node="loss", kind="forward", type_of_execution="evaluation")
+        assert row["mean"] == pytest.approx(eval_loss, rel=1e-5)
+        assert row["type_of_execution"] == "evaluation"
+    losses = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+    for step in (0, 1, 2):  # logging_steps=1, no accumulation: the loss logged at g + 1 is training step g's
+        (row,) = _rows(store, step, node="loss", kind="forward", type_of_execution="training")
+        assert row["mean"] == pytest.approx(losses[step + 1], rel=1e-4)
+    # The step numbers evaluation and training share hold each their own rows: gradients only in training.
+    assert {r["kind"] for r in _rows(store, 1, node="model.transformer.h.0", type_of_execution="evaluation")} \
+        == {"forward"}
+    assert "gradients" in {r["kind"] for r in _rows(store, 1, node=PARAMETER, type_of_execution="training")}
     logged = {(k["kpi_group"], k["timepoint"]) for k in kpis}
-    assert {("loss", 1), ("loss", 2), ("eval_loss", 1), ("eval_loss", 2)} <= logged
+    assert {("loss", 1), ("loss", 2), ("eval_loss", 1), ("eval_loss", 2), ("eval_loss", 3)} <= logged
+
+
+class _DropoutLeftOnInEvaluation(transformers.Trainer):  # type: ignore[misc]
+    """A planted bug: each evaluation batch runs with the model back in training mode (dropout on)."""
+
+    def prediction_step(self, model: Any, *arguments: Any, **kwargs: Any) -> Any:
+        model.train()
+        return super().prediction_step(model, *arguments, **kwargs)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_the_scan_sees_an_evaluation_beside_the_training_step_of_its_number(tmp_path: Path, planted: bool) -> None:
+    """With dropout in the model (GPT-2's default 0.1): the scan tells the evaluation at global_step g from training
+    step g. Before (step, type) phases, the training step's dropout in training mode was charged to the evaluation
+    of its number: a false "dropout in training mode on evaluation steps" error on a healthy run."""
+    from comgra.analysis.scan import Scanner
+
+    transformers.utils.logging.set_verbosity_error()
+    config = transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0,
+                                     eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config)
+    callback = ComgraCallback(tmp_path / "store", "hf", "t", DecisionMakerForRecordingsHardcoded(range(10)),
+                              flush_seconds=0.05)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
+        num_train_epochs=1, learning_rate=0.01, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1,
+        disable_tqdm=True, seed=0, eval_strategy="steps", eval_steps=2)
+    trainer_class = _DropoutLeftOnInEvaluation if planted else transformers.Trainer
+    trainer = trainer_class(model=model, args=args, train_dataset=_data(16, seed=5), eval_dataset=_data(4, seed=6),
+                            callbacks=[callback])
+    trainer.train()
+    evaluated = [e["step"] for e in trainer.state.log_history if "eval_loss" in e]
+    assert evaluated == [2, 4]
+    findings = Scanner().scan(tmp_path / "store" / "hf").findings
+    dropout = [f for f in findings if f.evidence.get("problem") == "dropout_train_in_evaluation"]
+    if planted:
+        assert dropout and dropout[0].severity == "error" and dropout[0].training_step == 2  # the first evaluation
+    else:
+        assert dropout == [], [f.message for f in dropout]
 
 
 def test_unrecorded_steps_leave_no_steps_and_hooks_come_off(tmp_path: Path) -> None:

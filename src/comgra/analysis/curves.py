@@ -17,7 +17,7 @@ from scipy import stats as scipy_stats
 from comgra.analysis import parameters
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
-from comgra.analysis.loading import TrialData, as_text
+from comgra.analysis.loading import TrialData, as_text, row_types
 from comgra.analysis.trends import _iteration_of
 from comgra.store import format as fmt
 
@@ -230,10 +230,10 @@ def transient_jumps(data: TrialData, facts: GraphFacts, options: ScanOptions) ->
     rows = rows[np.isfinite(rows["abs_mean"].astype(np.float64))]
     if not len(rows):
         return []
-    types = data.steps.drop_duplicates("training_step").set_index("training_step")["type_of_execution"]
-    per_step = rows.groupby(["node", "role", "training_step"], observed=True)["abs_mean"].max().reset_index()
-    per_step = per_step.assign(node=as_text(per_step["node"]), role=as_text(per_step["role"]),
-                               type=types.reindex(per_step["training_step"]).to_numpy())
+    # A step is (number, type): an evaluation may share a training step's number (the Trainer's global_step).
+    rows = rows.assign(type=row_types(rows, data.steps))
+    per_step = rows.groupby(["node", "role", "training_step", "type"], observed=True)["abs_mean"].max().reset_index()
+    per_step = per_step.assign(node=as_text(per_step["node"]), role=as_text(per_step["role"]))
     limit = options.orders(JUMP_ORDERS)
     jumps: dict[int, list[tuple[int, str, str, float, float, str]]] = {}
     for (node, role, step_type), series in per_step.groupby(["node", "role", "type"], sort=True):

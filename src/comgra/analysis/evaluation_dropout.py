@@ -44,7 +44,7 @@ def detect(data: TrialData, facts: GraphFacts, skip: set[str]) -> list[Finding]:
     keys = rows.keys
     if not len(keys):
         return []
-    phase = [known.get((int(r), int(s))) for r, s in zip(keys["rank"], keys["training_step"])]
+    phase = tables.phase_of(known, keys)
     keys = keys.assign(phase=phase, position=np.arange(len(keys)))
     by_node = {str(node): group for node, group in keys.groupby("node", sort=True, observed=True)
                if str(group["tensor_type"].iloc[0]) not in NOT_LEARNED}

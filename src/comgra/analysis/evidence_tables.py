@@ -42,23 +42,40 @@ def runinfo_field(data: TrialData, subject: str, field: str) -> pd.DataFrame:
     return info[(info["subject"] == subject) & (info["field"] == field)]
 
 
-def phases(data: TrialData) -> dict[tuple[int, int], str]:
-    """(rank, training_step) -> "training" or "evaluation" for every recorded step with run information: an
-    evaluation step ran without gradients, or its type of execution says so by name."""
+def phases(data: TrialData) -> dict[tuple[Any, ...], str]:
+    """(rank, training_step, type_of_execution) -> "training" or "evaluation" for every recorded step with run
+    information: an evaluation step ran without gradients, or its type of execution says so by name. A step is
+    its number and its type (an evaluation may share a training step's number: the Trainer's global_step);
+    (rank, training_step) holds a number's phase where all its steps have one."""
     if "phases" in data.tables:
         return dict(data.tables["phases"])
-    found: dict[tuple[int, int], str] = {}
+    found: dict[tuple[Any, ...], str] = {}
     steps = runinfo_field(data, "step", "batch_size")
     grad = runinfo_field(data, "step", "grad_enabled")
-    no_grad = {(int(r), int(s)) for r, s, v in zip(grad.get("rank", []), grad.get("training_step", []),
-                                                   grad.get("value", [])) if v == "False"}
+    no_grad = {key(r, s, k) for r, s, k, v in zip(grad.get("rank", []), grad.get("training_step", []),
+                                                  grad.get("type_of_execution", []), grad.get("value", [])) if v == "False"}
+    by_number: dict[tuple[int, int], set[str]] = {}
     for rank, step, kind in zip(steps.get("rank", []), steps.get("training_step", []),
                                 steps.get("type_of_execution", [])):
-        key = (int(rank), int(step))
-        evaluation = key in no_grad or (isinstance(kind, str) and EVALUATION_NAME.search(kind) is not None)
-        found[key] = EVALUATION if evaluation else TRAINING
+        evaluation = key(rank, step, kind) in no_grad or (isinstance(kind, str) and EVALUATION_NAME.search(kind) is not None)
+        found[key(rank, step, kind)] = phase = EVALUATION if evaluation else TRAINING
+        by_number.setdefault((int(rank), int(step)), set()).add(phase)
+    found.update({number: next(iter(both)) for number, both in by_number.items() if len(both) == 1})
     data.tables["phases"] = found
     return found
+
+
+def key(rank: Any, step: Any, kind: Any) -> tuple[int, int, str | None]:
+    """A step's key in ``phases``."""
+    return int(rank), int(step), kind if isinstance(kind, str) else None
+
+
+def phase_of(known: dict[tuple[Any, ...], str], frame: pd.DataFrame) -> list[str | None]:
+    """The phase of each row of ``frame`` (rank, training_step and, where it has one, type_of_execution)."""
+    if "type_of_execution" in frame.columns:
+        return [known.get(key(r, s, k), known.get((int(r), int(s)))) for r, s, k in
+                zip(frame["rank"], frame["training_step"], frame["type_of_execution"])]
+    return [known.get((int(r), int(s))) for r, s in zip(frame["rank"], frame["training_step"])]
 
 
 def with_phase(data: TrialData, frame: pd.DataFrame) -> pd.DataFrame:
@@ -66,7 +83,7 @@ def with_phase(data: TrialData, frame: pd.DataFrame) -> pd.DataFrame:
     known = phases(data)
     if not len(frame):
         return frame.assign(phase=pd.Series(dtype=object))
-    phase = [known.get((int(r), int(s))) for r, s in zip(frame["rank"], frame["training_step"])]
+    phase = phase_of(known, frame)
     return frame.assign(phase=phase)[[p is not None for p in phase]]
 
 

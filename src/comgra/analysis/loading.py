@@ -24,7 +24,9 @@ from comgra.store import format as fmt
 from comgra.store import layout
 from comgra.store.reader import TrialReader
 
-KEYS = ["training_step", "kind", "iteration", "node", "role", "tensor_type", "aggregation", "sample", "rank"]
+# type_of_execution: a step is (training_step, type); null in chunks written before the column (see ``row_types``).
+KEYS = ["training_step", "kind", "iteration", "node", "role", "tensor_type", "aggregation", "sample", "rank",
+        "type_of_execution"]
 STATS = list(fmt.STATISTICS)
 COLUMNS = KEYS + STATS + ["svd_max", "num_neurons", "neurons", "shape"]
 SHAPE_KEYS = ["training_step", "iteration", "node", "role", "tensor_type"]
@@ -193,6 +195,19 @@ def _frame(table: pa.Table) -> pd.DataFrame:
         column = table[name]
         columns[name] = column.dictionary_encode() if pa.types.is_string(column.type) else column
     return pa.table(columns).to_pandas()
+
+
+def row_types(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
+    """The type of the step of each row of ``frame`` (training_step, type_of_execution): its own, or where it has none
+    (a chunk written before the column, when each number was one step) the steps table's for its number."""
+    by_number = steps.drop_duplicates("training_step").set_index("training_step")["type_of_execution"]
+    numbered = by_number.reindex(frame["training_step"]).to_numpy(dtype=object)
+    if "type_of_execution" not in frame.columns:
+        return numbered
+    own = np.array(frame["type_of_execution"].astype(object), dtype=object)
+    missing = pd.isna(own)
+    own[missing] = numbered[missing]
+    return own
 
 
 def as_text(values: pd.Series | pd.Index) -> pd.Series | pd.Index:

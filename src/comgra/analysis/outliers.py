@@ -18,7 +18,7 @@ from scipy.ndimage import median_filter
 
 from comgra.analysis.findings import Finding, ScanOptions
 from comgra.analysis.graphs import GraphFacts
-from comgra.analysis.loading import TrialData, as_text
+from comgra.analysis.loading import TrialData, as_text, row_types
 from comgra.analysis.trends import _iteration_of
 from comgra.store import format as fmt
 
@@ -64,13 +64,16 @@ def candidates(data: TrialData, facts: GraphFacts, options: ScanOptions) -> list
 
 
 def outlier_steps(data: TrialData) -> pd.DataFrame:
-    """Per kind, node, role and step (the index): the median of each feature over the step's rows."""
+    """Per kind, node, role and step (the index: its number and its type, as an evaluation may share a training
+    step's number): the median of each feature over the step's rows."""
     stats = data.stats
     rows = stats[stats["aggregation"].isin(["mean", "none"])]
-    per_step = rows.groupby(["kind", "node", "role", "training_step"], sort=True, observed=True)[FEATURES].median()
+    rows = rows.assign(step_type=row_types(rows, data.steps).astype(str))
+    per_step = rows.groupby(["kind", "node", "role", "training_step", "step_type"], sort=True,
+                            observed=True)[FEATURES].median()
     index = per_step.index
     return per_step.set_axis(pd.MultiIndex.from_arrays(
-        [as_text(index.get_level_values(i)) if i < 3 else index.get_level_values(i) for i in range(4)],
+        [as_text(index.get_level_values(i)) if i < 3 else index.get_level_values(i) for i in range(5)],
         names=index.names))
 
 
@@ -80,12 +83,11 @@ def candidates_from(data: TrialData, facts: GraphFacts, options: ScanOptions,
         return []
     per_step = per_step.sort_index(kind="stable")
     # Steps of different types (sequence lengths, ...) differ by design: each is compared with its own type.
-    types = data.steps.drop_duplicates("training_step").set_index("training_step")["type_of_execution"]
     found = []
     for (kind, node, role), series in per_step.groupby(level=[0, 1, 2], sort=False):
         if len(series) < MIN_STEPS or facts.role.get(node) in ("input", "target"):
             continue
-        step_types = types.reindex(series.index.get_level_values("training_step")).to_numpy()
+        step_types = series.index.get_level_values("step_type").to_numpy()
         candidate = _candidate(options, kind, node, role, series, step_types)
         if candidate is not None:
             found.append(candidate)

@@ -199,9 +199,13 @@ def _finding(data: TrialData, rows: pd.DataFrame, severity: str, score: float, m
              evidence: dict[str, Any]) -> Finding:
     names = sorted(set(rows["name"].astype(str)))
     steps = sorted({int(s) for s in rows["training_step"]})
+    # A step is (number, type): the type of the first step, so that the finding's link opens that step where an
+    # evaluation shares a training step's number.
+    kinds = {str(k) for k in rows.loc[rows["training_step"] == steps[0]].get("type_of_execution", []) if isinstance(k, str)}
     return Finding(detector="run_modes", severity=severity, score=score, trial=data.trial, node=names[0], role=None,
                    kind=None, training_step=steps[0], steps=steps, message=message,
-                   evidence={**evidence, "modules": names[:MAX_LISTED_MODULES], "module_count": len(names)})
+                   evidence={**evidence, "modules": names[:MAX_LISTED_MODULES], "module_count": len(names),
+                             **({"type_of_execution": kinds.pop()} if len(kinds) == 1 else {})})
 
 
 def _names(rows: pd.DataFrame) -> str:

@@ -348,6 +348,8 @@ class StepRecording:
         self._summarize_pending()
         self.blocks += self.dtensors.blocks(self.training_step) if self.dtensors is not None else []
         values = to_table(self.training_step, self._finished_blocks(), choice)
+        values = values.append_column(fmt.ADDED_COLUMNS["tensors"][0], pa.repeat(  # a step is (step, type)
+            pa.scalar(self.type_of_execution, pa.string()), values.num_rows))
         rows = [{
             "training_step": self.training_step, "type_of_execution": self.type_of_execution,
             "iteration": i, "graph": document["hash"], "batch_size": self.batch_size,

@@ -14,14 +14,33 @@ from contextlib import contextmanager
 from typing import Any
 
 from comgra.capture import open_recorders
+from comgra.errors import RecordingError
 
 
-def opened(recorder: Any) -> None:
+def opened(recorder: Any, training_step: int, type_of_execution: str | None) -> None:
     """At ``start_batch``, before the step's number is taken: remember what ``abandon`` goes back to."""
     if recorder.session is not None and recorder.session.closed:  # finalized: perhaps replaced by a new recorder
         open_recorders.check_not_replaced(recorder)
     recorder._step_before = recorder.training_step
+    of_type = recorder.__dict__.setdefault("_last_step_of_type", {})
+    recorder._type_step_before = (type_of_execution, of_type.get(type_of_execution))
+    of_type[type_of_execution] = training_step
     recorder._kpis.start_step()
+
+
+def check_order(recorder: Any, training_step: int, type_of_execution: str | None) -> None:
+    """A step is (training_step, type_of_execution): the numbers never go back, and each type's increase strictly.
+    So an evaluation may take the number of the training step that follows it (the Trainer's ``global_step``),
+    and a step is never recorded twice. Raises before anything of the step is taken (``opened`` takes it)."""
+    last = recorder.training_step
+    of_type: dict[Any, int] = recorder.__dict__.setdefault("_last_step_of_type", {})
+    same_type = of_type.get(type_of_execution)
+    if last is not None and (training_step < last or (same_type is not None and training_step <= same_type)):
+        previous = (f"the previous step was {last}" if training_step < last else
+                    f"step {same_type} of type {type_of_execution!r} was recorded already")
+        raise RecordingError(f"training_step={training_step} does not increase ({previous}); pass a step counter "
+                             "that grows by at least 1 per call (a step of another type_of_execution may share the "
+                             "number of a training step), or make a new ComgraRecorder to record from the start again.")
 
 
 def abandon(recorder: Any) -> bool:
@@ -39,6 +58,12 @@ def abandon(recorder: Any) -> bool:
     recorder.current_stage = "inactive"
     recorder._recording = recorder._dynamic = False
     recorder.training_step = recorder._step_before
+    type_of_execution, before = getattr(recorder, "_type_step_before", (None, None))
+    of_type = recorder.__dict__.get("_last_step_of_type", {})
+    if before is None:
+        of_type.pop(type_of_execution, None)
+    else:
+        of_type[type_of_execution] = before
     recorder._end_eager_step()  # a compiled model runs compiled again (see comgra.capture.compiled)
     return True
 

@@ -73,7 +73,8 @@ class ComgraCallback(lightning.Callback):  # type: ignore[misc]
                 Path(trainer.default_root_dir) / "comgra" if root is None else root, group, trial_id,
                 DecisionMakerForRecordingsFrequencyPerType(min_training_steps_difference=10) if policy is None
                 else policy, **options)
-        self._driver = StepDriver(self.recorder, record_evaluation=self._record_evaluation)
+        self._driver = StepDriver(self.recorder, record_evaluation=self._record_evaluation,
+                                  number_of=lambda: int(trainer.global_step))  # one numbering: Lightning's
         if not self.recorder.comgra_is_active:
             self._driver = None  # comgra is off: every hook below returns at once
             return

@@ -3,8 +3,12 @@
 One comgra training step is one optimizer step: its micro-batches (gradient accumulation) are the
 step's iterations, its parameter gradients are read once, after the last micro-batch. One evaluation
 run is one comgra step of type ``"evaluation"``: its first batch (the rest of the run is not recorded).
-comgra's step numbers count both, in the order they ran: without evaluation they are the framework's
-optimizer step numbers (0, 1, 2, ...); each evaluation run takes the next number.
+With ``number_of`` (the framework's optimizer step counter: the Trainer's ``global_step``), a training step is
+numbered by the counter as it stands when the step begins (0, 1, 2, ...), and an evaluation run by the counter
+as it stands when it runs: after optimizer step g it is g, the number of the training step that follows, with
+the type "evaluation" (a step is its number and its type). So a value the framework logs at ``global_step`` g
+(``eval_loss``) belongs to comgra's step g. A second evaluation at the same counter is not recorded. Without
+``number_of``, comgra counts both in the order they ran.
 
 A fault of comgra's own in a callback is reported once, with a warning, and switches the callback
 off; the training goes on.
@@ -12,7 +16,7 @@ off; the training goes on.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -32,11 +36,15 @@ class IntegrationWarning(UserWarning):
 class StepDriver:
     """``start_batch`` ... ``finish_batch`` for one recorder, from the events of a training loop."""
 
-    def __init__(self, recorder: ComgraRecorder, *, record_evaluation: bool = True):
+    def __init__(self, recorder: ComgraRecorder, *, record_evaluation: bool = True,
+                 number_of: Callable[[], int] | None = None):
         self.recorder = recorder
+        self.number_of = number_of
         self.record_evaluation = record_evaluation
         self.enabled = recorder.comgra_is_active
         self.number = -1  # the last comgra step number handed out
+        self._evaluated_at: int | None = None  # the number of the last evaluation step (with number_of)
+        self._last_of: dict[str, int] = {}  # the last number of each kind of step
         self.open: str | None = None  # TRAINING or EVALUATION while a step is open
         self.evaluation_done = False  # this evaluation run's first batch is recorded
         self._loss_iteration = -1  # the recorder's iteration serial whose loss is registered
@@ -77,6 +85,10 @@ class StepDriver:
     # -- evaluation ----------------------------------------------------------------------------
     def evaluation_batch(self, batch_size: int) -> None:
         if self.record_evaluation and not self.evaluation_done and self.open is None:
+            if self.number_of is not None:
+                if self._evaluated_at is not None and self.number_of() <= self._evaluated_at:
+                    return  # evaluated again at the same optimizer step: that step is recorded already
+                self._evaluated_at = self.number_of()
             self._start(EVALUATION, batch_size)
 
     def end_evaluation_batch(self) -> None:
@@ -107,8 +119,16 @@ class StepDriver:
             loss = loss.detach()  # evaluation: recorded by value; the caller's tensor keeps requires_grad=False
         recorder._register_watched("loss", loss, None, is_loss=True)
 
+    def next_number(self) -> int:
+        """The number the next training step will take."""
+        return self.number + 1 if self.number_of is None else self.number_of()
+
     def _start(self, kind: str, batch_size: int) -> None:
-        self.number += 1
+        number = self.number + 1 if self.number_of is None else self.number_of()
+        last = self._last_of.get(kind)
+        if last is not None and number <= last:  # an optimizer step the framework did not count: never a step twice
+            number = last + 1
+        self.number = self._last_of[kind] = max(number, self.number)
         self.open = kind
         self.gradients_recorded = False
         self.recorder.start_batch(self.number, batch_size, type_of_execution=kind)

@@ -19,7 +19,10 @@ output ``loss``), they are read in ``on_pre_optimizer_step``, after clipping. Ac
 recorded as the backward pass made them, per micro-batch. Each micro-batch is an iteration
 of the step; a micro-batch smaller than the step's first (a ragged last batch) has its tensors recorded
 without per-sample rows. The first batch of each evaluation run is recorded as a step of type
-``"evaluation"`` (see ``comgra.integrations.steps`` for the step numbers). Every value the Trainer logs
+``"evaluation"``. Step numbers are the Trainer's ``global_step``: training step g is the optimizer step the Trainer
+runs while its ``global_step`` is g (its loss is logged at g + 1), and the evaluation run at ``global_step`` g is
+comgra's step g of type ``"evaluation"`` (its ``eval_loss`` is logged at g; it sees the parameters that training
+step g starts from). Every value the Trainer logs
 (``loss``, ``grad_norm``, ``learning_rate``, ``eval_loss``, ...) becomes a KPI at the Trainer's
 ``global_step``, on every logging step.
 
@@ -82,13 +85,16 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         self._end_of_backward_queued = False  # in this optimizer step
         self._scaler: Any = None  # the GradScaler of this optimizer step (fp16), or None
         self._guard = Guard("Trainer callback")
+        self._state: Any = None  # the Trainer's TrainerState (its global_step numbers comgra's steps)
 
     # -- setting up --------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._state = state
         if model is not None and self._driver is None:
             self._attach(args, model)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        self._state = state  # train() makes a new TrainerState
         if model is not None and self._driver is None:  # a Trainer made with model_init has its model only now
             self._attach(args, model)
 
@@ -101,7 +107,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
                 else policy, **options)
         recorder = self.recorder
         self._guard.run(recorder.record_hyperparameters, trainer_hyperparameters(args, model))  # the Runs view's
-        self._driver = StepDriver(recorder, record_evaluation=self._record_evaluation)
+        self._driver = StepDriver(recorder, record_evaluation=self._record_evaluation, number_of=self._global_step)
         if not recorder.comgra_is_active:
             return  # comgra is off: no hooks, nothing to pay
         if self._watch_options is not None:
@@ -120,7 +126,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
         assert driver is not None and recorder is not None
         session, monitor = recorder.session, recorder._breakpoints
         recorded = session is not None and not session.broken and (
-            recorder.decision_maker_for_recordings.is_record_on_this_step(driver.number + 1, TRAINING)
+            recorder.decision_maker_for_recordings.is_record_on_this_step(driver.next_number(), TRAINING)
             or (monitor is not None and monitor.monitor.active))
         if recorded:
             recorder._eager.enter()  # start_batch keeps it, finish_batch (or on_step_end) leaves it
@@ -176,6 +182,7 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
 
     # -- the Trainer's events ----------------------------------------------------------------------
     def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        self._state = state
         self._in_training_step = True
         self._end_of_backward_queued = False
         # fp16: accelerate's AcceleratedOptimizer holds the GradScaler that scales each micro-batch's loss
@@ -236,6 +243,10 @@ class ComgraCallback(TrainerCallback):  # type: ignore[misc]
             self.watch.remove()
         if self._owns_recorder and self.recorder is not None:
             self.recorder.finalize()
+
+
+    def _global_step(self) -> int:
+        return int(getattr(self._state, "global_step", 0) or 0)
 
 
 def _tracked_name(recorder: ComgraRecorder, model: torch.nn.Module) -> str | None:

@@ -250,11 +250,12 @@ class Routes:
         return rank  # type: ignore[return-value]
 
     def _step_rows(self, trial: str, rank: int) -> tuple[int, list[dict[str, Any]]]:
-        step = int_arg("step", required=True)
-        rows = self.service.step_index(trial, rank).rows_of(step)  # type: ignore[arg-type]
+        step, execution = int_arg("step", required=True), str_arg("execution")  # a step is (number, type of execution)
+        rows = self.service.step_index(trial, rank).rows_of(step, execution)  # type: ignore[arg-type]
         if not rows:  # or its rows are in a chunk left out as damaged: then say so
             problems = self._problems(trial)
-            raise ApiError(404, f"Training step {step} is not recorded in trial {trial!r} (rank {rank})"
+            raise ApiError(404, f"Training step {step}{'' if execution is None else f' of type {execution[:100]!r}'} "
+                           f"is not recorded in trial {trial!r} (rank {rank})"
                            + (f", or it was left out with a damaged file: {problems}." if problems else "."), "step",
                            problems)
         return step, rows  # type: ignore[return-value]
@@ -310,8 +311,8 @@ class Routes:
             graph = self.service.trial(trial).graph(row["graph"])
         except ComgraError as error:  # a damaged or missing graph document: a 404 that names it
             raise ApiError(404, str(error), "step", self._problems(trial) + [str(error)]) from None
-        return self._answer(trial, {"trial": trial, "training_step": step, "iteration": row["iteration"], "rank": rank,
-                                    "graph": graph})
+        return self._answer(trial, {"trial": trial, "training_step": step, "type_of_execution": row["type_of_execution"],
+                                    "iteration": row["iteration"], "rank": rank, "graph": graph})
 
     def values(self, trial: str) -> Response:
         self._trial(trial)
@@ -327,7 +328,7 @@ class Routes:
         aggregation = str_arg("aggregation", choices=AGGREGATIONS)
         sample = int_arg("sample", default=0 if aggregation == "sample" else -1, minimum=-1)
         wanted: dict[str, Any] = {"trial": trial, "training_step": step, "iteration": iteration, "rank": rank,
-                                  "node_id": node, "kind": str_arg("kind"),
+                                  "node_id": node, "kind": str_arg("kind"), "step_type": rows[0]["type_of_execution"],
                                   "aggregation": None if aggregation is None else aggregation_value(aggregation, sample or 0)}
         view = self.service.resolve({k: v for k, v in wanted.items() if v is not None})
         selection = view.selection
@@ -339,7 +340,8 @@ class Routes:
             view = self.service.resolve({**wanted, "node_id": selection.node_id, "roles": {selection.node: role}})
             selection = view.selection
         self._check_met(selection, role=role, kind=wanted["kind"], aggregation=wanted["aggregation"])
-        link = view_link(trial, training_step=step, iteration=iteration, node_id=selection.node_id,  # type: ignore[union-attr]
+        link = view_link(trial, type_of_execution=str_arg("execution"), training_step=step, iteration=iteration,
+                         node_id=selection.node_id,  # type: ignore[union-attr]
                          role=selection.role, kind=selection.kind, aggregation=selection.aggregation, rank=rank)  # type: ignore[union-attr]
         return self._answer(trial, {"selection": selection.to_dict(), "values": view.row, "app_link": link})  # type: ignore[union-attr]
 
@@ -357,7 +359,8 @@ class Routes:
         table = self.service.trial(trial).series(
             node=str_arg("node", required=True), role=str_arg("role", required=True),  # type: ignore[arg-type]
             kind=str_arg("kind", default=fmt.FORWARD), iteration=int_arg("iteration", default=0),  # type: ignore[arg-type]
-            aggregation=aggregation, sample=sample, statistic=statistic, rank=self._rank(trial))  # type: ignore[arg-type]
+            aggregation=aggregation, sample=sample, statistic=statistic, rank=self._rank(trial),  # type: ignore[arg-type]
+            type_of_execution=str_arg("execution"))
         return self._answer(trial, {"trial": trial, "statistic": statistic,
                                     "training_step": table["training_step"].to_pylist(), "value": table["value"].to_pylist()})
 

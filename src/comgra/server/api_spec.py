@@ -59,6 +59,8 @@ _INT = {"type": "integer", "minimum": -(2**62) + 1, "maximum": 2**62 - 1}  # wha
 _STEP_RANGE = [_query("first_step", _INT, "Only training steps >= this."),
                _query("last_step", _INT, "Only training steps <= this.")]
 _RANK = _query("rank", _INT, "A torch.distributed rank (default: the lowest that recorded).")
+_EXECUTION = _query("execution", {"type": "string"}, "A type of execution (training, evaluation, ...): an evaluation may "
+                    "share a training step's number. Default: the type most steps have, where several share it.")
 _PHASE = _query("phase", {"enum": ["forward", "backward"]}, "Which time to use (default forward).")
 _AGGREGATION = {"enum": ["mean", "std", "abs_max", "none", "sample"]}
 
@@ -121,9 +123,11 @@ def _paths() -> dict[str, Any]:
                                          _from_trial({"trial": {"type": "string"}, "steps": _ROWS}),
                                          parameters=[_TRIAL, _RANK])},
         f"{t}/graph": {"get": _operation("The dependency graph of one step and iteration.",
-                                         _from_trial({"graph": _ANY_OBJECT, "training_step": _INT, "iteration": _INT}),
+                                         _from_trial({"graph": _ANY_OBJECT, "training_step": _INT, "iteration": _INT,
+                                                      "type_of_execution": {"type": "string"}}),
                                          parameters=[_TRIAL, _query("step", _INT, "A recorded training step.", True),
-                                                     _query("iteration", _INT, "Default: the first."), _RANK])},
+                                                     _query("iteration", _INT, "Default: the first."), _RANK,
+                                                     _EXECUTION])},
         f"{t}/values": {"get": _operation(
             "What the values panel shows for one tensor: its statistics and its first values.",
             _from_trial({"selection": _ANY_OBJECT, "values": _ANY_OBJECT, "app_link": {"type": "string"}}),
@@ -133,7 +137,8 @@ def _paths() -> dict[str, Any]:
                         _query("role", {"type": "string"}, "A role of the node."),
                         _query("kind", {"type": "string"}, "forward, or a gradient group."),
                         _query("aggregation", _AGGREGATION, "Over the batch, or one sample."),
-                        _query("sample", {**_INT, "minimum": -1}, "The sample for aggregation=sample."), _RANK])},
+                        _query("sample", {**_INT, "minimum": -1}, "The sample for aggregation=sample."), _RANK,
+                        _EXECUTION])},
         f"{t}/series": {"get": _operation(
             "One statistic of one tensor across every recorded step.",
             _from_trial({"training_step": {"type": "array", "items": _INT}, "value": _NUMBERS}),
@@ -144,7 +149,7 @@ def _paths() -> dict[str, Any]:
                         _query("sample", {**_INT, "minimum": -1}, "For aggregation=sample."),
                         _query("statistic", {"enum": ["mean", "abs_mean", "std", "min", "max", "abs_max",
                                                       "nan_count", "inf_count", "svd_max"]}, "Default mean."),
-                        _RANK])},
+                        _RANK, _EXECUTION])},
         f"{t}/kpis": {"get": _operation(
             "The KPIs (record_kpi_in_graph); a curve of more than max_points points keeps each bucket's min and max.",
             _from_trial({"kpis": _ROWS, "downsampled": {"type": "boolean", "description": "A curve was cut."}}),

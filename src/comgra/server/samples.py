@@ -82,7 +82,7 @@ def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: st
         if selection is not None:
             try:
                 choices = service.sample_columns(selection.trial, selection.training_step, selection.iteration,
-                                                 rank=selection.rank)
+                                                 rank=selection.rank, type_of_execution=selection.step_type)
             except ComgraError:
                 choices = []
         return column_options(choices, statistic, _neuron(neuron), _keys(chosen))
@@ -110,7 +110,7 @@ def register(app: Dash, service: RecordingService, *, shown_store: str, tabs: st
         columns = [c for c in (SampleColumn.parse(k) for k in _keys(chosen)) if c is not None][:MAX_COLUMNS]
         try:
             table = service.samples_table(selection.trial, selection.training_step, selection.iteration, columns,
-                                          rank=selection.rank)
+                                          rank=selection.rank, type_of_execution=selection.step_type)
         except ComgraError as error:
             return [], [], str(error)
         return table_columns(table), table_rows(table), caption(table, selection)

@@ -194,7 +194,8 @@ def _register_graph(app: Dash, service: RecordingService) -> None:
                 or not isinstance(key.get("trial"), str) or not isinstance(key.get("kind"), str):
             return {}
         return guarded(lambda: finite_summaries(service.node_summaries(
-            key["trial"], key["training_step"], key["iteration"], kind=key["kind"], rank=key["rank"])),
+            key["trial"], key["training_step"], key["iteration"], kind=key["kind"], rank=key["rank"],
+            type_of_execution=key.get("step_type") if isinstance(key.get("step_type"), str) else None)),
             lambda _message: {})
 
 

@@ -108,8 +108,8 @@ def next_wanted(service: RecordingService, wanted: Mapping[str, Any], shown: Map
         return wanted, None
     if trigger in ("step_index", "step_prev", "step_next"):
         step = _step_from(service, shown, trigger, value)
-        if step is not None:
-            wanted["training_step"] = step
+        if step is not None:  # a step is (number, type): an evaluation may share a training step's number
+            wanted["training_step"], wanted["step_type"] = step
     elif trigger == "node_click" and isinstance(value, dict):
         wanted["node_id"] = value.get("id")
     elif trigger == "search" and value:
@@ -120,6 +120,7 @@ def next_wanted(service: RecordingService, wanted: Mapping[str, Any], shown: Map
             wanted["node_id"] = value
     elif trigger == "step_input" and value is not None:
         wanted["training_step"] = value
+        wanted.pop("step_type", None)
     elif trigger == "rank":
         _wanted_rank(wanted, value)
     elif trigger in _SELECTOR_FIELDS and value is not None:  # also when nothing is shown yet
@@ -159,7 +160,8 @@ def _unanswered_choices(wanted: dict[str, Any], shown: Mapping[str, Any], inputs
         wanted["roles"] = {**(wanted.get("roles") or {}), shown["node"]: role}
 
 
-def _step_from(service: RecordingService, shown: Mapping[str, Any] | None, trigger: str, value: Any) -> int | None:
+def _step_from(service: RecordingService, shown: Mapping[str, Any] | None, trigger: str,
+               value: Any) -> tuple[int, str] | None:
     """The step a step button or the slider asks for; the question lives in service (adjacent_step)."""
     if not shown:
         return None
@@ -167,8 +169,9 @@ def _step_from(service: RecordingService, shown: Mapping[str, Any] | None, trigg
         index, offset = (value if type(value) is int else 0), 0  # noqa: E721
     else:
         index, offset = None, (1 if trigger == "step_next" else -1)
-    return service.adjacent_step(shown["trial"], shown["type_of_execution"], shown["training_step"], offset=offset,
-                                 index=index, rank=shown.get("rank"))
+    return service.adjacent_position(shown["trial"], shown["type_of_execution"], shown["training_step"],
+                                     offset=offset, index=index, rank=shown.get("rank"),
+                                     step_type=shown.get("step_type"))
 
 
 def remember(wanted: Mapping[str, Any], view: View) -> dict[str, Any]:
@@ -177,7 +180,7 @@ def remember(wanted: Mapping[str, Any], view: View) -> dict[str, Any]:
     selection = view.selection
     if selection is not None:
         wanted.update(trial=selection.trial, type_of_execution=selection.type_of_execution,
-                      training_step=selection.training_step)
+                      training_step=selection.training_step, step_type=selection.step_type)
         if not view.node_fallback:
             wanted["node_id"] = selection.node_id
     return wanted
@@ -212,7 +215,7 @@ def view_outputs(view: View, wanted: dict[str, Any], previous_shown: dict[str, A
     }
     outputs.update(graph_outputs(view, known or []))
     outputs.update(rank_outputs(choices.ranks, selection, wanted.get("all_ranks") is True))
-    outputs.update(_step_outputs(choices.steps, selection))
+    outputs.update(_step_outputs(choices.steps, choices.step_types, selection))
     outputs.update(_iteration_outputs(choices.iterations, selection))
     return outputs
 
@@ -237,7 +240,7 @@ def step_key(selection: Selection | None) -> dict[str, Any] | None:
     if selection is None:
         return None
     return {"trial": selection.trial, "training_step": selection.training_step, "iteration": selection.iteration,
-            "kind": selection.kind, "rank": selection.rank}
+            "kind": selection.kind, "rank": selection.rank, "step_type": selection.step_type}
 
 
 def link_of(view: View) -> str | None:
@@ -265,10 +268,14 @@ def _options(values: list[str]) -> list[dict[str, str]]:
     return [{"label": v, "value": v} for v in values]
 
 
-def _step_outputs(steps: list[int], selection: Selection | None) -> dict[str, Any]:
+def _step_outputs(steps: list[int], types: list[str], selection: Selection | None) -> dict[str, Any]:
+    """The step slider: one position per step (number, type); an evaluation sharing a training step's number
+    has a position of its own."""
     if not steps or selection is None:
         return {"step_max": 0, "step_marks": {}, "step_index": 0, "step_input": None, "step_info": ""}
-    index = steps.index(selection.training_step)
+    pairs = list(zip(steps, types))
+    shown = (selection.training_step, selection.step_type)
+    index = pairs.index(shown) if shown in pairs else steps.index(selection.training_step)
     return {"step_max": len(steps) - 1, "step_marks": slider_marks(steps), "step_index": index,
             "step_input": selection.training_step,
             "step_info": f"{selection.step_type} · {index + 1} of {len(steps)} recorded steps"}

@@ -100,27 +100,36 @@ class RecordingService:
     def tensor_rows(self, trial_id: str, training_step: int, **filters: Any) -> pa.Table:
         return self.step_reads.tensor_rows(trial_id, training_step, **filters)
 
-    def step_rows(self, trial_id: str, training_step: int, rank: int) -> pa.Table:
-        return self.step_reads.step_rows(trial_id, training_step, rank)
+    def step_rows(self, trial_id: str, training_step: int, rank: int, type_of_execution: str | None = None) -> pa.Table:
+        return self.step_reads.step_rows(trial_id, training_step, rank, type_of_execution)
 
     def prefetch_near(self, selection: Selection) -> None:
         self.step_reads.prefetch_near(selection)
 
     # -- panels ------------------------------------------------------------------------------------
     def node_summaries(self, trial_id: str, training_step: int, iteration: int, *, kind: str = fmt.FORWARD,
-                       rank: int = 0) -> dict[str, dict[str, float | None]]:
-        return self.panel_questions.node_summaries(trial_id, training_step, iteration, kind=kind, rank=rank)
+                       rank: int = 0, type_of_execution: str | None = None) -> dict[str, dict[str, float | None]]:
+        return self.panel_questions.node_summaries(trial_id, training_step, iteration, kind=kind, rank=rank,
+                                                   type_of_execution=type_of_execution)
 
-    def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> dict[str, Any]:
-        return self.panel_questions.step_row(trial_id, training_step, iteration, rank)
+    def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0,
+                 type_of_execution: str | None = None) -> dict[str, Any]:
+        return self.panel_questions.step_row(trial_id, training_step, iteration, rank, type_of_execution)
 
-    def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> fmt.GraphDocument:
-        return self.panel_questions.graph_at(trial_id, training_step, iteration, rank)
+    def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0,
+                 type_of_execution: str | None = None) -> fmt.GraphDocument:
+        return self.panel_questions.graph_at(trial_id, training_step, iteration, rank, type_of_execution)
 
     def adjacent_step(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
                       index: int | None = None, rank: int | None = 0) -> int | None:
         return self.panel_questions.adjacent_step(trial_id, type_of_execution, training_step, offset=offset,
                                                   index=index, rank=rank)
+
+    def adjacent_position(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
+                          index: int | None = None, rank: int | None = 0,
+                          step_type: str | None = None) -> tuple[int, str] | None:
+        return self.panel_questions.adjacent_position(trial_id, type_of_execution, training_step, offset=offset,
+                                                      index=index, rank=rank, step_type=step_type)
 
     def neuron_values(self, selection: Selection) -> NeuronValues:
         return self.panel_questions.neuron_values(selection)
@@ -134,12 +143,15 @@ class RecordingService:
     def counterpart(self, selection: Selection, *, trial: str | None = None, training_step: int | None = None) -> View:
         return self.panel_questions.counterpart(selection, trial=trial, training_step=training_step)
 
-    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *, rank: int = 0) -> list[SampleColumn]:
-        return self.panel_questions.sample_columns(trial_id, training_step, iteration, rank=rank)
+    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *, rank: int = 0,
+                       type_of_execution: str | None = None) -> list[SampleColumn]:
+        return self.panel_questions.sample_columns(trial_id, training_step, iteration, rank=rank,
+                                                   type_of_execution=type_of_execution)
 
     def samples_table(self, trial_id: str, training_step: int, iteration: int, columns: list[SampleColumn], *,
-                      rank: int = 0) -> SamplesTable:
-        return self.panel_questions.samples_table(trial_id, training_step, iteration, columns, rank=rank)
+                      rank: int = 0, type_of_execution: str | None = None) -> SamplesTable:
+        return self.panel_questions.samples_table(trial_id, training_step, iteration, columns, rank=rank,
+                                                  type_of_execution=type_of_execution)
 
     # -- findings ----------------------------------------------------------------------------------
     def configure_findings(self, *, sensitivity: float | None = None, background: bool = True) -> None:

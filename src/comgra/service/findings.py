@@ -37,7 +37,9 @@ MAX_SCAN_THREADS = 1
 def finding_link(finding: Finding) -> str:
     """The app's link that opens the selection showing a finding (built with ``view_link``)."""
 
-    return view_link(finding.trial, training_step=finding.training_step, iteration=finding.iteration,
+    kind = finding.evidence.get("type_of_execution")  # where an evaluation shares a training step's number
+    return view_link(finding.trial, type_of_execution=kind if isinstance(kind, str) else None,
+                     training_step=finding.training_step, iteration=finding.iteration,
                      node_id=finding.node, role=finding.role, kind=finding.kind, aggregation=finding.aggregation,
                      statistic=finding.statistic)
 

@@ -29,11 +29,13 @@ class PanelQuestions:
 
     # -- the tensors page -----------------------------------------------------------------------------
     def node_summaries(self, trial_id: str, training_step: int, iteration: int, *, kind: str = fmt.FORWARD,
-                       rank: int = 0) -> dict[str, dict[str, float | None]]:
+                       rank: int = 0, type_of_execution: str | None = None) -> dict[str, dict[str, float | None]]:
         """min / mean / max of every node of one iteration (its first role; the batch mean of a tensor with a
         batch dimension), for the graph's hover cards. One query for the whole step."""
-        graph = self.graph_at(trial_id, training_step, iteration, rank)
-        table = self._reads.step_rows(trial_id, training_step, rank)  # also what the next clicks in this step read
+        graph = self.graph_at(trial_id, training_step, iteration, rank, type_of_execution)
+        type_of_execution = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)["type_of_execution"]
+        # also what the next clicks in this step read
+        table = self._reads.step_rows(trial_id, training_step, rank, type_of_execution)
         # Filtered in Arrow first: at 1,000 nodes a step has thousands of rows, and Python rows cost.
         table = table.filter(pc.and_(pc.equal(table["kind"], kind),
                                      pc.is_in(table["aggregation"], pa.array(["mean", "none"])))).select(
@@ -50,30 +52,50 @@ class PanelQuestions:
                 summaries[node["id"]] = {name: row[name] for name in ("min", "mean", "max")}
         return summaries
 
-    def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> dict[str, Any]:
-        """The steps index's row of one (training step, iteration): type, graph hash, samples, categories."""
-        rows = [r for r in self._reads.step_index(trial_id, rank).rows_of(training_step) if r["iteration"] == iteration]
+    def step_row(self, trial_id: str, training_step: int, iteration: int, rank: int = 0,
+                 type_of_execution: str | None = None) -> dict[str, Any]:
+        """The steps index's row of one (training step, iteration): type, graph hash, samples, categories. A number
+        several types share: of ``type_of_execution`` (None: the main type's; see ``StepIndex.rows_of``)."""
+        rows = [r for r in self._reads.step_index(trial_id, rank).rows_of(training_step, type_of_execution)
+                if r["iteration"] == iteration]
         if not rows:
             raise SelectionError(f"Trial {trial_id!r} has no iteration {iteration} of training step {training_step} "
                                  f"(rank {rank}); choose a recorded step in the Tensors tab.")
         return rows[0]
 
-    def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0) -> fmt.GraphDocument:
+    def graph_at(self, trial_id: str, training_step: int, iteration: int, rank: int = 0,
+                 type_of_execution: str | None = None) -> fmt.GraphDocument:
         """The dependency graph of one iteration of one recorded step."""
-        return self._trials.trial(trial_id).graph(self.step_row(trial_id, training_step, iteration, rank)["graph"])
+        row = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)
+        return self._trials.trial(trial_id).graph(row["graph"])
 
     def adjacent_step(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
                       index: int | None = None, rank: int | None = 0) -> int | None:
-        """The recorded step ``offset`` steps of this type away from ``training_step`` (clamped to the first and
-        last), or the ``index``-th one; None when the type has no steps. The step buttons and slider ask this."""
-        steps = self._reads.step_index(trial_id, rank).steps_of(type_of_execution).tolist()
-        if not steps:
+        """The number of ``adjacent_position``."""
+        position = self.adjacent_position(trial_id, type_of_execution, training_step, offset=offset, index=index,
+                                          rank=rank)
+        return None if position is None else position[0]
+
+    def adjacent_position(self, trial_id: str, type_of_execution: str, training_step: int, *, offset: int = 0,
+                          index: int | None = None, rank: int | None = 0,
+                          step_type: str | None = None) -> tuple[int, str] | None:
+        """The recorded step (number, type) ``offset`` steps of this type away from (``training_step``,
+        ``step_type``) (clamped to the first and last), or the ``index``-th one; None when the type has no steps.
+        The step buttons and slider ask this; an evaluation that shares a training step's number is a step of its
+        own (``StepIndex.positions``)."""
+        positions = self._reads.step_index(trial_id, rank).positions(type_of_execution)
+        if not positions:
             return None
         if index is None:
-            here = steps.index(training_step) if training_step in steps else \
-                int(np.searchsorted(steps, training_step)) - (1 if offset > 0 else 0)
+            steps = [step for step, _ in positions]
+            here = next((i for i, pair in enumerate(positions) if pair == (training_step, step_type)), None)
+            if here is None and training_step in steps:
+                here = steps.index(training_step)
+            if here is None:
+                here = int(np.searchsorted(steps, training_step)) - (1 if offset > 0 else 0)
             index = here + offset
-        return int(steps[max(0, min(len(steps) - 1, index))])
+        step, kind = positions[max(0, min(len(positions) - 1, index))]
+        return int(step), kind
 
     def neuron_values(self, selection: Selection) -> NeuronValues:
         """The stored values of the selected tensor (the first ones of the flattened value dimensions)."""
@@ -91,7 +113,7 @@ class PanelQuestions:
         aggregation, sample = parse_aggregation(selection.aggregation)
         index = self._reads.step_index(selection.trial, selection.rank)
         rows = self._reads.node_rows(selection.trial, index, selection.training_step, iteration=selection.data_iteration,
-                              node=selection.node, rank=selection.rank)
+                                     node=selection.node, rank=selection.rank, type_of_execution=selection.step_type)
         wanted = {"kind": selection.kind, "role": selection.role, "aggregation": aggregation, "sample": sample}
         return next((row for row in rows if all(row[key] == value for key, value in wanted.items())), None)
 
@@ -110,19 +132,20 @@ class PanelQuestions:
         Whatever does not exist there (the step, the iteration, the node) falls back as in
         ``resolve``, and the view's notices say what changed.
         """
-        wanted = {"trial": trial or selection.trial, "type_of_execution": ANY_TYPE,
+        wanted = {"trial": trial or selection.trial, "type_of_execution": ANY_TYPE, "step_type": selection.step_type,
                   "training_step": selection.training_step if training_step is None else training_step,
                   "iteration": selection.iteration, "node_id": selection.node_id,
                   "roles": {selection.node: selection.role}, "kind": selection.kind,
                   "aggregation": selection.aggregation, "rank": selection.rank}
         return resolve(self._trials, self._reads, wanted)
 
-    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *,
-                       rank: int = 0) -> list[SampleColumn]:
+    def sample_columns(self, trial_id: str, training_step: int, iteration: int, *, rank: int = 0,
+                       type_of_execution: str | None = None) -> list[SampleColumn]:
         """Every (node, role, kind) of this iteration that has per-sample values: the samples table's choices."""
-        graph = self.graph_at(trial_id, training_step, iteration, rank)
+        step = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)
+        graph = self._trials.trial(trial_id).graph(step["graph"])
         table = self._reads.tensor_rows(trial_id, training_step, columns=["node", "role", "kind", "iteration"],
-                                 aggregation="sample", rank=rank)
+                                        aggregation="sample", rank=rank, type_of_execution=step["type_of_execution"])
         recorded = set(zip(*(table.column(c).to_pylist() for c in ("node", "role", "kind", "iteration"))))
         columns = []
         for node in sorted(graph["nodes"], key=lambda n: (n["column"], n["row"])):
@@ -133,13 +156,13 @@ class PanelQuestions:
         return columns
 
     def samples_table(self, trial_id: str, training_step: int, iteration: int, columns: list[SampleColumn], *,
-                      rank: int = 0) -> SamplesTable:
+                      rank: int = 0, type_of_execution: str | None = None) -> SamplesTable:
         """One row per recorded sample of one iteration, one value per column (a statistic or one neuron).
 
         The tutorial's last finding is one look at this table: sort by ``loss_per_sample``
         and read ``helper_partial_sums`` beside it.
         """
-        step = self.step_row(trial_id, training_step, iteration, rank)
+        step = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)
         graph = self._trials.trial(trial_id).graph(step["graph"])
         nodes = {n["id"]: n for n in graph["nodes"]}
         samples = list(step["samples"] or [])
@@ -148,8 +171,8 @@ class PanelQuestions:
         missing = []
         for column in columns:
             node = nodes.get(column.node_id)
-            found = self._sample_values(trial_id, training_step, node_data_iteration(node, iteration), node["node"],
-                                        column, rank) if node else {}
+            found = self._sample_values(trial_id, (training_step, step["type_of_execution"]),
+                                        node_data_iteration(node, iteration), node["node"], column, rank) if node else {}
             if not found:
                 missing.append(column.label)
             for sample in found:
@@ -159,15 +182,15 @@ class PanelQuestions:
                  **{key: by_sample.get(sample) for key, by_sample in values.items()}} for sample in sorted(categories)]
         return SamplesTable(trial_id, training_step, iteration, step["type_of_execution"], list(columns), rows, missing)
 
-    def _sample_values(self, trial_id: str, training_step: int, data_iteration: int, node: str,
+    def _sample_values(self, trial_id: str, step: tuple[int, str], data_iteration: int, node: str,
                        column: SampleColumn, rank: int) -> dict[int, float | None]:
         read = "neurons" if column.statistic == NEURON else column.statistic
         if read not in (*PLOT_STATISTICS, "neurons"):
             raise SelectionError(f"Unknown statistic {column.statistic!r} for the samples table"
                                  + did_you_mean(column.statistic, [*PLOT_STATISTICS, NEURON]))
-        table = self._reads.tensor_rows(trial_id, training_step, columns=["sample", read], kind=column.kind,
-                                 iteration=data_iteration, node=node, role=column.role, aggregation="sample",
-                                 rank=rank)
+        table = self._reads.tensor_rows(trial_id, step[0], columns=["sample", read], kind=column.kind,
+                                        iteration=data_iteration, node=node, role=column.role, aggregation="sample",
+                                        rank=rank, type_of_execution=step[1])
         found: dict[int, float | None] = {}
         for sample, value in zip(table.column("sample").to_pylist(), table.column(read).to_pylist()):
             if read == "neurons":

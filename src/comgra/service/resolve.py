@@ -59,9 +59,13 @@ def _resolve_step(trials: TrialQuestions, reads: StepReads, view: View, trial_id
     choices = view.choices
     choices.types = [ANY_TYPE, *index.types_of_execution()]
     type_ = _pick(view, wanted.get("type_of_execution"), choices.types, ANY_TYPE, "type of training step", "type")
-    choices.steps = index.steps_of(type_).tolist()
-    step = _pick_step(view, wanted.get("training_step"), choices.steps, type_)
-    rows = index.rows_of(step)
+    positions = index.positions(type_)  # the step slider's: a step is (number, type)
+    choices.steps, choices.step_types = [p[0] for p in positions], [p[1] for p in positions]
+    step = _pick_step(view, wanted.get("training_step"), index.steps_of(type_).tolist(), type_)
+    # A step is (number, type): with any type, a number that an evaluation shares with a training step shows the
+    # wanted step_type (the step slider's choice), else the main type (see StepIndex.rows_of).
+    shared = index.types_at(step) if type_ == ANY_TYPE else [type_]
+    rows = index.rows_of(step, wanted.get("step_type") if wanted.get("step_type") in shared else type_)
     choices.iterations = [r["iteration"] for r in rows]
     iteration = _pick_iteration(view, wanted.get("iteration"), choices.iterations, step)
     step_row = rows[choices.iterations.index(iteration)]
@@ -69,7 +73,8 @@ def _resolve_step(trials: TrialQuestions, reads: StepReads, view: View, trial_id
     view.graph = graph
     node = _pick_node(view, graph, wanted.get("node_id"), iteration)
     data_iteration = node_data_iteration(node, iteration)
-    recorded = reads.node_rows(trial_id, index, step, iteration=data_iteration, node=node["node"], rank=rank)
+    recorded = reads.node_rows(trial_id, index, step, iteration=data_iteration, node=node["node"], rank=rank,
+                               type_of_execution=step_row["type_of_execution"])
     base = {"trial": trial_id, "type_of_execution": type_, "training_step": step,
             "step_type": step_row["type_of_execution"], "iteration": iteration, "node_id": node["id"],
             "node": node["node"], "data_iteration": data_iteration, "rank": rank}

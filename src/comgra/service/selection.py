@@ -151,6 +151,7 @@ class Choices:
     trials: list[str] = field(default_factory=list)
     types: list[str] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    step_types: list[str] = field(default_factory=list)  # the type of each of ``steps`` (a number may repeat)
     iterations: list[int] = field(default_factory=list)
     kinds: list[str] = field(default_factory=list)
     roles: list[str] = field(default_factory=list)
@@ -181,7 +182,7 @@ class Series:
 
 
 # -- what the browser sent: any JSON at all ------------------------------------------------------------
-_WANTED_TEXT = ("trial", "type_of_execution", "node_id", "kind", "aggregation")
+_WANTED_TEXT = ("trial", "type_of_execution", "step_type", "node_id", "kind", "aggregation")
 _WANTED_INT = ("training_step", "iteration", "rank")
 _INT_LIMIT = 2**62  # beyond any step or iteration; keeps numpy's int64 arithmetic exact
 

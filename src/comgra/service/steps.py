@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from comgra.errors import StoreError
 from comgra.service.read_threads import LowPriorityReads, Prefetcher, ReadSuperseded
@@ -50,6 +51,8 @@ class StepIndex:
         # steps they cost tens of milliseconds each.
         self._types: list[str] | None = None
         self._steps_of: dict[str, np.ndarray] = {}
+        self._positions: dict[str, list[tuple[int, str]]] = {}
+        self._main: str | None = None
 
     def types_of_execution(self) -> list[str]:
         if self._types is None:
@@ -64,9 +67,48 @@ class StepIndex:
             steps.flags.writeable = False  # shared by every caller
         return steps
 
-    def rows_of(self, training_step: int) -> list[dict[str, Any]]:
+    def positions(self, type_of_execution: str) -> list[tuple[int, str]]:
+        """The step slider's positions: one per step (number, type) of ``type_of_execution`` (ANY_TYPE: every type),
+        by number, and the types that share a number in the order they ran (an evaluation at the Trainer's
+        global_step g before training step g)."""
+        kept = self._positions.get(type_of_execution)
+        if kept is None:
+            first: dict[tuple[int, str], float] = {}
+            times = self.table.column("wall_time").to_pylist() if "wall_time" in self.table.column_names else []
+            for position, (step, kind) in enumerate(zip(self.steps.tolist(), self.types.tolist())):
+                if type_of_execution in (ANY_TYPE, kind):
+                    when = times[position] if position < len(times) and times[position] is not None else 0.0
+                    first[(step, kind)] = min(first.get((step, kind), when), when)
+            kept = self._positions[type_of_execution] = sorted(first, key=lambda pair: (pair[0], first[pair], pair[1]))
+        return list(kept)
+
+    def main_type(self) -> str | None:
+        """The type most steps have (the training steps): what a step number that several types share shows
+        when no type is asked for."""
+        if not len(self.types):
+            return None
+        if self._main is None:  # the index never changes: once
+            names, counts = np.unique(self.types.astype(str), return_counts=True)
+            self._main = str(names[int(np.argmax(counts))])
+        return self._main
+
+    def types_at(self, training_step: int) -> list[str]:
+        """The types of the steps numbered ``training_step`` (an evaluation may share a training step's number)."""
         first, last = np.searchsorted(self.steps, [training_step, training_step + 1])
-        return self.table.slice(int(first), int(last - first)).to_pylist()
+        return sorted(set(self.types[first:last].tolist()))
+
+    def rows_of(self, training_step: int, type_of_execution: str | None = None) -> list[dict[str, Any]]:
+        """The rows (one per iteration) of one step: of ``type_of_execution`` where several types share the number;
+        without one (or ANY_TYPE), of the main type if it has the number, else of the first type that has."""
+        first, last = np.searchsorted(self.steps, [training_step, training_step + 1])
+        rows = self.table.slice(int(first), int(last - first)).to_pylist()
+        types = {r["type_of_execution"] for r in rows}
+        if type_of_execution in (None, ANY_TYPE):
+            if len(types) < 2:
+                return rows
+            main = self.main_type()
+            type_of_execution = main if main in types else min(types)
+        return [r for r in rows if r["type_of_execution"] == type_of_execution]
 
 
 class KeptStep:
@@ -78,9 +120,24 @@ class KeptStep:
         for position, key in enumerate(zip(table.column("node").to_pylist(), table.column("iteration").to_pylist())):
             self._positions.setdefault(key, []).append(position)
 
-    def rows(self, node: str, iteration: int) -> list[dict[str, Any]]:
+    def rows(self, node: str, iteration: int, type_of_execution: str | None = None) -> list[dict[str, Any]]:
+        """The node's rows; with a type, of that type's step only (rows of chunks older than the type column have
+        none, and belong to the one step of their number)."""
         positions = self._positions.get((node, iteration))
-        return self.table.take(positions).to_pylist() if positions else []
+        rows = self.table.take(positions).to_pylist() if positions else []
+        return rows if type_of_execution is None else of_type(rows, type_of_execution)
+
+    def of_type(self, type_of_execution: str | None) -> pa.Table:
+        """Every row of the step of this type (None: all rows of the number)."""
+        if type_of_execution is None or "type_of_execution" not in self.table.column_names:
+            return self.table
+        column = self.table["type_of_execution"]
+        return self.table.filter(pc.or_kleene(pc.equal(column, type_of_execution), pc.is_null(column)))
+
+
+def of_type(rows: list[dict[str, Any]], type_of_execution: str) -> list[dict[str, Any]]:
+    """The rows of one step's type; a row without a type (an older chunk) is its number's only step's."""
+    return [r for r in rows if r.get("type_of_execution") in (None, type_of_execution)]
 
 
 def neighbour_steps(index: StepIndex, training_step: int) -> list[int]:
@@ -185,8 +242,9 @@ class StepReads:
         aggregation, sample = parse_aggregation(selection.aggregation)
         rank = selection.rank if rank is None else rank
         version = self.step_index(trial_id, rank).chunks
+        typed = None if selection.type_of_execution == ANY_TYPE else selection.type_of_execution
         key = (trial_id, len(version), version[-1:], selection.node, selection.role, selection.kind,
-               selection.data_iteration, aggregation, sample, statistic, rank)
+               selection.data_iteration, aggregation, sample, statistic, rank, typed)
         with self._lock:
             if key in self._series:
                 self._series.move_to_end(key)
@@ -201,7 +259,8 @@ class StepReads:
             return self._joined(under_way, asked, lambda: self.statistic_series(trial_id, selection, statistic, rank))
         return self._series_read(key, mine, lambda cancelled: self.trial(trial_id).series(
             node=selection.node, role=selection.role, kind=selection.kind, iteration=selection.data_iteration,
-            aggregation=aggregation, sample=sample, statistic=statistic, rank=rank, cancelled=cancelled))
+            aggregation=aggregation, sample=sample, statistic=statistic, rank=rank, cancelled=cancelled,
+            type_of_execution=typed))
 
     def _joined(self, under_way: Future[tuple[np.ndarray, np.ndarray]], asked: int,
                 ask_again: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -244,11 +303,14 @@ class StepReads:
         return reads.run(read)
 
     def tensor_rows(self, trial_id: str, training_step: int, **filters: Any) -> pa.Table:
-        """Rows of one step of one trial, filtered like TrialReader.selection."""
+        """Rows of one step of one trial, filtered like TrialReader.selection (``type_of_execution=None``: any)."""
+        if filters.get("type_of_execution", "") is None:
+            del filters["type_of_execution"]
         return self.trial(trial_id).selection(training_step=training_step, **filters)
 
 
-    def step_rows(self, trial_id: str, training_step: int, rank: int) -> pa.Table:
+    def step_rows(self, trial_id: str, training_step: int, rank: int,
+                  type_of_execution: str | None = None) -> pa.Table:
         """Every row of one step of one rank, kept for the last few steps asked.
 
         The hover cards ask for the whole step as soon as a step is shown; the node clicks
@@ -264,16 +326,17 @@ class StepReads:
             kept = self._kept_step(trial_id, index, training_step, rank)
         if kept is None:  # pushed out by other reads meanwhile (many pages at once): read it alone
             kept = KeptStep(self.tensor_rows(trial_id, training_step, rank=rank))
-        return kept.table
+        return kept.of_type(type_of_execution)
 
     def node_rows(self, trial_id: str, index: StepIndex, training_step: int, *, iteration: int, node: str,
-                  rank: int) -> list[dict[str, Any]]:
-        """The rows of one node at one step and iteration: from a kept step if there is one (or one being read
-        now), else one query."""
+                  rank: int, type_of_execution: str | None = None) -> list[dict[str, Any]]:
+        """The rows of one node at one step (of ``type_of_execution``, where given) and iteration: from a kept step
+        if there is one (or one being read now), else one query."""
         kept = self._kept_step(trial_id, index, training_step, rank, wait=True)
         if kept is None:
-            return self.tensor_rows(trial_id, training_step, iteration=iteration, node=node, rank=rank).to_pylist()
-        return kept.rows(node, iteration)
+            return self.tensor_rows(trial_id, training_step, iteration=iteration, node=node, rank=rank,
+                                    type_of_execution=type_of_execution).to_pylist()
+        return kept.rows(node, iteration, type_of_execution)
 
     def prefetch_near(self, selection: Selection) -> None:
         """Read the steps around the shown one in the background, unless they are kept already: the

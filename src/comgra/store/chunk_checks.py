@@ -68,6 +68,13 @@ class ChunkChecks:
         self._prune_above = CHECKED_PRUNE_AT_LEAST
         self._lock = threading.Lock()
 
+    def names_of(self, path: Path) -> frozenset[str]:
+        """The columns of a chunk: from its check where it passed one, else from its footer."""
+        info = os.stat(path)
+        with self._lock:
+            checked = self._checked.get((str(path), info.st_size, info.st_mtime_ns))
+        return checked.names if checked is not None else frozenset(pq.read_schema(path).names)
+
     def verify(self, table: str, path: Path, wanted: frozenset[str], row_groups: Callable[[int], list[int]], *,
                rank_optional: bool) -> None:
         """Raise where the chunk's schema is not ``table``'s or a page of ``wanted`` in the row groups
@@ -126,7 +133,7 @@ REQUIRED_COLUMNS = {"steps": ("training_step", "iteration", "type_of_execution",
                      "kpis": ("kpi_group", "timepoint"), "notes": ()}
 
 
-STEP_KEY = ("rank", "training_step", "iteration")
+STEP_KEY = ("rank", "training_step", "type_of_execution", "iteration")  # an evaluation may share a training step's number
 # The columns every row of a large table has: a query finds its rows by them, so a null there is damage (a
 # tensors chunk whose training_step is all null would answer series points without a step).
 KEY_COLUMNS = {"tensors": ("training_step", "iteration", "node", "role", "kind", "aggregation")}
@@ -153,13 +160,21 @@ def first_rows(table: pa.Table, keys: tuple[str, ...]) -> np.ndarray | None:
     """The index of the first row of each distinct key, or None when every key is distinct (the usual case)."""
     if table.num_rows < 2:
         return None
-    columns = np.stack([table[k].to_numpy(zero_copy_only=False).astype(np.int64) for k in keys], axis=1)
+    columns = np.stack([_codes(table[k]) for k in keys], axis=1)
     _, first = np.unique(columns, axis=0, return_index=True)
     return None if len(first) == table.num_rows else first
 
 
+def _codes(column: pa.ChunkedArray) -> np.ndarray:
+    """A key column as int64: numbers as they are, text (a type of step) by its dictionary code, null as -1."""
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        column = pc.dictionary_encode(column.combine_chunks()).indices
+        return pc.fill_null(column, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return column.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def each_step_once(table: pa.Table) -> tuple[pa.Table, int]:
-    """A steps chunk with each (rank, training_step, iteration) once, and how many rows repeated one: the writer
+    """A steps chunk with each (rank, training_step, type_of_execution, iteration) once, and how many rows repeated one: the writer
     writes a step once per chunk, so a row repeated within a chunk is damage, not another step. (Across chunks a
     step may repeat: a run resumed into the same trial records it again, and both are kept.)"""
     first = first_rows(table, STEP_KEY)

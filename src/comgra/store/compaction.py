@@ -130,5 +130,6 @@ def _size(path: Path) -> int:
 
 
 def _repeats_a_step(steps: pa.Table) -> bool:
-    keys = set(zip(steps["training_step"].to_pylist(), steps["iteration"].to_pylist()))
+    keys = set(zip(steps["training_step"].to_pylist(), steps["type_of_execution"].to_pylist(),
+                   steps["iteration"].to_pylist()))
     return len(keys) != steps.num_rows

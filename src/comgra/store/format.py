@@ -176,9 +176,13 @@ SENTINELS_SCHEMA = pa.schema(
 # since the epoch), the Graphs tab's wall-time and relative-time x-axes.
 # sentinels' value_min and value_max: the smallest and largest value of the step's tensor (an input all zeros, or
 # constant, on some steps: analysis.sentinel_events).
+# tensors' type_of_execution: the type of the step the row belongs to. A step is (training_step, type_of_execution):
+# an evaluation may share its number with a training step (the Trainer's ``global_step``). A null (every chunk
+# written before the column) is the type the steps table gives that step number, which was unique then.
 ADDED_COLUMNS: dict[str, tuple[pa.Field, ...]] = {"kpis": (pa.field("wall_time", pa.float64()),),
                                                   "sentinels": (pa.field("value_min", pa.float64()),
-                                                                pa.field("value_max", pa.float64()))}
+                                                                pa.field("value_max", pa.float64())),
+                                                  "tensors": (pa.field("type_of_execution", pa.string()),)}
 # The *_SCHEMA above are the rows the recorder hands to its writer; SCHEMAS are the chunk files on disk:
 # the same columns, the added ones, plus ``rank``, which the writer adds (it alone knows which rank's shard it writes).
 SCHEMAS = {name: pa.schema([*schema, *ADDED_COLUMNS.get(name, ()), RANK_FIELD]) for name, schema in
@@ -373,6 +377,19 @@ def chunk_names(folder: Path) -> list[str]:
 def chunk_files(folder: Path) -> list[Path]:
     """The ``*.parquet`` files of one table folder, sorted, temporary and hidden files left out."""
     return [folder / name for name in chunk_names(folder)]
+
+
+def settled_chunk_files(folder: Path, attempts: int = 8) -> list[Path]:
+    """``chunk_files(folder)`` from a listing that two folder reads in a row agree on. A folder read is no snapshot:
+    a merged chunk renamed into place while it runs can be missed, and the parts it replaces, deleted meanwhile,
+    missed too; their steps would then be absent from one answer (the reader's queries list with this)."""
+    names = chunk_names(folder)
+    for _ in range(attempts):
+        again = chunk_names(folder)
+        if again == names:
+            break
+        names = again
+    return [folder / name for name in names]
 
 
 def write_json_atomic(path: Path, document: dict[str, Any]) -> None:

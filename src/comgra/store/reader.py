@@ -23,6 +23,7 @@ from typing import Any, cast
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from comgra.errors import SelectionError, StoreError, did_you_mean
@@ -33,7 +34,9 @@ from comgra.store.small_tables import SmallTables
 
 _TENSORS = fmt.SCHEMAS["tensors"]
 log = logging.getLogger("comgra.store")
-_SELECTION_FILTERS = ("training_step", "kind", "iteration", "node", "role", "aggregation", "sample", "rank")
+_SELECTION_FILTERS = ("training_step", "kind", "iteration", "node", "role", "aggregation", "sample", "rank",
+                      "type_of_execution")
+_TYPE = "type_of_execution"  # a step is (training_step, type): a row without a type (older chunks) is any type's
 
 
 class GroupReader:
@@ -242,19 +245,25 @@ class TrialReader:
 
     # -- tensor values -------------------------------------------------------------------------
     def selection(self, *, training_step: int, columns: list[str] | None = None, **filters: Any) -> pa.Table:
-        """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample, rank.
-
-        Cost grows with the rows returned, not with the size of the recording.
-        """
+        """Rows of one training step, filtered by any of kind, iteration, node, role, aggregation, sample, rank and
+        type_of_execution (an evaluation may share a training step's number). Cost grows with the rows returned."""
         unknown = set(filters) - set(_SELECTION_FILTERS)
         if unknown:
             raise SelectionError(f"Unknown filter(s) {sorted(unknown)}; valid filters: {list(_SELECTION_FILTERS)}")
         # One value each (no lists here); None means "any", as in _query.
         validation.check_filter_values({k: v for k, v in {"training_step": training_step, **filters}.items() if v is not None})
-        files = [p for p in self._files("tensors", filters.get("rank")) if _covers(p.name, training_step)]
+        typed = filters.get(_TYPE)  # a step of another type at this number only: no rows
+        held = typed is None or bool(pc.any(pc.equal(self._numbers_of(typed, None), training_step)).as_py())
+        files = [p for p in self._files("tensors", filters.get("rank")) if held and _covers(p.name, training_step)]
         return self._query(files, columns, {"training_step": training_step, **filters})
 
-    def steps_selection(self, training_steps: list[int], *, rank: int | None = None) -> pa.Table:
+    def _numbers_of(self, type_of_execution: str, rank: int | None) -> pa.Array:
+        """The step numbers of one type: a row of a chunk older than the type column (null) is its number's one step's."""
+        steps = self.steps(rank)
+        return pc.filter(steps["training_step"], pc.equal(steps[_TYPE], type_of_execution)).combine_chunks()
+
+    def steps_selection(self, training_steps: list[int], *, rank: int | None = None,
+                        type_of_execution: str | None = None) -> pa.Table:
         """Every row of several training steps in one read.
 
         A tensors chunk is sorted by series, so one step's rows lie in all of its row groups: reading
@@ -262,21 +271,24 @@ class TrialReader:
         """
         steps = sorted({int(s) for s in training_steps})
         files = [p for p in self._files("tensors", rank) if any(_covers(p.name, s) for s in steps)]
-        return self._query(files, None, {"training_step": steps, "rank": rank})
+        return self._query(files, None, {"training_step": steps, "rank": rank, _TYPE: type_of_execution})
 
     def series(self, *, node: str, role: str, kind: str = fmt.FORWARD, iteration: int | None,
-               aggregation: str = "mean", sample: int = -1, statistic: str = "mean",
-               rank: int | None = None, cancelled: Callable[[], bool] | None = None) -> pa.Table:
+               aggregation: str = "mean", sample: int = -1, statistic: str = "mean", rank: int | None = None,
+               cancelled: Callable[[], bool] | None = None, type_of_execution: str | None = None) -> pa.Table:
         """One statistic of one tensor across every recorded step: columns training_step, value, rank,
         sorted by rank, then step (``rank=None``: every rank's line; ``iteration=None``: a row per recorded
-        iteration of each step, in no set order within the step). ``cancelled()``, asked between
+        iteration of each step, in no set order within the step; ``type_of_execution``: its steps only, where one
+        shares its number with a step of another type). ``cancelled()``, asked between
         chunks, ends the read with ``series_read.ReadCancelled`` once it is true."""
         if statistic not in fmt.STATISTICS + ("svd_max",):
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
         filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
-                   "aggregation": aggregation, "sample": sample, "rank": rank}
+                   "aggregation": aggregation, "sample": sample, "rank": rank, _TYPE: type_of_execution}
         table = self._series_rows(self._files("tensors", rank), ["training_step", statistic, "rank"], filters,
                                   cancelled)
+        if type_of_execution is not None:
+            table = table.filter(pc.is_in(table["training_step"], self._numbers_of(type_of_execution, rank)))
         return table.rename_columns(["training_step", "value", "rank"]).sort_by(
             [("rank", "ascending"), ("training_step", "ascending")])
 
@@ -322,6 +334,13 @@ class TrialReader:
             return False
         return True
 
+    def _has_type(self, path: Path) -> bool:
+        """Whether a tensors chunk has the type column (chunks written before it was added do not)."""
+        try:
+            return self.format_version >= 3 and _TYPE in self._checks.names_of(path)
+        except OSError:
+            return True  # merged away meanwhile: the query fails and lists again
+
     def read_tensor_chunk(self, path: Path, columns: list[str] | None = None) -> pa.Table:
         """Every row of one tensors chunk; a damaged one is listed in ``problems`` and reads as empty,
         and so does one a live writer merged away meanwhile (its rows are in the merged chunk)."""
@@ -341,6 +360,7 @@ class TrialReader:
             self._report_problem(path, chunk_checks.damage_reason(error))
             log.debug("comgra: skipped %s", path, exc_info=error)
             return empty
+        table = fmt.with_added_columns("tensors", table)  # a chunk older than the type column: nulls
         if "rank" in wanted and "rank" not in table.column_names:  # format 1: rank 0's; format 3: its folder's
             rank = layout.rank_of_chunk(path)
             table = table.append_column(fmt.RANK_FIELD, pa.array(np.full(table.num_rows, rank, np.int32)))
@@ -354,15 +374,16 @@ class TrialReader:
         if not files:
             return _TENSORS.empty_table().select(columns or _TENSORS.names)
         # A list is a set of values (steps read together); the parameters are its items, one each.
-        where = " AND ".join(f'"{k}" IN ({", ".join("?" * len(v))})' if isinstance(v, list) else f'"{k}" = ?'
+        where = " AND ".join(f'"{k}" IN ({", ".join("?" * len(v))})' if isinstance(v, list) else
+                             f'("{k}" = ? OR "{k}" IS NULL)' if k == _TYPE else f'"{k}" = ?'
                              for k, v in active.items()) or "TRUE"
         values = [item for v in active.values() for item in (v if isinstance(v, list) else [v])]
         select = ", ".join(f'"{c}"' for c in columns) if columns else "*"
 
         def run(paths: list[Path]) -> pa.Table:
-            groups: dict[int | None, list[str]] = {}  # format 3: by rank, each group's rank a constant
+            groups: dict[tuple[int | None, bool], list[str]] = {}  # format 3: by rank (a constant) and type column
             for p in paths:  # a trial named "run*" is no pattern
-                key = layout.rank_of_chunk(p) if self.format_version >= 3 else None
+                key = (layout.rank_of_chunk(p) if self.format_version >= 3 else None, self._has_type(p))
                 groups.setdefault(key, []).append(validation.glob_escaped(p))
             sql = f"SELECT {select} FROM {self._tensors_source(list(groups))} WHERE {where}"
             return self._cursor().sql(sql, params=[*groups.values(), *values]).to_arrow_table()
@@ -376,15 +397,18 @@ class TrialReader:
                 return _TENSORS.empty_table().select(columns or _TENSORS.names)
             return self._query([p for p in files if str(p) not in self.problems], columns, filters)
 
-    def _tensors_source(self, ranks: list[int | None]) -> str:
+    def _tensors_source(self, groups: list[tuple[int | None, bool]]) -> str:
         """Format 1 has no rank column (its rows are rank 0's), format 3 names it by folder: a constant stands in for it,
-        one ``read_parquet`` per rank, Hive detection off (it would add ``trial`` and a second ``rank`` column)."""
+        one ``read_parquet`` per rank, Hive detection off (it would add ``trial`` and a second ``rank`` column). A chunk
+        older than the type column reads it as null, one group per (rank, has the column)."""
+        null_type = f'CAST(NULL AS VARCHAR) AS "{_TYPE}", '
         if self.format_version >= 3:
-            read = 'SELECT *, CAST({} AS INTEGER) AS "rank" FROM read_parquet(?, hive_partitioning = false)'
-            return "(" + " UNION ALL ".join(read.format(int(r or 0)) for r in ranks) + ")"
+            read = 'SELECT *, {}CAST({} AS INTEGER) AS "rank" FROM read_parquet(?, hive_partitioning = false)'
+            return "(" + " UNION ALL ".join(read.format("" if typed else null_type, int(r or 0))
+                                            for r, typed in groups) + ")"
         if self.format_version >= 2:
-            return "read_parquet(?)"
-        return '(SELECT *, CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'
+            return f'(SELECT * EXCLUDE ("rank"), {null_type}"rank" FROM read_parquet(?))'
+        return f'(SELECT *, {null_type}CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'
 
     def _cursor(self) -> duckdb.DuckDBPyConnection:
         cursor = getattr(self._local, "cursor", None)
@@ -403,7 +427,7 @@ class TrialReader:
         bad = self._skipped()
         folders = layout.table_dirs(self.directory, table, self.format_version)
         visible = [p for folder in folders for p in fmt.visible_chunks(
-            [p for p in fmt.chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
+            [p for p in fmt.settled_chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
         return visible if rank is None else [p for p in visible if layout.rank_of_chunk(p) == rank]
 
     def _own_chunk(self, path: Path) -> bool:

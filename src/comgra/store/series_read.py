@@ -30,6 +30,8 @@ import pyarrow.parquet as pq
 from comgra.store import format as fmt
 from comgra.store import layout, validation
 
+_TYPE = "type_of_execution"  # tensors' column of the step's type (format.ADDED_COLUMNS)
+
 
 class ReadCancelled(Exception):
     """The caller's ``cancelled()`` said so between two chunks: nobody waits for this read any more."""
@@ -53,6 +55,7 @@ class _Bounds:
     sorted_by_node: bool  # False (a foreign or unsorted chunk, a missing statistic): every row group is read
     parsed_bytes: int  # the parsed footer's estimated memory
     has_rank: bool = True  # format 3 has no rank column: its folder names the rank
+    has_type: bool = True  # chunks written before tensors' type_of_execution (format.ADDED_COLUMNS) lack it
 
     def row_groups(self, node: str) -> list[int]:
         if not self.sorted_by_node:
@@ -67,13 +70,14 @@ def _bounds(metadata: pq.FileMetaData) -> _Bounds:
     for index in range(metadata.num_row_groups):
         statistics = metadata.row_group(index).column(column).statistics
         if statistics is None or not statistics.has_min_max or not isinstance(statistics.min, str):
-            return _Bounds(metadata.num_row_groups, [], [], False, size, "rank" in metadata.schema.names)
+            return _Bounds(metadata.num_row_groups, [], [], False, size, "rank" in metadata.schema.names,
+                           _TYPE in metadata.schema.names)
         # interned: the same few hundred node names bound the row groups of every chunk
         bounds.append((sys.intern(statistics.min), sys.intern(statistics.max)))
     low, high = [b[0] for b in bounds], [b[1] for b in bounds]
     ordered = all(a <= b for a, b in zip(low, low[1:])) and all(a <= b for a, b in zip(high, high[1:]))
     return _Bounds(metadata.num_row_groups, low, high, ordered and all(a <= b for a, b in bounds), size,
-                   "rank" in metadata.schema.names)
+                   "rank" in metadata.schema.names, _TYPE in metadata.schema.names)
 
 
 class SeriesReader:
@@ -118,10 +122,14 @@ class SeriesReader:
                 rank = None if bounds.has_rank else layout.rank_of_chunk(path)
                 if rank is not None and active.get("rank", rank) != rank:
                     continue
-                here = {k: v for k, v in active.items() if bounds.has_rank or k != "rank"}
+                # An older chunk has no type column: its step numbers were unique, its rows are any type's.
+                here = {k: v for k, v in active.items() if (bounds.has_rank or k != "rank")
+                        and (k != _TYPE or bounds.has_type)}
                 condition = None
                 for name, value in here.items():
                     term = pc.field(name) == value
+                    if name == _TYPE:
+                        term = term | pc.field(name).is_null()
                     condition = term if condition is None else condition & term
                 needed = list(dict.fromkeys([*(c for c in columns if bounds.has_rank or c != "rank"), *here]))
                 # Each page read is checked against its checksum: a failure sends the caller to the reader's
@@ -150,7 +158,8 @@ class SeriesReader:
             return bounds, metadata
         metadata = pq.read_metadata(path)
         # A column of the right name and another type is junk, not values (raises validation.ChunkDamaged).
-        validation.check_chunk_schema(metadata.schema.to_arrow_schema(), fmt.SCHEMAS["tensors"], rank_optional=True)
+        validation.check_chunk_schema(metadata.schema.to_arrow_schema(), fmt.SCHEMAS["tensors"], rank_optional=True,
+                                      may_lack=fmt.added_column_names("tensors"))
         bounds = _bounds(metadata)
         with self._lock:
             if key not in self._bounds:
