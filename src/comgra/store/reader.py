@@ -238,8 +238,7 @@ class TrialReader:
     report_problem = _report_problem  # for what a reader outside this class skipped (a damaged resources document)
 
     def fetch(self, path: Path, row_groups: Iterable[int] | None = None, columns: Iterable[str] | None = None) -> None:
-        """Before reading a tensors chunk with pyarrow yourself: for a recording at a URL, bring the byte ranges of
-        ``row_groups`` x ``columns`` (None: all) into its local copy (``store.ranges``); nothing for a local one."""
+        """Before reading a tensors chunk with pyarrow yourself: bring ``row_groups`` x ``columns`` (None: all) of a URL's."""
         if self._mirror is not None:
             self._mirror.fill(path, row_groups, columns)
 
@@ -250,7 +249,6 @@ class TrialReader:
         unknown = set(filters) - set(_SELECTION_FILTERS)
         if unknown:
             raise SelectionError(f"Unknown filter(s) {sorted(unknown)}; valid filters: {list(_SELECTION_FILTERS)}")
-        # One value each (no lists here); None means "any", as in _query.
         validation.check_filter_values({k: v for k, v in {"training_step": training_step, **filters}.items() if v is not None})
         typed = filters.get(_TYPE)  # a step of another type at this number only: no rows
         held = typed is None or bool(pc.any(pc.equal(self._numbers_of(typed, None), training_step)).as_py())
@@ -264,11 +262,8 @@ class TrialReader:
 
     def steps_selection(self, training_steps: list[int], *, rank: int | None = None,
                         type_of_execution: str | None = None) -> pa.Table:
-        """Every row of several training steps in one read.
-
-        A tensors chunk is sorted by series, so one step's rows lie in all of its row groups: reading
-        the neighbouring steps of the same chunks along with one costs about what that step alone does.
-        """
+        """Every row of several training steps in one read (a chunk is sorted by series, so one step's rows lie in
+        all its row groups: reading the neighbouring steps of the same chunks costs about what one step does)."""
         steps = sorted({int(s) for s in training_steps})
         files = [p for p in self._files("tensors", rank) if any(_covers(p.name, s) for s in steps)]
         return self._query(files, None, {"training_step": steps, "rank": rank, _TYPE: type_of_execution})
@@ -277,10 +272,9 @@ class TrialReader:
                aggregation: str = "mean", sample: int = -1, statistic: str = "mean", rank: int | None = None,
                cancelled: Callable[[], bool] | None = None, type_of_execution: str | None = None) -> pa.Table:
         """One statistic of one tensor across every recorded step: columns training_step, value, rank,
-        sorted by rank, then step (``rank=None``: every rank's line; ``iteration=None``: a row per recorded
-        iteration of each step, in no set order within the step; ``type_of_execution``: its steps only, where one
-        shares its number with a step of another type). ``cancelled()``, asked between
-        chunks, ends the read with ``series_read.ReadCancelled`` once it is true."""
+        sorted by rank, then step (``rank=None``: every rank's line; ``iteration=None``: a row per recorded iteration
+        of each step, in no set order; ``type_of_execution``: its steps only). ``cancelled()``, asked between chunks,
+        ends the read with ``series_read.ReadCancelled`` once it is true."""
         if statistic not in fmt.STATISTICS + ("svd_max",):
             raise SelectionError(f"Unknown statistic {statistic!r}" + did_you_mean(statistic, fmt.STATISTICS))
         filters = {"node": node, "role": role, "kind": kind, "iteration": iteration,
@@ -318,8 +312,7 @@ class TrialReader:
             return self._query(files, columns, filters)
 
     def tensor_chunks(self, rank: int | None = None) -> list[Path]:
-        """The visible tensors chunks (a merged chunk hides its parts), sorted: for a scan of a whole
-        trial that reads every chunk once and keeps what it found per chunk (chunks are immutable)."""
+        """The visible tensors chunks (a merged chunk hides its parts), sorted: for a scan that reads each once."""
         return self._files("tensors", rank)
 
     def has_tensor_schema(self, path: Path) -> bool:
@@ -335,7 +328,6 @@ class TrialReader:
         return True
 
     def _has_type(self, path: Path) -> bool:
-        """Whether a tensors chunk has the type column (chunks written before it was added do not)."""
         try:
             return self.format_version >= 3 and _TYPE in self._checks.names_of(path)
         except OSError:
