@@ -2,7 +2,7 @@
 defaults to True) or ``F.dropout(x, p, training=True)`` in a module's forward, so ``model.eval()`` does not switch
 it off and no dropout module is in training mode. Real loops recorded with the documented API and scanned; the
 healthy variants (an ``nn.Dropout`` module used right, ReLU zeros, sparse inputs, whole samples masked, small
-values shrunk to zero, the fixed twin) must stay silent."""
+values shrunk to zero, a pooled head whose values do not align with its input's, the fixed twin) must stay silent."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +26,13 @@ class Block(torch.nn.Module):
         super().__init__()
         self.fc = torch.nn.Linear(12, 24)
         self.dropout = torch.nn.Dropout(0.4)
+        self.act = torch.nn.ReLU()
         self.variant = variant
+        if variant == "pooled":  # 48 units pooled in pairs; four pairs dead: their pooled values are zero
+            self.fc = torch.nn.Linear(12, 48)
+            with torch.no_grad():
+                self.fc.weight[[2, 3, 6, 7, 10, 11, 14, 15]] = 0.0
+                self.fc.bias[[2, 3, 6, 7, 10, 11, 14, 15]] = -20.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.fc(x)) if self.variant != "relu" else torch.relu(self.fc(x))
@@ -41,6 +47,9 @@ class Block(torch.nn.Module):
         if self.variant == "masked":  # padding: whole samples zeroed, in training and evaluation alike
             keep = (torch.arange(h.shape[0]) % 4 != 0).to(h.dtype)[:, None]
             return h * keep
+        if self.variant == "pooled":  # a ReLU's units pooled in pairs, then an nn.Dropout: value i of one is not
+            pooled = self.act(h).view(h.shape[0], 24, 2).mean(dim=2)  # value i of the other (MobileNet's pooled head)
+            return self.dropout(pooled)
         if self.variant == "shrink":  # the small values zeroed, in training and evaluation alike
             return F.hardshrink(h, 0.3)
         return h  # "relu", "sparse"
@@ -103,7 +112,7 @@ def test_functional_dropout_on_evaluation_steps_is_an_error_on_its_module(tmp_pa
     assert "training=self.training" in found[0].message
 
 
-@pytest.mark.parametrize("variant", ["fixed", "module", "relu", "sparse", "masked", "shrink"])
+@pytest.mark.parametrize("variant", ["fixed", "module", "relu", "sparse", "masked", "shrink", "pooled"])
 def test_healthy_zeros_give_no_dropout_finding(tmp_path: Path, variant: str) -> None:
     findings = record(tmp_path, variant)
     assert _dropout_findings(findings) == [], [f.message for f in _dropout_findings(findings)]

@@ -94,7 +94,7 @@ def test_the_device_path_stacks_reductions_of_several_dtypes_and_reads_them_in_o
     step.parts = [tuple(torch.tensor(v, dtype=torch.bfloat16) for v in (-3.0, 2.0, 4.0)), (0.5, 0.5, 0.5),
                   tuple(torch.tensor(v) for v in (-1.0, 8.0, 9.0))]
     module._start_transfer(step)
-    assert step.host is not None and step.host.dtype == torch.float64 and step.host.shape == (2, 3)
+    assert step.host is not None and step.host.dtype == torch.float64 and step.host.shape == (6,)
     sentinels._read(step, pausable=False)
     sentinels.close()
     rows = {r["name"]: r for table in tables for r in table.to_pylist()}
@@ -102,3 +102,58 @@ def test_the_device_path_stacks_reductions_of_several_dtypes_and_reads_them_in_o
     assert (rows["loss"]["abs_max"], rows["loss"]["norm"]) == (0.5, 0.5)
     assert (rows["hidden"]["abs_max"], rows["hidden"]["norm"]) == (8.0, 9.0)
     assert rows["batch"]["numel"] == 2 and all(r["training_step"] == 7 for r in rows.values())
+
+
+def test_integer_and_boolean_inputs_keep_their_extremes_without_a_copy_or_a_norm() -> None:
+    """Token ids, masks and labels (``is_input``): the smallest and largest value of the integers as they are (the
+    evidence of a zeroed or constant input), no norm; a float input keeps its norm."""
+    tables: list[Any] = []
+    sentinels = Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None)
+    inputs = {"ids": torch.tensor([[5, 8191], [0, 17]]), "mask": torch.tensor([[True, False], [True, True]]),
+              "labels": torch.tensor([-100, 3, 9], dtype=torch.int32), "pixels": torch.tensor([[-1.5, 0.25], [2.0, 1.0]])}
+    sentinels.start_batch(2, "training", 2, recorded=False)
+    for name, tensor in inputs.items():
+        assert sentinels.wants(name, False, True)
+        sentinels.register(name, tensor, False, True)
+    sentinels.finish_batch(pausable=False)
+    sentinels.close()
+    rows = {r["name"]: r for table in tables for r in table.to_pylist()}
+    for name, tensor in inputs.items():
+        row, values = rows[name], tensor.double()
+        assert (row["source"], row["numel"], row["event"]) == ("input", tensor.numel(), None)
+        assert (row["value_min"], row["value_max"]) == (float(values.min()), float(values.max()))
+        assert row["abs_max"] == float(values.abs().max())
+        if tensor.is_floating_point():
+            assert row["norm"] == pytest.approx(float(torch.linalg.vector_norm(values)))
+        else:
+            assert math.isnan(row["norm"])
+
+
+def test_the_device_path_reads_integer_inputs_without_a_norm_in_order() -> None:
+    """On a GPU an integer input's part is (min, max, None): two values in the stack, not three. Run here with CPU
+    tensors in the device path's place."""
+    from comgra.breakpoints import sentinels as module
+
+    tables: list[Any] = []
+    sentinels = Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None)
+    step = module._Step(4, "training", 2, recorded=False)
+    step.names = [("ids", "input", 6), ("logits", "output", 4), ("mask", "input", 6)]
+    step.parts = [(torch.tensor(3), torch.tensor(70), None), tuple(torch.tensor(v) for v in (-2.0, 1.0, 5.0)),
+                  (torch.tensor(False), torch.tensor(True), None)]
+    module._start_transfer(step)
+    assert step.host is not None and step.host.dtype == torch.float64 and step.host.shape == (7,)
+    sentinels._read(step, pausable=False)
+    sentinels.close()
+    rows = {r["name"]: r for table in tables for r in table.to_pylist()}
+    assert (rows["ids"]["value_min"], rows["ids"]["value_max"], rows["ids"]["abs_max"]) == (3.0, 70.0, 70.0)
+    assert math.isnan(rows["ids"]["norm"]) and math.isnan(rows["mask"]["norm"])
+    assert (rows["logits"]["value_min"], rows["logits"]["value_max"], rows["logits"]["norm"]) == (-2.0, 1.0, 5.0)
+    assert (rows["mask"]["value_min"], rows["mask"]["value_max"]) == (0.0, 1.0)
+    step = module._Step(5, "training", 2, recorded=False)  # integer inputs alone: their stack is made float64 too
+    step.names, step.parts = [("ids", "input", 6)], [(torch.tensor(0), torch.tensor(0), None)]
+    module._start_transfer(step)
+    assert step.host is not None and step.host.dtype == torch.float64
+    sentinels._read(step, pausable=False)
+    sentinels.close()
+    (row,) = [r for table in tables for r in table.to_pylist() if r["training_step"] == 5 and r["name"] == "ids"]
+    assert (row["value_min"], row["value_max"]) == (0.0, 0.0)

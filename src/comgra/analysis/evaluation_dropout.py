@@ -2,7 +2,8 @@
 argument defaults to True) or ``F.dropout(x, p, training=True)``, so ``model.eval()`` does not switch it off.
 
 The evidence is a recorded tensor and the recorded tensor it is computed from with no parameter in between, both
-with the same number of first values per sample (so value i of one comes from value i of the other). On evaluation
+of the same shape on the same steps (so value i of one comes from value i of the other: a pooled, reshaped or
+sliced tensor is not compared with its source). On evaluation
 steps, a fraction of the output's values are exactly zero where the input was positive. An activation maps a
 positive input to a non-zero value (ReLU, GELU, tanh, sigmoid: their zeros lie where the input was zero or
 negative), a dropout switched off is the identity, and zeros of sparse inputs are zeros of the input too; only
@@ -48,15 +49,27 @@ def detect(data: TrialData, facts: GraphFacts, skip: set[str]) -> list[Finding]:
     keys = keys.assign(phase=phase, position=np.arange(len(keys)))
     by_node = {str(node): group for node, group in keys.groupby("node", sort=True, observed=True)
                if str(group["tensor_type"].iloc[0]) not in NOT_LEARNED}
+    shapes = _shapes(data)
     found = []
     for source in sorted(by_node):
         for node in sorted(facts.feeds.get(source, ())):
             if node not in by_node or node in facts.learned or node in skip or facts.is_loss_like(node):
                 continue
+            if source in shapes and node in shapes and shapes[source] != shapes[node]:
+                continue  # a pooling, reshape or slice between them: value i of one is not value i of the other
             judged = _judge(rows, by_node[source], by_node[node], source, node)
             if judged is not None:
                 found.append(judged)
     return [_finding(data, facts, found, by_node)] if found else []
+
+
+def _shapes(data: TrialData) -> dict[str, set[tuple[int, ...]]]:
+    """The shapes each tensor had on its recorded steps (none known in a streamed scan: the values judge alone)."""
+    frame = data.shapes
+    if not len(frame):
+        return {}
+    return {str(node): {tuple(shape) for shape in group["shape"]}
+            for node, group in frame.groupby("node", sort=False, observed=True)}
 
 
 def _pairs(rows, source: pd.DataFrame, node: pd.DataFrame, phase: str) -> tuple[np.ndarray, np.ndarray, list[int]]:

@@ -12,7 +12,9 @@
   on most steps, with a value that changes from step to step (a diffusion timestep), is constant by design.
 - *A transient scale jump*: a step whose largest magnitude is orders above its neighbours' on both sides
   (logits that jump to 1e5 for one evaluation pass against 5-10 elsewhere), judged per tensor and type of
-  execution against a running median, so that a loss falling during training is no jump.
+  execution against a running median, so that a loss falling during training is no jump; and above the highest
+  level the running median reaches anywhere in the run (a loss converged to 1e-7 that comes back to 3e-3 for a
+  step is still far below where it started: no jump).
 """
 from __future__ import annotations
 
@@ -111,6 +113,7 @@ def _jumps(data: TrialData, facts: graphs.GraphFacts, sentinels: pd.DataFrame, o
         previous, following = np.r_[logs[:1], logs[:-1]], np.r_[logs[1:], logs[-1:]]
         jump = (logs - running >= options.orders(JUMP_ORDERS)) & (logs - np.maximum(previous, following) >=
                                                                  options.orders(NEIGHBOUR_ORDERS))
+        jump &= logs > np.nanmax(running)  # above any level the series held: a loss near 0 back at 1e-3 is no jump
         if not jump.any() or jump.sum() > max(1, MAX_JUMP_FRACTION * len(logs)):
             continue
         at = int(np.argmax(np.where(jump, logs - running, -np.inf)))

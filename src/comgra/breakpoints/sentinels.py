@@ -7,7 +7,9 @@ that the recorded steps' graphs show as outputs; or the names the user marks wit
 ``recorder.set_sentinels(["logits", ...])``) the NaN and infinity flags, the smallest and largest value, the
 largest magnitude and the L2 norm, and per step the batch size. The inputs and targets (``is_input=True``,
 ``is_target=True``; ``comgra.watch`` gives the model's tensor inputs, token ids, masks and labels too) are
-watched by default as well: an input all zeros or constant on a step shows as value_min == value_max. They are the reductions breakpoints use (``torch.aminmax`` gives min, max
+watched by default as well: an input all zeros or constant on a step shows as value_min == value_max (an integer or
+boolean input, token ids, masks, labels, gets its smallest and largest value only, taken from the integers as they
+are: no copy, and a NaN norm). They are the reductions breakpoints use (``torch.aminmax`` gives min, max
 and the NaN flag in one kernel, ``vector_norm`` the norm), taken at registration (the value as registered).
 
 On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
@@ -53,8 +55,8 @@ class _Step:
     batch_size: int
     recorded: bool
     names: list[tuple[str, str, int]] = field(default_factory=list)  # (name, source, numel) of each reduced tensor
-    # per tensor: (min, max, norm), as three 0-d tensors on its device, or as floats where they cost nothing to read
-    # (a CPU scalar: the loss)
+    # per tensor: (min, max, norm), as three 0-d tensors on its device (norm None: an integer input, which has none),
+    # or as floats where they cost nothing to read (a CPU scalar: the loss; any tensor on the CPU)
     parts: list[tuple[Any, Any, Any]] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)  # id() of the input tensors reduced (one tensor, two names: once)
     host: torch.Tensor | None = None  # the stacked tensor results on the host (pinned, filled asynchronously on CUDA)
@@ -126,7 +128,9 @@ class Sentinels:
                 return  # the user's input, which comgra.watch also finds as the model's
             step.inputs.add(id(tensor))
         source = "marked" if self.marked is not None else "loss" if is_loss else "input" if is_input else "output"
-        data = tensor.detach()
+        # Each torch call costs 10-20 us of CPU in a training step (cold caches; 1-2 us in a loop): no detach where
+        # nothing needs it (the reductions and item() keep no autograd history of a tensor without one)
+        data = tensor.detach() if tensor.requires_grad else tensor
         if hasattr(data, "to_local"):  # a DTensor: this rank's shard (its global reduction would be a collective)
             data = data.to_local()
         count = data.numel()
@@ -138,9 +142,15 @@ class Sentinels:
             value = float(data.item())
             step.parts.append((value, value, abs(value)))
             return
+        norm: Any = math.nan
         if data.is_complex():
             data = data.abs()
         elif not data.is_floating_point():
+            if is_input:  # token ids, masks, labels: their smallest and largest value, of the integers (no copy, no norm)
+                low, high = torch.aminmax(data)
+                step.parts.append((float(low.item()), float(high.item()), norm) if data.device.type == "cpu"
+                                  else (low, high, None))
+                return
             data = data.double()
         low, high = torch.aminmax(data)  # two kernels
         norm = torch.linalg.vector_norm(data)
@@ -180,7 +190,8 @@ class Sentinels:
         if step.ready is not None:
             step.ready.synchronize()
         read = iter(step.host.tolist() if step.host is not None else [])
-        values = [part if isinstance(part[0], float) else next(read) for part in step.parts]
+        values = [part if isinstance(part[0], float) else (next(read), next(read), math.nan if part[2] is None else
+                                                            next(read)) for part in step.parts]
         step.parts = []
         errors: list[tuple[str, str]] = []
         for (name, source, count), (low, high, norm) in zip(step.names, values):
@@ -246,12 +257,14 @@ def _start_transfer(step: _Step) -> None:
         step.host = None
         return
     first = reduced[0][0]
-    values = [value for part in reduced for value in part]
+    values = [value for part in reduced for value in part if value is not None]  # None: an integer input's norm
     if any(part[0].device != first.device for part in reduced):  # rare: tensors on several devices (a sync each)
         values = [value.double().cpu() for value in values]
     elif any(part[0].dtype != first.dtype for part in reduced):  # bfloat16 logits beside a float32 loss: on the device
         values = [value.double() for value in values]
-    stacked = torch.stack(values).view(-1, 3)
+    stacked = torch.stack(values)
+    if not stacked.is_floating_point():  # integer inputs' extremes alone
+        stacked = stacked.double()
     if stacked.device.type != "cuda":
         step.host = stacked.cpu()
         return

@@ -87,6 +87,7 @@ class Watch:
         self.finds_loss = True  # False: a callback registers the loss itself (unscaled, once per optimizer step)
         self.active = bool(modules)  # False after remove(), or where there is nothing to watch
         self._sentinel_handle: Any = None  # the model's inputs to the every-step sentinels: on every step
+        self._compiled_inputs: list[Any] = [None]  # (args, kwargs) of the model's last call inside torch.compile
         if self.active:
             self._sentinel_handle = model.register_forward_pre_hook(self._sentinel_hook, with_kwargs=True)
             _WATCHING.add(self)
@@ -112,6 +113,11 @@ class Watch:
 
     def _step(self, takes_tensors: bool) -> None:
         """The recorder's word at start_batch (does this step take tensors?) and at finish_batch (False)."""
+        stage = self.recorder.current_stage
+        if stage in ("started", "inactive"):  # start_batch: nothing kept yet; finish_batch: a compiled call's inputs
+            pending, self._compiled_inputs[0] = self._compiled_inputs[0], None
+            if pending is not None and stage == "inactive":
+                self._to_sentinels(*pending)
         if takes_tensors and self.active and not self._handles:
             self._handles = [module.register_forward_hook(hook) for module, hook in self._hooks]
             self._handles.append(self.model.register_forward_pre_hook(self._input_hook, with_kwargs=True))
@@ -156,20 +162,27 @@ class Watch:
 
     def _sentinel_hook(self, module: torch.nn.Module, args: Any, kwargs: Any) -> None:
         """Every step, recorded or not: the model's tensor inputs (token ids, masks and labels too) go to the
-        every-step sentinels, under the names the recorded steps give them (an input zeroed on some steps). Not
-        inside a graph torch.compile traces: the hook would add a graph break or a recompile to every step."""
+        every-step sentinels, under the names the recorded steps give them (an input zeroed on some steps). Inside a
+        graph torch.compile traces, the call's arguments are only kept (a store that TorchDynamo replays after the
+        graph runs: no graph break, no guard beyond the inputs' own shapes) and reach the sentinels at
+        finish_batch, eagerly; the model's last call in the step stands for it."""
         if torch.compiler.is_compiling():
+            self._compiled_inputs[0] = (args, kwargs)
             return
+        if self.recorder.current_stage == "forward":
+            self._to_sentinels(args, kwargs)
+
+    def _to_sentinels(self, args: Any, kwargs: Any) -> None:
         recorder = self.recorder
-        if recorder.current_stage != "forward" or recorder._evidence is None or \
-                recorder._evidence.sentinels.step is None or not recorder._evidence.sentinels.inputs:
+        evidence = recorder._evidence
+        if evidence is None or evidence.sentinels.step is None or not evidence.sentinels.inputs:
             return
         found = [pair for index, value in enumerate(args) for pair in _tensors_of(value, f"[{index}]", 1)]
         found += [pair for key, value in (kwargs or {}).items() for pair in _tensors_of(value, f"[{key}]", 1)]
         floats = sum(1 for _, tensor in found if tensor.is_floating_point())
         for key, tensor in found:
             alone = floats == 1 and tensor.is_floating_point()  # the name _input_hook gives a lone float input
-            recorder._watched_sentinel(f"{self.name}.input{'' if alone else key}", tensor, False, True)
+            evidence.register(f"{self.name}.input{'' if alone else key}", tensor, False, recorder._recording, True)
 
     def saw_backward(self, tensor: torch.Tensor) -> None:
         """``tensor.backward()`` (or ``torch.autograd.backward(tensor)``) runs now: the first scalar of an
