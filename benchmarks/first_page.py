@@ -7,11 +7,12 @@ both see the same load on the machine). Per load:
 
 * ``values shown``: from navigation start until the values panel shows a mean (``#stat-mean``): what
   ``app_latency.py`` calls "page load", the issue's "first page";
-* ``settled``: until the series plot is drawn and no callback request is in flight for 1 s;
-* ``callbacks``: the ``/_dash-update-component`` requests the page sent until values were shown and until it
-  settled (each request is one server-side callback firing);
-* ``renderer CPU``: the page's main-thread task time until it settled (Chromium's ``TaskDuration``, CPU-bound
-  work of dash-renderer, React, Plotly and comgra's script), beside the wall time;
+* ``series drawn``: until the series plot below the values is drawn (Plotly loaded and run);
+* ``callbacks``: the ``/_dash-update-component`` requests the page sent until values were shown and until the
+  series was drawn (each request is one server-side callback firing);
+* ``renderer CPU``: the page's main-thread task time until the series was drawn (Chromium's ``TaskDuration``:
+  dash-renderer, React, Plotly and comgra's script), beside the wall time;
+* ``server CPU``: the server process's CPU time during the load (/proc);
 * the layout's JSON size (``/_dash-layout``) and the number of callbacks the app declares.
 
 It prints the load average before and after, and medians side by side with their ratio.
@@ -37,27 +38,35 @@ import app_latency  # noqa: E402  (the recordings and the server start are share
 
 SRC = HERE.parent / "src"
 WATCH = """
-window.__fp = {inflight: 0, last: performance.now(), asked: 0, askedAtValues: null, values: null, outputs: []};
+window.__fp = {inflight: 0, asked: 0, askedAtValues: null, values: null, series: null, askedAtSeries: null, outputs: []};
 const __fetch = window.fetch;
 window.fetch = function(url, options) {
   const isCallback = String(url).includes('_dash-update-component');
   if (!isCallback) return __fetch.apply(this, arguments);
   window.__fp.inflight += 1; window.__fp.asked += 1;
   try { window.__fp.outputs.push(JSON.parse(options.body).output); } catch (e) {}
-  return __fetch.apply(this, arguments).finally(() => { window.__fp.inflight -= 1; window.__fp.last = performance.now(); });
+  return __fetch.apply(this, arguments).finally(() => { window.__fp.inflight -= 1; });
 };
 new MutationObserver(() => {
   if (window.__fp.values === null && document.getElementById('stat-mean')) {
     window.__fp.values = performance.now(); window.__fp.askedAtValues = window.__fp.asked;
   }
+  if (window.__fp.series === null && document.querySelector('#series-plot .js-plotly-plot')) {
+    window.__fp.series = performance.now(); window.__fp.askedAtSeries = window.__fp.asked;
+  }
 }).observe(document, {childList: true, subtree: true});
 """
-SETTLED = ("() => window.__fp.values !== null && window.__fp.inflight === 0 && "
-           "document.querySelector('#series-plot .js-plotly-plot') !== null && "
-           "performance.now() - window.__fp.last > 1000")
+SETTLED = "() => window.__fp.values !== null && window.__fp.series !== null"
 
 
-def load_once(browser: Any, url: str) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """The user + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_once(browser: Any, url: str, pid: int) -> dict[str, Any]:
+    server_cpu = cpu_seconds(pid)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.add_init_script(WATCH)
@@ -67,11 +76,12 @@ def load_once(browser: Any, url: str) -> dict[str, Any]:
     page.wait_for_function(SETTLED, timeout=120_000, polling=50)
     metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
     state = page.evaluate("window.__fp")
+    server_cpu = cpu_seconds(pid) - server_cpu
     context.close()
-    return {"values shown (ms)": state["values"], "settled (ms)": state["last"],
-            "callbacks until values": state["askedAtValues"], "callbacks until settled": state["asked"],
-            "renderer CPU until settled (ms)": metrics.get("TaskDuration", 0) * 1000,
-            "outputs": state["outputs"]}
+    return {"values shown (ms)": state["values"], "series drawn (ms)": state["series"],
+            "callbacks until values": state["askedAtValues"], "callbacks until the series": state["askedAtSeries"],
+            "renderer CPU until the series (ms)": metrics.get("TaskDuration", 0) * 1000,
+            "server CPU until the series (ms)": server_cpu * 1000, "outputs": state["outputs"]}
 
 
 def layout_size(url: str) -> tuple[int, int]:
@@ -99,11 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             servers = {label: app_latency.start_server(group, source) for label, source in sides}
             try:
                 results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in sides}
-                for label, (_, url, _) in servers.items():  # one untimed load each: the servers' warm-up
-                    load_once(browser, url)
+                for label, (process, url, _) in servers.items():  # one untimed load each: the servers' warm-up
+                    load_once(browser, url, process.pid)
                 for _ in range(args.repeats):
-                    for label, (_, url, _) in servers.items():
-                        results[label].append(load_once(browser, url))
+                    for label, (process, url, _) in servers.items():
+                        results[label].append(load_once(browser, url, process.pid))
                 sizes = {label: layout_size(url) for label, (_, url, _) in servers.items()}
             finally:
                 for process, _, _ in servers.values():
