@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE))
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update"]
 VIEW_OUTPUT = "selection.data"
+PANELS_BUILT = "panels-built.data"  # comgra.server.ids.ID.PANELS_BUILT: the callback that builds a tab's panel
 VALUES_ROUTE = "/_comgra/values"  # comgra.server.tensors.VALUES_ROUTE
 
 
@@ -77,7 +78,10 @@ class DashClient:
         changes = changes or {}
         for key, value in changes.items():
             self.props[tuple(key.rsplit(".", 1))] = value
-        callback = next(c for c in self.callbacks if output in c["output"])
+        if "tabs.active_tab" in changes and output != PANELS_BUILT:  # as the page does: the tab's panel first
+            self.trigger(PANELS_BUILT, {"tabs.active_tab": changes["tabs.active_tab"]})
+        callback = next((c for c in self.callbacks if output in _output_names(c["output"])), None) or \
+            next(c for c in self.callbacks if output in c["output"])
         payload = {
             "output": callback["output"], "outputs": _outputs(callback["output"]),
             "inputs": [self._with_value(d) for d in callback["inputs"]],
@@ -88,6 +92,8 @@ class DashClient:
         for component, props in (response.get("response") or {}).items():
             for prop, value in props.items():
                 self.props[(component, prop)] = _patched(self.props.get((component, prop)), value)
+                if prop == "children":  # components built by a callback (a tab's panel) join the page
+                    _collect_props(value, self.props)
         return response
 
     def _with_value(self, dependency: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +147,11 @@ def _patched(current: Any, value: Any) -> Any:
         else:
             raise NotImplementedError(f"Patch operation {name!r}")
     return result
+
+
+def _output_names(spec: str) -> list[str]:
+    """The "id.prop" of each output of a callback's output spec (without an allow_duplicate's "@hash")."""
+    return [part.split("@")[0] for part in spec.strip(".").split("...")]
 
 
 def _outputs(spec: str) -> Any:

@@ -26,9 +26,10 @@ FLAGGED = """el => {
 
 @pytest.fixture(scope="module")
 def tutorial(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # What `comgra demo` records by default (--steps 300): the start-here path must work on the demo.
+    # What `comgra demo` records by default (--steps 300, its layers profiled): the start-here path must work on the
+    # demo.
     return run_tutorial(tmp_path_factory.mktemp("first-hour"), steps=300, min_training_steps_difference=120,
-                        progress=False)
+                        progress=False, profile=True)
 
 
 @pytest.fixture

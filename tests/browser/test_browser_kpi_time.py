@@ -3,8 +3,11 @@ drawn is the time the recorder wrote for it; in a recording made before the KPI 
 time axes are off and the page says why."""
 from __future__ import annotations
 
+import csv
 import datetime as dt
+import io
 import time
+from pathlib import Path
 
 import pytest
 from comgra_page import ComgraPage
@@ -90,6 +93,53 @@ def test_the_time_axes_are_off_and_say_why_for_a_recording_without_kpi_times(bro
         expect(app.page.locator("#kpi-x-note")).to_contain_text("have no recorded time")
         expect(app.page.locator("#kpi-x-note")).to_contain_text(repr(trial))
         assert app.page.evaluate(DRAWN)["type"] == "linear"
+        assert not app.errors
+    finally:
+        context.close()
+
+
+def test_the_graphs_csv_has_the_stores_wall_time(browser, serve, tmp_path):
+    """The Graphs tab's Download CSV as a user saves it: its wall_time column holds the recorder's time of each
+    KPI point (seconds since the epoch, as TensorBoard's CSV), exactly as stored, row by row."""
+    pytest.importorskip("torch")
+    from comgra.objects import DecisionMakerForRecordingsHardcoded
+    from comgra.recorder import ComgraRecorder
+
+    recorder = ComgraRecorder(tmp_path, GROUP, "timed", DecisionMakerForRecordingsHardcoded({0}), flush_seconds=0.05)
+    for step in range(5):
+        recorder.start_batch(step, 1)
+        recorder.record_kpi_in_graph("loss", "train", 1.0 / (step + 1), record_even_if_recording_is_inactive=True)
+        recorder.record_kpi_in_graph("accuracy", "train", step / 10, record_even_if_recording_is_inactive=True)
+        recorder.finish_batch()
+        time.sleep(0.2 if step != 1 else 1.1)
+    recorder.finalize()
+    stored = GroupReader(tmp_path / GROUP).trial("timed").kpis().to_pylist()
+    assert len(stored) == 10 and None not in [row["wall_time"] for row in stored]
+
+    context, app = open_graphs(browser, serve(tmp_path / GROUP), tmp_path / GROUP)
+    try:
+        with app.page.expect_download() as download:
+            app.page.click("#kpi-csv")
+        rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+        assert "wall_time" in rows[0]
+        saved = sorted((r["kpi_name"], int(r["training_step"]), float(r["value"]), float(r["wall_time"])) for r in rows)
+        assert saved == sorted((k["kpi_name"], k["timepoint"], k["value"], k["wall_time"]) for k in stored)  # exact
+        gaps = sorted(float(r["wall_time"]) for r in rows if r["kpi_group"] == "loss")
+        assert gaps[2] - gaps[1] > 1.0  # the long pause is in the times, not the steps rescaled
+        assert not app.errors
+    finally:
+        context.close()
+
+
+def test_the_graphs_csv_has_no_wall_time_for_a_recording_without_kpi_times(browser, serve, recording):
+    trial = GroupReader(recording).trials()[0]
+    assert GroupReader(recording).trial(trial).kpis()["wall_time"].null_count > 0  # written as older comgra did
+    context, app = open_graphs(browser, serve(recording), recording)
+    try:
+        with app.page.expect_download() as download:
+            app.page.click("#kpi-csv")
+        header = Path(download.value.path()).read_text().splitlines()[0].split(",")
+        assert header == ["trial", "kpi_group", "kpi_name", "type_of_execution", "training_step", "value"]
         assert not app.errors
     finally:
         context.close()

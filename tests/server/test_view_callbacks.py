@@ -149,7 +149,7 @@ def test_the_page_has_every_component_the_callbacks_use(with_visualization):
     from comgra.server import layout
     from comgra.server.layout import ID
 
-    page = layout.page(title="t", data_version="v", poll_ms=1000, with_visualization=with_visualization)
+    page = layout.full_page(with_visualization=with_visualization)  # every tab's panel built
     ids = {c.id for c in page._traverse() if getattr(c, "id", None)}
     expected = {value for name, value in vars(ID).items() if name.isupper()}
     if not with_visualization:
@@ -157,7 +157,18 @@ def test_the_page_has_every_component_the_callbacks_use(with_visualization):
     assert expected <= ids
     assert {ID.nav(d) for d in ("left", "right", "up", "down")} <= ids
     used = {component for component, _ in [*view_state.VIEW_INPUTS.values(), *view_state.VIEW_OUTPUTS.values()]}
-    assert used <= ids
+    first = layout.page(title="t", data_version="v", poll_ms=1000, with_visualization=with_visualization)
+    first_ids = {c.id for c in first._traverse() if getattr(c, "id", None)}
+    assert used <= first_ids  # the Tensors tab is in the first page
+    lazy = layout.lazy_tabs(with_visualization)
+    assert {ID.panel(t) for t in lazy} <= first_ids
+    assert len(first_ids) < len(ids)  # the other tabs' components come when their tab is first opened
+    built: list[str] = []
+    for tab in lazy:
+        new = layout.panel_contents(tab, built, with_visualization)
+        built += list(new)
+    assert sorted(built) == sorted(lazy)
+    assert layout.panel_contents("runs", [], with_visualization).keys() == {"runs", "graphs", "compare"}
 
 
 @pytest.mark.parametrize("node, role, aggregation", [

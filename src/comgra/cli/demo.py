@@ -59,7 +59,9 @@ def _child(arguments: list[str]) -> int:
     from comgra.examples.tutorial import run_tutorial
 
     try:
-        run_tutorial(root, DEMO_GROUP, steps=steps, min_training_steps_difference=difference, progress=True)
+        # profile=True: the Profile tab shows the layers' flame graph (benchmarks/demo_profile_cost.py: its cost)
+        run_tutorial(root, DEMO_GROUP, steps=steps, min_training_steps_difference=difference, progress=True,
+                     profile=True)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -69,6 +69,7 @@ class _Options:
     device: torch.device
     progress: bool
     record: bool
+    profile: bool = False
 
 
 class SubNet(nn.Module):
@@ -127,18 +128,20 @@ def run_tutorial(
     device: str = "cpu",
     progress: bool = True,
     record: bool = True,
+    profile: bool = False,
 ) -> Path:
     """Train the tutorial trials, record them under ``path / group`` and return that folder.
 
     The same seed gives the same data and the same initial weights in every trial, so the trials
     differ only in the bug. ``record=False`` trains identically with comgra switched off, which
-    measures what recording costs.
+    measures what recording costs. ``profile=True`` also profiles the network's layers on every step (time,
+    memory, FLOPs: the app's Profile tab; ``comgra demo`` does).
     """
     unknown = [trial for trial in trials if trial not in TRIALS]
     if unknown:
         raise ValueError(f"Unknown trial(s) {unknown}; choose from {list(TRIALS)}.")
     options = _Options(
-        steps, min_training_steps_difference, hidden_size, seed, torch.device(device), progress, record
+        steps, min_training_steps_difference, hidden_size, seed, torch.device(device), progress, record, profile
     )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)  # the original Comgra requires the root to exist
@@ -158,7 +161,7 @@ def _train_trial(path: Path, group: str, trial: str, options: _Options, report: 
     recorder = _make_recorder(path, group, trial, options)
     comgra.my_recorder = recorder
     model = _make_model(options, activate_output=trial == TRIAL_BUGGED)
-    recorder.track_module("main_model", model)
+    recorder.track_module("main_model", model, profile=options.profile)
     optimizer = torch.optim.Adam(model.parameters(), lr=LEARNING_RATE)
     generator = torch.Generator().manual_seed(options.seed)
     recorder.add_note(_describe_trial(trial, options))

@@ -62,9 +62,12 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
                serve_locally=True, update_title="",  # "" keeps the title while callbacks run
                on_error=_callback_failed)
     _guard_requests(app.server)
+    # The first page holds the Tensors tab alone; the others are built when first opened (layout.py says why).
+    app.validation_layout = layout.full_page(  # type: ignore[assignment]  # Dash declares it as None
+        with_visualization=visualization is not None)
     app.layout = partial(_page, service, title=title, poll_ms=int(poll_seconds * 1000),
                          with_visualization=visualization is not None)
-    callbacks.register(app, service, visualization)
+    callbacks.register(app, service, visualization, build_panels=layout.panel_contents)
     api.install(app.server, service)  # the REST API under /api/v1, from the same service
     if warm_up:
         # Not a daemon: the interpreter must not end while it is inside DuckDB (that aborts the process).

@@ -26,10 +26,13 @@ from comgra.server.visualization import VisualizationData, VisualizationFile
 from comgra.service import RecordingService, visualization_selection
 
 
-def register(app: Dash, service: RecordingService, visualization: VisualizationFile | None) -> None:
+def register(app: Dash, service: RecordingService, visualization: VisualizationFile | None, *,
+             build_panels: Callable[[str, list[str], bool], dict[str, Any]]) -> None:
+    """``build_panels(active tab, tabs built, with visualization)``: the panels to build (layout.panel_contents)."""
     tensors.register(app, service)
     node_search.register(app, service)
     _register_tabs(app, with_visualization=visualization is not None)
+    _register_panels(app, build_panels, with_visualization=visualization is not None)
     _register_tab_contents(app, service)
     _register_poll(app, service)
     samples.register(app, service, shown_store=ID.SHOWN, tabs=ID.TABS)
@@ -52,6 +55,21 @@ def _register_tabs(app: Dash, *, with_visualization: bool) -> None:
         f"function(tab) {{ return {json.dumps(tabs)}.map(t => t === tab ? 'panel' : 'panel hidden'); }}",
         [Output(ID.panel(t), "className") for t in tabs], Input(ID.TABS, "active_tab"),
     )
+
+
+def _register_panels(app: Dash, build_panels: Callable[[str, list[str], bool], dict[str, Any]], *,
+                     with_visualization: bool) -> None:
+    """Each tab but Tensors gets its panel when first opened; its callbacks fire then, not at load."""
+    lazy = [t for t in TABS if t != "tensors" and (with_visualization or t != "visualization")]
+
+    @app.callback([Output(ID.panel(t), "children") for t in lazy], Output(ID.PANELS_BUILT, "data"),
+                  Input(ID.TABS, "active_tab"), State(ID.PANELS_BUILT, "data"), prevent_initial_call=True)
+    def build(active: str, built: list[str] | None) -> Any:
+        built = [t for t in built or [] if isinstance(t, str)]
+        new = build_panels(active, built, with_visualization) if isinstance(active, str) else {}
+        if not new:
+            return [no_update] * (len(lazy) + 1)
+        return [new.get(t, no_update) for t in lazy] + [built + list(new)]
 
 
 def _register_tab_contents(app: Dash, service: RecordingService) -> None:

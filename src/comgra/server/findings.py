@@ -63,8 +63,13 @@ def panel() -> html.Div:
         ]),
         dcc.Loading(html.Div(id=ID.LIST, className="findings-list"), delay_show=300),
         dcc.Interval(id=ID.POLL, interval=POLL_MS, disabled=True), dcc.Store(id=ID.SHOWN_VERSION),
-        dcc.Interval(id=ID.BADGE_POLL, interval=POLL_MS, disabled=True), dcc.Store(id=ID.BADGE_VERSION),
     ])
+
+
+def badge_parts() -> list[Component]:
+    """The badges' interval and store: in the page from the start (the graph's badges do not wait for the
+    Findings tab, whose panel is built when it is first opened)."""
+    return [dcc.Interval(id=ID.BADGE_POLL, interval=POLL_MS, disabled=True), dcc.Store(id=ID.BADGE_VERSION)]
 
 
 def register(app: Dash, service: RecordingService, *, tabs: str, data_version: str, badges: str | None = None,

@@ -29,6 +29,7 @@ class ID:
     NOTICES = "notices"  # dcc.Store: topic -> text; shown beside the selector it concerns
     VALUES_DATA = "values-data"  # dcc.Store: the values panel as plain data (server/values_view.py)
     VALUES_RENDERED = "values-rendered"  # dcc.Store: the output of the clientside values renderer
+    PANELS_BUILT = "panels-built"  # dcc.Store: the tabs whose panels were built (layout.panel_contents)
     POLL = "poll"
     TABS = "tabs"
     BANNER = "banner"

@@ -2,6 +2,12 @@
 
 Everything dynamic is filled in by callbacks; this module only decides where
 things are. The ids it gives the components are in ``ids.py``.
+
+Only the Tensors tab is in the first page: every other tab's panel is an empty box until the tab is first
+opened, when ``panel_contents`` fills it (issue 34: the first page at most 1.5 s). A hidden tab's components
+then cost the first page nothing, and their callbacks, which Dash fires when their components appear, fire
+when the tab opens, not at load. ``full_page`` is the page with every panel built: what Dash checks the
+callbacks against.
 """
 from __future__ import annotations
 
@@ -26,8 +32,45 @@ NAVIGATION_HELP = {"left": "Go to a node this one depends on", "right": "Go to a
                    "up": "Go to the node above", "down": "Go to the node below"}
 
 
+# Built together on the first opening of the first: the Runs tab's buttons open Graphs and Compare on its trials.
+OPENED_TOGETHER = {"runs": ("runs", "graphs", "compare")}
+
+
+def tabs_shown(with_visualization: bool) -> list[str]:
+    return [t for t in TABS if with_visualization or t != "visualization"]
+
+
+def lazy_tabs(with_visualization: bool) -> list[str]:
+    """The tabs whose panels are built when first opened: all but Tensors, the first page."""
+    return [t for t in tabs_shown(with_visualization) if t != "tensors"]
+
+
 def page(*, title: str, data_version: str, poll_ms: int, with_visualization: bool) -> html.Div:
-    tabs = [t for t in TABS if with_visualization or t != "visualization"]
+    """The first page: the Tensors tab, and an empty panel for each other tab."""
+    return _page(title, data_version, poll_ms, with_visualization, built=False)
+
+
+def full_page(*, with_visualization: bool) -> html.Div:
+    """The page with every tab's panel built (Dash's ``validation_layout``)."""
+    return _page("", "", 1000, with_visualization, built=True)
+
+
+def panel_contents(active: str, built: list[str], with_visualization: bool) -> dict[str, Component]:
+    """The panels to build when ``active`` is opened and ``built`` are already: tab -> its content."""
+    wanted = OPENED_TOGETHER.get(active, (active,))
+    return {t: _PANELS[t]() for t in wanted if t in lazy_tabs(with_visualization) and t not in built}
+
+
+_PANELS = {
+    "runs": runs_view.panel, "findings": findings_panel.panel, "health": health_view.panel, "samples": samples.panel,
+    "images": images_view.panel, "compare": compare.panel, "network": lambda: html.Div(id=ID.NETWORK),
+    "notes": lambda: html.Div(id=ID.NOTES), "graphs": kpi_view.panel,  # kpi_view.panel holds ID.KPIS
+    **profile_panel.PANELS, "breakpoints": breakpoints_panel.panel,
+    "visualization": lambda: html.Div(id=ID.VISUALIZATION)}
+
+
+def _page(title: str, data_version: str, poll_ms: int, with_visualization: bool, *, built: bool) -> html.Div:
+    tabs = tabs_shown(with_visualization)
     return html.Div(className="comgra container-fluid", children=[
         dcc.Store(id=ID.SELECTION, storage_type="memory", data={"wanted": {}, "shown": None}),
         dcc.Store(id=ID.SHOWN, storage_type="memory"),
@@ -37,28 +80,18 @@ def page(*, title: str, data_version: str, poll_ms: int, with_visualization: boo
         dcc.Location(id=ID.URL, refresh=False),
         dcc.Store(id=ID.LINK), dcc.Store(id=ID.URL_WRITTEN),
         dcc.Store(id=ID.GRAPH_KEY), dcc.Store(id=ID.GRAPHS, data={}), dcc.Store(id=ID.GRAPHS_KNOWN, data=[]),
-        dcc.Store(id=ID.GRAPH_RENDERED), dcc.Store(id=ID.BADGES, data={}),
+        dcc.Store(id=ID.GRAPH_RENDERED), dcc.Store(id=ID.BADGES, data={}), *findings_panel.badge_parts(),
         dcc.Store(id=ID.STEP_KEY), dcc.Store(id=ID.SEARCH_ELSEWHERE, data=[]), dcc.Store(id=ID.NODE_SUMMARIES, data={}), dcc.Store(id=ID.NOTICES, data={}),
         dcc.Store(id=ID.VALUES_DATA), dcc.Store(id=ID.VALUES_RENDERED), dcc.Store(id=ID.SUMMARIES_SET),
+        dcc.Store(id=ID.PANELS_BUILT, data=lazy_tabs(with_visualization) if built else []),
         dcc.Interval(id=ID.POLL, interval=poll_ms),
         _header(title, tabs),
         html.Div(id=ID.BANNER, role="status"),
         html.Div(id=ID.TAB_NOTICE, className="tab-notice", role="status", **attributes({"data-tabs": " ".join(tabs)})),
         *start_here.panel(),  # above every tab: step 1 opens Findings, and the strip is still there
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
-        html.Div(id=ID.panel("runs"), className="panel hidden", children=runs_view.panel()),
-        html.Div(id=ID.panel("findings"), className="panel hidden", children=findings_panel.panel()),
-        html.Div(id=ID.panel("health"), className="panel hidden", children=health_view.panel()),
-        html.Div(id=ID.panel("samples"), className="panel hidden", children=samples.panel()),
-        html.Div(id=ID.panel("images"), className="panel hidden", children=images_view.panel()),
-        html.Div(id=ID.panel("compare"), className="panel hidden", children=compare.panel()),
-        html.Div(id=ID.panel("network"), className="panel hidden", children=html.Div(id=ID.NETWORK)),
-        html.Div(id=ID.panel("notes"), className="panel hidden", children=html.Div(id=ID.NOTES)),
-        html.Div(id=ID.panel("graphs"), className="panel hidden", children=kpi_view.panel()),  # holds ID.KPIS
-        *[html.Div(id=ID.panel(t), className="panel hidden", children=b()) for t, b in profile_panel.PANELS.items()],
-        html.Div(id=ID.panel("breakpoints"), className="panel hidden", children=breakpoints_panel.panel()),
-        *([html.Div(id=ID.panel("visualization"), className="panel hidden",
-                    children=html.Div(id=ID.VISUALIZATION))] if with_visualization else []),
+        *[html.Div(id=ID.panel(t), className="panel hidden", children=_PANELS[t]() if built else None)
+          for t in lazy_tabs(with_visualization)],
     ])
 
 

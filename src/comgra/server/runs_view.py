@@ -272,7 +272,9 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
                   Input(ID.OPEN_COMPARE, "n_clicks"), State(ID.GRID, "selectedRows"), prevent_initial_call=True)
     def open_compare(clicks: Any, selected: Any) -> Any:
         trials = [row["trial"] for row in selected or []]
-        if not clicks or len(trials) < 2:
+        if not clicks:  # the panel was just built (its button appeared): no click yet
+            return no_update, no_update, no_update, no_update
+        if len(trials) < 2:
             return no_update, no_update, no_update, "Tick two trials to compare them."
         return trials[0], trials[1], "compare", ""
 
