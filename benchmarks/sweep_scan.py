@@ -138,6 +138,7 @@ def main() -> None:
                    **measured_scan(group, sources, engine, workers)}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sweep_scan.json").write_text(json.dumps(rows, indent=1))
     print(f"\n{'trials':>7} {'code':>7} {'engine':>7} {'workers':>8} {'wall s':>8} {'CPU s':>7} {'peak MiB':>9} "
           f"{'tree CPU s':>10} {'tree MiB':>9} {'findings':>9} {'load':>9}")
