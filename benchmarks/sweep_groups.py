@@ -3,6 +3,11 @@
 bias of -20), so that a scan has something to find ("which trials have dying units").
 
     python benchmarks/sweep_groups.py OUT 100      # OUT/sweep100/sweep (written once, reused)
+    python benchmarks/sweep_groups.py OUT 5000 --copy-of OUT/sweep1000/sweep   # 5,000 trials copied from 1,000
+
+``--copy-of`` makes a big group cheaply: trial i is a copy of recorded trial i mod N of the source group under its
+own id (its files copied, ``trial.json``'s ``trial_id`` rewritten; format 3 keeps the trial in the folder names
+only, so nothing else names it). The copies' findings equal their originals'; the scan's work is the same.
 
 Used by ``benchmarks/sweep_scan.py`` and by the sweep tests (a modest group).
 """
@@ -75,6 +80,33 @@ def record_sweep(root: Path, trials: int, *, steps: int = 10, group: str = GROUP
     return root / group
 
 
+def copy_sweep(source: Path, root: Path, trials: int, *, group: str = GROUP) -> Path:
+    """``trials`` trials into ``root/group``, each a copy of a trial of the recorded group ``source`` (see above)."""
+    import json
+    import shutil
+
+    originals = sorted(p.name for p in (source / "trials").iterdir() if p.is_dir())
+    target = root / group
+    skipped = shutil.ignore_patterns("analysis", ".*.lock")
+    for index in range(trials):
+        trial, original = trial_id(index), originals[index % len(originals)]
+        meta = target / "trials" / trial / "trial.json"
+        if meta.is_file() and json.loads(meta.read_text()).get("trial_id") == trial:  # copied before
+            continue
+        for table in [p for p in source.iterdir() if p.is_dir() and p.name not in ("trials", "findings")]:
+            if (table / f"trial={original}").is_dir():
+                shutil.copytree(table / f"trial={original}", target / table.name / f"trial={trial}",
+                                dirs_exist_ok=True)
+        folder = target / "trials" / trial
+        shutil.copytree(source / "trials" / original, folder, ignore=skipped, dirs_exist_ok=True)
+        metadata = json.loads((folder / "trial.json").read_text())
+        (folder / "trial.json").write_text(json.dumps({**metadata, "trial_id": trial}))  # its own id: the copy is complete
+    return target
+
+
 if __name__ == "__main__":
     out, count = Path(sys.argv[1]), int(sys.argv[2])
-    print(record_sweep(out / f"sweep{count}", count))
+    if "--copy-of" in sys.argv:
+        print(copy_sweep(Path(sys.argv[sys.argv.index("--copy-of") + 1]), out / f"sweep{count}", count))
+    else:
+        print(record_sweep(out / f"sweep{count}", count))

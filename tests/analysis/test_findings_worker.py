@@ -77,6 +77,34 @@ def test_badges_come_once_the_scan_is_done_without_waiting_for_it(two_trials, tm
         service.close()
 
 
+
+def test_a_poll_while_trials_wait_for_the_scan_looks_at_none_of_them(two_trials, tmp_path, monkeypatch) -> None:
+    """The app asks for the progress every second while a scan is pending (the start-here strip): at 1,000 trials,
+    checking every waiting trial's chunks and saved file on each poll took 2-3 s and held the page's callbacks."""
+    from comgra.service import findings as findings_module
+
+    release = threading.Event()
+    original = scan.detect_all
+    monkeypatch.setattr(scan, "detect_all", lambda data, options: release.wait(30) and original(data, options))
+    looked: list[str] = []
+    signature = findings_module.trial_signature
+    monkeypatch.setattr(findings_module, "trial_signature", lambda trial: looked.append(trial.trial_id) or signature(trial))
+    group = tmp_path / "group"
+    shutil.copytree(two_trials, group, ignore=shutil.ignore_patterns("analysis"))  # never scanned
+    service = RecordingService(group)
+    try:
+        assert sorted(service.findings_progress().pending) == ["dead", "healthy"]
+        looked.clear()
+        for _ in range(5):
+            assert sorted(service.findings_progress().pending) == ["dead", "healthy"]
+        assert looked == []  # both wait or are being scanned: nothing of theirs was listed or read
+        release.set()
+        assert service.findings_progress(wait_seconds=60).pending == []
+        assert any(f.detector == "dead_units" for f in service.findings_progress().findings)
+    finally:
+        release.set()
+        service.close()
+
 def test_configured_sensitivity_is_the_services_default(two_trials) -> None:
     service = RecordingService(two_trials)
     try:

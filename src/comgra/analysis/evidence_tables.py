@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from comgra.analysis.loading import TrialData
+from comgra.analysis.loading import TrialData, plain_labels
 
 # A type of execution whose name says it is no training (the user's names: "validation", "eval_set", ...).
 EVALUATION_NAME = re.compile(r"eval|valid|test|infer|predict", re.IGNORECASE)
@@ -31,7 +31,7 @@ def _read(reader: Any, name: str) -> pd.DataFrame:
         arrow = reader.layers() if name == "layers" else reader.evidence(name)
     except AttributeError:  # a reader of a recording made before these tables (or a stand-in without them)
         return pd.DataFrame()
-    return arrow.to_pandas()
+    return plain_labels(arrow.to_pandas())  # the detectors filter these tables dozens of times per trial
 
 
 def runinfo_field(data: TrialData, subject: str, field: str) -> pd.DataFrame:
@@ -39,7 +39,13 @@ def runinfo_field(data: TrialData, subject: str, field: str) -> pd.DataFrame:
     info = table(data, "runinfo")
     if not len(info):
         return info
-    return info[(info["subject"] == subject) & (info["field"] == field)]
+    fields = data.tables.get("runinfo_fields")
+    if fields is None:  # split once per trial: the detectors ask for about twenty fields
+        fields = {(str(s), str(f)): rows for (s, f), rows in info.groupby(["subject", "field"], sort=False,
+                                                                           observed=True)}
+        data.tables["runinfo_fields"] = fields
+    found = fields.get((subject, field))
+    return info.iloc[:0] if found is None else found.copy(deep=False)  # a frame of its own, as a filter gave
 
 
 def phases(data: TrialData) -> dict[tuple[Any, ...], str]:

@@ -188,13 +188,21 @@ def recorded_rows(trial: TrialReader) -> int:
     return total
 
 
-def _frame(table: pa.Table) -> pd.DataFrame:
-    """One conversion per scan: strings become categories (a few distinct names, many rows)."""
+def categorical_frame(table: pa.Table) -> pd.DataFrame:
+    """One conversion per scan: strings become categories (a few distinct names, many rows). The column labels are
+    plain Python strings (pandas 3 keeps them Arrow-backed, and every ``frame[name]`` and filter of a frame looked a
+    label up through Arrow: about a quarter of a small frame's column access, thousands of times per trial)."""
     columns = {}
     for name in table.column_names:
         column = table[name]
         columns[name] = column.dictionary_encode() if pa.types.is_string(column.type) else column
-    return pa.table(columns).to_pandas()
+    return plain_labels(pa.table(columns).to_pandas())
+
+
+def plain_labels(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its column labels as plain Python strings (see ``categorical_frame``), in place."""
+    frame.columns = pd.Index(list(frame.columns), dtype=object)
+    return frame
 
 
 def row_types(frame: pd.DataFrame, steps: pd.DataFrame) -> np.ndarray:
@@ -282,12 +290,12 @@ def assemble(context: TrialContext, parts: list[ChunkData]) -> TrialData:
 
 def trial_context(trial: TrialReader) -> TrialContext:
     steps = trial.steps()
-    steps_frame = pd.DataFrame({
+    steps_frame = plain_labels(pd.DataFrame({
         "training_step": steps["training_step"].to_numpy(),
         "type_of_execution": steps["type_of_execution"].to_pylist(),
         "iteration": steps["iteration"].to_numpy(),
         "graph": steps["graph"].to_pylist(),
-    })
+    }))
     graphs: dict[str, dict[str, Any]] = {}
     unreadable: list[str] = []
     for graph_hash in sorted(dict.fromkeys(steps_frame["graph"])):
@@ -308,7 +316,7 @@ def _concat(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:
     table = pa.concat_tables(tables)
     # Values of a step the index does not list (a crash between the two writes) are not a step.
     listed = pc.is_in(table["training_step"], pa.array(sorted(known), pa.int64()))
-    return _frame(table if pc.all(listed).as_py() is not False else table.filter(listed))
+    return categorical_frame(table if pc.all(listed).as_py() is not False else table.filter(listed))
 
 
 def _concat_shapes(tables: list[pa.Table], known: set[int]) -> pd.DataFrame:
@@ -332,7 +340,7 @@ def _concat_neurons(parts: list[_ArrowNeurons], known: set[int]) -> NeuronRows:
     keep = pc.is_in(keys["training_step"], pa.array(sorted(known), pa.int64()))
     if pc.all(keep).as_py() is False:
         keys, values = keys.filter(keep), values.filter(keep)
-    return NeuronRows(_frame(keys), values)
+    return NeuronRows(categorical_frame(keys), values)
 
 
 def return_freed_memory(*, collect: bool = True) -> None:

@@ -42,6 +42,8 @@ def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> l
 def _changes(data: TrialData, only: dict[str, set[int]] | None = None) -> dict[str, int]:
     """Parameter -> the first recorded training step at which its value differs from the recorded step before;
     with ``only``, the first such step where the parameter is in ``only[name]`` at both steps."""
+    if only is not None and not any(only.values()):
+        return {}  # nothing is frozen: no step to compare
     rows = tables.with_phase(data, pd.concat([tables.runinfo_field(data, "parameter", "value_sum"),
                                               tables.runinfo_field(data, "parameter", "value_norm")]))
     if not len(rows):

@@ -19,6 +19,7 @@ cores (``comgra scan GROUP``, the default for a group of several trials).
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -109,7 +110,8 @@ def scan_on_ray(group: str | Path, *, trials: list[str] | None = None, options: 
     address = address or os.environ.get("RAY_ADDRESS") or None
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        with _workers_at_our_priority(local=address is None):
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         task = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=False)(_scan_task)
         path = str(Path(group).expanduser().resolve()) if "://" not in str(group) else str(group)
@@ -127,6 +129,22 @@ def scan_on_ray(group: str | Path, *, trials: list[str] | None = None, options: 
     finally:
         if started_here:
             ray.shutdown()
+
+
+@contextlib.contextmanager
+def _workers_at_our_priority(*, local: bool) -> Iterator[None]:
+    """A local Ray started here runs its task workers at this process's priority: Ray's default (``worker_niceness``
+    15) suits a node that runs nothing else, but on a shared machine it left the scan a fraction of the cores it
+    asked for (a scan of 1,000 trials at 0.5 trials/s beside a load of 17, where the process pool did 1.2). A
+    user's own ``RAY_worker_niceness`` wins; the setting is read when Ray starts, and not left in the environment."""
+    if not local or "RAY_worker_niceness" in os.environ:
+        yield
+        return
+    os.environ["RAY_worker_niceness"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_worker_niceness", None)
 
 
 def usable_cores() -> int:

@@ -175,6 +175,8 @@ def _warm_up(service: RecordingService) -> None:
         view_state.view_outputs(view, {}, None)
         if view.selection is not None:
             tensors.neurons(service, view.selection)
+        if len(service.trials()) > 1:  # a sweep: the Runs tab's rows, once the first page's answer is ready
+            service.runs()
     except Exception:
         log.debug("comgra: warm-up failed", exc_info=True)  # the real request reports any problem
 

@@ -106,7 +106,9 @@ class FindingsWorker:
         """Queue the trials not scanned at their current data (the first ones first); returns them.
         A trial whose findings at its current data are saved in the recording is taken from there at
         once (milliseconds, without loading the detectors) instead of being queued."""
-        stale = [t for t in trials if not self._is_current(t) and not self._take_saved(t)]
+        with self._changed:  # waiting or being scanned: stale without a look (the app polls this every second)
+            pending = {*self._queue, *self._running}
+        stale = [t for t in trials if t in pending or (not self._is_current(t) and not self._take_saved(t))]
         if not self.background:
             return []  # nothing will be scanned, so nothing is pending
         with self._changed:
