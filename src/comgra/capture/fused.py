@@ -122,6 +122,25 @@ void comgra_first_values(long count, const int64_t *pointers, long rows, const i
     }
 }
 
+/* The float64 sum and sum of squares of each of count tensors of sizes[t] contiguous float32 values: out (count, 2).
+   Every value is widened before it is added (16 lanes of float64 per tensor): the fingerprints of capture/evidence.py,
+   as exact as torch's float64 reductions (the order of the additions differs, about 1e-16 relative per value). */
+MULTIVERSION
+static void wide(const float *x, long n, double *out) {
+    double s[16] = {0}, q[16] = {0};
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) { double v = x[i + l]; s[l] += v; q[l] += v * v; }
+    for (; i < n; i++) { double v = x[i]; s[0] += v; q[0] += v * v; }
+    double ts = 0, tq = 0;
+    for (int l = 0; l < 16; l++) { ts += s[l]; tq += q[l]; }
+    out[0] = ts; out[1] = tq;
+}
+
+void comgra_wide_sums(long count, const int64_t *pointers, const int64_t *sizes, double *out) {
+    for (long t = 0; t < count; t++) wide((const float *)(uintptr_t)pointers[t], sizes[t], out + 2 * t);
+}
+
 /* The statistics of count tensors from their sums (count, 6, rows), into out (rows, count, 8) float32 in
    the order of STATISTICS, with the double arithmetic of NumPy's finishing in stats.py, op for op (the
    build turns off contraction into fused multiply-adds, so the results are the same to the bit).
@@ -295,6 +314,30 @@ def finish(sums: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return out, np.flatnonzero(flags)
 
 
+def wide_sums(tensors: list[torch.Tensor]) -> np.ndarray | None:
+    """(S, 2) float64: the sum and the sum of squares of each tensor's values, every value widened to float64 before
+    it is added (as exact as torch's float64 reductions), in one call of the kernel for all of them; None while the
+    kernel is not there or a tensor is not contiguous float32 values in the CPU's memory (the caller reduces in
+    torch). The fingerprints of capture/evidence.py: one pass over memory instead of a float64 copy per tensor."""
+    kernel = _kernel()
+    if kernel is None or not tensors or _is_compiling():
+        return None
+    pointers, sizes = [], []
+    for values in tensors:
+        if not _reads(values) or not values.is_contiguous():
+            return None
+        count = values.numel()
+        pointer = values.data_ptr() if count else 0
+        if count and not pointer:
+            return None
+        pointers.append(pointer)
+        sizes.append(count)
+    addresses, counts = np.array(pointers, dtype=np.int64), np.array(sizes, dtype=np.int64)
+    out = np.empty((len(tensors), 2))
+    kernel[4](len(tensors), addresses.ctypes.data, counts.ctypes.data, out.ctypes.data)
+    return out
+
+
 def _helper() -> concurrent.futures.ThreadPoolExecutor:
     """One helper thread per process, made at the first shared call (a forked child makes its own)."""
     with _LOCK:
@@ -378,8 +421,9 @@ def _load(library: Path) -> tuple[Any, ...] | None:
     try:
         loaded = ctypes.CDLL(str(library))
         single, many, finish = loaded.comgra_row_sums, loaded.comgra_many_row_sums, loaded.comgra_finish
-        first = loaded.comgra_first_values
-        single.restype = many.restype = finish.restype = first.restype = None
+        first, wide = loaded.comgra_first_values, loaded.comgra_wide_sums
+        single.restype = many.restype = finish.restype = first.restype = wide.restype = None
+        wide.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         first.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                           ctypes.c_long, ctypes.c_void_p]
         finish.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -403,7 +447,13 @@ def _load(library: Path) -> tuple[Any, ...] | None:
         first(2, arguments[0].ctypes.data, 3, arguments[2].ctypes.data, kept.ctypes.data, 8, values.ctypes.data)
         if not np.array_equal(values, np.concatenate([probe.numpy()[:, :5], second.numpy()[:, :3]], axis=1)):
             raise OSError("the kernel's first values disagree with NumPy")
-        return single, many, finish, first
+        sizes, wide_out = np.array([probe.numel() - 3, 0], dtype=np.int64), np.empty((2, 2))
+        flat = torch.from_numpy(np.random.default_rng(1).standard_normal(probe.numel()).astype(np.float32))
+        wide(2, np.array([flat.data_ptr(), 0], dtype=np.int64).ctypes.data, sizes.ctypes.data, wide_out.ctypes.data)
+        reference = flat.numpy()[:-3].astype(np.float64)
+        if not np.allclose(wide_out, [[reference.sum(), reference @ reference], [0.0, 0.0]], rtol=1e-12, atol=1e-9):
+            raise OSError("the kernel's float64 sums disagree with NumPy")
+        return single, many, finish, first, wide
     except (OSError, AttributeError):
         return None
 
