@@ -60,6 +60,7 @@ class RunEvidence:
             return evidence
         evidence.exact = recorder.rank_info.world_size > 1
         recorder._on_finalize.append(evidence.close)  # before the session closes: the last rows go with it
+        sentinels.on_host = fused.extremes  # a small CPU tensor's reductions in one call of the C kernel
         # Every optimizer that steps during a recorded step, without track_optimizer: torch's global hook.
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
