@@ -402,7 +402,7 @@ class ComgraRecorder(WatchedTensors):
             if self._recording:
                 self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
             self._recording = False
-            if self.session is not None:
+            if self.session is not None and self._kpis.rows:
                 self.session.flush_kpis(self._kpis, force=False)
             self.instruments.finish_step()
         finally:

@@ -154,18 +154,21 @@ class RunEvidence:
         return groups
 
     def register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool = False) -> None:
-        if self.broken or (self._rows is None and not self.sentinels.wants(name, is_loss, is_input)) or \
-                not isinstance(tensor, torch.Tensor):
-            return  # (the usual case of a step that is not recorded: two checks; the recorder reports a non-tensor)
+        if self.broken or not isinstance(tensor, torch.Tensor):
+            return  # (the recorder reports a non-tensor)
+        watched = self.sentinels.wants(name, is_loss, is_input)
+        if self._rows is None and not watched:
+            return  # the usual case of a step that is not recorded
         try:
-            self._register(name, tensor, is_loss, recording, is_input)
+            self._register(name, tensor, is_loss, recording, is_input, watched)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
-    def _register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool = False) -> None:
-        if self.sentinels.wants(name, is_loss, is_input):
+    def _register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool,
+                  watched: bool) -> None:
+        if watched:
             self.sentinels.register(name, tensor, is_loss, is_input)
         rows = self._rows
         if rows is None or not recording or name in self._tensors_seen:
