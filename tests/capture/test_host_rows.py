@@ -50,24 +50,3 @@ def test_batch_aggregates_on_the_host_match_numpy_in_float64() -> None:
     np.testing.assert_allclose(aggregates, expected, rtol=1e-5, atol=1e-6, equal_nan=True)
     # NaN and inf reach the aggregates: the per-sample means of samples 2 and 4 are NaN and inf
     assert np.isnan(aggregates[0, 0, 0]) and np.isnan(stats[2, 0, 0]) and np.isinf(stats[4, 0, 0])
-
-
-def test_the_aggregates_of_a_steps_blocks_in_one_call_equal_one_call_per_array_to_the_bit() -> None:
-    """_aggregates_of_blocks puts the arrays of every block side by side (one NumPy pass per batch size): each
-    column's aggregates are its own, so the numbers are those of one call per array, NaN and inf included."""
-    generator = np.random.default_rng(5)
-    parts = []
-    for rows, tensors, neurons in ((6, 3, 11), (6, 2, 0), (4, 5, 7), (6, 1, 300)):
-        stats = (generator.standard_normal((rows, tensors, 8)) * 10 + 3).astype(np.float32)
-        values = generator.standard_normal((rows, neurons)).astype(np.float32)
-        parts.append((stats, values))
-    parts[0][0][1, 2, 3] = np.nan
-    parts[3][1][0, 9] = -np.inf
-    found = summaries._aggregates_of_blocks(parts)
-    assert len(found) == len(parts)
-    for (stats, values), (stats_aggregates, value_aggregates) in zip(parts, found):
-        for array, aggregates in ((stats, stats_aggregates), (values, value_aggregates)):
-            expected = summaries._batch_aggregates_on_host(array)
-            assert aggregates.shape == expected.shape == (3, *array.shape[1:])
-            assert aggregates.dtype == expected.dtype
-            np.testing.assert_array_equal(aggregates, expected)

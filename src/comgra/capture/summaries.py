@@ -234,36 +234,14 @@ def _arrays_on_host(blocks: list[Block], choice: SampleChoice) -> list[Arrays]:
     """The same from CPU tensors, in NumPy: nothing to transfer, and the dozen small ops per block
     cost a fifth of torch's (whose per-call dispatch dominates at these sizes)."""
     index = np.asarray(choice.indices, dtype=np.int64)
-    host = [(block.summary.per_sample.numpy(), block.summary.neurons.numpy()) for block in blocks]
-    aggregates = _aggregates_of_blocks([parts for block, parts in zip(blocks, host) if block.has_batch])
     result: list[Arrays] = []
-    for block, (stats, neurons) in zip(blocks, host):
+    for block in blocks:
+        stats, neurons = block.summary.per_sample.numpy(), block.summary.neurons.numpy()
         if block.has_batch:
-            stats_aggregates, neuron_aggregates = aggregates.pop(0)
-            stats = np.concatenate([stats_aggregates, stats[index]])
-            neurons = np.concatenate([neuron_aggregates, neurons[index]])
+            stats = np.concatenate([_batch_aggregates_on_host(stats), stats[index]])
+            neurons = np.concatenate([_batch_aggregates_on_host(neurons), neurons[index]])
         result.append((stats, neurons, None if block.svd is None else block.svd.numpy()))
     return result
-
-
-def _aggregates_of_blocks(parts: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``_batch_aggregates_on_host`` of each array of the (stats, neurons) pairs, in one call per batch size and
-    dtype: side by side as columns, whose aggregates are each column's alone (the same numbers as one call per
-    array), so that the NumPy calls' fixed cost is paid once for the step instead of twice per block."""
-    arrays = [array.reshape(array.shape[0], -1) for pair in parts for array in pair]
-    by_kind: dict[tuple[int, Any], list[int]] = {}
-    for i, array in enumerate(arrays):
-        by_kind.setdefault((array.shape[0], array.dtype), []).append(i)
-    found: list[Any] = [None] * len(arrays)
-    for members in by_kind.values():
-        together = _batch_aggregates_on_host(np.concatenate([arrays[i] for i in members], axis=1))
-        start = 0
-        for i in members:
-            found[i] = together[:, start:start + arrays[i].shape[1]]
-            start += arrays[i].shape[1]
-    shapes = [array.shape[1:] for pair in parts for array in pair]
-    shaped = [aggregate.reshape((3, *shape)) for aggregate, shape in zip(found, shapes)]
-    return list(zip(shaped[0::2], shaped[1::2]))
 
 
 def _batch_aggregates_on_host(x: np.ndarray) -> np.ndarray:
