@@ -31,18 +31,9 @@ REPOSITORY = HERE.parent
 
 
 def child(rounds: int, block: int) -> dict[str, Any]:
-    import warnings
-    warnings.simplefilter("ignore")
     sys.path.insert(0, str(HERE))
-    import torch
-
     import breakdown_workloads as wl
-    torch.set_num_threads(1)
-    try:
-        from comgra.capture import fused
-        fused.ensure_built()
-    except ImportError:
-        pass
+    wl.setup_process()
     workload = wl.WORKLOADS["mlp"]
     with tempfile.TemporaryDirectory() as folder:
         trainers = {"plain": wl.Trainer(workload, None)}

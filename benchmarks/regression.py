@@ -39,19 +39,10 @@ DEFAULT_MODES = {"conv": ["every10"], "attention": ["every50", "inactive"], "mlp
 
 def child(arguments: argparse.Namespace) -> None:
     """One measurement, printed as one JSON line (the parent set PYTHONPATH to the side's src)."""
-    import warnings
-    warnings.simplefilter("ignore")
     sys.path.insert(0, str(HERE))
-    import torch
-
     import breakdown_workloads as wl
     import cost_breakdown
-    torch.set_num_threads(1)
-    try:
-        from comgra.capture import fused
-        fused.ensure_built()
-    except ImportError:
-        pass
+    wl.setup_process()
     workload = wl.WORKLOADS[arguments.workload]
     gap = int(arguments.mode[5:]) if arguments.mode.startswith("every") else 10
     with tempfile.TemporaryDirectory() as folder:
