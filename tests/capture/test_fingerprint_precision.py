@@ -79,7 +79,8 @@ def test_the_kernel_fingerprints_equal_torchs_float64_reductions(special: float 
         tensors[1][3] = special
     assert fused.wide_sums(tensors) is not None
     assert fused.wide_sums([tensors[0], tensors[3].t()]) is None  # not contiguous: torch's path
-    for found, taken in ((evidence._fingerprints(tensors, exact=False), tensors),
+    for found, taken in ((evidence._fingerprints(tensors, exact=True), tensors),
+                         (evidence._fingerprints(tensors[1:], exact=False), tensors[1:]),  # all small: the kernel too
                          (evidence._fingerprints([tensors[0], tensors[3].t()], exact=True), [tensors[0], tensors[3].t()])):
         assert found.dtype == torch.float64
         for (total, norm), tensor in zip(found.tolist(), taken):

@@ -348,5 +348,7 @@ def test_the_sentinels_reductions_in_the_kernel_equal_torchs(kernel: None, dtype
         assert (found != found and expected != expected) or found == pytest.approx(expected, rel=1e-12)
     assert fused.extremes(values.t()) is None or values.t().is_contiguous()  # a transposed view: torch's path
     assert fused.extremes(values[:0]) is None  # empty: the sentinels say so themselves
-    assert fused.extremes(torch.zeros(fused.EXTREMES_UP_TO + 1, dtype=dtype)) is None  # large: torch's kernels
+    limit = fused.EXTREMES_FLOAT_UP_TO if dtype.is_floating_point else fused.EXTREMES_UP_TO
+    assert fused.extremes(torch.zeros(limit, dtype=dtype)) is not None
+    assert fused.extremes(torch.zeros(limit + 1, dtype=dtype)) is None  # large: torch's vectorised kernels
     assert fused.extremes(torch.zeros(3, dtype=torch.complex64)) is None
