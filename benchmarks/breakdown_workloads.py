@@ -211,6 +211,18 @@ class Trainer:
         self.step_number += 1
 
 
+def setup_process() -> None:
+    """A measuring child's setup: warnings quiet, one torch thread, comgra's C kernel built (where the side has it)."""
+    import warnings
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    try:
+        from comgra.capture import fused
+        fused.ensure_built()
+    except ImportError:
+        pass
+
+
 def make_recorder(root: Path, trial: str, mode: str) -> Any:
     """mode: "everyN" (1 step in N recorded), "never" (active, no step recorded), "inactive"."""
     from comgra.objects import DecisionMakerForRecordingsFrequencyPerType, DecisionMakerForRecordingsHardcoded

@@ -191,6 +191,14 @@ def _block(trainer: wl.Trainer, batches: list[Any]) -> tuple[float, float, float
     return time.perf_counter() - wall, time.thread_time() - cpu, time.process_time() - process
 
 
+MIN_BLOCK_STEPS = 20  # a block of one step (the MLP recorded every step) is one sample of the machine's noise
+
+
+def block_steps(gap: int, blocks: int) -> int:
+    """Steps per block: ``blocks`` policy gaps, and whole gaps up to at least MIN_BLOCK_STEPS."""
+    return gap * max(blocks, -(-MIN_BLOCK_STEPS // gap))
+
+
 def ratios(workload: wl.Workload, mode: str, rounds: int, block: int, root: Path) -> dict[str, Any]:
     """Plain and comgra copies of the model, interleaved block by block; see the module's doc."""
     import comgra
@@ -214,6 +222,10 @@ def ratios(workload: wl.Workload, mode: str, rounds: int, block: int, root: Path
         result[clock] = (statistics.median(rows), min(rows), max(rows))
         result[f"{clock}_ms_per_step"] = (statistics.median(extra), statistics.median(
             p[index] for p in times["plain"]) / block * 1e3)
+        # The least disturbed blocks of each side (a busy machine only ever adds time): a second estimate of the
+        # extra ms per step, steadier than the median where other processes come and go.
+        result[f"{clock}_floor_ms"] = (min(c[index] for c in times["comgra"]) - min(
+            p[index] for p in times["plain"])) / block * 1e3
     return result
 
 
@@ -308,6 +320,39 @@ def unrecorded_calls(root: Path, blocks: int = 5, steps: int = 3000) -> float:
     return best
 
 
+def calls_per_step(workload: wl.Workload, mode: str, root: Path, steps: int = 20) -> dict[str, float]:
+    """What runs per step, counted (not timed: the same on a busy machine as on a quiet one): the Python functions
+    of comgra's package called per step (``comgra_python``), the calls of C functions made from them (``comgra_c``:
+    torch ops, NumPy, builtins) and every Python call of the step (``all_python``: torch.optim's too), over
+    ``steps`` steps after a warm-up, with ``sys.setprofile``. ``mode``: "every1" counts recorded steps, "never"
+    unrecorded ones."""
+    import comgra
+    package = os.sep + "comgra" + os.sep
+    recorder = wl.make_recorder(root, f"{workload.name}_calls_{mode}_{os.getpid()}", mode)
+    trainer = wl.Trainer(workload, recorder)
+    batches = [workload.batch(step) for step in range(steps)]
+    for batch in batches[:4]:
+        trainer.step(batch)
+    counts = {"comgra_python": 0, "comgra_c": 0, "all_python": 0}
+
+    def count(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call":
+            counts["all_python"] += 1
+            if package in frame.f_code.co_filename:
+                counts["comgra_python"] += 1
+        elif event == "c_call" and package in frame.f_code.co_filename:
+            counts["comgra_c"] += 1
+    sys.setprofile(count)
+    try:
+        for batch in batches:
+            trainer.step(batch)
+    finally:
+        sys.setprofile(None)
+    recorder.finalize()
+    comgra.my_recorder = None
+    return {key: value / steps for key, value in counts.items()}
+
+
 def report_ratios(name: str, found: dict[str, Any]) -> None:
     cells = []
     for clock in ("wall", "thread", "process"):
@@ -349,8 +394,15 @@ def main(argv: list[str] | None = None) -> None:
                 modes = [f"every{workload.every}", *workload.extra_modes]
                 for mode in modes:
                     gap = workload.every if mode.startswith("every") else 10
-                    report_ratios(name, ratios(workload, mode, args.rounds, gap * args.blocks, root))
+                    report_ratios(name, ratios(workload, mode, args.rounds, block_steps(gap, args.blocks), root))
         if not args.no_ratios:
+            print("\ncalls per step, counted (sys.setprofile): comgra's Python functions, the C functions they call, "
+                  "all Python calls of the step")
+            for name in args.workload:
+                for mode, label in (("every1", "recorded"), ("never", "unrecorded")):
+                    found = calls_per_step(wl.WORKLOADS[name], mode, root)
+                    print(f"  {name:<14}{label:<12}comgra Python {found['comgra_python']:7.0f}  comgra -> C "
+                          f"{found['comgra_c']:7.0f}  all Python {found['all_python']:7.0f}")
             print(f"\nan unrecorded step's recorder calls alone (no model; see unrecorded_calls): "
                   f"{unrecorded_calls(root):.1f} us of training-thread CPU, the lowest of 5 blocks")
         if not args.no_breakdown:

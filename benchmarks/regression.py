@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -38,24 +39,18 @@ DEFAULT_MODES = {"conv": ["every10"], "attention": ["every50", "inactive"], "mlp
 
 def child(arguments: argparse.Namespace) -> None:
     """One measurement, printed as one JSON line (the parent set PYTHONPATH to the side's src)."""
-    import warnings
-    warnings.simplefilter("ignore")
     sys.path.insert(0, str(HERE))
-    import torch
-
     import breakdown_workloads as wl
     import cost_breakdown
-    torch.set_num_threads(1)
-    try:
-        from comgra.capture import fused
-        fused.ensure_built()
-    except ImportError:
-        pass
+    wl.setup_process()
     workload = wl.WORKLOADS[arguments.workload]
     gap = int(arguments.mode[5:]) if arguments.mode.startswith("every") else 10
     with tempfile.TemporaryDirectory() as folder:
-        found = cost_breakdown.ratios(workload, arguments.mode, arguments.child_rounds, gap * arguments.blocks,
+        found = cost_breakdown.ratios(workload, arguments.mode, arguments.child_rounds,
+                                      cost_breakdown.block_steps(gap, arguments.blocks),
                                       Path(folder))
+        if arguments.mode in ("every1", "never"):  # what runs per step, counted: the same at any load
+            found["calls"] = cost_breakdown.calls_per_step(workload, arguments.mode, Path(folder))
     import comgra
     found["comgra_file"] = comgra.__file__
     print("RESULT " + json.dumps(found))
@@ -95,7 +90,8 @@ def _app(reference: Path, folder: Path, options: argparse.Namespace) -> None:
 def _cell(results: list[dict[str, Any]], clock: str) -> str:
     ratios = [r[clock][0] for r in results]
     extra = statistics.median(r[f"{clock}_ms_per_step"][0] for r in results)
-    return f"{statistics.median(ratios):6.3f}x ({min(ratios):.2f}-{max(ratios):.2f}) {extra:+7.3f}ms"
+    floor = statistics.median(r.get(f"{clock}_floor_ms", math.nan) for r in results)
+    return f"{statistics.median(ratios):6.3f}x ({min(ratios):.2f}-{max(ratios):.2f}) {extra:+7.3f}ms {floor:+7.3f}ms"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -125,13 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"reference {options.ref} ({commit}) against the current tree (HEAD {head} and its uncommitted changes); "
           f"load average before: {os.getloadavg()[0]:.2f}")
     print(f"{options.rounds} child processes per side, each {options.child_rounds} interleaved rounds of plain and "
-          "recorded blocks; ratio to plain training: median (lowest-highest) and comgra's extra ms per step")
+          "recorded blocks; ratio to plain training: median (lowest-highest), comgra's extra ms per step (median), and "
+          "the same from each side's least disturbed block (floor)")
     with tempfile.TemporaryDirectory() as folder:
         reference = _worktree(options.ref, Path(folder))
         try:
             sides = {"ref": reference, "now": REPOSITORY}
             if options.workload:
-                print(f"\n{'workload':<13}{'mode':<10}{'side':<5}{'training thread CPU':<36}{'wall clock':<36}")
+                print(f"\n{'workload':<13}{'mode':<10}{'side':<5}{'training thread CPU':<45}{'wall clock':<45}")
             rows = []
             for workload in options.workload:
                 for mode in DEFAULT_MODES[workload]:
@@ -141,12 +138,20 @@ def main(argv: list[str] | None = None) -> None:
                         for side in order:
                             results[side].append(_run_side(sides[side], workload, mode, options))
                     for side in ("ref", "now"):
-                        print(f"{workload:<13}{mode:<10}{side:<5}{_cell(results[side], 'thread'):<36}"
-                              f"{_cell(results[side], 'wall'):<36}", flush=True)
+                        print(f"{workload:<13}{mode:<10}{side:<5}{_cell(results[side], 'thread'):<45}"
+                              f"{_cell(results[side], 'wall'):<45}", flush=True)
                     medians = {side: statistics.median(r["thread"][0] for r in results[side]) for side in results}
                     extra = {side: statistics.median(r["thread_ms_per_step"][0] for r in results[side])
                              for side in results}
-                    rows.append((workload, mode, medians, extra))
+                    floors = {side: statistics.median(r.get("thread_floor_ms", math.nan) for r in results[side])
+                              for side in results}
+                    rows.append((workload, mode, medians, extra, floors))
+                    if "calls" in results["ref"][0]:
+                        calls = {side: results[side][0]["calls"] for side in results}
+                        print(f"{'':<23}calls per step, ref -> now: comgra Python {calls['ref']['comgra_python']:.0f} -> "
+                              f"{calls['now']['comgra_python']:.0f}, comgra -> C {calls['ref']['comgra_c']:.0f} -> "
+                              f"{calls['now']['comgra_c']:.0f}, all Python {calls['ref']['all_python']:.0f} -> "
+                              f"{calls['now']['all_python']:.0f}", flush=True)
             if options.app:
                 _app(reference, Path(folder), options)
         finally:
@@ -154,10 +159,11 @@ def main(argv: list[str] | None = None) -> None:
                            capture_output=True, text=True)
     if rows:
         print("\nsummary, training thread CPU: ratio to plain training, ref -> now (now/ref of comgra's extra ms)")
-    for workload, mode, medians, extra in rows:
+    for workload, mode, medians, extra, floors in rows:
         change = extra["now"] / extra["ref"] if extra["ref"] > 0 else float("nan")
         print(f"  {workload:<13}{mode:<10}{medians['ref']:6.3f}x -> {medians['now']:6.3f}x   extra "
-              f"{extra['ref']:+8.3f} -> {extra['now']:+8.3f} ms/step ({change:.2f} of before)")
+              f"{extra['ref']:+8.3f} -> {extra['now']:+8.3f} ms/step ({change:.2f} of before); floor "
+              f"{floors['ref']:+8.3f} -> {floors['now']:+8.3f} ms/step")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

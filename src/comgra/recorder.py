@@ -290,6 +290,8 @@ class ComgraRecorder(WatchedTensors):
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
+        if not (watched or self._recording_step or is_initial_value) and self.current_stage == "forward":
+            return self._evidence.register(tensor_name, tensor, is_loss, False, is_input or is_target)  # the sentinels
         if not stages.registration_goes_on(self, tensor_name, tensor, is_initial_value, watched, is_loss,
                                            is_input or is_target):  # or checkpointing's
             return
@@ -397,7 +399,7 @@ class ComgraRecorder(WatchedTensors):
             if self._recording:
                 self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
             self._recording = False
-            if self.session is not None:
+            if self.session is not None and self._kpis.rows:
                 self.session.flush_kpis(self._kpis, force=False)
             self.instruments.finish_step()
         finally:
@@ -437,10 +439,9 @@ class ComgraRecorder(WatchedTensors):
     @_never_traced
     def flush(self, timeout: float | None = 60.0) -> None:
         """Write the steps, KPI points and notes given so far, and wait (at most ``timeout`` seconds) until a reader
-        sees them. Ours; the original wrote at ``finalize`` only. The writer writes on its own every
-        ``flush_seconds`` (growing with the run's age, to 30 s); call this where a reader must see the run up to now
-        (before ``comgra scan`` of a run in progress, beside a checkpoint), not on every step: each call writes one
-        small chunk per table (merged later).
+        sees them. Ours. The writer writes on its own every ``flush_seconds`` (growing with the run's age, to 30 s);
+        call this where a reader must see the run up to now (before ``comgra scan`` of a run in progress, beside a
+        checkpoint), not on every step: each call writes one small chunk per table (merged later).
 
             >>> comgra.my_recorder.flush()  # doctest: +SKIP
         """

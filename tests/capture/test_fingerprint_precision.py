@@ -63,3 +63,32 @@ def test_a_distributed_run_reduces_every_tensor_in_float64() -> None:
     assert float(exact[0, 1]) == pytest.approx(float(reference.norm()), rel=1e-12)
     assert float(cheap[0, 0]) == pytest.approx(float(reference.sum()), rel=1e-5)
     assert float(cheap[0, 1]) == pytest.approx(float(reference.norm()), rel=1e-5)
+
+
+@pytest.mark.parametrize("special", [None, float("nan"), float("inf"), -float("inf")])
+def test_the_kernel_fingerprints_equal_torchs_float64_reductions(special: float | None) -> None:
+    """The C kernel (fused.wide_sums) where every tensor is contiguous float32 on the CPU, whatever its size; torch's
+    float64 reductions where one is not (a transposed view): the same numbers, to float64 rounding."""
+    from comgra.capture import fused
+    if not fused.ensure_built():
+        pytest.skip("no C compiler here: the fingerprints take torch's path, tested above")
+    torch.manual_seed(1)
+    tensors = [torch.randn(300_001) + 1e3, torch.randn(7), torch.empty(0), torch.randn(33, 65) * 1e-20,
+               torch.full((5,), 3e38)]  # squares beyond float32's range: float64 holds them
+    if special is not None:
+        tensors[1][3] = special
+    assert fused.wide_sums(tensors) is not None
+    assert fused.wide_sums([tensors[0], tensors[3].t()]) is None  # not contiguous: torch's path
+    for found, taken in ((evidence._fingerprints(tensors, exact=True), tensors),
+                         (evidence._fingerprints(tensors[1:], exact=False), tensors[1:]),  # all small: the kernel too
+                         (evidence._fingerprints([tensors[0], tensors[3].t()], exact=True), [tensors[0], tensors[3].t()])):
+        assert found.dtype == torch.float64
+        for (total, norm), tensor in zip(found.tolist(), taken):
+            wide = tensor.double()
+            for value, expected in ((total, float(wide.sum())), (norm, float(wide.norm()))):
+                if expected != expected:
+                    assert value != value
+                else:
+                    assert value == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    sums_off = evidence._fingerprints([tensors[0], tensors[3]], exact=False, sums=False)
+    assert sums_off[:, 0].tolist() == sums_off[:, 1].tolist()  # the first column repeats the norm

@@ -326,3 +326,29 @@ def test_what_the_kernel_cannot_read_without_a_view_takes_the_path_through_views
         summary = summarize(tensors, batch_size=2, max_neurons=[3, 3])
         np.testing.assert_array_equal(summary.neurons[:, :3].numpy(), base[:, :3].numpy())
     assert fused.read_rows([base], 2, [3]) is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+                                   torch.uint8, torch.bool])
+@pytest.mark.parametrize("special", [None, float("nan"), float("inf"), -float("inf")])
+def test_the_sentinels_reductions_in_the_kernel_equal_torchs(kernel: None, dtype: torch.dtype,
+                                                             special: float | None) -> None:
+    """fused.extremes: what breakpoints/sentinels.py takes from torch (aminmax, vector_norm of the values as float64),
+    for every type it reads; NaN anywhere gives NaN extremes, as aminmax; None where torch must do it."""
+    values = (torch.randn(3, 41, generator=torch.Generator().manual_seed(2)) * 50)
+    if special is not None:
+        if not dtype.is_floating_point:
+            return
+        values[1, 7] = special
+    values = values.to(dtype)
+    low, high, norm = fused.extremes(values)
+    wide = values.double()
+    expected_low, expected_high = (float(v) for v in torch.aminmax(wide))
+    for found, expected in ((low, expected_low), (high, expected_high), (norm, float(torch.linalg.vector_norm(wide)))):
+        assert (found != found and expected != expected) or found == pytest.approx(expected, rel=1e-12)
+    assert fused.extremes(values.t()) is None or values.t().is_contiguous()  # a transposed view: torch's path
+    assert fused.extremes(values[:0]) is None  # empty: the sentinels say so themselves
+    limit = fused.EXTREMES_FLOAT_UP_TO if dtype.is_floating_point else fused.EXTREMES_UP_TO
+    assert fused.extremes(torch.zeros(limit, dtype=dtype)) is not None
+    assert fused.extremes(torch.zeros(limit + 1, dtype=dtype)) is None  # large: torch's vectorised kernels
+    assert fused.extremes(torch.zeros(3, dtype=torch.complex64)) is None

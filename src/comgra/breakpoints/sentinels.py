@@ -81,6 +81,8 @@ class Sentinels:
         self._rows: list[tuple[Any, ...]] = []  # in the order of fmt.SENTINELS_SCHEMA
         self._said: set[tuple[str, str]] = set()
         self.events: list[tuple[int, str, str]] = []  # (training_step, name, event) of the errors seen so far
+        # (min, max, norm) floats of a CPU tensor, or None where it cannot (then torch reduces); set by capture.evidence
+        self.on_host: Callable[[torch.Tensor], tuple[float, float, float] | None] | None = None
 
     @classmethod
     def attach(cls, recorder: Any) -> Sentinels:
@@ -142,6 +144,11 @@ class Sentinels:
             value = float(data.item())
             step.parts.append((value, value, abs(value)))
             return
+        if self.on_host is not None and data.is_cpu:  # a small CPU tensor: one call of a C kernel (capture/fused.py)
+            found = self.on_host(data)
+            if found is not None:
+                step.parts.append(found)
+                return
         norm: Any = math.nan
         if data.is_complex():
             data = data.abs()

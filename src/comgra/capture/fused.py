@@ -35,124 +35,7 @@ import numpy as np
 import torch
 
 from comgra import native_build
-
-SOURCE = r"""
-#include <math.h>
-#include <stdint.h>
-#define LANES 16
-#define BLOCK 1024
-/* Values ahead of the one being read whose cache line is asked for now: the hardware prefetcher alone kept
-   one core at 13-15 GB/s on tensors out of the cache, this at 20-22 GB/s (2 KiB ahead, measured on
-   11.2M values against 1, 4 and 8 KiB). A hint only: the arithmetic and so the results are the same. */
-#define PREFETCH 512
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define MULTIVERSION
-#endif
-
-/* out[0..6) for one row of n values, shifted by k, the mean of its first (up to) 16 values: the sum
-   of (x - k), the sum of (x - k)^2, the sum of |x|, min, max, and k. Shifted sums keep the variance
-   E[(x-k)^2] - E[x-k]^2 exact where |mean| is large against the std (BatchNorm weights near 1). */
-MULTIVERSION
-static void row(const float *x, long n, double *out) {
-    double s = 0, q = 0, a = 0, first = 0;
-    long m = n < LANES ? n : LANES;
-    for (long i = 0; i < m; i++) first += x[i];
-    const float k = m > 0 ? (float)(first / m) : 0.0f;
-    float mn = INFINITY, mx = -INFINITY;
-    for (long i = 0; i < n; i += BLOCK) {
-        long end = i + BLOCK < n ? i + BLOCK : n;
-        float ls[LANES] = {0}, lq[LANES] = {0}, la[LANES] = {0}, lmn[LANES], lmx[LANES];
-        for (int j = 0; j < LANES; j++) { lmn[j] = INFINITY; lmx[j] = -INFINITY; }
-        long j = i;
-        for (; j + LANES <= end; j += LANES) {
-            if (j + PREFETCH < n) __builtin_prefetch(x + j + PREFETCH, 0, 0);
-            for (int l = 0; l < LANES; l++) {
-                float v = x[j + l], d = v - k;
-                ls[l] += d; lq[l] += d * d; la[l] += fabsf(v);
-                lmn[l] = v < lmn[l] ? v : lmn[l];
-                lmx[l] = v > lmx[l] ? v : lmx[l];
-            }
-        }
-        for (; j < end; j++) {
-            float v = x[j], d = v - k;
-            ls[0] += d; lq[0] += d * d; la[0] += fabsf(v);
-            lmn[0] = v < lmn[0] ? v : lmn[0];
-            lmx[0] = v > lmx[0] ? v : lmx[0];
-        }
-        for (int l = 0; l < LANES; l++) {
-            s += ls[l]; q += lq[l]; a += la[l];
-            mn = lmn[l] < mn ? lmn[l] : mn;
-            mx = lmx[l] > mx ? lmx[l] : mx;
-        }
-    }
-    out[0] = s; out[1] = q; out[2] = a; out[3] = mn; out[4] = mx; out[5] = k;
-}
-
-/* x: rows of width values, row r at x + r * stride; out: (6, rows), statistic-major. */
-void comgra_row_sums(const float *x, long rows, long width, long stride, double *out) {
-    double six[6];
-    for (long r = 0; r < rows; r++) {
-        row(x + r * stride, width, six);
-        for (int k = 0; k < 6; k++) out[k * rows + r] = six[k];
-    }
-}
-
-/* count tensors of the same number of rows, tensor t at pointers[t] with widths[t] and strides[t];
-   out: (count, 6, rows). One call for all the tensors of a step: the fixed cost of a call from
-   Python is paid once. */
-void comgra_many_row_sums(long count, const int64_t *pointers, long rows, const int64_t *widths,
-                          const int64_t *strides, double *out) {
-    for (long t = 0; t < count; t++)
-        comgra_row_sums((const float *)(uintptr_t)pointers[t], rows, widths[t], strides[t], out + t * 6 * rows);
-}
-
-/* The first kept[t] values of each row of each tensor, side by side: out is (rows, total), total the sum of
-   kept, tensor t's part at the columns after those of the tensors before it. A copy, so the values are the
-   tensors' to the bit. */
-void comgra_first_values(long count, const int64_t *pointers, long rows, const int64_t *strides,
-                         const int64_t *kept, long total, float *out) {
-    long column = 0;
-    for (long t = 0; t < count; t++) {
-        const float *x = (const float *)(uintptr_t)pointers[t];
-        for (long r = 0; r < rows; r++)
-            for (long j = 0; j < kept[t]; j++) out[r * total + column + j] = x[r * strides[t] + j];
-        column += kept[t];
-    }
-}
-
-/* The statistics of count tensors from their sums (count, 6, rows), into out (rows, count, 8) float32 in
-   the order of STATISTICS, with the double arithmetic of NumPy's finishing in stats.py, op for op (the
-   build turns off contraction into fused multiply-adds, so the results are the same to the bit).
-   flags[t] = 1 where a row of tensor t needs the exact path there: a sum of |x| that is not finite (NaN or
-   inf to count), or a variance that cancels. Such a tensor's part of out is left for the caller. */
-void comgra_finish(long count, long rows, const double *widths, const double *sums, float *out, int8_t *flags) {
-    for (long t = 0; t < count; t++) {
-        const double *s = sums + t * 6 * rows, n = widths[t];
-        int8_t flag = 0;
-        for (long r = 0; r < rows; r++) {
-            double shifted = s[r] / n, variance = s[rows + r] / n - shifted * shifted;
-            if (!isfinite(s[2 * rows + r]) || !isfinite(variance) || !(variance * 3 >= shifted * shifted)) flag = 1;
-        }
-        flags[t] = flag;
-        if (flag) continue;
-        for (long r = 0; r < rows; r++) {
-            double shifted = s[r] / n, variance = s[rows + r] / n - shifted * shifted;
-            double minimum = s[3 * rows + r], maximum = s[4 * rows + r];
-            float *o = out + (r * count + t) * 8;
-            o[0] = (float)(s[5 * rows + r] + shifted);
-            o[1] = (float)(s[2 * rows + r] / n);
-            o[2] = (float)sqrt(variance > 0.0 ? variance : 0.0);
-            o[3] = (float)minimum;
-            o[4] = (float)maximum;
-            o[5] = (float)(-minimum > maximum ? -minimum : maximum);
-            o[6] = 0.0f;
-            o[7] = 0.0f;
-        }
-    }
-}
-"""
+from comgra.capture.fused_source import SOURCE  # a name of this module: tests replace it (see _new_build)
 
 _LOCK = threading.Lock()  # the helper thread's executor
 
@@ -295,6 +178,73 @@ def finish(sums: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return out, np.flatnonzero(flags)
 
 
+def wide_sums(tensors: list[torch.Tensor]) -> np.ndarray | None:
+    """(S, 2) float64: the sum and the sum of squares of each tensor's values, every value widened to float64 before
+    it is added (as exact as torch's float64 reductions), in one call of the kernel for all of them; None while the
+    kernel is not there or a tensor is not contiguous float32 values in the CPU's memory (the caller reduces in
+    torch). The fingerprints of capture/evidence.py: one pass over memory instead of a float64 copy per tensor."""
+    kernel = _kernel()
+    if kernel is None or not tensors or _is_compiling():
+        return None
+    pointers, sizes = [], []
+    for values in tensors:
+        if not _reads(values) or not values.is_contiguous():
+            return None
+        count = values.numel()
+        pointer = values.data_ptr() if count else 0
+        if count and not pointer:
+            return None
+        pointers.append(pointer)
+        sizes.append(count)
+    addresses, counts = np.array(pointers, dtype=np.int64), np.array(sizes, dtype=np.int64)
+    out = np.empty((len(tensors), 2))
+    kernel[4](len(tensors), addresses.ctypes.data, counts.ctypes.data, out.ctypes.data)
+    return out
+
+
+# The sentinels' reductions in the kernel up to this many values (integers; floats up to EXTREMES_FLOAT_UP_TO): a torch
+# call costs 1-2 us of dispatch hot (5-20 in a training loop), the kernel's loop (one value at a time, NaN checked) about
+# 1.2 ns per float and 0.7 per integer; beyond, torch's vectorised kernels win (measured, one thread: 38,400 floats
+# torch 17.5 us, the kernel 50.7; 4,096 floats 5.2 and 7.8; 1,024 or fewer the kernel; integers, which torch first
+# casts, the kernel at every size up to 38,400: 30.5 us against 46.2).
+EXTREMES_UP_TO = 1 << 16
+EXTREMES_FLOAT_UP_TO = 1 << 10
+_KINDS = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3, torch.uint8: 4, torch.bool: 4,
+          torch.int8: 5, torch.int16: 6}
+
+
+def extremes(values: torch.Tensor) -> tuple[float, float, float] | None:
+    """(min, max, L2 norm) of a CPU tensor's values in float64, NaN min and max where a value is NaN (as
+    ``torch.aminmax``), in one call of the kernel; None where the kernel is not there, the tensor is larger than
+    EXTREMES_UP_TO (floats: EXTREMES_FLOAT_UP_TO), empty, not contiguous, or of another type (the caller reduces in
+    torch)."""
+    kernel = _kernel()
+    count = values.numel()
+    kind = _KINDS.get(values.dtype)
+    if kernel is None or kind is None or not 0 < count <= (EXTREMES_FLOAT_UP_TO if kind < 2 else EXTREMES_UP_TO) \
+            or not _plain_cpu(values) \
+            or not values.is_contiguous() or _is_compiling():
+        return None
+    pointer = values.data_ptr()
+    if not pointer:
+        return None
+    out = _THREE()
+    kernel[5](pointer, count, kind, out)
+    low, high, squares = out
+    return low, high, squares ** 0.5
+
+
+_THREE = ctypes.c_double * 3
+
+
+def _plain_cpu(values: torch.Tensor) -> bool:
+    """``_reads`` less the dtype: values of its own in the CPU's memory, dense, nothing lazy."""
+    kind = type(values)
+    return ((kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH)
+            and values.is_cpu and values.layout is torch.strided and not values.is_neg() and not values.is_nested
+            and not _is_functional(values) and not _is_functorch_wrapped(values))
+
+
 def _helper() -> concurrent.futures.ThreadPoolExecutor:
     """One helper thread per process, made at the first shared call (a forked child makes its own)."""
     with _LOCK:
@@ -378,8 +328,10 @@ def _load(library: Path) -> tuple[Any, ...] | None:
     try:
         loaded = ctypes.CDLL(str(library))
         single, many, finish = loaded.comgra_row_sums, loaded.comgra_many_row_sums, loaded.comgra_finish
-        first = loaded.comgra_first_values
-        single.restype = many.restype = finish.restype = first.restype = None
+        first, wide, ends = loaded.comgra_first_values, loaded.comgra_wide_sums, loaded.comgra_extremes
+        single.restype = many.restype = finish.restype = first.restype = wide.restype = ends.restype = None
+        ends.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
+        wide.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         first.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                           ctypes.c_long, ctypes.c_void_p]
         finish.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -403,7 +355,19 @@ def _load(library: Path) -> tuple[Any, ...] | None:
         first(2, arguments[0].ctypes.data, 3, arguments[2].ctypes.data, kept.ctypes.data, 8, values.ctypes.data)
         if not np.array_equal(values, np.concatenate([probe.numpy()[:, :5], second.numpy()[:, :3]], axis=1)):
             raise OSError("the kernel's first values disagree with NumPy")
-        return single, many, finish, first
+        sizes, wide_out = np.array([probe.numel() - 3, 0], dtype=np.int64), np.empty((2, 2))
+        flat = torch.from_numpy(np.random.default_rng(1).standard_normal(probe.numel()).astype(np.float32))
+        wide(2, np.array([flat.data_ptr(), 0], dtype=np.int64).ctypes.data, sizes.ctypes.data, wide_out.ctypes.data)
+        reference = flat.numpy()[:-3].astype(np.float64)
+        if not np.allclose(wide_out, [[reference.sum(), reference @ reference], [0.0, 0.0]], rtol=1e-12, atol=1e-9):
+            raise OSError("the kernel's float64 sums disagree with NumPy")
+        for sample in (flat[:100], flat[:100].double(), (flat[:100] * 100).long(), torch.tensor([3.0, float("nan"), 1.0])):
+            three = _THREE()
+            ends(sample.data_ptr(), sample.numel(), _KINDS[sample.dtype], three)
+            wanted = [float(sample.min()), float(sample.max()), float(sample.double().pow(2).sum())]
+            if not np.allclose(list(three), wanted, rtol=1e-12, equal_nan=True):
+                raise OSError("the kernel's extremes disagree with torch")
+        return single, many, finish, first, wide, ends
     except (OSError, AttributeError):
         return None
 
