@@ -88,7 +88,14 @@ def test_a_poll_while_trials_wait_for_the_scan_looks_at_none_of_them(two_trials,
     monkeypatch.setattr(scan, "detect_all", lambda data, options: release.wait(30) and original(data, options))
     looked: list[str] = []
     signature = findings_module.trial_signature
-    monkeypatch.setattr(findings_module, "trial_signature", lambda trial: looked.append(trial.trial_id) or signature(trial))
+    poller = threading.current_thread()  # the scan's own thread reads its trial's signature too: not a poll's
+
+    def counted(trial):
+        if threading.current_thread() is poller:
+            looked.append(trial.trial_id)
+        return signature(trial)
+
+    monkeypatch.setattr(findings_module, "trial_signature", counted)
     group = tmp_path / "group"
     shutil.copytree(two_trials, group, ignore=shutil.ignore_patterns("analysis"))  # never scanned
     service = RecordingService(group)
