@@ -21,28 +21,24 @@ def _record(recorder, steps: int, model) -> None:
     recorder.finalize()
 
 
-def test_a_listing_torn_by_a_merge_is_listed_again(make_recorder, open_trial, tiny_model) -> None:
+def test_a_listing_torn_by_a_merge_is_listed_again(make_recorder, open_trial, tiny_model, monkeypatch) -> None:
+    from comgra.store import format as fmt
+
     _record(make_recorder({0, 1, 2}), 3, tiny_model)
     trial = open_trial()
-    real_files, real_names = trial._files, trial.chunk_names
-    torn = {"files": 1, "names": 1}
+    real = fmt.chunk_names
+    torn = {"left": 1}
 
-    def files(table: str, rank: int | None = None):
-        listed = real_files(table, rank)
-        if table == "steps" and torn["files"]:
-            torn["files"] -= 1
-            return listed[:-1]  # the merged chunk missed, and the parts it replaced gone before they were reached
-        return listed
+    def chunk_names(folder):
+        names = real(folder)
+        if folder.parent.parent.name == "steps" and torn["left"]:
+            torn["left"] -= 1
+            return []  # the merged chunk missed, and the parts it replaced gone before they were reached
+        return names
 
-    def names(table: str) -> list[str]:
-        if table == "steps" and torn["names"]:
-            torn["names"] -= 1
-            return ["000000000000-000000000000-r000-000000.parquet"]  # before the merge: its first part
-        return real_names(table)
-
-    trial._files, trial.chunk_names = files, names  # type: ignore[method-assign]
+    monkeypatch.setattr(fmt, "chunk_names", chunk_names)
     assert sorted(set(trial.steps()["training_step"].to_pylist())) == [0, 1, 2]
-    assert torn == {"files": 0, "names": 0}
+    assert torn["left"] == 0
 
 
 def test_a_folder_read_torn_by_a_merge_is_read_again(make_recorder, open_trial, tiny_model, monkeypatch) -> None:
