@@ -124,7 +124,7 @@ class StepDriver:
         return self.number + 1 if self.number_of is None else self.number_of()
 
     def _start(self, kind: str, batch_size: int) -> None:
-        number = self.number + 1 if self.number_of is None else self.number_of()
+        number = self.next_number()
         last = self._last_of.get(kind)
         if last is not None and number <= last:  # an optimizer step the framework did not count: never a step twice
             number = last + 1
