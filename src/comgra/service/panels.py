@@ -32,9 +32,9 @@ class PanelQuestions:
                        rank: int = 0, type_of_execution: str | None = None) -> dict[str, dict[str, float | None]]:
         """min / mean / max of every node of one iteration (its first role; the batch mean of a tensor with a
         batch dimension), for the graph's hover cards. One query for the whole step."""
-        row = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)  # once: graph and type
-        graph = self._trials.trial(trial_id).graph(row["graph"])
-        type_of_execution = row["type_of_execution"]
+        step = self.step_row(trial_id, training_step, iteration, rank, type_of_execution)  # once: graph and type
+        graph = self._trials.trial(trial_id).graph(step["graph"])
+        type_of_execution = step["type_of_execution"]
         # also what the next clicks in this step read
         table = self._reads.step_rows(trial_id, training_step, rank, type_of_execution)
         # Filtered in Arrow first: at 1,000 nodes a step has thousands of rows, and Python rows cost.
