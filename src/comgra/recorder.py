@@ -401,7 +401,7 @@ class ComgraRecorder(WatchedTensors):
             self._recording = False
             if self.session is not None and self._kpis.rows:
                 self.session.flush_kpis(self._kpis, force=False)
-            self.instruments.finish_step()
+            self.instruments.finish_step(type_of_execution=self.type_of_execution)
         finally:
             self._end_eager_step()
         if self._breakpoints is not None:  # pauses here when a breakpoint held; raises TrainingAborted on abort

@@ -88,7 +88,7 @@ def _outer_calls(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     outer_end = -math.inf
     for index in order:
         row = rows[index]
-        key = _call_order(row)[:3]
+        key = _call_order(row)[:4]
         if key != group:
             group, outer_end = key, -math.inf
         start: Any = row.get("forward_start")
@@ -103,9 +103,11 @@ def _outer_calls(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [row for index, row in enumerate(rows) if index not in nested] if nested else rows
 
 
-def _call_order(row: Mapping[str, Any]) -> tuple[int, int, str, int]:
+def _call_order(row: Mapping[str, Any]) -> tuple[int, int, str, str, int]:
+    """(rank, step, type, module, call): an evaluation sharing a training step's number is a step of its own."""
     step = row.get("training_step")
-    return int(row.get("rank") or 0), -1 if step is None else int(step), str(row["module"]), int(row.get("call") or 0)
+    return (int(row.get("rank") or 0), -1 if step is None else int(step), str(row.get("type_of_execution") or ""),
+            str(row["module"]), int(row.get("call") or 0))
 
 
 def layer_summary(rows: Iterable[Mapping[str, Any]], phase: str = "forward", *,
@@ -164,6 +166,8 @@ def chrome_trace(rows: Iterable[Mapping[str, Any]], *, trial: str = "") -> dict[
         rank = int(row.get("rank") or 0)
         ranks.add(rank)
         args = {"training_step": row.get("training_step"), "call": row.get("call")}
+        if row.get("type_of_execution") is not None:
+            args["type_of_execution"] = row["type_of_execution"]
         if row.get("forward_flops") is not None:
             args["forward_flops"] = row["forward_flops"]
         if _finite(row.get("forward_start")) and _finite(row.get("forward_time")):

@@ -39,31 +39,39 @@ def detect(data: TrialData, facts: graphs.GraphFacts, options: ScanOptions) -> l
     if not len(layers):
         return []
     findings: list[Finding] = []
-    times = layers.assign(seconds=layers["forward_time"].fillna(0) + layers["backward_time"].fillna(0))
-    per_step = times.groupby(["rank", "module", "training_step"], observed=True).agg(
+    # A step is (training_step, type_of_execution): an evaluation that shares a training step's number is a step of
+    # its own, compared only with the steps of its type (null: a recording from before layers carried the type).
+    kinds = layers["type_of_execution"].fillna("") if "type_of_execution" in layers else ""
+    times = layers.assign(seconds=layers["forward_time"].fillna(0) + layers["backward_time"].fillna(0), kind=kinds)
+    per_step = times.groupby(["rank", "module", "kind", "training_step"], observed=True).agg(
         seconds=("seconds", "sum"), memory=("cuda_allocated_delta", "max")).reset_index()
-    for (rank, module), group in per_step.groupby(["rank", "module"], sort=True, observed=True):
+    for (rank, module, kind), group in per_step.groupby(["rank", "module", "kind"], sort=True, observed=True):
         ordered = group.sort_values("training_step").iloc[WARM_UP_STEPS:]
         if len(ordered) < MIN_STEPS:
             continue
         steps = ordered["training_step"].to_numpy()
-        findings += _spikes(data, str(module), int(rank), steps, ordered["seconds"].to_numpy(np.float64), "time")
+        where = {"rank": int(rank), **({"type_of_execution": str(kind)} if kind else {})}
+        found = _spikes(data, str(module), steps, ordered["seconds"].to_numpy(np.float64), "time")
         memory = ordered["memory"].to_numpy(np.float64)
         if np.isfinite(memory).sum() >= MIN_STEPS:
-            findings += _spikes(data, str(module), int(rank), steps, np.nan_to_num(memory), "memory")
-        findings += _slowdown(data, str(module), int(rank), steps, ordered["seconds"].to_numpy(np.float64))
+            found += _spikes(data, str(module), steps, np.nan_to_num(memory), "memory")
+        found += _slowdown(data, str(module), steps, ordered["seconds"].to_numpy(np.float64))
+        for finding in found:
+            finding.evidence.update(where)
+        findings += found
     return _innermost(findings)
 
 
 def _innermost(findings: list[Finding]) -> list[Finding]:
     """A module's time contains its submodules': a spike or slowdown that a submodule shows too is the submodule's."""
-    def key(finding: Finding) -> tuple[str, int | None, int]:
-        return finding.evidence["problem"], finding.training_step, finding.evidence["rank"]
+    def key(finding: Finding) -> tuple[str, int | None, int, str | None]:
+        evidence = finding.evidence
+        return evidence["problem"], finding.training_step, evidence["rank"], evidence.get("type_of_execution")
     shown = {(f.node, key(f)) for f in findings}
     return [f for f in findings if not any(node.startswith(f.node + ".") and k == key(f) for node, k in shown)]
 
 
-def _spikes(data: TrialData, module: str, rank: int, steps: np.ndarray, values: np.ndarray, what: str) -> list[Finding]:
+def _spikes(data: TrialData, module: str, steps: np.ndarray, values: np.ndarray, what: str) -> list[Finding]:
     running = pd.Series(values).rolling(WINDOW, center=True, min_periods=3).median().to_numpy()
     previous, following = np.r_[values[:1], values[:-1]], np.r_[values[1:], values[-1:]]
     ratio, floor = (SPIKE_RATIO, MIN_SPIKE_SECONDS) if what == "time" else (MEMORY_RATIO, MIN_MEMORY_BYTES)
@@ -83,11 +91,11 @@ def _spikes(data: TrialData, module: str, rank: int, steps: np.ndarray, values: 
     return [Finding(detector="profile_spikes", severity="info" if what == "time" else "warning", score=score,
                     trial=data.trial, node=module, role=None, kind=None, training_step=int(steps[at]),
                     steps=[int(s) for s in steps[spike]], message=message,
-                    evidence={"problem": f"{what}_spike", "value": float(values[at]), "running_median": float(running[at]),
-                              "rank": rank})]
+                    evidence={"problem": f"{what}_spike", "value": float(values[at]),
+                              "running_median": float(running[at])})]
 
 
-def _slowdown(data: TrialData, module: str, rank: int, steps: np.ndarray, seconds: np.ndarray) -> list[Finding]:
+def _slowdown(data: TrialData, module: str, steps: np.ndarray, seconds: np.ndarray) -> list[Finding]:
     quarter = len(seconds) // 4
     first, last = float(np.median(seconds[:quarter])), float(np.median(seconds[-quarter:]))
     if last < SLOWDOWN_RATIO * first or last - first < MIN_SLOWDOWN_SECONDS:
@@ -97,5 +105,4 @@ def _slowdown(data: TrialData, module: str, rank: int, steps: np.ndarray, second
                     kind=None, training_step=step, steps=[int(s) for s in steps[-quarter:]],
                     message=f"{module} slowed down: {last * 1e3:.3g} ms per step over the last quarter of the steps, "
                             f"{first * 1e3:.3g} ms over the first (after warm-up), {last / max(first, 1e-12):.1f}x.",
-                    evidence={"problem": "slowdown", "first_quarter_seconds": first, "last_quarter_seconds": last,
-                              "rank": rank})]
+                    evidence={"problem": "slowdown", "first_quarter_seconds": first, "last_quarter_seconds": last})]

@@ -51,9 +51,9 @@ class Instruments:
         """The step counts FLOPs (see Profiler.counts_flops): the recorder runs it eagerly, as a recorded step."""
         return self.profiler is not None and self.profiler.counts_flops
 
-    def finish_step(self, force: bool = False) -> None:
+    def finish_step(self, force: bool = False, type_of_execution: str | None = None) -> None:
         if self.profiler is not None:
-            self._guarded(lambda profiler: profiler.finish_step())
+            self._guarded(lambda profiler: profiler.finish_step(type_of_execution))
         if self.profiler is not None and self.profiler.unmeasured_steps == 1:
             self.session.warn_once("instrument:compiled", COMPILED_MESSAGE)
         if self.profiler is not None:

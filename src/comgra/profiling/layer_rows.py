@@ -32,7 +32,8 @@ from comgra.profiling.layer_calls import EXTRA, LAYER, Layer
 from comgra.profiling.layer_extras import NO_EXTRA
 from comgra.store import format as fmt
 
-FIELDS = tuple(fmt.LAYERS_SCHEMA.names)
+_SCHEMA = pa.schema([*fmt.LAYERS_SCHEMA, *fmt.ADDED_COLUMNS["layers"]])  # the rows, with the step's type_of_execution
+FIELDS = tuple(_SCHEMA.names)
 _KEPT_SHAPES = 256  # shapes remembered; a model whose call pattern never repeats starts afresh past this
 _KEPT_ROWS = 16384  # flushed rows kept for the history before the layers that need older rows get them one by one
 _FINISH, _START = 0, 2  # event kinds, in backward_slices' order at one moment
@@ -48,11 +49,13 @@ class StepCapture:
     milliseconds with torch loaded). Tuples of numbers are not tracked by the collector. The records stay
     only where a step's statistics or extras refer to them (``drop_records``)."""
 
-    __slots__ = ("step", "records", "columns", "calls", "finishes", "start", "host_start", "statistics",
+    __slots__ = ("step", "kind", "records", "columns", "calls", "finishes", "start", "host_start", "statistics",
                  "grad_norms", "ready")
 
-    def __init__(self, step: int, records: list[list[Any]], finishes: list[Any], start: Any, host_start: float):
+    def __init__(self, step: int, records: list[list[Any]], finishes: list[Any], start: Any, host_start: float,
+                 kind: str | None = None):
         self.step, self.finishes = step, finishes  # finishes: the ends of backward passes
+        self.kind = kind  # the step's type_of_execution: an evaluation may share a training step's number
         self.records: list[list[Any]] | None = records
         self.columns: tuple[tuple[Any, ...], ...] = tuple(zip(*records))  # LAYER ... SUBTREE_END, one tuple each
         self.calls = len(records)
@@ -110,6 +113,7 @@ class _Columns:
 
     def __init__(self) -> None:
         self.steps: list[int] = []
+        self.kinds: list[str | None] = []  # type_of_execution, per row
         self.names: list[str] = []
         self.layer_ids: list[int] = []
         self.calls: list[int] = []
@@ -158,6 +162,7 @@ class LayerRows:
             finishes, offset = [moment for moment in map(seconds, finishes) if moment is not None], 0.0
         count, base = capture.calls, len(columns.steps)
         columns.steps += [capture.step] * count
+        columns.kinds += [capture.kind] * count
         columns.names += shape.names
         columns.layer_ids += shape.layer_ids
         columns.calls += shape.calls
@@ -224,7 +229,8 @@ def _table(columns: _Columns, clock_name: str) -> pa.Table:
               _floats(forward_starts + offsets), _floats(forward_times), _floats(backward_starts), _floats(totals),
               pa.array(columns.output_bytes, pa.int64())]
     arrays += [pa.array(values, field.type) for values, field in zip(columns.extras, list(fmt.LAYERS_SCHEMA)[9:])]
-    return pa.Table.from_arrays(arrays, schema=fmt.LAYERS_SCHEMA)
+    arrays.append(pa.array(columns.kinds, pa.string()))
+    return pa.Table.from_arrays(arrays, schema=_SCHEMA)
 
 
 def _floats(values: np.ndarray) -> pa.Array:

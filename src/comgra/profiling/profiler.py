@@ -227,8 +227,9 @@ class Profiler:
             handle.remove()
         self._norm_handles = []
 
-    def finish_step(self) -> None:
-        """Close the step: its marks wait until they can be read, its rows then wait for ``take``."""
+    def finish_step(self, type_of_execution: str | None = None) -> None:
+        """Close the step (of ``type_of_execution``, which its rows carry): its marks wait until they can be read,
+        its rows then wait for ``take``."""
         records, finishes = self._marks.close()
         self._remove_norm_hooks()
         self._end_flops()
@@ -241,7 +242,7 @@ class Profiler:
             return
         if not records and self._layers:  # the forward ran inside a compiled graph (torch.compile): nothing to time
             self.unmeasured_steps += 1
-        capture = StepCapture(self._step, records, finishes, self._step_start, self._step_host)
+        capture = StepCapture(self._step, records, finishes, self._step_start, self._step_host, type_of_execution)
         if self._detail:
             capture.statistics = to_host([(r, r[EXTRA].statistics) for r in records
                                           if r[EXTRA] is not None and r[EXTRA].statistics is not None])

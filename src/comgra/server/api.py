@@ -280,8 +280,8 @@ class Routes:
             return [str(error)]
         return [f"{layout.chunk_label(Path(p))}: {reason}" for p, reason in reasons.items()]
 
-    def _steps_filter(self) -> dict[str, int | None]:
-        return {"first_step": int_arg("first_step"), "last_step": int_arg("last_step")}
+    def _steps_filter(self) -> dict[str, Any]:  # execution: the steps' type_of_execution (none: every type)
+        return {"first_step": int_arg("first_step"), "last_step": int_arg("last_step"), "execution": str_arg("execution")}
 
     # -- routes ---------------------------------------------------------------------------------
     def index(self) -> Response:

@@ -57,7 +57,9 @@ def _path(name: str, description: str) -> dict[str, Any]:
 _TRIAL = _path("trial", "A trial id, as listed by /trials.")
 _INT = {"type": "integer", "minimum": -(2**62) + 1, "maximum": 2**62 - 1}  # what api.int_arg accepts
 _STEP_RANGE = [_query("first_step", _INT, "Only training steps >= this."),
-               _query("last_step", _INT, "Only training steps <= this.")]
+               _query("last_step", _INT, "Only training steps <= this."),
+               _query("execution", {"type": "string"}, "Only steps of this type_of_execution (training, evaluation, "
+                      "...; an evaluation may share a training step's number). Default: every type.")]
 _RANK = _query("rank", _INT, "A torch.distributed rank (default: the lowest that recorded).")
 _EXECUTION = _query("execution", {"type": "string"}, "A type of execution (training, evaluation, ...): an evaluation may "
                     "share a training step's number. Default: the type most steps have, where several share it.")

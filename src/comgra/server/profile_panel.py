@@ -24,6 +24,8 @@ SLOWEST = 20  # rows of the slowest-layers table
 
 class ID:
     PHASE = "profile-phase"
+    EXECUTION = "profile-execution"
+    EXECUTION_BOX = "profile-execution-box"
     FIRST_STEP = "profile-first-step"
     LAST_STEP = "profile-last-step"
     FLAME = "profile-flame"
@@ -57,6 +59,9 @@ def profile_panel() -> html.Div:
                     html.Span("–"),
                     dcc.Input(id=ID.LAST_STEP, type="number", min=0, step=1, placeholder="last", debounce=True,
                               className="form-control form-control-sm step-bound")])]),
+            html.Div(id=ID.EXECUTION_BOX, className="selector", style={"display": "none"}, children=[
+                html.Label("Execution", htmlFor=ID.EXECUTION, className="form-label"),
+                dcc.RadioItems(id=ID.EXECUTION, inline=True, className="execution-radio", options=[])]),
             html.Div(id=ID.LINKS, className="profile-links d-flex gap-3"),
         ]),
         html.Div(id=ID.FLAME, className="profile-flame"),
@@ -217,9 +222,10 @@ def step_bound(value: Any) -> int | None:
 
 
 def profile_view(service: RecordingService, trial: str, phase: str, first_step: int | None = None,
-                 last_step: int | None = None) -> dict[str, Any]:
-    """The views of the training steps from ``first_step`` to ``last_step`` (both included; None: no bound)."""
-    steps = {"first_step": first_step, "last_step": last_step}
+                 last_step: int | None = None, execution: str | None = None) -> dict[str, Any]:
+    """The views of the steps from ``first_step`` to ``last_step`` (both included; None: no bound) of type
+    ``execution`` (None: every type)."""
+    steps: dict[str, Any] = {"first_step": first_step, "last_step": last_step, "execution": execution}
     nodes = service.flame_graph(trial, phase, **steps)
     suffix = "" if first_step is None and last_step is None else \
         f"-steps-{'' if first_step is None else first_step}-{'' if last_step is None else last_step}"
@@ -258,20 +264,30 @@ PANELS = {"profile": profile_panel, "resources": resources_panel}  # tab -> skel
 # -- callbacks -------------------------------------------------------------------------------------
 def register(app: Dash, service: RecordingService, *, tabs: str, current_trial: str, data_version: str) -> None:
     @app.callback(Output(ID.FLAME, "children"), Output(ID.TABLE, "children"), Output(ID.LINKS, "children"),
+                  Output(ID.EXECUTION, "options"), Output(ID.EXECUTION, "value"), Output(ID.EXECUTION_BOX, "style"),
                   Input(tabs, "active_tab"), Input(current_trial, "data"), Input(ID.PHASE, "value"),
-                  Input(data_version, "data"), Input(ID.FIRST_STEP, "value"), Input(ID.LAST_STEP, "value"))
-    def update_profile(active: str, trial: Any, phase: Any, _version: Any, first: Any, last: Any) -> Any:
+                  Input(data_version, "data"), Input(ID.FIRST_STEP, "value"), Input(ID.LAST_STEP, "value"),
+                  Input(ID.EXECUTION, "value"))
+    def update_profile(active: str, trial: Any, phase: Any, _version: Any, first: Any, last: Any,
+                       execution: Any) -> Any:
         if active != "profile":
-            return no_update, no_update, no_update
+            return (no_update,) * 6
         trial = _trial(service, trial)
         if trial is None:
-            return html.P("This recording has no trials yet."), None, None
+            return html.P("This recording has no trials yet."), None, None, [], None, {"display": "none"}
         phase = phase if phase in ("forward", "backward") else "forward"
         try:
-            view = profile_view(service, trial, phase, step_bound(first), step_bound(last))
+            # Where evaluations share training steps' numbers, one type at a time (the most profiled first):
+            # a flame graph or a step's time over both would add up two different executions.
+            types = service.layer_types(trial)
+            chosen = execution if execution in types else (types[0] if types else None)
+            selector = ([{"label": f" {kind} ", "value": kind} for kind in types], chosen,
+                        {} if len(types) > 1 else {"display": "none"})
+            view = profile_view(service, trial, phase, step_bound(first), step_bound(last),
+                                chosen if len(types) > 1 else None)
         except ComgraError as error:
-            return html.P(str(error), className="text-danger"), None, None
-        return view["flame"], view["table"], view["links"]
+            return html.P(str(error), className="text-danger"), None, None, [], None, {"display": "none"}
+        return view["flame"], view["table"], view["links"], *selector
 
     @app.callback(Output(ID.RESOURCES, "children"), Output(ID.RESOURCES_STATUS, "children"),
                   Output(ID.RESOURCES_LINKS, "children"),

@@ -188,8 +188,12 @@ class RecordingService:
         return self.live_questions.layer_table(trial_id, rank=rank)
 
     def layer_rows(self, trial_id: str, *, rank: int | None = None, first_step: int | None = None,
-                   last_step: int | None = None) -> list[dict[str, Any]]:
-        return self.live_questions.layer_rows(trial_id, rank=rank, first_step=first_step, last_step=last_step)
+                   last_step: int | None = None, execution: str | None = None) -> list[dict[str, Any]]:
+        return self.live_questions.layer_rows(trial_id, rank=rank, first_step=first_step, last_step=last_step,
+                                              execution=execution)
+
+    def layer_types(self, trial_id: str) -> list[str]:
+        return self.live_questions.layer_types(trial_id)
 
     def layers(self, trial_id: str) -> list[dict[str, Any]]:
         return self.live_questions.layers(trial_id)
@@ -198,17 +202,20 @@ class RecordingService:
         return self.live_questions.layer_history(trial_id, module, limit=limit)
 
     def profile_summary(self, trial_id: str, phase: str = "forward", *, limit: int | None = None,
-                        first_step: int | None = None, last_step: int | None = None) -> list[dict[str, Any]]:
+                        first_step: int | None = None, last_step: int | None = None,
+                        execution: str | None = None) -> list[dict[str, Any]]:
         return self.live_questions.profile_summary(trial_id, phase, limit=limit, first_step=first_step,
-                                                   last_step=last_step)
+                                                   last_step=last_step, execution=execution)
 
     def flame_graph(self, trial_id: str, phase: str = "forward", *, first_step: int | None = None,
-                    last_step: int | None = None) -> list[dict[str, Any]]:
-        return self.live_questions.flame_graph(trial_id, phase, first_step=first_step, last_step=last_step)
+                    last_step: int | None = None, execution: str | None = None) -> list[dict[str, Any]]:
+        return self.live_questions.flame_graph(trial_id, phase, first_step=first_step, last_step=last_step,
+                                               execution=execution)
 
     def chrome_trace(self, trial_id: str, *, first_step: int | None = None,
-                     last_step: int | None = None) -> dict[str, Any]:
-        return self.live_questions.chrome_trace(trial_id, first_step=first_step, last_step=last_step)
+                     last_step: int | None = None, execution: str | None = None) -> dict[str, Any]:
+        return self.live_questions.chrome_trace(trial_id, first_step=first_step, last_step=last_step,
+                                                execution=execution)
 
     def resource_status(self, trial_id: str) -> list[dict[str, Any]]:
         return self.live_questions.resource_status(trial_id)

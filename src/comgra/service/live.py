@@ -32,13 +32,26 @@ class LiveQuestions:
         return self._trials.trial(trial_id).layers(rank)
 
     def layer_rows(self, trial_id: str, *, rank: int | None = None, first_step: int | None = None,
-                   last_step: int | None = None) -> list[dict[str, Any]]:
+                   last_step: int | None = None, execution: str | None = None) -> list[dict[str, Any]]:
+        """The rows of the steps from ``first_step`` to ``last_step`` (None: no bound) of type ``execution``
+        (None: every type; rows written before layers carried the type match any)."""
         table = self.layer_table(trial_id, rank=rank)
         if first_step is not None:
             table = table.filter(pc.greater_equal(table["training_step"], first_step))
         if last_step is not None:
             table = table.filter(pc.less_equal(table["training_step"], last_step))
+        if execution is not None and "type_of_execution" in table.column_names:
+            kinds = table["type_of_execution"]
+            table = table.filter(pc.or_kleene(pc.is_null(kinds), pc.equal(kinds, execution)))
         return table.to_pylist()
+
+    def layer_types(self, trial_id: str) -> list[str]:
+        """The types of execution (training, evaluation, ...) of the profiled steps, the most profiled first."""
+        table = self.layer_table(trial_id)
+        if "type_of_execution" not in table.column_names or not table.num_rows:
+            return []
+        counts = pc.value_counts(table["type_of_execution"].drop_null()).to_pylist()
+        return [c["values"] for c in sorted(counts, key=lambda c: (-c["counts"], c["values"]))]
 
     def layers(self, trial_id: str) -> list[dict[str, Any]]:
         """Each profiled module once: its name, parent, executions and forward time summary."""
@@ -65,18 +78,19 @@ class LiveQuestions:
         return rows[-limit:] if limit > 0 else []
 
     def profile_summary(self, trial_id: str, phase: str = "forward", *, limit: int | None = None,
-                        first_step: int | None = None, last_step: int | None = None) -> list[dict[str, Any]]:
-        rows = self.layer_rows(trial_id, first_step=first_step, last_step=last_step)
+                        first_step: int | None = None, last_step: int | None = None,
+                        execution: str | None = None) -> list[dict[str, Any]]:
+        rows = self.layer_rows(trial_id, first_step=first_step, last_step=last_step, execution=execution)
         return [s.to_dict() for s in profile_analysis.layer_summary(rows, phase, limit=limit)]
 
     def flame_graph(self, trial_id: str, phase: str = "forward", *, first_step: int | None = None,
-                    last_step: int | None = None) -> list[dict[str, Any]]:
-        rows = self.layer_rows(trial_id, first_step=first_step, last_step=last_step)
+                    last_step: int | None = None, execution: str | None = None) -> list[dict[str, Any]]:
+        rows = self.layer_rows(trial_id, first_step=first_step, last_step=last_step, execution=execution)
         return [n.to_dict() for n in profile_analysis.flame_graph(rows, phase)]
 
     def chrome_trace(self, trial_id: str, *, first_step: int | None = None,
-                     last_step: int | None = None) -> dict[str, Any]:
-        rows = self.layer_rows(trial_id, first_step=first_step, last_step=last_step)
+                     last_step: int | None = None, execution: str | None = None) -> dict[str, Any]:
+        rows = self.layer_rows(trial_id, first_step=first_step, last_step=last_step, execution=execution)
         return profile_analysis.chrome_trace(rows, trial=trial_id)
 
     # -- resources -------------------------------------------------------------------------------

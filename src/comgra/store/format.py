@@ -180,6 +180,7 @@ SENTINELS_SCHEMA = pa.schema(
 # an evaluation may share its number with a training step (the Trainer's ``global_step``). A null (every chunk
 # written before the column) is the type the steps table gives that step number, which was unique then.
 ADDED_COLUMNS: dict[str, tuple[pa.Field, ...]] = {"kpis": (pa.field("wall_time", pa.float64()),),
+                                                  "layers": (pa.field("type_of_execution", pa.string()),),
                                                   "sentinels": (pa.field("value_min", pa.float64()),
                                                                 pa.field("value_max", pa.float64())),
                                                   "tensors": (pa.field("type_of_execution", pa.string()),)}
