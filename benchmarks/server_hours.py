@@ -11,6 +11,11 @@ Printed per mode: RSS samples, the Theil-Sen slope of RSS over the second half (
 interval; bound 0.5), the findings answers' times (p50, max, how many took over 2 s) and how many were marked
 ``refreshing`` (the last result while a newer scan runs); and the load average it all ran at.
 
+``--memray DIR`` tracks each server with memray (native stacks, aggregated) until ``--memray-stops`` (seconds, one per
+server in order): ``DIR/server-N.bin`` then holds the allocations still alive at that moment, by stack (read them
+with ``memray.FileReader(...).get_leaked_allocation_records()``; two servers of one mode stopped at 5 and 10 minutes
+show what grew in between). memray's own tables inflate RSS while it tracks: read the slope without it.
+
     python benchmarks/server_hours.py                    # 15 minutes, 20 clients per server
     python benchmarks/server_hours.py --seconds 120 --clients 5   # a quick look
 """

@@ -95,11 +95,14 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
                 "kept_tables": sum(len(r._small._cache) for r in readers),
                 "graphs": sum(len(r._graphs) for r in readers),
                 "duckdb": sum(c.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
-                              or 0 for c in [r._duck.connection for r in readers] if c is not None) / 2**20,
+                              or 0 for c in map(connection_of, readers) if c is not None) / 2**20,
                 "smaps": smaps_mib()}
         with open(breakdown + ".tmp", "w") as out:
             json.dump(data, out)
         os.replace(breakdown + ".tmp", breakdown)
+    def connection_of(reader):  # the reader's DuckDB connection, in this tree and in older ones
+        duck = getattr(reader, "_duck", None)
+        return duck.connection if duck is not None else getattr(reader, "_connection", None)
     def smaps_mib():  # resident anonymous memory by kind of mapping: glibc's [heap], other anonymous maps, files
         kinds, kind, maps = {"heap": 0, "anon": 0, "file": 0}, "file", []
         with open("/proc/self/smaps") as lines:
