@@ -11,6 +11,11 @@ Printed per mode: RSS samples, the Theil-Sen slope of RSS over the second half (
 interval; bound 0.5), the findings answers' times (p50, max, how many took over 2 s) and how many were marked
 ``refreshing`` (the last result while a newer scan runs); and the load average it all ran at.
 
+``--memray DIR`` tracks each server with memray (native stacks, aggregated) until ``--memray-stops`` (seconds, one per
+server in order): ``DIR/server-N.bin`` then holds the allocations still alive at that moment, by stack (read them
+with ``memray.FileReader(...).get_leaked_allocation_records()``; two servers of one mode stopped at 5 and 10 minutes
+show what grew in between). memray's own tables inflate RSS while it tracks: read the slope without it.
+
     python benchmarks/server_hours.py                    # 15 minutes, 20 clients per server
     python benchmarks/server_hours.py --seconds 120 --clients 5   # a quick look
 """
@@ -48,7 +53,7 @@ memory = _server_memory()
 
 
 def start_server(group: Path, findings_scan: bool, source: str | None = None,
-                 breakdown: Path | None = None) -> tuple[subprocess.Popen, str]:
+                 breakdown: Path | None = None, memray_file: Path | None = None) -> tuple[subprocess.Popen, str]:
     """``comgra`` on ``group`` (through server_memory's wrapper: comgra's own CLI, which tells where its memory is
     on SIGUSR2 into ``breakdown``); ``source``: another tree's ``src`` folder to run instead (a baseline)."""
     options = [] if findings_scan else ["--no-findings-scan"]
@@ -57,6 +62,8 @@ def start_server(group: Path, findings_scan: bool, source: str | None = None,
         env["PYTHONPATH"] = source
     if breakdown is not None:
         env["COMGRA_BENCH_BREAKDOWN"] = str(breakdown)
+    if memray_file is not None:
+        env["COMGRA_BENCH_MEMRAY"] = str(memray_file)
     process = subprocess.Popen([sys.executable, "-c", memory.SERVER, "--path", str(group), "--port", "0", *options],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     assert process.stdout is not None
@@ -110,7 +117,8 @@ class FindingsClient:
 
 
 def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float,
-           breakdowns: dict[str, Path] | None = None) -> dict[str, list[tuple[float, ...]]]:
+           breakdowns: dict[str, Path] | None = None,
+           untrack_at: dict[str, float] | None = None) -> dict[str, list[tuple[float, ...]]]:
     """(seconds since the start, RSS MiB, load average) per server, sampled at the same moments; every 60 s each
     server's breakdown (``server_memory.breakdown_of``: Arrow's pool, glibc's heap, DuckDB, mappings) is printed."""
     import signal
@@ -121,7 +129,11 @@ def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float,
     samples: dict[str, list[tuple[float, ...]]] = {mode: [] for mode in servers}
     began = time.monotonic()
     print("  seconds  " + "  ".join(f"{mode:>22}" for mode in servers) + "  load", flush=True)
+    untrack = dict(untrack_at or {})
     while (now := time.monotonic() - began) < seconds:
+        for mode in [m for m, at in untrack.items() if now >= at]:  # memray: what this server holds now
+            servers[mode].send_signal(signal.SIGHUP)
+            del untrack[mode]
         load = os.getloadavg()[0]
         for mode, process in watched.items():
             samples[mode].append((now, process.memory_info().rss / 2**20, load))
@@ -149,9 +161,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if mode in sources and sources[mode] is None:
                     modes[f"{mode}, {name or 'baseline'}"], sources[f"{mode}, {name or 'baseline'}"] = scan, source
     servers, urls, breakdowns = {}, {}, {}
-    for mode, scan in modes.items():
+    stops = [float(s) for s in args.memray_stops.split(",")] if args.memray else []
+    untrack_at = {}
+    for index, (mode, scan) in enumerate(modes.items()):
         breakdowns[mode] = root / f"breakdown-{len(breakdowns)}.json"
-        servers[mode], urls[mode] = start_server(root / memory.GROUP, scan, sources[mode], breakdowns[mode])
+        tracked = None
+        if args.memray:
+            tracked = Path(args.memray) / f"server-{index}.bin"
+            untrack_at[mode] = stops[index % len(stops)] if stops else args.seconds - 2 * args.sample_every
+            print(f"{mode}: memray into {tracked}, until {untrack_at[mode]:g} s", flush=True)
+        servers[mode], urls[mode] = start_server(root / memory.GROUP, scan, sources[mode], breakdowns[mode], tracked)
     stop = threading.Event()
     threads, tallies, finders = [], {}, {}
     for mode, url in urls.items():
@@ -164,7 +183,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         thread.start()
     print(f"{args.clients} REST clients per server for {args.seconds:g} s; servers {urls}", flush=True)
     try:
-        samples = sample(servers, args.seconds, args.sample_every, breakdowns)
+        samples = sample(servers, args.seconds, args.sample_every, breakdowns, untrack_at)
     finally:
         stop.set()
         for thread in threads:
@@ -212,6 +231,11 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--modes", default="findings scan,no findings scan", help="which servers, comma-separated")
     result.add_argument("--baseline-src", help="other trees' src folders, [NAME=]SRC,...: one more server per mode "
                                                "runs each (e.g. the code before a change, from git archive), side by side")
+    result.add_argument("--memray", metavar="DIR", help="track each server with memray (native stacks, aggregated) "
+                                                        "into DIR/server-N.bin until --memray-stops (then: memray "
+                                                        "stats / flamegraph --leaks DIR/server-N.bin)")
+    result.add_argument("--memray-stops", default="", help="seconds at which each server (in order) stops tracking, "
+                                                           "comma-separated (default: near the end)")
     return result
 
 

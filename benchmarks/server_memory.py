@@ -94,12 +94,15 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
                 "threads": threading.active_count(), "readers": len(readers),
                 "kept_tables": sum(len(r._small._cache) for r in readers),
                 "graphs": sum(len(r._graphs) for r in readers),
-                "duckdb": sum(r._connection.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
-                              or 0 for r in readers if r._connection is not None) / 2**20,
+                "duckdb": sum(c.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
+                              or 0 for c in map(connection_of, readers) if c is not None) / 2**20,
                 "smaps": smaps_mib()}
         with open(breakdown + ".tmp", "w") as out:
             json.dump(data, out)
         os.replace(breakdown + ".tmp", breakdown)
+    def connection_of(reader):  # the reader's DuckDB connection, in this tree and in older ones
+        duck = getattr(reader, "_duck", None)
+        return duck.connection if duck is not None else getattr(reader, "_connection", None)
     def smaps_mib():  # resident anonymous memory by kind of mapping: glibc's [heap], other anonymous maps, files
         kinds, kind, maps = {"heap": 0, "anon": 0, "file": 0}, "file", []
         with open("/proc/self/smaps") as lines:
@@ -118,6 +121,15 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
             json.dump([m for m in maps if m[2] != "file"], out)
         return {k: v / 1024 for k, v in kinds.items()}
     signal.signal(signal.SIGUSR2, tell)
+tracked = os.environ.get("COMGRA_BENCH_MEMRAY")
+if tracked:  # memray (native stacks, aggregated) from here until SIGHUP: what is still held then, by stack
+    import memray
+    tracker = memray.Tracker(tracked, native_traces=True, file_format=memray.FileFormat.AGGREGATED_ALLOCATIONS)
+    tracker.__enter__()
+    def untrack(*_):
+        tracker.__exit__(None, None, None)
+        print(f"memray: tracking stopped, {tracked} written", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGHUP, untrack)
 from comgra.cli.app import run
 sys.argv = ["comgra", *sys.argv[1:]]
 run()

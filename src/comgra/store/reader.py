@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from comgra.errors import SelectionError, StoreError, did_you_mean
 from comgra.store import format as fmt
 from comgra.store import chunk_checks, layout, remote, validation
+from comgra.store.duck_connection import ReaderConnection
 from comgra.store.series_read import SeriesReader
 from comgra.store.small_tables import SmallTables
 
@@ -128,8 +129,7 @@ class TrialReader:
         self._graphs: dict[str, fmt.GraphDocument] = {}
         self._lock = threading.Lock()
         # Opened on the first query (4 MiB each): a trial only listed or scanned (with pyarrow) never opens one.
-        self._connection: duckdb.DuckDBPyConnection | None = None
-        self._local = threading.local()
+        self._duck = ReaderConnection()  # opened again once the footers it keeps of chunks gone pass a size
         self._series_reader = SeriesReader(fill=fill)
         # (path, size, mtime) of a chunk -> its schema passed, and the pages that passed their checksums
         self._checks = chunk_checks.ChunkChecks(fill)
@@ -378,7 +378,8 @@ class TrialReader:
                 key = (layout.rank_of_chunk(p) if self.format_version >= 3 else None, self._has_type(p))
                 groups.setdefault(key, []).append(validation.glob_escaped(p))
             sql = f"SELECT {select} FROM {self._tensors_source(list(groups))} WHERE {where}"
-            return self._cursor().sql(sql, params=[*groups.values(), *values]).to_arrow_table()
+            self._duck.reading(paths)
+            return self._duck.cursor().sql(sql, params=[*groups.values(), *values]).to_arrow_table()
 
         try:
             return run(files)
@@ -402,17 +403,6 @@ class TrialReader:
             return f'(SELECT * EXCLUDE ("rank"), {null_type}"rank" FROM read_parquet(?))'
         return f'(SELECT *, {null_type}CAST(0 AS INTEGER) AS "rank" FROM read_parquet(?))'
 
-    def _cursor(self) -> duckdb.DuckDBPyConnection:
-        cursor = getattr(self._local, "cursor", None)
-        if cursor is None:
-            with self._lock:
-                if self._connection is None:
-                    self._connection = duckdb.connect()
-                    # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
-                    self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
-            cursor = self._local.cursor = self._connection.cursor()
-        return cursor
-
     # -- files -------------------------------------------------------------------------------------
     def _files(self, table: str, rank: int | None = None) -> list[Path]:
         """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
@@ -420,6 +410,8 @@ class TrialReader:
         folders = layout.table_dirs(self.directory, table, self.format_version)
         visible = [p for folder in folders for p in fmt.visible_chunks(
             [p for p in fmt.settled_chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
+        if table == "tensors":
+            self._duck.listed(visible)  # what DuckDB keeps of chunks merged away is bounded
         return visible if rank is None else [p for p in visible if layout.rank_of_chunk(p) == rank]
 
     def _own_chunk(self, path: Path) -> bool:
