@@ -215,3 +215,40 @@ def test_the_app_answers_each_request_inside_the_services_answering(two_trials, 
     app = create_app(two_trials, warm_up=False, findings_scan=False)
     assert app.server.test_client().get("/api/v1/runs").status_code == 200
     assert len(entered) == 1
+
+
+def test_the_scanner_imports_its_libraries_a_part_at_a_time_when_the_app_is_quiet(two_trials, tmp_path) -> None:
+    """scipy and scikit-learn took 1.5-2.5 s of the GIL in one piece when the scanner first ran, whatever the app
+    was answering: they are imported a part at a time, each after the scanner waited for quiet (a fresh interpreter,
+    in which none is imported yet)."""
+    import subprocess
+    import sys
+
+    group = tmp_path / "group"
+    shutil.copytree(two_trials, group, ignore=shutil.ignore_patterns("analysis"))  # never scanned
+    program = f"""
+import sys, threading
+from comgra.service import RecordingService
+from comgra.service import findings
+findings.WAIT_AT_MOST_SECONDS = 60.0
+seen = []  # how many of the libraries were imported at each wait for quiet
+wait_quiet = findings.Foreground.wait_quiet
+def counted(self, *args, **kwargs):
+    seen.append(sum(n in sys.modules for n in findings.LIBRARIES))
+    return wait_quiet(self, *args, **kwargs)
+findings.Foreground.wait_quiet = counted
+service = RecordingService({str(group)!r})
+with service.answering():
+    service.findings_progress()
+    threading.Event().wait(1.5)
+    print("while answering:", sorted(n for n in findings.LIBRARIES if n in sys.modules))
+print("pending:", service.findings_progress(wait_seconds=120).pending)
+print("after:", sorted(n for n in findings.LIBRARIES if n not in sys.modules))
+print("waits before the first trial:", len(set(seen)) - 1)
+service.close()
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["while answering: []", "pending: []", "after: []"]
+    assert int(lines[3].rpartition(" ")[2]) >= 5  # waited between the parts (not only before the first trial)

@@ -10,8 +10,10 @@ detectors: a recording that was ever scanned opens its Findings tab complete.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +41,10 @@ MAX_SCAN_THREADS = 1
 # Its work holds the GIL: the Runs rows of 1,000 trials asked on a fresh app took twice their CPU time beside it.
 QUIET_SECONDS = 0.25
 WAIT_AT_MOST_SECONDS = 2.0
+# The detectors' libraries, imported by the scanner before its first trial a part at a time, each when the app is quiet:
+# whole, they took 1.5-2.5 s of the GIL in one piece (scipy.stats most of it), whatever the app was answering then.
+LIBRARIES = ("scipy.linalg", "scipy.sparse", "scipy.special", "scipy.optimize", "scipy.spatial", "scipy.integrate",
+             "scipy.stats", "sklearn.utils", "sklearn.tree", "sklearn.ensemble", "comgra.analysis.detectors")
 
 
 def finding_link(finding: Finding) -> str:
@@ -277,6 +283,7 @@ class FindingsWorker:
 
     def _work(self) -> None:
         try:
+            self._import_quietly()
             while True:
                 self.foreground.wait_quiet(stop=lambda: self._closed)
                 with self._changed:
@@ -289,6 +296,16 @@ class FindingsWorker:
             with self._changed:
                 self._threads -= 1
                 self._changed.notify_all()
+
+    def _import_quietly(self) -> None:
+        for name in LIBRARIES:
+            if name in sys.modules:
+                continue
+            self.foreground.wait_quiet(stop=lambda: self._closed)
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the scan imports them again and reports what fails
+                return
 
     @property
     def _scan_group(self) -> GroupReader:
