@@ -10,9 +10,14 @@ Printed, each measured in this one run (before and after interleaved, medians of
 - ``GET /trials/<t>/kpis`` of a 20,000-step trial: every point (``max_points=0``, the answer before) and the
   default answer (each curve cut to 2,000 points, keeping every bucket's extremes);
 - the Runs view in Chromium at 1280x800 (``--browser``, on by default): from clicking the tab on a freshly
-  started app, never scanned, to the first rows drawn, two ways (``FIRST_PAGE_MODES``: cold, the rows computed at
-  the click; served, as ``comgra serve`` opens it), the regex filter (typing to the rows shown) and a sort
-  (clicking a header to the rows reordered).
+  started app (a process of its own), never scanned, to the first rows drawn, three ways (``FIRST_PAGE_MODES``:
+  cold, the rows computed at the click; at once, as ``comgra serve`` opens it, clicked at once; served, clicked once
+  the first page settled), with the server's CPU over that time; the regex filter (typing to the rows shown) and a
+  sort (clicking a header to the rows reordered). With ``--baseline-src`` every one of them also for those sources,
+  interleaved with this checkout's:
+
+    git archive a311d6b src | tar -x -C /tmp/base
+    python benchmarks/runs_view.py --trials 1000 --browser-only --repeat 2 --baseline-src /tmp/base/src
 
 The load average is printed with the figures: on a shared machine they are noisy, the ratios less so.
 """
@@ -21,8 +26,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 import sweep_group  # noqa: E402
 
-from comgra.server.app import create_app, make_http_server, url_of  # noqa: E402
+from comgra.server.app import create_app  # noqa: E402
 from comgra.service import RecordingService  # noqa: E402
 from comgra.store.reader import GroupReader  # noqa: E402
 
@@ -146,12 +151,24 @@ _IN_PAGE_CLOCKS = """() => {
 }"""
 
 
-# The two ways a first page of the Runs tab is timed, alternated in one run:
+# The ways a first page of the Runs tab is timed, alternated in one run:
 #   "cold": an app made with warm_up=False, the tab clicked as soon as the tabs are on the page: the rows are computed
-#           at the click, while the app's own first page is still being answered (what this benchmark timed before);
-#   "served": the app as ``comgra serve`` makes it (warm_up=True: the Runs rows are computed after the first page's
-#           question), the tab clicked once the first page settled (no request for 1 s, or 30 s at most).
-FIRST_PAGE_MODES = ("cold", "served")
+#           at the click, while the app's own first page is still being answered;
+#   "at once": the app as ``comgra serve`` makes it (warm_up=True: the Runs rows are computed after the first page's
+#           question), the tab clicked as soon as the tabs are on the page;
+#   "served": the same app, the tab clicked once the first page settled (no request for 1 s, or 30 s at most).
+FIRST_PAGE_MODES = ("cold", "at once", "served")
+
+# The app in a process of its own, from the sources on its PYTHONPATH (this checkout's, or --baseline-src): it prints
+# its address, then serves until killed.
+_SERVER = """
+import sys
+from comgra.server.app import create_app, make_http_server, url_of
+app = create_app(sys.argv[1], warm_up=sys.argv[2] == "1", poll_seconds=600)
+server = make_http_server(app, port=0)
+print(url_of(server), flush=True)
+server.serve_forever()
+"""
 
 
 def _forget_findings(group_dir: Path) -> None:
@@ -173,51 +190,72 @@ def _settled(page, quiet_s: float = 1.0, at_most_s: float = 30.0) -> float:
     return time.perf_counter() - started
 
 
-def browser(group_dir: Path, repeat: int) -> None:
+def _started_server(group_dir: Path, sources: Path, warm_up: bool) -> tuple[subprocess.Popen, str]:
+    process = subprocess.Popen([sys.executable, "-c", _SERVER, str(group_dir), "1" if warm_up else "0"],
+                               env={**os.environ, "PYTHONPATH": str(sources)}, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    return process, process.stdout.readline().strip() if process.stdout else ""
+
+
+def _process_cpu(process: subprocess.Popen) -> float:
+    """The CPU seconds (user + system, all threads) of a running process so far."""
+    fields = Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
+    """Each version's app (name -> its sources) in a process of its own, the versions and modes interleaved."""
     from playwright.sync_api import sync_playwright
 
+    first: dict[tuple[str, str], list[float]] = {(v, m): [] for v in versions for m in FIRST_PAGE_MODES}
+    cpu: dict[tuple[str, str], list[float]] = {(v, m): [] for v in versions for m in FIRST_PAGE_MODES}
+    measured: dict[str, dict[str, list[float]]] = {v: {"filter": [], "sort": [], "in filter": [], "in sort": []}
+                                                   for v in versions}
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium",
                                               args=["--no-sandbox", "--disable-gpu"])
         try:
-            first: dict[str, list[float]] = {mode: [] for mode in FIRST_PAGE_MODES}
-            waits: list[float] = []
-            filters, sorts, inside_filters, inside_sorts = [], [], [], []
             for _ in range(repeat):
-                for mode in FIRST_PAGE_MODES:  # interleaved
-                    _forget_findings(group_dir)  # each app opens the group as never scanned: its scanner starts over
-                    server = make_http_server(create_app(group_dir, warm_up=mode == "served", poll_seconds=600),
-                                              port=0)
-                    thread = threading.Thread(target=server.serve_forever, daemon=True)
-                    thread.start()
-                    page = chromium.new_context(viewport={"width": 1280, "height": 800}).new_page()
-                    page.set_default_timeout(120_000)
-                    page.goto(url_of(server))
-                    page.wait_for_selector("#tabs")
-                    if mode == "served":
-                        waits.append(_settled(page))
-                    started = time.perf_counter()
-                    page.get_by_role("tab", name="Runs").click()
-                    page.wait_for_selector("#runs-grid .ag-center-cols-container .ag-row")
-                    first[mode].append(time.perf_counter() - started)
-                    if mode == "cold":
-                        _filter_and_sort(page, group_dir, filters, sorts, inside_filters, inside_sorts)
-                    page.context.close()
-                    server.shutdown()
-                    server.server_close()
+                for mode in FIRST_PAGE_MODES:
+                    for version, sources in versions.items():  # interleaved
+                        _forget_findings(group_dir)  # each app opens the group as never scanned
+                        process, url = _started_server(group_dir, sources, warm_up=mode != "cold")
+                        try:
+                            page = chromium.new_context(viewport={"width": 1280, "height": 800}).new_page()
+                            page.set_default_timeout(120_000)
+                            page.goto(url)
+                            page.wait_for_selector("#tabs")
+                            if mode == "served":
+                                _settled(page)
+                            started, server_cpu = time.perf_counter(), _process_cpu(process)
+                            page.get_by_role("tab", name="Runs").click()
+                            page.wait_for_selector("#runs-grid .ag-center-cols-container .ag-row")
+                            first[version, mode].append(time.perf_counter() - started)
+                            cpu[version, mode].append(_process_cpu(process) - server_cpu)
+                            if mode == "cold":
+                                found = measured[version]
+                                _filter_and_sort(page, group_dir, found["filter"], found["sort"], found["in filter"],
+                                                 found["in sort"])
+                            page.context.close()
+                        finally:
+                            process.kill()
+                            process.wait()
         finally:
             chromium.close()
+    names = list(versions)
+    print("  Runs view in Chromium at 1280x800, driver-timed, from the click on the tab to the first rows drawn "
+          f"(medians of {repeat}; the server's CPU-s over that time):")
     for mode in FIRST_PAGE_MODES:
-        print(f"  Runs view in Chromium, first page ({mode}): median {statistics.median(first[mode]) * 1e3:7.0f} ms; "
-              "each " + " ".join(f"{v:.2f}" for v in first[mode]) + " s (driver-timed, 1280x800)")
-    print("  (served: the click came " + " ".join(f"{v:.1f}" for v in waits) + " s after the tabs were on the page)")
-    print(f"  filter {statistics.median(filters) * 1e3:6.0f} ms   sort {statistics.median(sorts) * 1e3:6.0f} ms "
-          f"(medians of {len(filters)}, {len(sorts)}; driver-timed)")
-    print(f"  the same in the page (performance.now(), from the input event or the mouse press to the count or the "
-          f"sort arrow changed): filter {statistics.median(inside_filters) * 1e3:6.0f} ms   sort "
-          f"{statistics.median(inside_sorts) * 1e3:6.0f} ms")
-    print("  each: filter " + " ".join(f"{v * 1e3:.0f}" for v in filters) + " ms; sort " +
-          " ".join(f"{v * 1e3:.0f}" for v in sorts) + " ms")
+        print(f"    first page, {mode:<8}" + "   ".join(
+            f"{v} {statistics.median(first[v, mode]) * 1e3:6.0f} ms (CPU {statistics.median(cpu[v, mode]):4.2f} s; "
+            "each " + " ".join(f"{x:.2f}" for x in first[v, mode]) + ")" for v in names))
+    for name, key in (("filter", "filter"), ("sort", "sort"), ("filter in the page", "in filter"),
+                      ("sort in the page", "in sort")):
+        print(f"    {name:<19}" + "   ".join(
+            f"{v} {statistics.median(measured[v][key]) * 1e3:5.0f} ms (each "
+            + " ".join(f"{x * 1e3:.0f}" for x in measured[v][key]) + ")" for v in names))
+    print("  (in the page: performance.now() from the input event or the mouse press to the count or the sort arrow "
+          "changed)")
 
 
 def _filter_and_sort(page, group_dir: Path, filters: list, sorts: list, inside_filters: list,
@@ -247,6 +285,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-browser", action="store_true")
     parser.add_argument("--browser-only", action="store_true", help="the browser's figures only (at 1,000 trials)")
+    parser.add_argument("--baseline-src", type=Path, help="the browser's figures also for these sources (e.g. "
+                        "`git archive a311d6b src | tar -x -C /tmp/base`, then /tmp/base/src), interleaved")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} at start, {os.cpu_count()} cores")
     for trials in args.trials:
@@ -256,7 +296,8 @@ def main() -> None:
             polls(group_dir, args.repeat)
             first_answer(group_dir, args.repeat)
         if not args.no_browser and trials >= 1000:
-            browser(group_dir, max(1, args.repeat // 2))
+            versions = {"new": HERE.parent / "src", **({"old": args.baseline_src} if args.baseline_src else {})}
+            browser(group_dir, max(1, args.repeat // 2), versions)
     if not args.browser_only:
         kpis(sweep_group.write_group(OUT / "long20000", 1, 20_000), args.repeat)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

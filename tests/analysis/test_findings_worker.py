@@ -164,3 +164,91 @@ def test_a_zero_sensitivity_in_comgra_toml_is_one_line_and_exit_2(two_trials, tm
     assert main(["scan", "--path", str(two_trials)]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "anomalies.sensitivity" in error and "above 0" in error
+
+
+def test_the_scan_starts_no_trial_while_the_app_answers(two_trials, tmp_path, monkeypatch, counted_scans) -> None:
+    """The background scan makes way for the app's answers (its work holds the GIL: the Runs rows of 1,000 trials
+    asked at once on a fresh app took twice their CPU time beside it), and an answer that waits for the scan itself
+    (the REST findings) lets it run."""
+    from comgra.service import findings as findings_module
+
+    monkeypatch.setattr(findings_module, "WAIT_AT_MOST_SECONDS", 60.0)  # no way round the gate within the test
+    group = tmp_path / "group"
+    shutil.copytree(two_trials, group, ignore=shutil.ignore_patterns("analysis"))  # never scanned
+    service = RecordingService(group)
+    try:
+        with service.answering():
+            assert sorted(service.findings_progress().pending) == ["dead", "healthy"]  # queued, the thread started
+            threading.Event().wait(1.5)
+            assert counted_scans == []  # nothing scanned while the answer runs
+        assert service.findings_progress(wait_seconds=60).pending == []
+        assert sorted(counted_scans) == ["dead", "healthy"]
+        # An answer that waits for the scan steps aside: new data in one trial is scanned while it waits.
+        source = sorted((layout.rank_dir(fmt.trial_dir(group, "dead"), "tensors", 0)).glob("*.parquet"))[0]
+        shutil.copy(source, source.with_name(fmt.chunk_name(999, 1000, 1000)))
+        done = threading.Event()
+
+        def an_answer_that_waits() -> None:
+            with service.answering():
+                service.findings("dead")
+            done.set()
+
+        threading.Thread(target=an_answer_that_waits).start()
+        assert done.wait(30), "an answer waiting for the scan held the scan back"
+        assert sorted(counted_scans) == ["dead", "dead", "healthy"]
+    finally:
+        service.close()
+
+
+def test_the_app_answers_each_request_inside_the_services_answering(two_trials, tmp_path, monkeypatch) -> None:
+    from comgra.server.app import create_app
+    from comgra.service import findings as findings_module
+
+    entered: list[str] = []
+    original = findings_module.Foreground.answering
+
+    def counted(self):
+        entered.append(threading.current_thread().name)
+        return original(self)
+
+    monkeypatch.setattr(findings_module.Foreground, "answering", counted)
+    app = create_app(two_trials, warm_up=False, findings_scan=False)
+    assert app.server.test_client().get("/api/v1/runs").status_code == 200
+    assert len(entered) == 1
+
+
+def test_the_scanner_imports_its_libraries_a_part_at_a_time_when_the_app_is_quiet(two_trials, tmp_path) -> None:
+    """scipy and scikit-learn took 1.5-2.5 s of the GIL in one piece when the scanner first ran, whatever the app
+    was answering: they are imported a part at a time, each after the scanner waited for quiet (a fresh interpreter,
+    in which none is imported yet)."""
+    import subprocess
+    import sys
+
+    group = tmp_path / "group"
+    shutil.copytree(two_trials, group, ignore=shutil.ignore_patterns("analysis"))  # never scanned
+    program = f"""
+import sys, threading
+from comgra.service import RecordingService
+from comgra.service import findings
+findings.WAIT_AT_MOST_SECONDS = 60.0
+seen = []  # how many of the libraries were imported at each wait for quiet
+wait_quiet = findings.Foreground.wait_quiet
+def counted(self, *args, **kwargs):
+    seen.append(sum(n in sys.modules for n in findings.LIBRARIES))
+    return wait_quiet(self, *args, **kwargs)
+findings.Foreground.wait_quiet = counted
+service = RecordingService({str(group)!r})
+with service.answering():
+    service.findings_progress()
+    threading.Event().wait(1.5)
+    print("while answering:", sorted(n for n in findings.LIBRARIES if n in sys.modules))
+print("pending:", service.findings_progress(wait_seconds=120).pending)
+print("after:", sorted(n for n in findings.LIBRARIES if n not in sys.modules))
+print("waits before the first trial:", len(set(seen)) - 1)
+service.close()
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == ["while answering: []", "pending: []", "after: []"]
+    assert int(lines[3].rpartition(" ")[2]) >= 5  # waited between the parts (not only before the first trial)

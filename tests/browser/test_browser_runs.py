@@ -82,9 +82,9 @@ def test_the_regex_filter_and_sorting_work_in_the_browser(runs_page) -> None:
 
 def test_grouping_over_seeds_and_parallel_coordinates(runs_page) -> None:
     page = runs_page.page
-    waiting = page.locator("#runs-parallel .annotation-text")
-    expect(waiting).to_contain_text("Press 'Draw the plots'", timeout=SLOW)  # drawn when asked, not at once
-    expect(page.locator("#runs-parallel .parcoords")).to_have_count(0)
+    expect(page.locator("#runs-plots")).to_contain_text("Press 'Draw the plots'", timeout=SLOW)  # when asked
+    # No graph in the panel until then: a graph loads plotly.js, which held the table's first rows back.
+    expect(page.locator("#panel-runs .js-plotly-plot")).to_have_count(0)
     page.click("#runs-draw")
     page.click("#runs-group-by")
     page.locator(".dash-dropdown-option").get_by_text("lr", exact=True).click()

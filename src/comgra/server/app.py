@@ -19,9 +19,10 @@ import secrets
 import socket
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from dash import Dash
 from flask import Flask, Response, request
@@ -69,6 +70,7 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
                          with_visualization=visualization is not None)
     callbacks.register(app, service, visualization, build_panels=layout.panel_contents)
     api.install(app.server, service)  # the REST API under /api/v1, from the same service
+    app.server.wsgi_app = _answering(service, app.server.wsgi_app)  # type: ignore[method-assign]
     if warm_up:
         # Not a daemon: the interpreter must not end while it is inside DuckDB (that aborts the process).
         threading.Thread(target=_warm_up, args=(service,), name="comgra-warm-up").start()
@@ -169,7 +171,22 @@ def _close_at_exit(service: RecordingService) -> None:
     atexit.register(close)
 
 
+def _answering(service: RecordingService, wsgi_app: Callable[..., Any]) -> Callable[..., Any]:
+    """Each request answered inside ``service.answering()``: the background findings scan starts no trial meanwhile
+    (its work held the GIL, and the Runs tab clicked at once on a fresh app over 1,000 trials waited for it)."""
+    def answered(environ: Any, start_response: Any) -> Any:
+        with service.answering():
+            return wsgi_app(environ, start_response)
+
+    return answered
+
+
 def _warm_up(service: RecordingService) -> None:
+    with service.answering():  # answers a person will ask for at once: the scan waits for them too
+        _warm_answers(service)
+
+
+def _warm_answers(service: RecordingService) -> None:
     try:
         view = service.resolve({})
         view_state.view_outputs(view, {}, None)

@@ -67,6 +67,7 @@ _PANELS = {
     "notes": lambda: html.Div(id=ID.NOTES), "graphs": kpi_view.panel,  # kpi_view.panel holds ID.KPIS
     **profile_panel.PANELS, "breakpoints": breakpoints_panel.panel,
     "visualization": lambda: html.Div(id=ID.VISUALIZATION)}
+_VALIDATION = {"runs": runs_view.validation_panel}  # a panel whose parts are made later, with them made
 
 
 def _page(title: str, data_version: str, poll_ms: int, with_visualization: bool, *, built: bool) -> html.Div:
@@ -90,7 +91,8 @@ def _page(title: str, data_version: str, poll_ms: int, with_visualization: bool,
         html.Div(id=ID.TAB_NOTICE, className="tab-notice", role="status", **attributes({"data-tabs": " ".join(tabs)})),
         *start_here.panel(),  # above every tab: step 1 opens Findings, and the strip is still there
         html.Div(id=ID.panel("tensors"), className="panel", children=_tensors_panel()),
-        *[html.Div(id=ID.panel(t), className="panel hidden", children=_PANELS[t]() if built else None)
+        *[html.Div(id=ID.panel(t), className="panel hidden",
+                   children=_VALIDATION.get(t, _PANELS[t])() if built else None)
           for t in lazy_tabs(with_visualization)],
     ])
 

@@ -20,6 +20,7 @@ import dash_ag_grid as dag
 import numpy as np
 import plotly.graph_objects as go
 from dash import Dash, Input, Output, State, dcc, html, no_update
+from dash.development.base_component import Component
 
 from comgra.errors import ComgraError
 from comgra.server import kpi_view
@@ -32,6 +33,8 @@ ROW_DIGITS = 6  # significant digits of a KPI's value in the table's rows
 # the browser's main thread 4-8 s per draw in Chromium without a GPU at load 20, of 40 trials as of 1,000, and the
 # filter and sorting of the table waited for it.
 _MARGIN = {"l": 60, "r": 20, "t": 40, "b": 40}
+PLOTS_WAITING = ("Press 'Draw the plots' to draw a KPI's mean and band per group and the parallel coordinates of the "
+                 "trials shown.")
 
 
 class ID:
@@ -47,6 +50,7 @@ class ID:
     OPEN_GRAPHS = "runs-open-graphs"
     OPEN_COMPARE = "runs-open-compare"
     DRAW = "runs-draw"
+    PLOTS = "runs-plots"
     MESSAGE = "runs-message"
 
 
@@ -89,11 +93,23 @@ def panel() -> html.Div:
                         title="Draw the mean and band per group and the parallel coordinates of the trials shown; "
                               "once drawn, they follow the filter"),
         ]),
-        html.Div(className="runs-plots", children=[
-            dcc.Graph(id=ID.BANDS, config={"displaylogo": False}),
-            dcc.Graph(id=ID.PARALLEL, config={"displaylogo": False}),
-        ]),
+        # The plots' graphs are made when first asked for (``plots_shown``): a graph in the panel loads plotly.js, whose
+        # parsing held the browser's main thread 2-3 s while the table's first rows waited, on a loaded machine.
+        html.Div(id=ID.PLOTS, className="runs-plots", children=html.P(PLOTS_WAITING, className="text-muted small")),
     ])
+
+
+def plots_shown() -> list[Component]:
+    """The plots below the table, made when 'Draw the plots' is first pressed."""
+    return [dcc.Graph(id=ID.BANDS, config={"displaylogo": False}),
+            dcc.Graph(id=ID.PARALLEL, config={"displaylogo": False})]
+
+
+def validation_panel() -> html.Div:
+    """The panel with its plots made (what Dash checks the callbacks against)."""
+    built = panel()
+    built.children[-1].children = plots_shown()
+    return built
 
 
 # -- pure builders ------------------------------------------------------------------------------------
@@ -250,6 +266,12 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
     app.clientside_callback(_ROWS_JS, Output(ID.FILTER_NOTICE, "children"), Output(ID.COUNT, "children"),
                             Output(ID.SHOWN, "data"), Input(ID.GRID, "rowData"), State(ID.FILTER, "value"))
 
+    @app.callback(Output(ID.PLOTS, "children"), Input(ID.DRAW, "n_clicks"), State(ID.PLOTS, "children"),
+                  prevent_initial_call=True)
+    def make_plots(asked: Any, shown: Any) -> Any:
+        made = isinstance(shown, list) and any(isinstance(c, dict) and c.get("type") == "Graph" for c in shown)
+        return plots_shown() if asked and not made else no_update
+
     @app.callback(Output(ID.BANDS, "figure"), Output(ID.PARALLEL, "figure"), Input(ID.GROUP_BY, "value"),
                   Input(ID.KPI, "value"), Input(ID.SHOWN, "data"), Input(ID.DRAW, "n_clicks"),
                   State(tabs, "active_tab"))
@@ -290,4 +312,5 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
         return trials[0], trials[1], "compare", ""
 
 
-__all__ = ["ID", "band_figure", "column_defs", "grid_row", "panel", "parallel_figure", "register"]
+__all__ = ["ID", "band_figure", "column_defs", "grid_row", "panel", "parallel_figure", "plots_shown", "register",
+           "validation_panel"]

@@ -167,6 +167,11 @@ class RecordingService:
     def findings_progress(self, trial_id: str | None = None, wait_seconds: float = 0.0) -> FindingsProgress:
         return self.finding_questions.findings_progress(trial_id, wait_seconds)
 
+    def answering(self) -> Any:
+        """A context manager around an answer for a person (the app wraps each request in it): the background
+        findings scan starts no trial while one runs, nor for a quarter of a second after (at most 2 s per trial)."""
+        return self.finding_questions.answering()
+
     def findings_version(self, trial_id: str | None = None) -> int:
         return self.finding_questions.findings_version(trial_id)
 

@@ -10,10 +10,14 @@ detectors: a recording that was ever scanned opens its Findings tab complete.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,15 @@ BADGE_MARK = "\u26a0"  # ⚠
 # One thread: the app's own requests keep the other core on a 2-core machine (comgra scan, which has
 # nothing else to do, scans trials side by side).
 MAX_SCAN_THREADS = 1
+# The scanner starts no trial while the app answers a person (a request, the warm-up): it waits until none has been
+# answered for QUIET_SECONDS, at most WAIT_AT_MOST_SECONDS per trial (so that a busy app still gets its findings).
+# Its work holds the GIL: the Runs rows of 1,000 trials asked on a fresh app took twice their CPU time beside it.
+QUIET_SECONDS = 0.25
+WAIT_AT_MOST_SECONDS = 2.0
+# The detectors' libraries, imported by the scanner before its first trial a part at a time, each when the app is quiet:
+# whole, they took 1.5-2.5 s of the GIL in one piece (scipy.stats most of it), whatever the app was answering then.
+LIBRARIES = ("scipy.linalg", "scipy.sparse", "scipy.special", "scipy.optimize", "scipy.spatial", "scipy.integrate",
+             "scipy.stats", "sklearn.utils", "sklearn.tree", "sklearn.ensemble", "comgra.analysis.detectors")
 
 
 def finding_link(finding: Finding) -> str:
@@ -54,6 +67,66 @@ def scan_options(sensitivity: float | None = None, *, source: str = "sensitivity
     return ScanOptions(sensitivity=float(sensitivity))
 
 
+class Foreground:
+    """The answers being computed now for a person, which the background scanner makes way for. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._answering = 0
+        self._last = float("-inf")  # time.monotonic() when the last answer was done
+        self._changed = threading.Condition()
+        self._local = threading.local()  # how deep this thread is in ``answering``
+
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        self._enter()
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
+            self._leave()
+
+    @contextmanager
+    def aside(self) -> Iterator[None]:
+        """Within an answer, while it waits for the scan itself (``FindingsWorker.wait``): the scan goes on."""
+        inside = getattr(self._local, "depth", 0) > 0
+        if inside:
+            self._leave()
+        try:
+            yield
+        finally:
+            if inside:
+                self._enter()
+
+    def _enter(self) -> None:
+        with self._changed:
+            self._answering += 1
+
+    def _leave(self) -> None:
+        with self._changed:
+            self._answering -= 1
+            self._last = time.monotonic()
+            self._changed.notify_all()
+
+    def wait_quiet(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Return once nothing has been answered for ``QUIET_SECONDS``, after ``WAIT_AT_MOST_SECONDS``, or once
+        ``stop()`` (checked whenever ``wake`` is called)."""
+        quiet, at_most = QUIET_SECONDS, WAIT_AT_MOST_SECONDS
+        started = time.monotonic()
+        with self._changed:
+            while not stop():
+                now = time.monotonic()
+                left = started + at_most - now
+                calm = self._last + quiet - now if self._answering == 0 else left
+                if left <= 0 or calm <= 0:
+                    break
+                self._changed.wait(min(calm, left))
+
+    def wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+
 @dataclass(frozen=True)
 class FindingsProgress:
     """What the background scanner has found so far: ``pending`` trials are still being scanned."""
@@ -72,9 +145,11 @@ class FindingsWorker:
     when it is empty. ``version`` counts the scans finished, so that a view knows when to redraw.
     """
 
-    def __init__(self, group: GroupReader, options: ScanOptions, *, background: bool = True) -> None:
+    def __init__(self, group: GroupReader, options: ScanOptions, *, background: bool = True,
+                 foreground: Foreground | None = None) -> None:
         self.group = group
         self.options = options
+        self.foreground = foreground or Foreground()  # the app's requests, which the scan makes way for
         # False (``comgra --no-findings-scan``): nothing is scanned here; findings saved by ``comgra scan`` are shown.
         self.background = background
         self._scanner: Scanner | None = None
@@ -129,6 +204,10 @@ class FindingsWorker:
 
     def wait(self, trials: list[str], timeout: float | None = None) -> bool:
         """Wait until ``trials`` are scanned at their current data; False if ``timeout`` came first."""
+        with self.foreground.aside():
+            return self._wait(trials, timeout)
+
+    def _wait(self, trials: list[str], timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             stale = self.request(trials)
@@ -156,6 +235,7 @@ class FindingsWorker:
             self._closed = True
             self._queue.clear()
             self._changed.notify_all()
+        self.foreground.wake()
 
     def _is_current(self, trial_id: str) -> bool:
         signature = self._signature(trial_id)
@@ -203,7 +283,9 @@ class FindingsWorker:
 
     def _work(self) -> None:
         try:
+            self._import_quietly()
             while True:
+                self.foreground.wait_quiet(stop=lambda: self._closed)
                 with self._changed:
                     if self._closed or not self._queue or not threading.main_thread().is_alive():
                         return
@@ -214,6 +296,16 @@ class FindingsWorker:
             with self._changed:
                 self._threads -= 1
                 self._changed.notify_all()
+
+    def _import_quietly(self) -> None:
+        for name in LIBRARIES:
+            if name in sys.modules:
+                continue
+            self.foreground.wait_quiet(stop=lambda: self._closed)
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - the scan imports them again and reports what fails
+                return
 
     @property
     def _scan_group(self) -> GroupReader:
@@ -255,8 +347,13 @@ class FindingQuestions:
 
     def __init__(self, group: GroupReader):
         self.group = group
+        self.foreground = Foreground()  # what the app is answering now (``answering``), which the scan makes way for
         self._worker: FindingsWorker | None = None
         self._worker_lock = threading.Lock()
+
+    def answering(self) -> Any:
+        """A context in which the app answers a person: the background scanner starts no trial meanwhile."""
+        return self.foreground.answering()
 
     def configure_findings(self, *, sensitivity: float | None = None, background: bool = True) -> None:
         """The default sensitivity of the findings (``[anomalies] sensitivity`` of comgra.toml); with
@@ -265,7 +362,7 @@ class FindingQuestions:
         with self._worker_lock:
             if self._worker is not None:
                 self._worker.close()
-            self._worker = FindingsWorker(self.group, options, background=background)
+            self._worker = FindingsWorker(self.group, options, background=background, foreground=self.foreground)
 
     @property
     def findings_options(self) -> ScanOptions:
@@ -274,7 +371,7 @@ class FindingQuestions:
     def _findings_worker(self) -> FindingsWorker:
         with self._worker_lock:
             if self._worker is None:
-                self._worker = FindingsWorker(self.group, ScanOptions())
+                self._worker = FindingsWorker(self.group, ScanOptions(), foreground=self.foreground)
             return self._worker
 
     def _trials_first(self, trial_id: str | None) -> list[str]:
