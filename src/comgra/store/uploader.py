@@ -107,7 +107,14 @@ class Journal:
                 self.entries[key] = _Entry(op, int(size), int(mtime), -1)
 
     def append(self, op: str, key: str, size: int = 0, mtime: int = 0) -> None:
-        line = f"{op}\t{size}\t{mtime}\t{os.getpid()}\t{_HOST}\t{key}\n".encode()
+        self.append_many(op, [(key, size, mtime)])
+
+    def append_many(self, op: str, items: list[tuple[str, int, int]]) -> None:
+        """One line per (key, size, mtime), appended in one write (a pass claims its files in one)."""
+        if not items:
+            return
+        pid = os.getpid()
+        data = "".join(f"{op}\t{size}\t{mtime}\t{pid}\t{_HOST}\t{key}\n" for key, size, mtime in items).encode()
         with self._lock:
             while True:
                 descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -118,11 +125,12 @@ class Journal:
                     except FileNotFoundError:
                         current = None
                     if current == os.fstat(descriptor).st_ino:
-                        os.write(descriptor, line)  # one write of one line: appends of processes never interleave
+                        os.write(descriptor, data)  # one write of whole lines: appends of processes never interleave
                         break
                 finally:
                     os.close(descriptor)  # the lock with it
-            self.entries[key] = _Entry(op, size, mtime, os.getpid())
+            for key, size, mtime in items:
+                self.entries[key] = _Entry(op, size, mtime, pid)
 
     def compact(self, keep: Callable[[str, _Entry], bool]) -> bool:
         """Rewrite the journal with the last line of each key that ``keep`` keeps (under an exclusive lock: the
@@ -161,29 +169,44 @@ def _alive(pid: int) -> bool:
 
 def local_files(folder: Path, within: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """The files to mirror below ``folder``: relative POSIX path -> (size, mtime_ns); the steps folders first.
-    ``within``: only below these relative folders (None: all of ``folder``)."""
-    steps: dict[str, tuple[int, int]] = {}
-    other: dict[str, tuple[int, int]] = {}
-    roots = [folder] if within is None else [folder / relative for relative in within]
+    ``within``: only below these relative folders (None: all of ``folder``).
+
+    ``os.scandir`` with plain string keys: the type of each entry comes with the listing and its size and time
+    from one ``lstat``, so that a pass of the uploader holds the GIL as little as it can (no ``pathlib``)."""
+    found: list[dict[str, tuple[int, int]]] = [{}, {}]  # the other files, the steps chunks
+    base = os.fspath(folder)
+    prefixes = [""] if within is None else [_prefix(relative) for relative in within]
     for wanted in (True, False):  # listed in two walks: a steps chunk seen here has its data seen by the second
-        for directory, folders, files in (entry for root in roots for entry in os.walk(root)):
-            folders[:] = [f for f in folders if not f.startswith(".") and f != "live"]
-            relative_dir = Path(directory).relative_to(folder).as_posix()
-            is_steps = COMMIT_FOLDER in Path(directory).relative_to(folder).parts
-            if is_steps != wanted:
-                continue
-            for name in files:
-                if name.startswith("."):
-                    continue
-                try:
-                    status = os.stat(os.path.join(directory, name), follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if not os.path.isfile(os.path.join(directory, name)) or os.path.islink(os.path.join(directory, name)):
-                    continue
-                key = name if relative_dir == "." else f"{relative_dir}/{name}"
-                (steps if wanted else other)[key] = (status.st_size, status.st_mtime_ns)
-    return {**other, **steps}
+        for prefix in prefixes:
+            _scan(base, prefix, COMMIT_FOLDER in prefix.split("/"), wanted, found[wanted])
+    return {**found[False], **found[True]}
+
+
+def _prefix(relative: str) -> str:
+    relative = relative.strip("/")
+    return "" if relative in ("", ".") else f"{relative}/"
+
+
+def _scan(base: str, prefix: str, is_steps: bool, wanted: bool, out: dict[str, tuple[int, int]]) -> None:
+    """The files of ``base/prefix`` (a relative folder ending in "/", or "") and below into ``out``: those below a
+    steps folder when ``wanted``, the others when not. Never a dot file or folder, nor ``live/``, nor a link."""
+    try:
+        entries = list(os.scandir(os.path.join(base, prefix) if prefix else base))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        name = entry.name
+        if name.startswith("."):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if name != "live":
+                    _scan(base, f"{prefix}{name}/", is_steps or name == COMMIT_FOLDER, wanted, out)
+            elif is_steps == wanted and entry.is_file(follow_symlinks=False):
+                status = entry.stat(follow_symlinks=False)
+                out[prefix + name] = (status.st_size, status.st_mtime_ns)
+        except FileNotFoundError:
+            continue
 
 
 def lower_priority(niceness: int = 10) -> None:
@@ -391,39 +414,51 @@ class Uploader:
             self.journal.compact(lambda key, entry: entry.op != "D")
 
     def _send(self, items: list[tuple[str, int, int]], result: PassResult) -> None:
+        """Claim ``items`` (one journal write), upload them, journal them as uploaded (one write per thread).
+
+        On the uploader's own thread (while the training runs) on that one thread: no helper threads to start and
+        none contending for the GIL with the training; elsewhere (``finish``, ``comgra sync``) on ``workers``."""
         if not items:
             return
+        self.journal.read_new()  # what other processes of the node claimed or uploaded since the pass began
+        queue: list[tuple[str, int, int]] = []
+        for key, size, mtime in items:
+            if self._claimed_elsewhere(key, size, mtime):
+                result.pending += 1
+                result.pending_bytes += size
+            else:
+                queue.append((key, size, mtime))
+        # Before the PUTs: a crash leaves claims (of a process that died), which the next uploader sends again.
+        self.journal.append_many("P", queue)
+        queue.reverse()  # popped from the end: in the order of ``items``
         lock = threading.Lock()
-        queue = list(items)
 
         def work() -> None:
-            while True:
-                with lock:
-                    if not queue or result.errors:
-                        return
-                    key, size, mtime = queue.pop(0)
-                if self._claimed_elsewhere(key, size, mtime):  # since this pass began
+            done: list[tuple[str, int, int]] = []
+            try:
+                while True:
                     with lock:
-                        result.pending += 1
-                        result.pending_bytes += size
-                    continue
-                try:
-                    self.journal.append("P", key, size, mtime)  # before the PUT: a crash leaves a claim to clean up
-                    self._with_retries(lambda: self.remote.upload(self.local / key, key))
-                    self.journal.append("U", key, size, mtime)
-                    with lock:
-                        result.uploaded += 1
-                        result.bytes += size
-                except FileNotFoundError:
-                    pass  # merged away meanwhile: its successor is uploaded instead, its claim deleted remotely
-                except Exception as error:  # noqa: BLE001 - counted as pending, retried on the next pass
-                    with lock:
-                        result.errors.append(f"{key}: {type(error).__name__}: {error}")
-                        result.pending += 1
-                        result.pending_bytes += size
+                        if not queue or result.errors:
+                            return
+                        key, size, mtime = queue.pop()
+                    try:
+                        self._with_retries(lambda key=key: self.remote.upload(self.local / key, key))
+                        done.append((key, size, mtime))
+                        with lock:
+                            result.uploaded += 1
+                            result.bytes += size
+                    except FileNotFoundError:
+                        pass  # merged away meanwhile: its successor is uploaded instead, its claim deleted remotely
+                    except Exception as error:  # noqa: BLE001 - counted as pending, retried on the next pass
+                        with lock:
+                            result.errors.append(f"{key}: {type(error).__name__}: {error}")
+                            result.pending += 1
+                            result.pending_bytes += size
+            finally:
+                self.journal.append_many("U", done)
 
-        on_threads(work, min(self.workers, len(items)), "comgra-upload",
-                   low_priority=threading.current_thread() is self._thread)
+        own_thread = threading.current_thread() is self._thread
+        on_threads(work, 1 if own_thread else min(self.workers, len(queue)), "comgra-upload", low_priority=own_thread)
         with lock:
             for key, size, _ in queue:  # left after an error
                 result.pending += 1
@@ -431,8 +466,7 @@ class Uploader:
 
     def _claimed_elsewhere(self, key: str, size: int, mtime: int) -> bool:
         """Whether another living process of this node claimed or uploaded this version of the file (journal lines
-        appended since the pass began), so that two uploaders of one spool rarely send a file twice."""
-        self.journal.read_new()
+        read since the pass began), so that two uploaders of one spool rarely send a file twice."""
         entry = self.journal.entries.get(key)
         return entry is not None and (entry.size, entry.mtime) == (size, mtime) and entry.pid != os.getpid() \
             and (entry.op == "U" or entry.op == "P" and _alive(entry.pid))
