@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,39 @@ def test_earlier_runs_moved_aside_in_the_spool_go_to_the_bucket_and_leave_the_no
     remote = GroupReader(f"{url}/{GROUP}")
     assert remote.trials() == ["t1"] and sorted(remote.trial("t1").steps()["training_step"].to_pylist()) == [0, 1, 2, 3]
     assert not [p for p in mirror_base().rglob("*") if ".replaced" in p.parts]  # the mirror never fetches them
+
+
+def test_fresh_chunks_go_up_once_their_delay_is_over_and_finish_sends_everything(s3_env: str, tmp_path: Path) -> None:
+    """While the training runs, a chunk as the writer first writes it waits ``delay`` seconds (a merge replaces most
+    before), the steps chunk no earlier than its data; merged chunks and documents go at once; finish waits for
+    nothing."""
+    from comgra.store import format as fmt
+
+    local = tmp_path / "group"
+    fresh = layout.partition_dir(local, "tensors", "t", 0) / fmt.chunk_name(2, 0, 9)
+    merged = layout.partition_dir(local, "tensors", "t", 0) / fmt.chunk_name(1, 0, 4, level=1)
+    steps = layout.partition_dir(local, "steps", "t", 0) / fmt.chunk_name(3, 0, 9)
+    document = local / "trials" / "t" / "trial.json"
+    for path in (fresh, merged, steps, document):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 10)
+    written = time.monotonic()
+    location = open_location(f"{s3_env}/delay/{GROUP}")
+    key = {path: path.relative_to(local).as_posix() for path in (fresh, merged, steps, document)}
+    uploader = Uploader(local, location, journal_root=tmp_path, interval=0.05, delay=3.0).start()
+    while set(location.list_files()) != set(key.values()) and time.monotonic() < written + 30:
+        time.sleep(0.05)  # no wake from a writer: the thread's own timer sends the fresh ones once they are due
+    objects = location.list_files()
+    assert set(objects) == set(key.values())
+    for path in (fresh, steps):  # sent no earlier than 3 s after they were written (the store's clock: whole seconds)
+        assert objects[key[path]][1] >= path.stat().st_mtime_ns + 2e9, (path.name, objects)
+    lines = uploader.journal.path.read_text().splitlines()
+    assert max(i for i, line in enumerate(lines) if line.startswith("U") and line.endswith(key[fresh])) < \
+        min(i for i, line in enumerate(lines) if line.startswith("U") and line.endswith(key[steps]))
+    assert not uploader.finish(30).pending
+
+    later = layout.partition_dir(local, "tensors", "t", 0) / fmt.chunk_name(4, 10, 19)
+    later.write_bytes(b"y" * 10)
+    waiting = Uploader(local, location, journal_root=tmp_path, delay=3600.0).start()
+    result = waiting.finish(30)  # finalize: everything at once, the delay notwithstanding
+    assert not result.pending and later.relative_to(local).as_posix() in location.list_files()

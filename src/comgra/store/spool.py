@@ -77,7 +77,8 @@ def recording_root(root: Any, settings: Any = None) -> RecordingRoot:
 
 def start_upload(local_group: Path, url_group: str, settings: Any = None, trial_id: str | None = None) -> Uploader:
     """The running uploader of one group folder of the spool (its journal in the spool root). With ``trial_id``,
-    its passes after the first walk only that trial's folders (the first sends what earlier runs left)."""
+    its passes after the first walk only that trial's folders (the first sends what earlier runs left). A fresh chunk
+    goes up once it is ``[storage] upload_delay_s`` old while the training runs (see ``Uploader``)."""
     storage = getattr(settings, "storage", None)
     limit = int(float(getattr(storage, "spool_limit_gb", 20.0)) * 2 ** 30)
 
@@ -87,7 +88,8 @@ def start_upload(local_group: Path, url_group: str, settings: Any = None, trial_
                                                     for folder in layout.trial_partitions(local_group, trial_id)]
 
     return Uploader(local_group, open_location(url_group, config=settings), journal_root=local_group.parent,
-                    limit_bytes=limit, scope=None if trial_id is None else trial_folders).start()
+                    limit_bytes=limit, scope=None if trial_id is None else trial_folders,
+                    delay=float(getattr(storage, "upload_delay_s", 10.0))).start()
 
 
 def finish_upload(uploader: Uploader, settings: Any = None) -> str | None:
