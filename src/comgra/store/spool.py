@@ -23,6 +23,7 @@ uploaded (``upload_replaced``). A folder that another living process may still b
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -43,6 +44,7 @@ from comgra.store.uploader import Uploader, _alive, local_files
 __all__ = ["RecordingRoot", "SpoolFull", "recording_root", "spool_base", "start_upload", "finish_upload",
            "remove_uploaded", "upload_replaced"]
 
+log = logging.getLogger("comgra.store")
 REPLACED = ".replaced"
 # <trial>-<YYYYmmdd-HHMMSS>-<pid> (one process), <trial>-<YYYYmmdd-HHMMSS>-r<rank>-<pid> (a rank of a distributed run)
 _REPLACED_NAME = re.compile(r"^(?P<trial>.+)-\d{8}-\d{6}-(?:r\d+-)?(?P<pid>\d+)$")
@@ -145,7 +147,12 @@ def remove_uploaded(uploader: Uploader, trial_id: str, rank: int, timeout: float
                 partition.rmdir()  # empty now
             except OSError:
                 pass
-    return sum(size for size, _ in files.values()) + upload_replaced(uploader, trial_id, timeout)
+    freed = sum(size for size, _ in files.values())
+    try:
+        freed += upload_replaced(uploader, trial_id, timeout)
+    except Exception as error:  # noqa: BLE001 - housekeeping: a fault here never reaches the training
+        log.warning("comgra could not send the earlier runs in %s to the bucket: %s", uploader.local / REPLACED, error)
+    return freed
 
 
 def upload_replaced(uploader: Uploader, trial_id: str | None = None, timeout: float = 300.0) -> int:
