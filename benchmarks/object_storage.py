@@ -58,9 +58,23 @@ def start_moto() -> tuple[subprocess.Popen, str]:
         except OSError:
             time.sleep(0.1)
     endpoint = f"http://127.0.0.1:{port}"
+    SERVER["pid"] = server.pid
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                       AWS_DEFAULT_REGION="us-east-1")
     return server, endpoint
+
+
+SERVER = {"pid": 0}  # moto's process: its CPU is the store's, not the training machine's (reported apart)
+
+
+def server_cpu() -> float:
+    """CPU seconds moto's process has used so far (0 where /proc is not there)."""
+    try:
+        with open(f"/proc/{SERVER['pid']}/stat") as stream:
+            fields = stream.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def bucket(name: str) -> str:
@@ -75,11 +89,12 @@ def median(samples: list[float]) -> float:
 
 
 # -- training ------------------------------------------------------------------------------------------------
-def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, float, float, float, float]:
+def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, ...]:
     """Seconds of one recorded run: (the training loop's wall clock, finalize's wall clock, the training thread's
     CPU time in the loop, the whole process's CPU time in the loop: the writer's and the uploader's threads too),
-    and the uploader thread's passes (and backlog checks) per second of the loop and its CPU seconds in them per
-    second of the loop (0 for a local root)."""
+    the uploader thread's passes (and backlog checks) per second of the loop and its CPU seconds in them per
+    second of the loop (0 for a local root), and the S3 server's CPU seconds per second of the loop (moto's
+    process: what a real bucket, elsewhere, would spend)."""
     import torch
 
     from comgra.objects import DecisionMakerForRecordingsFrequencyPerType
@@ -95,6 +110,7 @@ def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, 
     started = time.perf_counter()
     thread_cpu, process_cpu = time.thread_time(), time.process_time()
     passes, pass_cpu = UPLOADER_WORK["calls"], UPLOADER_WORK["cpu"]
+    store_cpu = server_cpu()
     for step in range(steps):
         recorder.start_batch(step, 64)
         recorder.start_iteration()
@@ -111,9 +127,11 @@ def train_once(root: str | Path, trial: str, steps: int) -> tuple[float, float, 
     trained = time.perf_counter() - started
     thread_cpu, process_cpu = time.thread_time() - thread_cpu, time.process_time() - process_cpu
     passes, pass_cpu = UPLOADER_WORK["calls"] - passes, UPLOADER_WORK["cpu"] - pass_cpu
+    store_cpu = server_cpu() - store_cpu
     started = time.perf_counter()
     recorder.finalize()
-    return trained, time.perf_counter() - started, thread_cpu, process_cpu, passes / trained, pass_cpu / trained
+    return (trained, time.perf_counter() - started, thread_cpu, process_cpu, passes / trained, pass_cpu / trained,
+            store_cpu / trained)
 
 
 # What the uploader's own thread does while the training runs (its passes and backlog checks): counted by wrapping
@@ -153,10 +171,11 @@ def part_training(args: argparse.Namespace, out: Path) -> None:
     train_once(local, "warmup", 20)
     train_once(url, "warmup", 20)
     figures: dict[str, dict[str, list[float]]] = {kind: {"loop": [], "finalize": [], "thread": [], "process": [],
-                                                          "passes": [], "pass_cpu": []} for kind in ("local", "s3")}
+                                                          "passes": [], "pass_cpu": [], "store_cpu": []}
+                                                   for kind in ("local", "s3")}
     for repeat in range(args.repeats):
         for kind, root in (("local", local), ("s3", url)) if repeat % 2 == 0 else (("s3", url), ("local", local)):
-            for name, value in zip(("loop", "finalize", "thread", "process", "passes", "pass_cpu"),
+            for name, value in zip(("loop", "finalize", "thread", "process", "passes", "pass_cpu", "store_cpu"),
                                    train_once(root, f"run{repeat}", args.steps)):
                 figures[kind][name].append(value)
     print(f"\n## training cost ({args.steps} steps of a 4x256 MLP, every 10th step recorded, {args.repeats} runs "
@@ -169,7 +188,9 @@ def part_training(args: argparse.Namespace, out: Path) -> None:
         print(f"| {kind} | {median(f['loop']):.3f} | {', '.join(f'{t:.2f}' for t in f['loop'])} | "
               f"{median(f['thread']):.3f} | {median(f['process']):.3f} | {median(f['finalize']):.3f} |")
     print(f"the uploader thread while training: median {median(figures['s3']['passes']):.2f} passes (or backlog "
-          f"checks) per second, {1000 * median(figures['s3']['pass_cpu']):.1f} ms of its CPU per second of training")
+          f"checks) per second, {1000 * median(figures['s3']['pass_cpu']):.1f} ms of its CPU per second of training; "
+          f"moto's process (the store, not the training machine's cost): "
+          f"{1000 * median(figures['s3']['store_cpu']):.1f} ms of CPU per second of training")
     for name, label in (("loop", "wall clock"), ("thread", "training thread's CPU"), ("process", "process CPU")):
         pairs = [s / loc for s, loc in zip(figures["s3"][name], figures["local"][name])]
         print(f"S3 / local, {label}: median {median(figures['s3'][name]) / median(figures['local'][name]):.3f}x "

@@ -30,6 +30,7 @@ names it and lists the known ones. Constructor arguments win over the file.
     spool_dir = ""                  # node-local folder of the local copy that is uploaded ("": the user's cache dir)
     spool_limit_gb = 20.0           # recording stops (training goes on) when this much waits for upload
     upload_timeout_s = 300.0        # finalize waits at most this long for the upload
+    upload_delay_s = 10.0           # while training, a new chunk is sent once this old (the merges replace most first)
     keep_uploaded = false           # false: finalize removes a trial's spool files once the bucket holds them all
     [storage.options.s3]            # keyword arguments of the filesystem of a scheme (pyarrow.fs.S3FileSystem here)
     endpoint_override = "http://127.0.0.1:9000"
@@ -98,6 +99,7 @@ class StorageSettings:
     spool_dir: str = ""
     spool_limit_gb: float = 20.0
     upload_timeout_s: float = 300.0
+    upload_delay_s: float = 10.0
     keep_uploaded: bool = False
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # scheme -> the filesystem's keyword arguments
 

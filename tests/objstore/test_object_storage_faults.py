@@ -23,14 +23,19 @@ from comgra.store.filesystems import open_location
 from comgra.store.uploader import local_files
 
 
-def test_training_finishes_and_loses_nothing_through_a_faulty_network(s3_env: str, s3_server: str,
+def test_training_finishes_and_loses_nothing_through_a_faulty_network(s3_env: str, s3_server: str, tmp_path: Path,
                                                                        monkeypatch) -> None:
     faults = Faults(drop=0.06, slow_down=0.08, stall=0.05, stall_seconds=1.5, put_lost_answer=0.08, seed=7)
     proxy = FaultyProxy(s3_server, faults)
+    # Every chunk sent while the training runs (no upload_delay_s): the faults meet the uploads of training time,
+    # the merged-away parts' deletes among them.
+    config = tmp_path / "comgra.toml"
+    config.write_text("[storage]\nkeep_uploaded = true\nupload_delay_s = 0\n")
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         started = time.monotonic()
-        recorder = train(f"{s3_env}/runs", "t1", steps=48, pause=0.05)  # a ComgraWarning (a lost upload) fails the test
+        # A ComgraWarning (a lost upload) fails the test.
+        recorder = train(f"{s3_env}/runs", "t1", steps=48, pause=0.05, config=config)
         trained = time.monotonic() - started
         # Reading through the same faults: the mirror retries what the filesystem's own retries did not absorb.
         remote = GroupReader(f"{s3_env}/runs/{GROUP}")

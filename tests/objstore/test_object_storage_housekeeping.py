@@ -2,6 +2,10 @@
 bucket holds everything, and the upload journal stays bounded over a long run."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +143,79 @@ def test_each_rank_gives_back_its_own_folders_and_the_last_the_trials(s3_env: st
     assert len(location.list_files()) == 6  # nothing deleted in the store
     assert uploader.run_pass().deleted == 0
     assert len(location.list_files()) == 6
+
+
+def test_earlier_runs_moved_aside_in_the_spool_go_to_the_bucket_and_leave_the_node(
+        s3_env: str, tmp_path: Path) -> None:
+    """A run whose upload failed leaves its files in the spool; the next run of the trial moves them aside
+    (GROUP/.replaced/, as on local disk). Its finalize sends them to GROUP/.replaced/<name>/ in the bucket and
+    removes them from the node; a folder another living process moved aside is left to it; readers never see them."""
+    from comgra.store.remote import mirror_base
+    from comgra.store.spool import recording_root
+
+    removing, dead = tmp_path / "removing.toml", tmp_path / "dead.toml"
+    removing.write_text("[storage]\nupload_timeout_s = 120\n")
+    dead.write_text("[storage]\nupload_timeout_s = 1.0\n[storage.options.s3]\nconnect_timeout = 0.5\n"
+                    "request_timeout = 0.5\n")
+    url = f"{s3_env}/runs"
+    # The first run: a script run before, against an endpoint where nothing answers (its files stay in the spool).
+    script = f"from test_object_storage import train; train({url!r}, 't1', steps=5, config={str(dead)!r})"
+    environment = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+                   "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-W", "default", "-c", script], env=environment, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "comgra sync" in run.stderr, run.stderr[-3000:]
+    group = recording_root(url).local / GROUP
+    earlier = sorted((key.rsplit("/", 1)[-1], size) for key, (size, _) in local_files(group).items())
+    assert any(name.endswith(".parquet") for name, _ in earlier)
+    busy = group / ".replaced" / f"t1-20260101-000000-{os.getppid()}"  # a mover that still lives: left alone
+    busy.mkdir(parents=True)
+    (busy / "trial.json").write_text("{}")
+
+    train(url, "t1", steps=4, config=removing)
+
+    assert sorted(p.name for p in (group / ".replaced").iterdir()) == [busy.name]
+    objects = open_location(f"{url}/{GROUP}").list_files()
+    names = {key.split("/")[1] for key in objects if key.startswith(".replaced/")}
+    assert len(names) == 1 and busy.name not in names, names
+    sent = sorted((key.rsplit("/", 1)[-1], size) for key, (size, _) in objects.items() if key.startswith(".replaced/"))
+    assert sent == earlier  # every file of the earlier run, at its size
+    remote = GroupReader(f"{url}/{GROUP}")
+    assert remote.trials() == ["t1"] and sorted(remote.trial("t1").steps()["training_step"].to_pylist()) == [0, 1, 2, 3]
+    assert not [p for p in mirror_base().rglob("*") if ".replaced" in p.parts]  # the mirror never fetches them
+
+
+def test_fresh_chunks_go_up_once_their_delay_is_over_and_finish_sends_everything(s3_env: str, tmp_path: Path) -> None:
+    """While the training runs, a chunk as the writer first writes it waits ``delay`` seconds (a merge replaces most
+    before), the steps chunk no earlier than its data; merged chunks and documents go at once; finish waits for
+    nothing."""
+    from comgra.store import format as fmt
+
+    local = tmp_path / "group"
+    fresh = layout.partition_dir(local, "tensors", "t", 0) / fmt.chunk_name(2, 0, 9)
+    merged = layout.partition_dir(local, "tensors", "t", 0) / fmt.chunk_name(1, 0, 4, level=1)
+    steps = layout.partition_dir(local, "steps", "t", 0) / fmt.chunk_name(3, 0, 9)
+    document = local / "trials" / "t" / "trial.json"
+    for path in (fresh, merged, steps, document):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 10)
+    written = time.monotonic()
+    location = open_location(f"{s3_env}/delay/{GROUP}")
+    key = {path: path.relative_to(local).as_posix() for path in (fresh, merged, steps, document)}
+    uploader = Uploader(local, location, journal_root=tmp_path, interval=0.05, delay=3.0).start()
+    while set(location.list_files()) != set(key.values()) and time.monotonic() < written + 30:
+        time.sleep(0.05)  # no wake from a writer: the thread's own timer sends the fresh ones once they are due
+    objects = location.list_files()
+    assert set(objects) == set(key.values())
+    for path in (fresh, steps):  # sent no earlier than 3 s after they were written (the store's clock: whole seconds)
+        assert objects[key[path]][1] >= path.stat().st_mtime_ns + 2e9, (path.name, objects)
+    lines = uploader.journal.path.read_text().splitlines()
+    assert max(i for i, line in enumerate(lines) if line.startswith("U") and line.endswith(key[fresh])) < \
+        min(i for i, line in enumerate(lines) if line.startswith("U") and line.endswith(key[steps]))
+    assert not uploader.finish(30).pending
+
+    later = layout.partition_dir(local, "tensors", "t", 0) / fmt.chunk_name(4, 10, 19)
+    later.write_bytes(b"y" * 10)
+    waiting = Uploader(local, location, journal_root=tmp_path, delay=3600.0).start()
+    result = waiting.finish(30)  # finalize: everything at once, the delay notwithstanding
+    assert not result.pending and later.relative_to(local).as_posix() in location.list_files()

@@ -95,8 +95,9 @@ class Mirror:
         self.listings += 1
         self.remote_files = len(remote)
         self.local.mkdir(parents=True, exist_ok=True)
-        wanted = [key for key, (size, mtime) in remote.items() if not key.split("/")[-1].startswith(".")
-                  and ".." not in key.split("/") and self._differs(key, size, mtime)]
+        # Never a dot file or a file in a dot folder (GROUP/.replaced/: earlier runs of a trial, kept in the bucket).
+        wanted = [key for key, (size, mtime) in remote.items()
+                  if not any(part.startswith(".") for part in key.split("/")) and self._differs(key, size, mtime)]
         self._fetch([key for key in wanted if not is_commit(key)], remote)
         self._fetch([key for key in wanted if is_commit(key)], remote)  # the index after its data
         # Not what a scan wrote into the mirror since this listing began: it is being published (``publish``).

@@ -13,11 +13,21 @@ first renamed to a hidden name, then deleted, so that no uploader of the spool e
 gone from a folder that is still there reads as merged away, and is deleted remotely). The journal keeps their
 lines: a later run of the same trial in this spool replaces them in the bucket, as it replaces a trial that is
 still in the spool.
+
+A new run of a trial moves the earlier run's files in the spool aside to ``GROUP/.replaced/<trial>-<time>-<pid>/``, as
+on local disk, and its uploader deletes the earlier objects in the bucket as it finds them gone. So that the node's
+disk is not filled by earlier runs nobody looks at there, finalize uploads such a folder to the
+same place in the bucket, ``GROUP/.replaced/<name>/`` (where a user of local disk would look; comgra's readers and
+the engines' table roots never read it), and removes it from the spool once every file of it is journaled as
+uploaded (``upload_replaced``). A folder that another living process may still be moving into is left alone.
 """
 from __future__ import annotations
 
+import logging
 import os
+import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +39,15 @@ from comgra.errors import StoreError
 from comgra.store import format as fmt
 from comgra.store import layout
 from comgra.store.filesystems import is_url, local_path, open_location, url_digest
-from comgra.store.uploader import Uploader, local_files
+from comgra.store.uploader import Uploader, _alive, local_files
 
 __all__ = ["RecordingRoot", "SpoolFull", "recording_root", "spool_base", "start_upload", "finish_upload",
-           "remove_uploaded"]
+           "remove_uploaded", "upload_replaced"]
+
+log = logging.getLogger("comgra.store")
+REPLACED = ".replaced"
+# <trial>-<YYYYmmdd-HHMMSS>-<pid> (one process), <trial>-<YYYYmmdd-HHMMSS>-r<rank>-<pid> (a rank of a distributed run)
+_REPLACED_NAME = re.compile(r"^(?P<trial>.+)-\d{8}-\d{6}-(?:r\d+-)?(?P<pid>\d+)$")
 
 
 class SpoolFull(StoreError):
@@ -64,7 +79,8 @@ def recording_root(root: Any, settings: Any = None) -> RecordingRoot:
 
 def start_upload(local_group: Path, url_group: str, settings: Any = None, trial_id: str | None = None) -> Uploader:
     """The running uploader of one group folder of the spool (its journal in the spool root). With ``trial_id``,
-    its passes after the first walk only that trial's folders (the first sends what earlier runs left)."""
+    its passes after the first walk only that trial's folders (the first sends what earlier runs left). A fresh chunk
+    goes up once it is ``[storage] upload_delay_s`` old while the training runs (see ``Uploader``)."""
     storage = getattr(settings, "storage", None)
     limit = int(float(getattr(storage, "spool_limit_gb", 20.0)) * 2 ** 30)
 
@@ -74,7 +90,8 @@ def start_upload(local_group: Path, url_group: str, settings: Any = None, trial_
                                                     for folder in layout.trial_partitions(local_group, trial_id)]
 
     return Uploader(local_group, open_location(url_group, config=settings), journal_root=local_group.parent,
-                    limit_bytes=limit, scope=None if trial_id is None else trial_folders).start()
+                    limit_bytes=limit, scope=None if trial_id is None else trial_folders,
+                    delay=float(getattr(storage, "upload_delay_s", 10.0))).start()
 
 
 def finish_upload(uploader: Uploader, settings: Any = None) -> str | None:
@@ -97,10 +114,11 @@ def spool_full_message(uploader: Uploader, settings: Any = None) -> str:
             f"(last error: {uploader.last.errors[-1] if uploader.last.errors else 'none'}).")
 
 
-def remove_uploaded(uploader: Uploader, trial_id: str, rank: int) -> int:
+def remove_uploaded(uploader: Uploader, trial_id: str, rank: int, timeout: float = 60.0) -> int:
     """Remove one finished rank of a trial from the spool once the bucket holds every file of it (journaled as
-    uploaded at its present size and time); the trial's folder too when no rank of it is left. Returns the bytes
-    freed; 0 (and nothing removed) while any file waits for upload."""
+    uploaded at its present size and time); the trial's folder too when no rank of it is left; then the earlier
+    runs of the trial that the spool moved aside (``upload_replaced``, at most ``timeout`` seconds). Returns the
+    bytes freed; 0 (and nothing removed) while any file waits for upload."""
     group = uploader.local
     trial_dir = fmt.trial_dir(group, trial_id)
     folders = [layout.partition_dir(group, partition.parent.name, trial_id, rank)
@@ -129,4 +147,47 @@ def remove_uploaded(uploader: Uploader, trial_id: str, rank: int) -> int:
                 partition.rmdir()  # empty now
             except OSError:
                 pass
-    return sum(size for size, _ in files.values())
+    freed = sum(size for size, _ in files.values())
+    try:
+        freed += upload_replaced(uploader, trial_id, timeout)
+    except Exception as error:  # noqa: BLE001 - housekeeping: a fault here never reaches the training
+        log.warning("comgra could not send the earlier runs in %s to the bucket: %s", uploader.local / REPLACED, error)
+    return freed
+
+
+def upload_replaced(uploader: Uploader, trial_id: str | None = None, timeout: float = 300.0) -> int:
+    """Upload the spool's earlier runs (``GROUP/.replaced/<name>/``, of ``trial_id`` or of every trial) to
+    ``<url>/.replaced/<name>/`` and remove each folder once the journal holds every file of it as uploaded, at its
+    present size and time. Only folders whose mover (the pid in the name) is this process or dead: another living
+    process may still be moving files into its folder. Returns the bytes freed; a folder whose upload did not finish
+    (within ``timeout`` seconds in all) stays, and the next finalize of the trial in this spool tries again."""
+    base = uploader.local / REPLACED
+    deadline = time.monotonic() + timeout
+    freed = 0
+    try:
+        folders = sorted(entry for entry in base.iterdir() if entry.is_dir() and not entry.name.startswith("."))
+    except FileNotFoundError:
+        return 0
+    for folder in folders:
+        match = _REPLACED_NAME.match(folder.name)
+        if match is None or (trial_id is not None and match.group("trial") != trial_id) \
+                or not (int(match.group("pid")) == os.getpid() or not _alive(int(match.group("pid")))):
+            continue
+        remote = uploader.remote.child(f"{REPLACED}/{folder.name}")
+        sending = Uploader(folder, remote, journal_root=uploader.local.parent, workers=uploader.workers)
+        result = sending.finish(max(0.0, deadline - time.monotonic()))
+        files = local_files(folder)
+        sending.journal.read_new()
+        if result.pending or result.errors or any(
+                (entry := sending.journal.entries.get(key)) is None or entry.op != "U" or (entry.size, entry.mtime)
+                != version for key, version in files.items()):
+            continue
+        hidden = base / f".uploaded-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(folder, hidden)
+        except OSError:
+            continue
+        shutil.rmtree(hidden, ignore_errors=True)
+        sending.journal.path.unlink(missing_ok=True)  # its lines name files that are gone from the spool for good
+        freed += sum(size for size, _ in files.values())
+    return freed

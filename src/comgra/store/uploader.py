@@ -22,9 +22,9 @@ node writes only keys of its own files, so ranks on many nodes need no coordinat
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -32,15 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from comgra.store.filesystems import Location, url_digest
+from comgra.store.filesystems import Location
+from comgra.store.upload_journal import COMPACT_AT_LINES, JOURNAL_DIR, Journal, _alive
+
+__all__ = ["COMMIT_FOLDER", "COMPACT_AT_LINES", "JOURNAL_DIR", "Journal", "PassResult", "Uploader", "is_commit",
+           "local_files", "lower_priority", "on_threads"]
 
 log = logging.getLogger("comgra.store")
 
-JOURNAL_DIR = ".comgra-upload"
 COMMIT_FOLDER = "steps"
-COMPACT_AT_LINES = 1024  # the journal is rewritten past this many lines and 4 per file that still matters
-_CLAIM_SECONDS = 120.0  # a claim older than this, by a process that still lives, is taken over
-_HOST = os.uname().nodename if hasattr(os, "uname") else "host"
+# A chunk as the writer first writes it (merge level 0: no "-l<level>"), which a merge replaces after some flushes.
+_FRESH_CHUNK = re.compile(r"\d+-\d+-r\d+-\d+\.parquet")
 
 
 @dataclass
@@ -51,139 +53,50 @@ class PassResult:
     pending: int = 0  # files still to upload after this pass (failed, claimed elsewhere, or deferred steps)
     pending_bytes: int = 0
     errors: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    op: str  # P (claimed), U (uploaded), D (deleted remotely)
-    size: int
-    mtime: int
-    pid: int
-
-
-class Journal:
-    """The append-only record of one spool folder's uploads to one URL.
-
-    A long run appends a claim, an upload and (for each part merged away) a delete per chunk: the file would grow
-    without bound. ``compact`` rewrites it with the last line of each file that still matters, under an exclusive
-    lock that every append takes shared, and a reader that meets the new file (another inode) reads it anew."""
-
-    def __init__(self, local_root: Path, url: str):
-        folder = local_root / JOURNAL_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"{url_digest(url)}.log"
-        self.entries: dict[str, _Entry] = {}
-        self.lines = 0  # lines of the journal file read so far (its length, against len(entries))
-        self._offset = 0
-        self._inode: int | None = None
-        self._lock = threading.Lock()
-        self.read_new()
-
-    def read_new(self) -> None:
-        """The lines other processes appended since the last read."""
-        with self._lock:
-            self._read_new()
-
-    def _read_new(self) -> None:
-        try:
-            with open(self.path, "rb") as stream:
-                inode = os.fstat(stream.fileno()).st_ino
-                if inode != self._inode:  # compacted by some process since the last read: read it from the start
-                    self._inode, self._offset, self.lines = inode, 0, 0
-                stream.seek(self._offset)
-                data = stream.read()
-        except FileNotFoundError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.decode("utf-8", "replace").splitlines():
-            self.lines += 1
-            fields = line.split("\t")
-            if len(fields) == 6 and fields[0] in "PUD" and fields[4] == _HOST:
-                op, size, mtime, pid, _, key = fields
-                self.entries[key] = _Entry(op, int(size), int(mtime), int(pid))
-            elif len(fields) == 6 and fields[0] in "PUD":
-                op, size, mtime, _, _, key = fields
-                self.entries[key] = _Entry(op, int(size), int(mtime), -1)
-
-    def append(self, op: str, key: str, size: int = 0, mtime: int = 0) -> None:
-        line = f"{op}\t{size}\t{mtime}\t{os.getpid()}\t{_HOST}\t{key}\n".encode()
-        with self._lock:
-            while True:
-                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(descriptor, fcntl.LOCK_SH)  # not while ``compact`` rewrites it
-                    try:
-                        current = os.stat(self.path).st_ino
-                    except FileNotFoundError:
-                        current = None
-                    if current == os.fstat(descriptor).st_ino:
-                        os.write(descriptor, line)  # one write of one line: appends of processes never interleave
-                        break
-                finally:
-                    os.close(descriptor)  # the lock with it
-            self.entries[key] = _Entry(op, size, mtime, os.getpid())
-
-    def compact(self, keep: Callable[[str, _Entry], bool]) -> bool:
-        """Rewrite the journal with the last line of each key that ``keep`` keeps (under an exclusive lock: the
-        lines other processes append wait for it, and none is lost). Returns whether it was rewritten."""
-        with self._lock:
-            descriptor = os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX)
-                self._read_new()  # every line appended until now
-                kept = {key: entry for key, entry in self.entries.items() if keep(key, entry)}
-                temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-                with open(temporary, "w", encoding="utf-8") as out:
-                    out.writelines(f"{e.op}\t{e.size}\t{e.mtime}\t{e.pid}\t{_HOST if e.pid >= 0 else '?'}\t{key}\n"
-                                   for key, e in kept.items())
-                os.replace(temporary, self.path)
-                self.entries, self._inode, self._offset, self.lines = kept, None, 0, 0
-                self._read_new()
-                return True
-            finally:
-                os.close(descriptor)
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    deferred: int = 0  # fresh chunks younger than ``delay`` left for a later pass (not pending: nothing failed)
+    due: float | None = None  # time.time() when the oldest of them is due
 
 
 def local_files(folder: Path, within: list[str] | None = None) -> dict[str, tuple[int, int]]:
     """The files to mirror below ``folder``: relative POSIX path -> (size, mtime_ns); the steps folders first.
-    ``within``: only below these relative folders (None: all of ``folder``)."""
-    steps: dict[str, tuple[int, int]] = {}
-    other: dict[str, tuple[int, int]] = {}
-    roots = [folder] if within is None else [folder / relative for relative in within]
+    ``within``: only below these relative folders (None: all of ``folder``).
+
+    ``os.scandir`` with plain string keys: the type of each entry comes with the listing and its size and time
+    from one ``lstat``, so that a pass of the uploader holds the GIL as little as it can (no ``pathlib``)."""
+    found: list[dict[str, tuple[int, int]]] = [{}, {}]  # the other files, the steps chunks
+    base = os.fspath(folder)
+    prefixes = [""] if within is None else [_prefix(relative) for relative in within]
     for wanted in (True, False):  # listed in two walks: a steps chunk seen here has its data seen by the second
-        for directory, folders, files in (entry for root in roots for entry in os.walk(root)):
-            folders[:] = [f for f in folders if not f.startswith(".") and f != "live"]
-            relative_dir = Path(directory).relative_to(folder).as_posix()
-            is_steps = COMMIT_FOLDER in Path(directory).relative_to(folder).parts
-            if is_steps != wanted:
-                continue
-            for name in files:
-                if name.startswith("."):
-                    continue
-                try:
-                    status = os.stat(os.path.join(directory, name), follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if not os.path.isfile(os.path.join(directory, name)) or os.path.islink(os.path.join(directory, name)):
-                    continue
-                key = name if relative_dir == "." else f"{relative_dir}/{name}"
-                (steps if wanted else other)[key] = (status.st_size, status.st_mtime_ns)
-    return {**other, **steps}
+        for prefix in prefixes:
+            _scan(base, prefix, COMMIT_FOLDER in prefix.split("/"), wanted, found[wanted])
+    return {**found[False], **found[True]}
+
+
+def _prefix(relative: str) -> str:
+    relative = relative.strip("/")
+    return "" if relative in ("", ".") else f"{relative}/"
+
+
+def _scan(base: str, prefix: str, is_steps: bool, wanted: bool, out: dict[str, tuple[int, int]]) -> None:
+    """The files of ``base/prefix`` (a relative folder ending in "/", or "") and below into ``out``: those below a
+    steps folder when ``wanted``, the others when not. Never a dot file or folder, nor ``live/``, nor a link."""
+    try:
+        entries = list(os.scandir(os.path.join(base, prefix) if prefix else base))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        name = entry.name
+        if name.startswith("."):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                if name != "live":
+                    _scan(base, f"{prefix}{name}/", is_steps or name == COMMIT_FOLDER, wanted, out)
+            elif is_steps == wanted and entry.is_file(follow_symlinks=False):
+                status = entry.stat(follow_symlinks=False)
+                out[prefix + name] = (status.st_size, status.st_mtime_ns)
+        except FileNotFoundError:
+            continue
 
 
 def lower_priority(niceness: int = 10) -> None:
@@ -237,12 +150,20 @@ class Uploader:
     ``scope`` (a function returning folders relative to ``local``) narrows the passes after the first full one to
     those folders: a recorder's uploader walks its own trial's folders, not every trial of a spool that a sweep
     filled, so that a pass costs the same at the thousandth trial as at the first. The first pass, and those of
-    ``comgra sync``, walk the whole folder (what crashed runs left)."""
+    ``comgra sync``, walk the whole folder (what crashed runs left).
+
+    ``delay``: the thread's passes (while the training runs) send a fresh chunk (merge level 0) only once it is that
+    many seconds old. The writer merges every few flushes' chunks into one, so most fresh chunks are replaced before
+    they are due, and each of them would have cost a PUT and, once merged away, a remote delete (three requests with
+    Arrow's S3 filesystem). The bucket then lags the spool by at most ``delay`` seconds (and a pass); a steps chunk
+    waits as long as the data it commits (it is written after them), so the order holds. ``finish`` and ``run_pass``
+    called from elsewhere (``comgra sync``) send everything at once."""
 
     def __init__(self, local: Path, remote: Location, *, journal_root: Path | None = None, interval: float = 1.0,
                  limit_bytes: int | None = None, workers: int = 4, max_attempts: int = 3,
-                 idle_interval: float = 30.0, scope: Callable[[], list[str]] | None = None):
+                 idle_interval: float = 30.0, scope: Callable[[], list[str]] | None = None, delay: float = 0.0):
         self.local = local
+        self.delay = delay
         self.remote = remote
         self.journal = Journal(journal_root or local, remote.url)
         self.interval = interval
@@ -275,7 +196,8 @@ class Uploader:
 
     def _loop(self) -> None:
         lower_priority()
-        retry_at: float | None = None  # while the store fails, or files wait: when the next pass is due
+        retry_at: float | None = None  # while the store fails, files wait, or fresh chunks are not due: the next pass
+        measure = False  # while the store fails (or others hold files): the backlog is measured on each wake
         while not self._stop.is_set():
             timeout = self.idle_interval if retry_at is None else max(0.0, retry_at - time.monotonic())
             woken = self._wake.wait(timeout)
@@ -283,15 +205,23 @@ class Uploader:
                 return  # finish() runs the last passes
             self._wake.clear()
             if retry_at is not None and time.monotonic() < retry_at:
-                self.measure_backlog()  # the spool keeps growing while the store is away: the limit holds meanwhile
+                if measure:
+                    self.measure_backlog()  # the spool keeps growing while the store is away: the limit holds meanwhile
                 continue
             if woken and self._stop.wait(self.interval):
                 return  # a batch: what the writer publishes in the next moment goes up in the same pass
             self._wake.clear()
             result = self.run_pass()
+            measure = bool(self.failures or result.pending)
             # Backoff while the store fails: 2, 4, ... 30 s between passes (each pass retries each request too).
-            retry_at = (time.monotonic() + min(30.0, self.interval * 2 ** min(self.failures, 5)) if self.failures
-                        else time.monotonic() + 2 * self.interval if result.pending else None)
+            if self.failures:
+                retry_at = time.monotonic() + min(30.0, self.interval * 2 ** min(self.failures, 5))
+            elif result.pending:
+                retry_at = time.monotonic() + 2 * self.interval
+            elif result.due is not None:  # the oldest fresh chunk left for later, once it is due
+                retry_at = time.monotonic() + max(self.interval, result.due - time.time())
+            else:
+                retry_at = None
 
     def measure_backlog(self) -> int:
         """Bytes of the spool not uploaded yet (a local listing, no network); sets ``full``."""
@@ -361,6 +291,8 @@ class Uploader:
             todo.append((key, size, mtime))
         if self.limit_bytes is not None:  # what waits now, before this pass sends anything
             self.full = sum(size for _, size, _ in todo) + result.pending_bytes > self.limit_bytes
+        if self.delay > 0 and self._thread is not None and threading.current_thread() is self._thread:
+            todo = self._due(todo, result)
         data = [item for item in todo if not is_commit(item[0])]
         commits = [item for item in todo if is_commit(item[0])]
         self._send(data, result)
@@ -390,40 +322,65 @@ class Uploader:
         if self.journal.lines > max(COMPACT_AT_LINES, 4 * sum(e.op != "D" for e in self.journal.entries.values())):
             self.journal.compact(lambda key, entry: entry.op != "D")
 
+    def _due(self, todo: list[tuple[str, int, int]], result: PassResult) -> list[tuple[str, int, int]]:
+        """``todo`` less the fresh chunks younger than ``delay`` (counted in ``result.deferred``, ``result.due``)."""
+        cutoff = time.time_ns() - int(self.delay * 1e9)
+        due: list[tuple[str, int, int]] = []
+        for item in todo:
+            if item[2] > cutoff and _FRESH_CHUNK.fullmatch(item[0].rsplit("/", 1)[-1]):
+                result.deferred += 1
+                ready = item[2] / 1e9 + self.delay
+                result.due = ready if result.due is None else min(result.due, ready)
+            else:
+                due.append(item)
+        return due
+
     def _send(self, items: list[tuple[str, int, int]], result: PassResult) -> None:
+        """Claim ``items`` (one journal write), upload them, journal them as uploaded (one write per thread).
+
+        On the uploader's own thread (while the training runs) on that one thread: no helper threads to start and
+        none contending for the GIL with the training; elsewhere (``finish``, ``comgra sync``) on ``workers``."""
         if not items:
             return
+        self.journal.read_new()  # what other processes of the node claimed or uploaded since the pass began
+        queue: list[tuple[str, int, int]] = []
+        for key, size, mtime in items:
+            if self._claimed_elsewhere(key, size, mtime):
+                result.pending += 1
+                result.pending_bytes += size
+            else:
+                queue.append((key, size, mtime))
+        # Before the PUTs: a crash leaves claims (of a process that died), which the next uploader sends again.
+        self.journal.append_many("P", queue)
+        queue.reverse()  # popped from the end: in the order of ``items``
         lock = threading.Lock()
-        queue = list(items)
 
         def work() -> None:
-            while True:
-                with lock:
-                    if not queue or result.errors:
-                        return
-                    key, size, mtime = queue.pop(0)
-                if self._claimed_elsewhere(key, size, mtime):  # since this pass began
+            done: list[tuple[str, int, int]] = []
+            try:
+                while True:
                     with lock:
-                        result.pending += 1
-                        result.pending_bytes += size
-                    continue
-                try:
-                    self.journal.append("P", key, size, mtime)  # before the PUT: a crash leaves a claim to clean up
-                    self._with_retries(lambda: self.remote.upload(self.local / key, key))
-                    self.journal.append("U", key, size, mtime)
-                    with lock:
-                        result.uploaded += 1
-                        result.bytes += size
-                except FileNotFoundError:
-                    pass  # merged away meanwhile: its successor is uploaded instead, its claim deleted remotely
-                except Exception as error:  # noqa: BLE001 - counted as pending, retried on the next pass
-                    with lock:
-                        result.errors.append(f"{key}: {type(error).__name__}: {error}")
-                        result.pending += 1
-                        result.pending_bytes += size
+                        if not queue or result.errors:
+                            return
+                        key, size, mtime = queue.pop()
+                    try:
+                        self._with_retries(lambda key=key: self.remote.upload(self.local / key, key))
+                        done.append((key, size, mtime))
+                        with lock:
+                            result.uploaded += 1
+                            result.bytes += size
+                    except FileNotFoundError:
+                        pass  # merged away meanwhile: its successor is uploaded instead, its claim deleted remotely
+                    except Exception as error:  # noqa: BLE001 - counted as pending, retried on the next pass
+                        with lock:
+                            result.errors.append(f"{key}: {type(error).__name__}: {error}")
+                            result.pending += 1
+                            result.pending_bytes += size
+            finally:
+                self.journal.append_many("U", done)
 
-        on_threads(work, min(self.workers, len(items)), "comgra-upload",
-                   low_priority=threading.current_thread() is self._thread)
+        own_thread = threading.current_thread() is self._thread
+        on_threads(work, 1 if own_thread else min(self.workers, len(queue)), "comgra-upload", low_priority=own_thread)
         with lock:
             for key, size, _ in queue:  # left after an error
                 result.pending += 1
@@ -431,8 +388,7 @@ class Uploader:
 
     def _claimed_elsewhere(self, key: str, size: int, mtime: int) -> bool:
         """Whether another living process of this node claimed or uploaded this version of the file (journal lines
-        appended since the pass began), so that two uploaders of one spool rarely send a file twice."""
-        self.journal.read_new()
+        read since the pass began), so that two uploaders of one spool rarely send a file twice."""
         entry = self.journal.entries.get(key)
         return entry is not None and (entry.size, entry.mtime) == (size, mtime) and entry.pid != os.getpid() \
             and (entry.op == "U" or entry.op == "P" and _alive(entry.pid))
