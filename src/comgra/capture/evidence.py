@@ -61,7 +61,9 @@ class RunEvidence:
             return evidence
         evidence.exact = recorder.rank_info.world_size > 1
         recorder._on_finalize.append(evidence.close)  # before the session closes: the last rows go with it
-        sentinels.on_host = fused.extremes  # a small CPU tensor's reductions in one call of the C kernel
+        # a step's small CPU tensors reduced at its end, in one call of the C kernel
+        sentinels.defer_up_to, sentinels.spec, sentinels.reduce_many = (fused.EXTREMES_UP_TO, fused.extremes_spec,
+                                                                         fused.many_extremes)
         # Every optimizer that steps during a recorded step, without track_optimizer: torch's global hook.
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
