@@ -223,8 +223,8 @@ class Sentinels:
             nan = count > 0 and math.isnan(high)
             inf = not nan and (math.isinf(low) or math.isinf(high))
             event = "nan" if nan else "inf" if inf else "empty" if count == 0 else None
-            self._add(step, name, source, count, nan, inf, math.nan if nan else max(abs(low), abs(high)), norm, event,
-                      low, high)
+            self._rows.append((step.training_step, step.type_of_execution, name, source, count, nan, inf,  # as _add
+                               math.nan if nan else max(abs(low), abs(high)), norm, step.recorded, event, low, high))
             if event is not None:
                 errors.append((name, event))
         self._add(step, "batch", "batch", step.batch_size, False, False, math.nan, math.nan,

@@ -230,13 +230,20 @@ def extremes(values: torch.Tensor) -> tuple[float, float, float] | None:
 
 def extremes_spec(values: torch.Tensor) -> tuple[int, int, int] | None:
     """(address, number of values, kind) of a tensor the sentinels' kernel can read (``many_extremes``), or None where
-    the kernel is not there, the tensor is larger than EXTREMES_UP_TO (floats: EXTREMES_FLOAT_UP_TO), empty, not contiguous, not plainly in the CPU's
-    memory, or of another type (the caller reduces in torch). Attribute reads only: no torch operation."""
+    the kernel is not there, the tensor is larger than EXTREMES_UP_TO (floats: EXTREMES_FLOAT_UP_TO), empty, not
+    contiguous, not plainly in the CPU's memory, or of another type (the caller reduces in torch). Attribute reads
+    only: no torch operation."""
     kind = _KINDS.get(values.dtype)
     if kind is None or _BUILD.value is None and _kernel() is None:
         return None
     count = values.numel()
-    if not 0 < count <= (EXTREMES_FLOAT_UP_TO if kind < 2 else EXTREMES_UP_TO) or not _plain_cpu(values) or not values.is_contiguous() or _is_compiling():
+    if not 0 < count <= (EXTREMES_FLOAT_UP_TO if kind < 2 else EXTREMES_UP_TO):
+        return None
+    subclass = type(values)  # then ``_reads`` less the dtype, inline: values of its own in the CPU's memory, dense
+    if not ((subclass is torch.Tensor or subclass is torch.nn.Parameter or subclass.__torch_dispatch__ is _NO_DISPATCH)
+            and values.is_cpu and values.layout is torch.strided and not values.is_neg() and not values.is_nested
+            and not _is_functional(values) and not _is_functorch_wrapped(values) and values.is_contiguous()) \
+            or _is_compiling():
         return None
     pointer = values.data_ptr()
     return (pointer, count, kind) if pointer else None
@@ -252,14 +259,6 @@ def many_extremes(specs: list[tuple[int, int, int]]) -> list[list[float]]:
 
 
 _THREE = ctypes.c_double * 3
-
-
-def _plain_cpu(values: torch.Tensor) -> bool:
-    """``_reads`` less the dtype: values of its own in the CPU's memory, dense, nothing lazy."""
-    kind = type(values)
-    return ((kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH)
-            and values.is_cpu and values.layout is torch.strided and not values.is_neg() and not values.is_nested
-            and not _is_functional(values) and not _is_functorch_wrapped(values))
 
 
 def _helper() -> concurrent.futures.ThreadPoolExecutor:
