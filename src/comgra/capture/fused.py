@@ -345,7 +345,10 @@ def _load(library: Path) -> tuple[Any, ...] | None:
         loaded = ctypes.CDLL(str(library))
         single, many, finish = loaded.comgra_row_sums, loaded.comgra_many_row_sums, loaded.comgra_finish
         first, wide, ends = loaded.comgra_first_values, loaded.comgra_wide_sums, loaded.comgra_extremes
-        all_ends = loaded.comgra_many_extremes
+        # The sentinels' calls read a few KiB: they keep the GIL (PyDLL). A call that lets it go waits to take it back,
+        # up to the switch interval (5 ms) while the writer thread encodes a recorded step's tables.
+        held = ctypes.PyDLL(str(library))
+        ends, all_ends = held.comgra_extremes, held.comgra_many_extremes
         single.restype = many.restype = finish.restype = first.restype = wide.restype = ends.restype = None
         all_ends.restype = None
         all_ends.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
