@@ -23,8 +23,8 @@ def _with_kernel(sentinels: Sentinels) -> Sentinels:
     """Wired to the C kernel as capture/evidence.py wires a recorder's: small CPU tensors reduced at finish_batch."""
     from comgra.capture import fused
     assert fused.ensure_built()
-    sentinels.defer_up_to, sentinels.spec, sentinels.reduce_many = (fused.EXTREMES_UP_TO, fused.extremes_spec,
-                                                                     fused.many_extremes)
+    sentinels.defer_up_to, sentinels.defer_floats_up_to = fused.EXTREMES_UP_TO, fused.EXTREMES_FLOAT_UP_TO
+    sentinels.spec, sentinels.reduce_many = fused.extremes_spec, fused.many_extremes
     return sentinels
 
 

@@ -91,8 +91,8 @@ class Sentinels:
         # The C kernel of capture/fused.py, given by capture.evidence: a CPU tensor of up to ``defer_up_to`` values is
         # kept at registration and reduced at finish_batch with the step's others in one call (``spec``: its
         # address, size and kind, or None where the kernel cannot read it; ``reduce_many``: [min, max, sum of
-        # squares] of each). 0: every tensor reduced in torch at registration.
-        self.defer_up_to = 0
+        # squares] of each; floats up to ``defer_floats_up_to``). 0: every tensor reduced in torch at registration.
+        self.defer_up_to = self.defer_floats_up_to = 0
         self.spec: Callable[[torch.Tensor], tuple[int, int, int] | None] | None = None
         self.reduce_many: Callable[[list[tuple[int, int, int]]], list[list[float]]] | None = None
         self.in_place: set[str] = set()  # names seen changed in place after their registration: reduced at registration
@@ -144,8 +144,11 @@ class Sentinels:
             step.inputs.add(id(tensor))
         step.seen.add(name)
         source = "marked" if self.marked is not None else "loss" if is_loss else "input" if is_input else "output"
-        if tensor.is_cpu and tensor.numel() <= self.defer_up_to and name not in self.in_place:
-            # Kept as it is (no torch call: each costs 5-20 us of CPU in a training step), read at finish_batch.
+        count = tensor.numel()
+        if tensor.is_cpu and count <= self.defer_up_to and name not in self.in_place and (
+                count <= self.defer_floats_up_to or not tensor.is_floating_point()):
+            # Kept as it is (no torch call: each costs 5-20 us of CPU in a training step), read at finish_batch; a
+            # tensor the kernel will not take is reduced here, while its values are still in the cache.
             try:
                 version: int | None = tensor._version
             except RuntimeError:  # an inference tensor has no version counter

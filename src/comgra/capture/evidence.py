@@ -62,8 +62,8 @@ class RunEvidence:
         evidence.exact = recorder.rank_info.world_size > 1
         recorder._on_finalize.append(evidence.close)  # before the session closes: the last rows go with it
         # a step's small CPU tensors reduced at its end, in one call of the C kernel
-        sentinels.defer_up_to, sentinels.spec, sentinels.reduce_many = (fused.EXTREMES_UP_TO, fused.extremes_spec,
-                                                                         fused.many_extremes)
+        sentinels.defer_up_to, sentinels.defer_floats_up_to = fused.EXTREMES_UP_TO, fused.EXTREMES_FLOAT_UP_TO
+        sentinels.spec, sentinels.reduce_many = fused.extremes_spec, fused.many_extremes
         # Every optimizer that steps during a recorded step, without track_optimizer: torch's global hook.
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
