@@ -1,8 +1,7 @@
 """ComgraRecorder: the Comgra-compatible recording API.
 
-Thin by design: it checks the call order and the arguments, and delegates
-to ``capture`` (the torch side) and ``store`` (the files). On a step that is
-not recorded every call returns after a flag check.
+Thin by design: it checks the call order and the arguments, and delegates to ``capture`` (the torch side) and
+``store`` (the files). On a step that is not recorded every call returns after a flag check.
 
     >>> import comgra
     >>> from comgra.recorder import ComgraRecorder
@@ -236,17 +235,18 @@ class ComgraRecorder(WatchedTensors):
         self._batch_size = current_batch_size
         self.current_stage = "started"
         self._dynamic = type_of_execution is None
-        self._recording = self._decide(training_step, type_of_execution, override__recording_is_active)
-        if self._recording and self.session is not None:
-            self._recording = self.session.start_step(
+        recording = self._decide(training_step, type_of_execution, override__recording_is_active)
+        if recording and self.session is not None:
+            recording = self.session.start_step(
                 training_step, current_batch_size, type_of_execution, self.modules,
                 record_all_tensors_per_batch_index_by_default)
         if self._breakpoints is not None:
-            self._recording = self._breakpoints.start_batch(self._recording, training_step, current_batch_size,
-                                                            record_all_tensors_per_batch_index_by_default)
-        self._takes_tensors = wanted = self._recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
-        self.instruments.start_step(training_step, self._recording)
-        self._evidence.start_batch(training_step, type_of_execution, current_batch_size, self._recording)
+            recording = self._breakpoints.start_batch(recording, training_step, current_batch_size,
+                                                      record_all_tensors_per_batch_index_by_default)
+        self._recording_step = recording = bool(recording) and self.session is not None and not self.session.broken
+        self._takes_tensors = wanted = recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
+        self.instruments.start_step(training_step, recording)
+        self._evidence.start_batch(training_step, type_of_execution, current_batch_size, recording)
         if wanted or self.instruments.wants_eager_step:  # compiled models run eagerly until the step ends (see
             self._eager.enter()  # comgra.capture.compiled); a FLOPs step too (Profiler.counts_flops)
         for listener in list(self._step_listeners):  # comgra.watch puts its hooks on for a recorded step only
@@ -272,7 +272,7 @@ class ComgraRecorder(WatchedTensors):
         self._iteration_serial += 1
         if self._breakpoints is not None:
             self._breakpoints.start_iteration()
-        if self._recording:
+        if self._recording_step and self._recording:
             self._guarded(lambda session: session.step.start_iteration())
 
     def register_tensor(self, tensor_name: str, tensor: torch.Tensor, index_of_batch_dimension: int | None = 0,
@@ -335,7 +335,7 @@ class ComgraRecorder(WatchedTensors):
             return _untraced(ComgraRecorder.record_current_gradients)(
                 self, name_of_loss_group, set_gradients_to_zero_if_not_a_parameter, scaler=scaler, loss_scale=loss_scale)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
-        if not (watched or self._recording):
+        if not (watched or self._recording_step and self._recording):
             return
         scale = scaling.scale_of(scaler, loss_scale)  # a host read of the scale: on recorded (or watched) steps only
         if watched:  # may start recording this step (a gradient condition held)
@@ -355,7 +355,7 @@ class ComgraRecorder(WatchedTensors):
         self.current_stage = "after_iteration"
         if self._breakpoints is not None:
             self._breakpoints.keep(("finish_iteration",))
-        if self._recording:
+        if self._recording_step and self._recording:
             self._guarded(lambda session: session.finish_iteration())
 
     def decide_recording_of_batch(self, type_of_execution: str | None, category_per_sample: list[Any]) -> None:
@@ -393,12 +393,14 @@ class ComgraRecorder(WatchedTensors):
         try:
             for listener in list(self._step_listeners):
                 listener(False)
-            self._evidence.finish_batch(self._recording, self.type_of_execution, pausable=self._breakpoints is not None)
+            recording = self._recording_step and self._recording
+            self._evidence.finish_batch(recording, self.type_of_execution, pausable=self._breakpoints is not None)
             if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
                 self._breakpoints.settle()
-            if self._recording:
+                recording = self._recording  # a breakpoint's hit may have started recording this step
+            if recording:
                 self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
-            self._recording = False
+            self._recording_step = False
             if self.session is not None and self._kpis.rows:
                 self.session.flush_kpis(self._kpis, force=False)
             self.instruments.finish_step(type_of_execution=self.type_of_execution)
@@ -469,8 +471,9 @@ class ComgraRecorder(WatchedTensors):
         self._kpis.add(kpi_group, kpi_name, self.type_of_execution, point, val)
 
     # -- internals ------------------------------------------------------------------------------
-    def _check_stage(self, call: str) -> None:
-        stages.check_stage(call, self.current_stage)
+    def _check_stage(self, call: str) -> None:  # the stage read here: one call, not two, on every step
+        if self.current_stage not in stages.STAGES_FOR[call]:
+            stages.check_stage(call, self.current_stage)
 
     def _guarded(self, action: Any) -> None:
         """Run a recording action; a fault of comgra's own stops recording, never the training."""

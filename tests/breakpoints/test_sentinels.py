@@ -19,9 +19,21 @@ CASES = {
 }
 
 
-def _rows(tensors: dict[str, torch.Tensor], batch_size: int = 4) -> tuple[list[dict[str, Any]], list[str]]:
+def _with_kernel(sentinels: Sentinels) -> Sentinels:
+    """Wired to the C kernel as capture/evidence.py wires a recorder's: small CPU tensors reduced at finish_batch."""
+    from comgra.capture import fused
+    assert fused.ensure_built()
+    sentinels.defer_up_to, sentinels.defer_floats_up_to = fused.EXTREMES_UP_TO, fused.EXTREMES_FLOAT_UP_TO
+    sentinels.spec, sentinels.reduce_many = fused.extremes_spec, fused.many_extremes
+    return sentinels
+
+
+def _rows(tensors: dict[str, torch.Tensor], batch_size: int = 4,
+          kernel: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
     tables, said = [], []
     sentinels = Sentinels(put=tables.append, warn=lambda key, message: said.append(message), note=lambda note: None)
+    if kernel:
+        _with_kernel(sentinels)
     sentinels.configure(list(tensors), enabled=True, pause_on_error=False)
     sentinels.start_batch(3, "training", batch_size, recorded=False)
     for name, tensor in tensors.items():
@@ -31,10 +43,11 @@ def _rows(tensors: dict[str, torch.Tensor], batch_size: int = 4) -> tuple[list[d
     return [row for table in tables for row in table.to_pylist()], said
 
 
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "kernel"])
 @pytest.mark.parametrize("case", CASES, ids=CASES)
-def test_each_kind_of_tensor(case: str) -> None:
+def test_each_kind_of_tensor(case: str, kernel: bool) -> None:
     tensor, event = CASES[case]
-    rows, said = _rows({case: tensor})
+    rows, said = _rows({case: tensor}, kernel=kernel)
     (row,) = [r for r in rows if r["name"] == case]
     assert (row["training_step"], row["numel"], row["event"], row["recorded"]) == (3, tensor.numel(), event, False)
     assert row["has_nan"] == (event == "nan") and row["has_inf"] == (event == "inf")
@@ -62,14 +75,16 @@ def test_only_the_losses_and_outputs_by_default() -> None:
     assert not sentinels.wants("logits", False)
 
 
-def test_tensors_of_several_dtypes_in_one_step_each_against_its_own_reduction() -> None:
+@pytest.mark.parametrize("kernel", [False, True], ids=["torch", "kernel"])
+def test_tensors_of_several_dtypes_in_one_step_each_against_its_own_reduction(kernel: bool) -> None:
     tensors = {"loss": torch.tensor(2.5), "logits": torch.tensor([[1.0, -7.0], [3.0, 0.25]], dtype=torch.bfloat16),
                "counts": torch.tensor([4, -9, 1]), "wide": torch.tensor([-1e300, 2.0], dtype=torch.float64),
-               "nan_loss": torch.tensor(math.nan)}
-    rows, said = _rows(tensors)
+               "nan_loss": torch.tensor(math.nan), "transposed": torch.randn(3, 5).t(),
+               "large": torch.randn(70_000), "requires_grad": torch.randn(4, 3, requires_grad=True) * 2}
+    rows, said = _rows(tensors, kernel=kernel)
     by_name = {r["name"]: r for r in rows}
     for name, tensor in tensors.items():
-        row = by_name[name]
+        row, tensor = by_name[name], tensor.detach()
         magnitude = tensor.abs().double()
         if name == "nan_loss":
             assert row["has_nan"] and row["event"] == "nan"
@@ -157,3 +172,40 @@ def test_the_device_path_reads_integer_inputs_without_a_norm_in_order() -> None:
     sentinels.close()
     (row,) = [r for table in tables for r in table.to_pylist() if r["training_step"] == 5 and r["name"] == "ids"]
     assert (row["value_min"], row["value_max"]) == (0.0, 0.0)
+
+
+def test_a_steps_small_cpu_tensors_are_reduced_in_one_kernel_call_at_its_end() -> None:
+    """With the kernel wired, registration keeps the tensor (no torch call) and finish_batch reduces every small CPU
+    tensor of the step in one call; what the kernel cannot read (bfloat16, a transposed view) goes to torch there."""
+    calls: list[int] = []
+    sentinels = _with_kernel(Sentinels(put=lambda table: None, warn=lambda key, message: None, note=lambda note: None))
+    reduce_many = sentinels.reduce_many
+    assert reduce_many is not None
+    sentinels.reduce_many = lambda specs: calls.append(len(specs)) or reduce_many(specs)
+    sentinels.configure(None, enabled=True, pause_on_error=False)
+    for step in range(3):
+        sentinels.start_batch(step, "training", 8, recorded=False)
+        sentinels.register("input", torch.randn(8, 64), is_loss=False, is_input=True)
+        sentinels.register("target", torch.randint(0, 10, (8,)), is_loss=False, is_input=True)
+        sentinels.register("half", torch.randn(8, 2, dtype=torch.bfloat16), is_loss=False, is_input=True)
+        sentinels.register("loss", torch.tensor(0.5, requires_grad=True) * 2, is_loss=True)
+        assert calls == [3] * step  # nothing reduced at registration
+        sentinels.finish_batch(pausable=False)
+    assert calls == [3, 3, 3]
+    assert sentinels.events == []
+
+
+def test_a_tensor_changed_in_place_after_its_registration_is_read_at_registration_from_then_on() -> None:
+    """Read at the step's end, a tensor changed in place later in the step would hide its registered value: its
+    version counter shows it, and from the next step on its name is reduced at registration (a NaN mended in place
+    after the registration is caught)."""
+    sentinels = _with_kernel(Sentinels(put=lambda table: None, warn=lambda key, message: None, note=lambda note: None))
+    sentinels.configure(["x"], enabled=True, pause_on_error=False)
+    for step, value in enumerate((1.0, math.nan)):
+        sentinels.start_batch(step, "training", 2, recorded=False)
+        x = torch.tensor([value, 2.0])
+        sentinels.register("x", x, is_loss=False)
+        x.nan_to_num_(0.0).mul_(3)
+        sentinels.finish_batch(pausable=False)
+    assert sentinels.in_place == {"x"}
+    assert sentinels.events == [(1, "x", "nan")]

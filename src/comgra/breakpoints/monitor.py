@@ -117,7 +117,7 @@ class BreakpointMonitor:
         """Refresh the breakpoints if due; True when this step must be recorded (a pending "step")."""
         self.step = StepState(training_step, type_of_execution)
         self._steps_seen += 1
-        if self._distributed():
+        if self.world_size > 1 and self._distributed():  # (the size first: no call on one process)
             if not self.shared:
                 if self.lead:
                     entries = self._read_if_lead()
@@ -177,7 +177,7 @@ class BreakpointMonitor:
                 self.check_gradients()
             self._warn_unknown_targets()
         hit = self.step.hit
-        if self._distributed() and self.shared and (self.breakpoints or self.stepping):
+        if self.world_size > 1 and self._distributed() and self.shared and (self.breakpoints or self.stepping):
             hit = self.step.hit = self._collective(self._agree_on_hit)
         elif hit is not None:
             self.hits[hit.id] = self.hits.get(hit.id, 0) + 1

@@ -10,7 +10,11 @@ largest magnitude and the L2 norm, and per step the batch size. The inputs and t
 watched by default as well: an input all zeros or constant on a step shows as value_min == value_max (an integer or
 boolean input, token ids, masks, labels, gets its smallest and largest value only, taken from the integers as they
 are: no copy, and a NaN norm). They are the reductions breakpoints use (``torch.aminmax`` gives min, max
-and the NaN flag in one kernel, ``vector_norm`` the norm), taken at registration (the value as registered).
+and the NaN flag in one kernel, ``vector_norm`` the norm), taken at registration (the value as registered). A small
+CPU tensor (up to 65,536 values) is kept at registration instead and reduced at finish_batch, with the step's others,
+in one call of comgra's C kernel (capture/fused.py): the inputs, targets and loss of a small model cost one call per
+step, not five torch calls each. Its value at the step's end is its value as registered unless it was changed in
+place in between: its version counter shows that, and from the next step on that name is reduced at registration.
 
 On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
 when the copy is long done: no step waits on the GPU for them. On the CPU they are read at once. A step with
@@ -59,7 +63,10 @@ class _Step:
     # or as floats where they cost nothing to read (a CPU scalar: the loss; any tensor on the CPU)
     parts: list[tuple[Any, Any, Any]] = field(default_factory=list)
     inputs: set[int] = field(default_factory=set)  # id() of the input tensors reduced (one tensor, two names: once)
+    seen: set[str] = field(default_factory=set)  # the names in ``names``
     host: torch.Tensor | None = None  # the stacked tensor results on the host (pinned, filled asynchronously on CUDA)
+    # small CPU tensors, reduced at finish_batch, all in one kernel call: (index in parts, tensor, is_input, version)
+    pending: list[tuple[int, torch.Tensor, bool, int | None]] = field(default_factory=list)
     ready: Any = None  # the CUDA event after the copy; None: ``host`` is complete
 
 
@@ -81,8 +88,14 @@ class Sentinels:
         self._rows: list[tuple[Any, ...]] = []  # in the order of fmt.SENTINELS_SCHEMA
         self._said: set[tuple[str, str]] = set()
         self.events: list[tuple[int, str, str]] = []  # (training_step, name, event) of the errors seen so far
-        # (min, max, norm) floats of a CPU tensor, or None where it cannot (then torch reduces); set by capture.evidence
-        self.on_host: Callable[[torch.Tensor], tuple[float, float, float] | None] | None = None
+        # The C kernel of capture/fused.py, given by capture.evidence: a CPU tensor of up to ``defer_up_to`` values is
+        # kept at registration and reduced at finish_batch with the step's others in one call (``spec``: its
+        # address, size and kind, or None where the kernel cannot read it; ``reduce_many``: [min, max, sum of
+        # squares] of each; floats up to ``defer_floats_up_to``). 0: every tensor reduced in torch at registration.
+        self.defer_up_to = self.defer_floats_up_to = 0
+        self.spec: Callable[[torch.Tensor], tuple[int, int, int] | None] | None = None
+        self.reduce_many: Callable[[list[tuple[int, int, int]]], list[list[float]]] | None = None
+        self.in_place: set[str] = set()  # names seen changed in place after their registration: reduced at registration
 
     @classmethod
     def attach(cls, recorder: Any) -> Sentinels:
@@ -123,54 +136,62 @@ class Sentinels:
     def register(self, name: str, tensor: torch.Tensor, is_loss: bool, is_input: bool = False) -> None:
         step = self.step
         assert step is not None
-        if any(name == known for known, _, _ in step.names):
+        if name in step.seen:
             return  # registered twice in a step (iterations): its first value stands for the step
         if is_input:
             if id(tensor) in step.inputs:
                 return  # the user's input, which comgra.watch also finds as the model's
             step.inputs.add(id(tensor))
+        step.seen.add(name)
         source = "marked" if self.marked is not None else "loss" if is_loss else "input" if is_input else "output"
-        # Each torch call costs 10-20 us of CPU in a training step (cold caches; 1-2 us in a loop): no detach where
-        # nothing needs it (the reductions and item() keep no autograd history of a tensor without one)
-        data = tensor.detach() if tensor.requires_grad else tensor
-        if hasattr(data, "to_local"):  # a DTensor: this rank's shard (its global reduction would be a collective)
-            data = data.to_local()
-        count = data.numel()
-        step.names.append((name, source, count))
-        if count == 0 or data.is_nested:
+        count = tensor.numel()
+        if tensor.is_cpu and count <= self.defer_up_to and name not in self.in_place and (
+                count <= self.defer_floats_up_to or not tensor.is_floating_point()):
+            # Kept as it is (no torch call: each costs 5-20 us of CPU in a training step), read at finish_batch; a
+            # tensor the kernel will not take is reduced here, while its values are still in the cache.
+            try:
+                version: int | None = tensor._version
+            except RuntimeError:  # an inference tensor has no version counter
+                version = None
+            step.names.append((name, source, -1))  # its number of values is taken at the end
+            step.pending.append((len(step.parts), tensor, is_input, version))
             step.parts.append((math.nan, math.nan, math.nan))
             return
-        if count == 1 and data.device.type == "cpu" and not data.is_complex():  # a loss: read now, no kernel
-            value = float(data.item())
-            step.parts.append((value, value, abs(value)))
-            return
-        if self.on_host is not None and data.is_cpu:  # a small CPU tensor: one call of a C kernel (capture/fused.py)
-            found = self.on_host(data)
-            if found is not None:
-                step.parts.append(found)
-                return
-        norm: Any = math.nan
-        if data.is_complex():
-            data = data.abs()
-        elif not data.is_floating_point():
-            if is_input:  # token ids, masks, labels: their smallest and largest value, of the integers (no copy, no norm)
-                low, high = torch.aminmax(data)
-                step.parts.append((float(low.item()), float(high.item()), norm) if data.device.type == "cpu"
-                                  else (low, high, None))
-                return
-            data = data.double()
-        low, high = torch.aminmax(data)  # two kernels
-        norm = torch.linalg.vector_norm(data)
-        if data.device.type == "cpu":  # read now (the kernels have run): three reads cost less than a stack
-            step.parts.append((float(low.item()), float(high.item()), float(norm.item())))
-        else:  # stacked and copied to the host at finish_batch, read a step later
-            step.parts.append((low, high, norm))
+        count, part = _reduce(tensor, is_input)
+        step.names.append((name, source, count))
+        step.parts.append(part)
+
+    def _reduce_pending(self, step: _Step) -> None:
+        """The small CPU tensors of the step, reduced in one call of the kernel (those it cannot read in torch). A
+        tensor changed in place since its registration (its version moved) is read as it is now, and its name is
+        reduced at registration from the next step on."""
+        pending, step.pending = step.pending, []
+        specs, kernel_parts = [], []
+        for index, tensor, is_input, version in pending:
+            name, source, _ = step.names[index]
+            if version is not None and tensor._version != version:
+                self.in_place.add(name)
+            spec = self.spec(tensor) if self.spec is not None else None
+            if spec is None:
+                count, step.parts[index] = _reduce(tensor, is_input)
+            else:
+                count = spec[1]
+                specs.append(spec)
+                kernel_parts.append(index)
+            step.names[index] = (name, source, count)
+        if specs:
+            assert self.reduce_many is not None
+            for index, (low, high, squares) in zip(kernel_parts, self.reduce_many(specs)):
+                step.parts[index] = (low, high, math.sqrt(squares))
+        del pending  # the tensors are let go only after the kernel has read them
 
     def finish_batch(self, *, pausable: bool) -> None:
         """The step's reductions go to the host; the previous step's (CUDA) or this step's (CPU) are read."""
         step, self.step = self.step, None
         if step is None:
             return
+        if step.pending:
+            self._reduce_pending(step)
         _start_transfer(step)
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
@@ -205,8 +226,8 @@ class Sentinels:
             nan = count > 0 and math.isnan(high)
             inf = not nan and (math.isinf(low) or math.isinf(high))
             event = "nan" if nan else "inf" if inf else "empty" if count == 0 else None
-            self._add(step, name, source, count, nan, inf, math.nan if nan else max(abs(low), abs(high)), norm, event,
-                      low, high)
+            self._rows.append((step.training_step, step.type_of_execution, name, source, count, nan, inf,  # as _add
+                               math.nan if nan else max(abs(low), abs(high)), norm, step.recorded, event, low, high))
             if event is not None:
                 errors.append((name, event))
         self._add(step, "batch", "batch", step.batch_size, False, False, math.nan, math.nan,
@@ -255,6 +276,36 @@ class Sentinels:
     def flush(self) -> None:
         """Hand the rows so far to the writer (the recorder's flush and a pause)."""
         self._put_rows()
+
+
+def _reduce(tensor: torch.Tensor, is_input: bool) -> tuple[int, tuple[Any, Any, Any]]:
+    """The number of values and (min, max, norm) of a tensor in torch: floats where they cost nothing to read (a CPU
+    tensor), else three 0-d tensors on its device (norm None: an integer input, which has none)."""
+    # Each torch call costs 10-20 us of CPU in a training step (cold caches; 1-2 us in a loop): no detach where
+    # nothing needs it (the reductions and item() keep no autograd history of a tensor without one)
+    data = tensor.detach() if tensor.requires_grad else tensor
+    if hasattr(data, "to_local"):  # a DTensor: this rank's shard (its global reduction would be a collective)
+        data = data.to_local()
+    count = data.numel()
+    if count == 0 or data.is_nested:
+        return count, (math.nan, math.nan, math.nan)
+    if count == 1 and data.device.type == "cpu" and not data.is_complex():  # a loss: read now, no kernel
+        value = float(data.item())
+        return count, (value, value, abs(value))
+    norm: Any = math.nan
+    if data.is_complex():
+        data = data.abs()
+    elif not data.is_floating_point():
+        if is_input:  # token ids, masks, labels: their smallest and largest value, of the integers (no copy, no norm)
+            low, high = torch.aminmax(data)
+            return count, ((float(low.item()), float(high.item()), norm) if data.device.type == "cpu"
+                           else (low, high, None))
+        data = data.double()
+    low, high = torch.aminmax(data)  # two kernels
+    norm = torch.linalg.vector_norm(data)
+    if data.device.type == "cpu":  # read now (the kernels have run): three reads cost less than a stack
+        return count, (float(low.item()), float(high.item()), float(norm.item()))
+    return count, (low, high, norm)  # stacked and copied to the host at finish_batch, read a step later
 
 
 def _start_transfer(step: _Step) -> None:

@@ -61,7 +61,9 @@ class RunEvidence:
             return evidence
         evidence.exact = recorder.rank_info.world_size > 1
         recorder._on_finalize.append(evidence.close)  # before the session closes: the last rows go with it
-        sentinels.on_host = fused.extremes  # a small CPU tensor's reductions in one call of the C kernel
+        # a step's small CPU tensors reduced at its end, in one call of the C kernel
+        sentinels.defer_up_to, sentinels.defer_floats_up_to = fused.EXTREMES_UP_TO, fused.EXTREMES_FLOAT_UP_TO
+        sentinels.spec, sentinels.reduce_many = fused.extremes_spec, fused.many_extremes
         # Every optimizer that steps during a recorded step, without track_optimizer: torch's global hook.
         try:
             from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -156,23 +158,23 @@ class RunEvidence:
     def register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool = False) -> None:
         if self.broken or not isinstance(tensor, torch.Tensor):
             return  # (the recorder reports a non-tensor)
-        watched = self.sentinels.wants(name, is_loss, is_input)
-        if self._rows is None and not watched:
+        sentinels, marked = self.sentinels, self.sentinels.marked  # sentinels.wants(), inline: a call less per tensor
+        watched = sentinels.step is not None and (
+            name in marked if marked is not None else is_loss or (is_input and sentinels.inputs) or name in sentinels.outputs)
+        rows = self._rows
+        if rows is None and not watched:
             return  # the usual case of a step that is not recorded
         try:
-            self._register(name, tensor, is_loss, recording, is_input, watched)
+            if watched:
+                self.sentinels.register(name, tensor, is_loss, is_input)
+            if rows is not None and recording and name not in self._tensors_seen:
+                self._register(name, tensor, rows)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
-    def _register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool,
-                  watched: bool) -> None:
-        if watched:
-            self.sentinels.register(name, tensor, is_loss, is_input)
-        rows = self._rows
-        if rows is None or not recording or name in self._tensors_seen:
-            return
+    def _register(self, name: str, tensor: torch.Tensor, rows: list[tuple[str, str, str, str, float]]) -> None:
         # The state the step's tensors were computed in: gradients off at any registration (evaluation under no_grad,
         # the inputs registered before it), autocast on at any (the inputs registered before entering it).
         self._grad_enabled = self._grad_enabled and torch.is_grad_enabled()

@@ -203,46 +203,62 @@ def wide_sums(tensors: list[torch.Tensor]) -> np.ndarray | None:
 
 
 # The sentinels' reductions in the kernel up to this many values (integers; floats up to EXTREMES_FLOAT_UP_TO): a torch
-# call costs 1-2 us of dispatch hot (5-20 in a training loop), the kernel's loop (one value at a time, NaN checked) about
-# 1.2 ns per float and 0.7 per integer; beyond, torch's vectorised kernels win (measured, one thread: 38,400 floats
-# torch 17.5 us, the kernel 50.7; 4,096 floats 5.2 and 7.8; 1,024 or fewer the kernel; integers, which torch first
-# casts, the kernel at every size up to 38,400: 30.5 us against 46.2).
+# call costs 1-2 us of dispatch hot (5-20 in a training loop; the sentinels take five: aminmax, vector_norm, three
+# reads), the kernel's loop about 0.6 ns per value (floats in 16 lanes, integers one at a time), torch's vectorised
+# floats about 0.3 ns for the two passes. Measured hot, one thread, one tensor per call (benchmarks/sentinel_kernel.py):
+# 4,096 floats kernel 5.9 us, torch 4.4; 16,384 12.9 and 8.1; 65,536 40.8 and 19.8; integers, which torch first casts,
+# the kernel at every size (65,536: 41.0 against 61.6). Floats up to 16,384: where the kernel's extra loop time stays
+# below the dispatch of torch's five calls in a training step; beyond, torch at finish_batch.
 EXTREMES_UP_TO = 1 << 16
-EXTREMES_FLOAT_UP_TO = 1 << 10
+EXTREMES_FLOAT_UP_TO = 1 << 14
 _KINDS = {torch.float32: 0, torch.float64: 1, torch.int64: 2, torch.int32: 3, torch.uint8: 4, torch.bool: 4,
           torch.int8: 5, torch.int16: 6}
 
 
 def extremes(values: torch.Tensor) -> tuple[float, float, float] | None:
     """(min, max, L2 norm) of a CPU tensor's values in float64, NaN min and max where a value is NaN (as
-    ``torch.aminmax``), in one call of the kernel; None where the kernel is not there, the tensor is larger than
-    EXTREMES_UP_TO (floats: EXTREMES_FLOAT_UP_TO), empty, not contiguous, or of another type (the caller reduces in
-    torch)."""
-    kernel = _kernel()
-    count = values.numel()
-    kind = _KINDS.get(values.dtype)
-    if kernel is None or kind is None or not 0 < count <= (EXTREMES_FLOAT_UP_TO if kind < 2 else EXTREMES_UP_TO) \
-            or not _plain_cpu(values) \
-            or not values.is_contiguous() or _is_compiling():
-        return None
-    pointer = values.data_ptr()
-    if not pointer:
+    ``torch.aminmax``), in one call of the kernel; None where ``extremes_spec`` refuses the tensor (the caller reduces
+    in torch)."""
+    spec = extremes_spec(values)
+    if spec is None:
         return None
     out = _THREE()
-    kernel[5](pointer, count, kind, out)
+    _BUILD.value[5](*spec, out)
     low, high, squares = out
     return low, high, squares ** 0.5
 
 
-_THREE = ctypes.c_double * 3
-
-
-def _plain_cpu(values: torch.Tensor) -> bool:
-    """``_reads`` less the dtype: values of its own in the CPU's memory, dense, nothing lazy."""
-    kind = type(values)
-    return ((kind is torch.Tensor or kind is torch.nn.Parameter or kind.__torch_dispatch__ is _NO_DISPATCH)
+def extremes_spec(values: torch.Tensor) -> tuple[int, int, int] | None:
+    """(address, number of values, kind) of a tensor the sentinels' kernel can read (``many_extremes``), or None where
+    the kernel is not there, the tensor is larger than EXTREMES_UP_TO (floats: EXTREMES_FLOAT_UP_TO), empty, not
+    contiguous, not plainly in the CPU's memory, or of another type (the caller reduces in torch). Attribute reads
+    only: no torch operation."""
+    kind = _KINDS.get(values.dtype)
+    if kind is None or _BUILD.value is None and _kernel() is None:
+        return None
+    count = values.numel()
+    if not 0 < count <= (EXTREMES_FLOAT_UP_TO if kind < 2 else EXTREMES_UP_TO):
+        return None
+    subclass = type(values)  # then ``_reads`` less the dtype, inline: values of its own in the CPU's memory, dense
+    if not ((subclass is torch.Tensor or subclass is torch.nn.Parameter or subclass.__torch_dispatch__ is _NO_DISPATCH)
             and values.is_cpu and values.layout is torch.strided and not values.is_neg() and not values.is_nested
-            and not _is_functional(values) and not _is_functorch_wrapped(values))
+            and not _is_functional(values) and not _is_functorch_wrapped(values) and values.is_contiguous()) \
+            or _is_compiling():
+        return None
+    pointer = values.data_ptr()
+    return (pointer, count, kind) if pointer else None
+
+
+def many_extremes(specs: list[tuple[int, int, int]]) -> list[list[float]]:
+    """[min, max, sum of squares] in float64 of each tensor of ``extremes_spec``'s specs, in one call of the kernel
+    (NaN min and max where a value is NaN). The tensors must still be alive: the caller holds them."""
+    out = np.empty((len(specs), 3))
+    if specs:
+        _BUILD.value[6](len(specs), np.array(specs, dtype=np.int64).ctypes.data, out.ctypes.data)
+    return out.tolist()  # type: ignore[no-any-return]
+
+
+_THREE = ctypes.c_double * 3
 
 
 def _helper() -> concurrent.futures.ThreadPoolExecutor:
@@ -329,7 +345,13 @@ def _load(library: Path) -> tuple[Any, ...] | None:
         loaded = ctypes.CDLL(str(library))
         single, many, finish = loaded.comgra_row_sums, loaded.comgra_many_row_sums, loaded.comgra_finish
         first, wide, ends = loaded.comgra_first_values, loaded.comgra_wide_sums, loaded.comgra_extremes
+        # The sentinels' calls read a few KiB: they keep the GIL (PyDLL). A call that lets it go waits to take it back,
+        # up to the switch interval (5 ms) while the writer thread encodes a recorded step's tables.
+        held = ctypes.PyDLL(str(library))
+        ends, all_ends = held.comgra_extremes, held.comgra_many_extremes
         single.restype = many.restype = finish.restype = first.restype = wide.restype = ends.restype = None
+        all_ends.restype = None
+        all_ends.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
         ends.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
         wide.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         first.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
@@ -361,13 +383,19 @@ def _load(library: Path) -> tuple[Any, ...] | None:
         reference = flat.numpy()[:-3].astype(np.float64)
         if not np.allclose(wide_out, [[reference.sum(), reference @ reference], [0.0, 0.0]], rtol=1e-12, atol=1e-9):
             raise OSError("the kernel's float64 sums disagree with NumPy")
-        for sample in (flat[:100], flat[:100].double(), (flat[:100] * 100).long(), torch.tensor([3.0, float("nan"), 1.0])):
+        samples = [flat[:100], flat[:100].double(), (flat[:100] * 100).long(), torch.tensor([3.0, float("nan"), 1.0]),
+                   flat[:37] - 9.0, torch.tensor([-float("inf")] * 19), torch.tensor([float("inf")] * 3)]
+        specs = [(sample.data_ptr(), sample.numel(), _KINDS[sample.dtype]) for sample in samples]
+        many_out = np.empty((len(samples), 3))
+        all_ends(len(samples), np.array(specs, dtype=np.int64).ctypes.data, many_out.ctypes.data)
+        for sample, spec, together in zip(samples, specs, many_out):
             three = _THREE()
-            ends(sample.data_ptr(), sample.numel(), _KINDS[sample.dtype], three)
+            ends(*spec, three)
             wanted = [float(sample.min()), float(sample.max()), float(sample.double().pow(2).sum())]
-            if not np.allclose(list(three), wanted, rtol=1e-12, equal_nan=True):
+            if not (np.allclose(list(three), wanted, rtol=1e-12, equal_nan=True)
+                    and np.allclose(together, wanted, rtol=1e-12, equal_nan=True)):
                 raise OSError("the kernel's extremes disagree with torch")
-        return single, many, finish, first, wide, ends
+        return single, many, finish, first, wide, ends, all_ends
     except (OSError, AttributeError):
         return None
 
