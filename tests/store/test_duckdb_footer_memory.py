@@ -55,3 +55,18 @@ def test_duckdb_keeps_a_bounded_share_of_chunks_merged_away(fresh_recording: Pat
     assert answer.equals(expected)
     # Before: DuckDB's cache held every renamed chunk's parsed footer (about 60 KiB each here: +36 MiB; now under 6).
     assert grown < 12, f"{grown:.1f} MiB more in use after {renames} chunks merged away (chunk: {footer} bytes)"
+
+
+def test_the_readers_duckdb_hands_freed_memory_back_after_small_queries(fresh_recording: Path) -> None:
+    """DuckDB's allocator keeps what a query freed until the query's peak passes its flush threshold (128 MiB by
+    default): a server answering many small queries kept it. The reader's connection flushes past 4 MB."""
+    group = GroupReader(fresh_recording)
+    (trial_id,) = group.trials()
+    trial = group.trial(trial_id)
+    trial.selection(training_step=fmt.parse_chunk_name(
+        fmt.chunk_files(layout.rank_dir(trial.directory, "tensors", 0))[0].name).first)
+    connection = trial._duck.connection  # the connection that query opened
+    assert connection is not None
+    (threshold,) = connection.execute(
+        "SELECT value FROM duckdb_settings() WHERE name = 'allocator_flush_threshold'").fetchone()
+    assert threshold in ("4MB", "4.0 MB", "4000000B", "4194304B", "3.8 MiB", "4.0 MiB"), threshold

@@ -56,6 +56,9 @@ class ReaderConnection:
                 self._connection = duckdb.connect()
                 # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
                 self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
+                # DuckDB's allocator keeps what a query freed until a query's peak passes this (128 MiB by
+                # default): a server answering many small queries kept it all (docs/performance.md).
+                self._connection.execute("SET GLOBAL allocator_flush_threshold = '4MB'")
                 self._generation += 1
             generation, connection = self._generation, self._connection
         mine = getattr(self._local, "cursor", None)
