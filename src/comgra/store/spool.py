@@ -39,7 +39,8 @@ from comgra.errors import StoreError
 from comgra.store import format as fmt
 from comgra.store import layout
 from comgra.store.filesystems import is_url, local_path, open_location, url_digest
-from comgra.store.uploader import Uploader, _alive, local_files
+from comgra.store.upload_journal import Journal, _alive
+from comgra.store.uploader import Uploader, local_files
 
 __all__ = ["RecordingRoot", "SpoolFull", "recording_root", "spool_base", "start_upload", "finish_upload",
            "remove_uploaded", "upload_replaced"]
@@ -128,19 +129,11 @@ def remove_uploaded(uploader: Uploader, trial_id: str, rank: int, timeout: float
                         for child in partition.iterdir())
     if last_rank and trial_dir.is_dir():
         folders.append(trial_dir)
-    uploader.journal.read_new()
     files = local_files(group, [folder.relative_to(group).as_posix() for folder in folders])
-    for key, version in files.items():
-        entry = uploader.journal.entries.get(key)
-        if entry is None or entry.op != "U" or (entry.size, entry.mtime) != version:
-            return 0
+    if not _all_uploaded(uploader.journal, files):
+        return 0
     for folder in folders:
-        hidden = group / f".uploaded-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        try:
-            os.rename(folder, hidden)  # all of the folder at once (see the module's docstring)
-        except OSError:
-            continue
-        shutil.rmtree(hidden, ignore_errors=True)
+        _remove(folder, group)
     if last_rank:
         for partition in layout.trial_partitions(group, trial_id):
             try:
@@ -177,17 +170,30 @@ def upload_replaced(uploader: Uploader, trial_id: str | None = None, timeout: fl
         sending = Uploader(folder, remote, journal_root=uploader.local.parent, workers=uploader.workers)
         result = sending.finish(max(0.0, deadline - time.monotonic()))
         files = local_files(folder)
-        sending.journal.read_new()
-        if result.pending or result.errors or any(
-                (entry := sending.journal.entries.get(key)) is None or entry.op != "U" or (entry.size, entry.mtime)
-                != version for key, version in files.items()):
+        if result.pending or result.errors or not _all_uploaded(sending.journal, files) or not _remove(folder, base):
             continue
-        hidden = base / f".uploaded-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        try:
-            os.rename(folder, hidden)
-        except OSError:
-            continue
-        shutil.rmtree(hidden, ignore_errors=True)
         sending.journal.path.unlink(missing_ok=True)  # its lines name files that are gone from the spool for good
         freed += sum(size for size, _ in files.values())
     return freed
+
+
+def _all_uploaded(journal: Journal, files: dict[str, tuple[int, int]]) -> bool:
+    """Whether the journal (read anew) holds each of ``files`` as uploaded at its present size and time."""
+    journal.read_new()
+    for key, version in files.items():
+        entry = journal.entries.get(key)
+        if entry is None or entry.op != "U" or (entry.size, entry.mtime) != version:
+            return False
+    return True
+
+
+def _remove(folder: Path, parent: Path) -> bool:
+    """Remove ``folder``: renamed to a hidden name in ``parent`` first, all of it at once (see the module's
+    docstring), then deleted. False if it could not be renamed (it stays)."""
+    hidden = parent / f".uploaded-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    try:
+        os.rename(folder, hidden)
+    except OSError:
+        return False
+    shutil.rmtree(hidden, ignore_errors=True)
+    return True
