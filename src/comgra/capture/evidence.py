@@ -158,9 +158,7 @@ class RunEvidence:
     def register(self, name: str, tensor: torch.Tensor, is_loss: bool, recording: bool, is_input: bool = False) -> None:
         if self.broken or not isinstance(tensor, torch.Tensor):
             return  # (the recorder reports a non-tensor)
-        sentinels, marked = self.sentinels, self.sentinels.marked  # sentinels.wants(), inline: a call less per tensor
-        watched = sentinels.step is not None and (
-            name in marked if marked is not None else is_loss or (is_input and sentinels.inputs) or name in sentinels.outputs)
+        watched = self.sentinels.wants(name, is_loss, is_input)  # one rule, the one tests/breakpoints checks
         rows = self._rows
         if rows is None and not watched:
             return  # the usual case of a step that is not recorded
