@@ -224,7 +224,8 @@ class ComgraRecorder(WatchedTensors):
             return _untraced(ComgraRecorder.start_batch)(self, training_step, current_batch_size, type_of_execution,
                                                          record_all_tensors_per_batch_index_by_default,
                                                          override__recording_is_active)
-        _prepare_untraced()
+        if not compiled.prepared:
+            _prepare_untraced()
         if self.current_stage != "inactive":
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
                                  "is still open; call finish_batch() at the end of each training step, or "
