@@ -298,7 +298,7 @@ _is_functional = torch._is_functional_tensor
 _is_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 # True while TorchDynamo traces (torch.compile): a constant in the traced code, so that the kernel's calls are
 # never part of a traced frame (recorder.py keeps comgra's entry points out of traced frames; this is the last guard).
-_is_compiling = torch.compiler.is_compiling
+_is_compiling = torch.compiler.is_dynamo_compiling  # one call (is_compiling also asks TorchScript: two)
 
 
 def _readable(values: torch.Tensor, rows: int) -> bool:
