@@ -8,13 +8,16 @@ benchmarks/mlp_fixed_cost.py subtracts a plain block of steps from a recorded on
 of the rounds is ten times the 0.05 ms asked of an unrecorded step. Here each of comgra's calls of the step
 (start_batch, start_iteration, the registrations, record_current_gradients, finish_iteration, finish_batch) is
 timed inside the training loop of the MLP 64-4x256-10 (batch 64; benchmarks/breakdown_workloads.py, no step
-recorded) on the training thread's CPU clock (``time.thread_time``), less the timer's own cost (calibrated in the
-same loop); a step's figure is the sum of its calls. What they cost the training's own code (the caches they
+recorded) with ``time.perf_counter`` (the thread's CPU clock is a system call that costs microseconds itself),
+less one read of the clock made right after each call; a step's figure is the sum of its calls, and the low
+percentiles are the steps no other process interrupted. A recorder whose methods do nothing measures 10-14 us a
+step this way (calls from cold caches and the timing itself). What they cost the training's own code (the caches they
 use) is not in it. The garbage collector's collections during the run are timed too (``gc.callbacks``): a full
 collection of a process that imported torch takes tenths of a second, and what sets it off is the objects the
 steps leave to it; its time is given per step. torch's global optimizer hook (called inside ``optimizer.step``)
 is counted in the calls per step, not timed. Child processes alternate ref, now, ref, now ...; the table gives
-per side the median over its children of the 10th percentile, the median and the mean of the steps.
+per side the median over its children of the 10th percentile, the median and the mean of the steps, and per
+call the median of the steps (the eight registrations of a step together).
 """
 from __future__ import annotations
 
