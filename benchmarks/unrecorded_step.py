@@ -71,7 +71,8 @@ def child(steps: int) -> dict[str, Any]:
         if phase == "start":
             on_collection.started = time.thread_time()  # type: ignore[attr-defined]
         else:
-            collections.append((info["generation"], time.thread_time() - on_collection.started))  # type: ignore[attr-defined]
+            spent = time.thread_time() - on_collection.started  # type: ignore[attr-defined]
+            collections.append((info["generation"], spent))
     with tempfile.TemporaryDirectory() as folder:
         recorder = wl.make_recorder(Path(folder), "unrecorded", "never")
         timed = _Timed(recorder)
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
         def middle(key: str) -> float:
             return statistics.median(row[key] for row in rows)
         print(f"  {side:<5}{middle('p10'):>10.1f}{middle('median'):>10.1f}{middle('mean'):>10.1f}"
-              f"{middle('gc_us_per_step'):>12.1f}{middle('full_collections'):>10.0f}{middle('young_collections'):>11.0f}"
+              f"{middle('gc_us_per_step'):>12.1f}{middle('full_collections'):>10.0f}"
+              f"{middle('young_collections'):>11.0f}"
               f"{middle('python_calls'):>10.1f}{middle('c_calls'):>9.1f}")
     print("  per call, us per step (median of the steps; the 8 registrations together): " + "; ".join(
         f"{side} " + ", ".join(f"{name} {statistics.median(row['call:' + name] for row in found[side]):.1f}"
