@@ -121,6 +121,7 @@ class ComgraRecorder(WatchedTensors):
         self.current_stage = "inactive"
         self.training_step: int | None = None
         self.type_of_execution: str | None = None
+        self._quiet = False  # the step takes nothing but the sentinels' (start_batch decides; see register_tensor)
         self._recording = False
         self._dynamic = False
         self._takes_tensors = False  # this step takes tensors (recorded, or watched by a breakpoint): it runs eagerly
@@ -142,6 +143,7 @@ class ComgraRecorder(WatchedTensors):
             if comgra_is_active else None
         # The run's state on recorded steps, sentinels on every step (capture.evidence, breakpoints.sentinels).
         self._evidence = RunEvidence.attach(self, Sentinels.attach(self))
+        self._unwatched = self._evidence.sentinels.unwatched  # the same set, kept by the sentinels
         # Per-layer profiling (track_module(..., profile=True)) and resource sampling; see profiling/instruments.
         self.instruments = Instruments(
             self.session, profile=profile_options, resource_seconds=resource_seconds, rank=self.rank_info.rank,
@@ -155,6 +157,8 @@ class ComgraRecorder(WatchedTensors):
     @_recording.setter
     def _recording(self, value: bool) -> None:
         self._recording_step = value
+        if value:
+            self._quiet = False
 
     # -- setup ---------------------------------------------------------------------------------
     @_never_traced
@@ -220,7 +224,8 @@ class ComgraRecorder(WatchedTensors):
             return _untraced(ComgraRecorder.start_batch)(self, training_step, current_batch_size, type_of_execution,
                                                          record_all_tensors_per_batch_index_by_default,
                                                          override__recording_is_active)
-        _prepare_untraced()
+        if not compiled.prepared:
+            _prepare_untraced()
         if self.current_stage != "inactive":
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
                                  "is still open; call finish_batch() at the end of each training step, or "
@@ -235,7 +240,7 @@ class ComgraRecorder(WatchedTensors):
         self._batch_size = current_batch_size
         self.current_stage = "started"
         self._dynamic = type_of_execution is None
-        recording = self._decide(training_step, type_of_execution, override__recording_is_active)
+        recording = step_control.decide(self, training_step, type_of_execution, override__recording_is_active)
         if recording and self.session is not None:
             recording = self.session.start_step(
                 training_step, current_batch_size, type_of_execution, self.modules,
@@ -245,22 +250,13 @@ class ComgraRecorder(WatchedTensors):
                                                       record_all_tensors_per_batch_index_by_default)
         self._recording_step = recording = bool(recording) and self.session is not None and not self.session.broken
         self._takes_tensors = wanted = recording or (self._breakpoints is not None and self._breakpoints.monitor.active)
+        self._quiet = not wanted  # nothing of this step is taken but the sentinels' (see register_tensor)
         self.instruments.start_step(training_step, recording)
         self._evidence.start_batch(training_step, type_of_execution, current_batch_size, recording)
         if wanted or self.instruments.wants_eager_step:  # compiled models run eagerly until the step ends (see
             self._eager.enter()  # comgra.capture.compiled); a FLOPs step too (Profiler.counts_flops)
-        for listener in list(self._step_listeners):  # comgra.watch puts its hooks on for a recorded step only
+        for listener in list(self._step_listeners) if self._step_listeners else ():  # comgra.watch
             listener(wanted)
-
-    def _decide(self, step: int, type_of_execution: str | None, override: bool | None) -> bool:
-        if self.session is None or self.session.broken:
-            return False
-        if override is not None:
-            return bool(override)
-        policy = self.decision_maker_for_recordings
-        if type_of_execution is None:
-            return not self._all_types_declared or any(policy.is_record_on_this_step(step, t) for t in self._types_seen)
-        return policy.is_record_on_this_step(step, type_of_execution)
 
     def start_iteration(self) -> None:
         if not self.comgra_is_active:
@@ -289,6 +285,9 @@ class ComgraRecorder(WatchedTensors):
             return _untraced(ComgraRecorder.register_tensor)(  # type: ignore[no-any-return]
                 self, tensor_name, tensor, index_of_batch_dimension, is_input, is_parameter, is_target, is_loss,
                 recording_type, record_per_batch_index, node_name, role_within_node, is_initial_value)
+        if self._quiet and tensor_name in self._unwatched and self.current_stage == "forward" and not (
+                is_input or is_target or is_loss or is_initial_value):
+            return  # a step that takes nothing, a name the sentinels do not watch (Sentinels.wants said so before)
         watched = self._breakpoints is not None and self._breakpoints.monitor.active
         if not (watched or self._recording_step or is_initial_value) and self.current_stage == "forward":
             return self._evidence.register(tensor_name, tensor, is_loss, False, is_input or is_target)  # the sentinels
@@ -389,9 +388,9 @@ class ComgraRecorder(WatchedTensors):
         if self._dynamic:
             raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
                                  "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
-        self.current_stage = "inactive"
+        self.current_stage, self._quiet = "inactive", False
         try:
-            for listener in list(self._step_listeners):
+            for listener in list(self._step_listeners) if self._step_listeners else ():
                 listener(False)
             recording = self._recording_step and self._recording
             self._evidence.finish_batch(recording, self.type_of_execution, pausable=self._breakpoints is not None)

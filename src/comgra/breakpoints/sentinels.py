@@ -68,6 +68,7 @@ class _Step:
     # small CPU tensors, reduced at finish_batch, all in one kernel call: (index in parts, tensor, is_input, version)
     pending: list[tuple[int, torch.Tensor, bool, int | None]] = field(default_factory=list)
     ready: Any = None  # the CUDA event after the copy; None: ``host`` is complete
+    on_device: bool = False  # a part is a device tensor's reductions (stacked and copied at finish_batch)
 
 
 class Sentinels:
@@ -85,7 +86,10 @@ class Sentinels:
         self.outputs: set[str] = set()  # output tensors' names, learned from the recorded steps' graphs
         self.step: _Step | None = None
         self._waiting: _Step | None = None  # the previous step's results, read at the next step (CUDA)
-        self._rows: list[tuple[Any, ...]] = []  # in the order of fmt.SENTINELS_SCHEMA
+        # The rows so far, column by column in the order of _SCHEMA: numbers, strings, booleans and None only, which the
+        # garbage collector does not track (a tuple per row would: on a 2-core run its full collections, set off by
+        # the rows kept, cost more than the sentinels themselves).
+        self._columns: tuple[list[Any], ...] = _no_rows()
         self._said: set[tuple[str, str]] = set()
         self.events: list[tuple[int, str, str]] = []  # (training_step, name, event) of the errors seen so far
         # The C kernel of capture/fused.py, given by capture.evidence: a CPU tensor of up to ``defer_up_to`` values is
@@ -96,6 +100,9 @@ class Sentinels:
         self.spec: Callable[[torch.Tensor], tuple[int, int, int] | None] | None = None
         self.reduce_many: Callable[[list[tuple[int, int, int]]], list[list[float]]] | None = None
         self.in_place: set[str] = set()  # names seen changed in place after their registration: reduced at registration
+        # Names ``wants`` said no to, registered with no flag (neither loss nor input): the recorder skips them at once
+        # on a step that takes nothing else (no call). The same set throughout, emptied where the rule's inputs change.
+        self.unwatched: set[str] = set()
 
     @classmethod
     def attach(cls, recorder: Any) -> Sentinels:
@@ -118,6 +125,7 @@ class Sentinels:
                                  "['loss', 'logits'], or None for the losses and outputs.")
         self.marked = None if names is None else frozenset(names)
         self.enabled, self.pause_on_error = bool(enabled), bool(pause_on_error)
+        self.unwatched.clear()
 
     # -- the training step ------------------------------------------------------------------------------
     def start_batch(self, training_step: int, type_of_execution: str | None, batch_size: int, recorded: bool) -> None:
@@ -130,8 +138,11 @@ class Sentinels:
         """Whether ``register_tensor(name, ...)`` is watched this step (a set lookup)."""
         if self.step is None:
             return False
-        return name in self.marked if self.marked is not None else \
+        watched = name in self.marked if self.marked is not None else \
             (is_loss or (is_input and self.inputs) or name in self.outputs)
+        if not (watched or is_loss or is_input):
+            self.unwatched.add(name)
+        return watched
 
     def register(self, name: str, tensor: torch.Tensor, is_loss: bool, is_input: bool = False) -> None:
         step = self.step
@@ -160,6 +171,8 @@ class Sentinels:
         count, part = _reduce(tensor, is_input)
         step.names.append((name, source, count))
         step.parts.append(part)
+        if not isinstance(part[0], float):
+            step.on_device = True
 
     def _reduce_pending(self, step: _Step) -> None:
         """The small CPU tensors of the step, reduced in one call of the kernel (those it cannot read in torch). A
@@ -192,7 +205,8 @@ class Sentinels:
             return
         if step.pending:
             self._reduce_pending(step)
-        _start_transfer(step)
+        if step.on_device:
+            _start_transfer(step)
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             self._read(waiting, pausable=False)
@@ -203,9 +217,12 @@ class Sentinels:
 
     def learn_outputs(self, graph: dict[str, Any]) -> None:
         """The output tensors of a recorded iteration's graph (role ``output``) become default sentinels."""
+        known = len(self.outputs)
         for node in graph.get("nodes", []):
             if node.get("role") == "output" and int(node.get("iteration_offset", 0) or 0) == 0:
                 self.outputs.update(str(role) for role in node.get("roles", [node.get("node")]))
+        if len(self.outputs) != known:
+            self.unwatched.clear()  # (in place: the recorder holds this set)
 
     def close(self) -> None:
         waiting, self._waiting = self._waiting, None
@@ -217,32 +234,52 @@ class Sentinels:
     def _read(self, step: _Step, *, pausable: bool) -> None:
         if step.ready is not None:
             step.ready.synchronize()
-        read = iter(step.host.tolist() if step.host is not None else [])
-        values = [part if isinstance(part[0], float) else (next(read), next(read), math.nan if part[2] is None else
-                                                            next(read)) for part in step.parts]
+        parts = step.parts
+        if step.host is not None:
+            read = iter(step.host.tolist())
+            parts = [part if isinstance(part[0], float) else (next(read), next(read), math.nan if part[2] is None else
+                                                              next(read)) for part in parts]
         step.parts = []
         errors: list[tuple[str, str]] = []
-        for (name, source, count), (low, high, norm) in zip(step.names, values):
+        for (name, source, count), (low, high, norm) in zip(step.names, parts):
+            if -math.inf < low <= high < math.inf:  # the usual case: finite values (a NaN fails every comparison)
+                self._add(name, source, count, False, False, high if high > -low else -low, norm, None, low, high)
+                continue
             nan = count > 0 and math.isnan(high)
             inf = not nan and (math.isinf(low) or math.isinf(high))
             event = "nan" if nan else "inf" if inf else "empty" if count == 0 else None
-            self._rows.append((step.training_step, step.type_of_execution, name, source, count, nan, inf,  # as _add
-                               math.nan if nan else max(abs(low), abs(high)), norm, step.recorded, event, low, high))
+            self._add(name, source, count, nan, inf, math.nan if nan else max(abs(low), abs(high)), norm, event, low,
+                      high)
             if event is not None:
                 errors.append((name, event))
-        self._add(step, "batch", "batch", step.batch_size, False, False, math.nan, math.nan,
-                  "zero_batch" if step.batch_size == 0 else None)
+        self._add("batch", "batch", step.batch_size, False, False, math.nan, math.nan,
+                  "zero_batch" if step.batch_size == 0 else None, math.nan, math.nan)
+        rows = len(step.names) + 1  # the columns that are the step's, for all its rows at once
+        columns = self._columns
+        columns[0].extend([step.training_step] * rows)
+        columns[1].extend([step.type_of_execution] * rows)
+        columns[9].extend([step.recorded] * rows)
         if step.batch_size == 0:
             errors.append(("batch", "zero_batch"))
         for name, event in errors:
             self._event(step, name, event, pausable)
-        if len(self._rows) >= ROWS_PER_TABLE or errors:
+        if len(columns[0]) >= ROWS_PER_TABLE or errors:
             self._put_rows()
 
-    def _add(self, step: _Step, name: str, source: str, count: int, nan: bool, inf: bool, abs_max: float,
-             norm: float, event: str | None, low: float = math.nan, high: float = math.nan) -> None:
-        self._rows.append((step.training_step, step.type_of_execution, name, source, count, nan, inf, abs_max, norm,
-                           step.recorded, event, low, high))
+    def _add(self, name: str, source: str, count: int, nan: bool, inf: bool, abs_max: float, norm: float,
+             event: str | None, low: float, high: float) -> None:
+        """A row less the step's columns (training_step, type_of_execution, recorded: ``_read`` adds them)."""
+        columns = self._columns
+        columns[2].append(name)
+        columns[3].append(source)
+        columns[4].append(count)
+        columns[5].append(nan)
+        columns[6].append(inf)
+        columns[7].append(abs_max)
+        columns[8].append(norm)
+        columns[10].append(event)
+        columns[11].append(low)
+        columns[12].append(high)
 
     def _event(self, step: _Step, name: str, event: str, pausable: bool) -> None:
         self.events.append((step.training_step, name, event))
@@ -268,14 +305,18 @@ class Sentinels:
         monitor.step.held.add(monitor.step.hit.id)
 
     def _put_rows(self) -> None:
-        if not self._rows:
+        if not self._columns[0]:
             return
-        rows, self._rows = self._rows, []
-        self.put(pa.table(dict(zip(_SCHEMA.names, map(list, zip(*rows)))), schema=_SCHEMA))
+        columns, self._columns = self._columns, _no_rows()
+        self.put(pa.table(dict(zip(_SCHEMA.names, columns)), schema=_SCHEMA))
 
     def flush(self) -> None:
         """Hand the rows so far to the writer (the recorder's flush and a pause)."""
         self._put_rows()
+
+
+def _no_rows() -> tuple[list[Any], ...]:
+    return tuple([] for _ in _SCHEMA.names)
 
 
 def _reduce(tensor: torch.Tensor, is_input: bool) -> tuple[int, tuple[Any, Any, Any]]:

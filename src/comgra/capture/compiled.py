@@ -33,7 +33,7 @@ is_compiling = torch.compiler.is_dynamo_compiling
 # Functions wrapped in torch.compiler.disable, made when first wanted (see untraced).
 _UNTRACED: dict[Callable[..., Any], Callable[..., Any]] = {}
 _NOT_SET = object()
-_prepared = False
+prepared = False  # the wrappers are made (see prepare); read by the recorder at every start_batch
 
 
 def untraced(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -50,11 +50,11 @@ def untraced(method: Callable[..., Any]) -> Callable[..., Any]:
 def prepare(methods: Callable[[], list[Callable[..., Any]]]) -> None:
     """Make the wrappers of ``methods()`` while no trace runs, once torch.compile was imported (so that a trace
     does not stop a second time to make them)."""
-    global _prepared
-    if not _prepared and "torch._dynamo" in sys.modules:
+    global prepared
+    if not prepared and "torch._dynamo" in sys.modules:
         for method in methods():
             untraced(method)
-        _prepared = True
+        prepared = True
 
 
 class EagerSteps:

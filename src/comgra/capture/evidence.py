@@ -49,6 +49,7 @@ class RunEvidence:
         self._grad_fingerprints: tuple[list[str], torch.Tensor | None] | None = None  # None: not taken yet this step
         self.exact = False  # float64 reductions of every tensor (a distributed run: see EXACT_ELEMENTS)
         self._names: dict[tuple[Any, ...], tuple[pa.Array, pa.Array, pa.Array]] = {}  # _put's naming columns, reused
+        self._optimizer_hook: Any = None  # torch's global optimizer hook's handle, while steps are recorded
 
     @classmethod
     def attach(cls, recorder: Any, sentinels: Any) -> RunEvidence:
@@ -64,16 +65,11 @@ class RunEvidence:
         # a step's small CPU tensors reduced at its end, in one call of the C kernel
         sentinels.defer_up_to, sentinels.defer_floats_up_to = fused.EXTREMES_UP_TO, fused.EXTREMES_FLOAT_UP_TO
         sentinels.spec, sentinels.reduce_many = fused.extremes_spec, fused.many_extremes
-        # Every optimizer that steps during a recorded step, without track_optimizer: torch's global hook.
-        try:
-            from torch.optim.optimizer import register_optimizer_step_pre_hook
-        except ImportError:  # a torch without global optimizer hooks (before 2.0): track_optimizer only
-            return evidence
-        recorder._on_finalize.append(register_optimizer_step_pre_hook(evidence._optimizer_steps).remove)
         session.on_graph, session.on_flush = sentinels.learn_outputs, sentinels.flush
         return evidence
 
     def close(self) -> None:
+        self._watch_optimizers(False)
         if not self.broken:
             try:
                 self.sentinels.close()
@@ -90,10 +86,23 @@ class RunEvidence:
             self.optimizers.append(optimizer)
 
     def _optimizer_steps(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
-        """torch's global step pre-hook: an optimizer that steps on a recorded step is tracked from then on (its
-        groups, learning rates and parameters go into the next recorded steps' rows). One attribute test otherwise."""
+        """torch's global step pre-hook, on while a step is recorded: an optimizer that steps on a recorded step is
+        tracked from then on (its groups, learning rates and parameters go into the next recorded steps' rows)."""
         if self._rows is not None and not self.broken and not any(known is optimizer for known in self.optimizers):
             self.optimizers.append(optimizer)
+
+    def _watch_optimizers(self, on: bool) -> None:
+        """Every optimizer that steps during a recorded step, without track_optimizer: torch's global hook, put on
+        at a recorded step's start and taken off at the next step that is not (on the others no call at all)."""
+        if on and self._optimizer_hook is None:
+            try:
+                from torch.optim.optimizer import register_optimizer_step_pre_hook
+            except ImportError:  # a torch without global optimizer hooks (before 2.0): track_optimizer only
+                return
+            self._optimizer_hook = register_optimizer_step_pre_hook(self._optimizer_steps)
+        elif not on and self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
 
     # -- the training step -----------------------------------------------------------------------------
     def start_batch(self, training_step: int, type_of_execution: str | None, batch_size: int, recording: bool) -> None:
@@ -116,6 +125,8 @@ class RunEvidence:
         self.sentinels.start_batch(training_step, type_of_execution, batch_size, recording)
         self._step = (training_step, type_of_execution)
         self._rows = None
+        if self._optimizer_hook is not None or recording:
+            self._watch_optimizers(recording)
         if not recording:
             return
         self._rows = rows = [("step", "", "batch_size", str(batch_size), float(batch_size))]

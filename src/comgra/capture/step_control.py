@@ -43,6 +43,19 @@ def check_order(recorder: Any, training_step: int, type_of_execution: str | None
                              "number of a training step), or make a new ComgraRecorder to record from the start again.")
 
 
+def decide(recorder: Any, step: int, type_of_execution: str | None, override: bool | None) -> bool:
+    """At ``start_batch``: whether the recording policy (or ``override__recording_is_active``) records this step."""
+    if recorder.session is None or recorder.session.broken:
+        return False
+    if override is not None:
+        return bool(override)
+    policy = recorder.decision_maker_for_recordings
+    if type_of_execution is None:
+        return not recorder._all_types_declared or any(policy.is_record_on_this_step(step, t)
+                                                       for t in recorder._types_seen)
+    return policy.is_record_on_this_step(step, type_of_execution)
+
+
 def abandon(recorder: Any) -> bool:
     """Close the open step without storing any of it; False where no step is open."""
     if recorder.current_stage == "inactive":
