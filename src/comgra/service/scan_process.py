@@ -80,8 +80,8 @@ class ScanProcess:
                 if self._pool is pool:
                     self._pool = None
             pool.shutdown(wait=False, cancel_futures=True)
-            return [], [f"trial {trial_id!r}: the findings scan's process ended before it was done (out of memory?); "
-                        "it is scanned again when its data changes"]
+            return [], [(f"trial {trial_id!r}: the findings scan's process ended before it was done (out of memory?); "
+                         "it is scanned again when its data changes")]
         finally:
             with self._lock:
                 if self._pool is pool and self._idle is None:
