@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from comgra.analysis import Finding, ScanOptions, Scanner
+from comgra.analysis import Finding, Scanner, ScanOptions
 from comgra.service import scan_process
 from comgra.store.reader import GroupReader
 
@@ -60,7 +60,7 @@ def test_the_server_scans_in_a_child_process_and_answers_as_an_in_process_scan(t
         process.send_signal(signal.SIGINT)  # Ctrl+C: the child ends with the server, nothing left behind
         rest = process.communicate(timeout=30)[0]
         assert process.returncode == 0 and "Traceback" not in rest and "leaked" not in rest, rest
-        assert not [child for child in children if child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+        assert not psutil.wait_procs(children, timeout=30)[1]  # the scan's process and its helper end too
     finally:
         if process.poll() is None:
             process.kill()

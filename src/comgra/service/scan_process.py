@@ -103,8 +103,9 @@ class ScanProcess:
                 self._idle.cancel()
                 self._idle = None
         if pool is not None:
+            children = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
             pool.shutdown(wait=False, cancel_futures=True)
-            for process in list((getattr(pool, "_processes", None) or {}).values()):  # a scan under way ends now
+            for process in children:  # a scan under way ends now; an idle child would be waited for at exit
                 process.terminate()
 
 
