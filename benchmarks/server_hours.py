@@ -119,7 +119,7 @@ class FindingsClient:
 def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float,
            breakdowns: dict[str, Path] | None = None,
            untrack_at: dict[str, float] | None = None) -> dict[str, list[tuple[float, ...]]]:
-    """(seconds since the start, RSS MiB, load average) per server, sampled at the same moments; every 60 s each
+    """(seconds since the start, RSS MiB, load average, its children's RSS MiB) per server, sampled at the same moments; every 60 s each
     server's breakdown (``server_memory.breakdown_of``: Arrow's pool, glibc's heap, DuckDB, mappings) is printed."""
     import signal
 
@@ -136,7 +136,13 @@ def sample(servers: dict[str, subprocess.Popen], seconds: float, every: float,
             del untrack[mode]
         load = os.getloadavg()[0]
         for mode, process in watched.items():
-            samples[mode].append((now, process.memory_info().rss / 2**20, load))
+            children = 0.0  # the server's children (the findings scan's process): RSS, MiB
+            for child in process.children(recursive=True):
+                try:
+                    children += child.memory_info().rss / 2**20
+                except psutil.Error:  # ended meanwhile
+                    pass
+            samples[mode].append((now, process.memory_info().rss / 2**20, load, children))
         print(f"  {now:7.0f}  " + "  ".join(f"{samples[m][-1][1]:18.1f} MiB" for m in servers) + f"  {load:4.2f}",
               flush=True)
         if breakdowns and len(samples[next(iter(servers))]) % max(1, round(60 / every)) == 1:
@@ -210,6 +216,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
               f"half {slope:+.2f} MiB/min (95%: {low:+.2f} to {high:+.2f}; bound {memory.FLAT_MIB_PER_MINUTE}): {said}; "
               f"{requests} requests, {errors} errors" + (f" (last: {tally.last_error})" if errors else ""))
         print(f"{'':>17}  {finders[mode].summary()}")
+        tree = [(s[0], s[1] + s[3]) for s in samples[mode]]
+        if any(s[3] for s in samples[mode]):  # a findings scan in a child process: the server and its children
+            slope_t, low_t, high_t, _ = memory.verdict(tree)
+            print(f"{'':>17}  with its children (the scan's process): RSS {tree[0][1]:.0f} -> {tree[len(tree) // 2][1]:.0f}"
+                  f" -> {tree[-1][1]:.0f} MiB, most {max(t[1] for t in tree):.0f}; children most "
+                  f"{max(s[3] for s in samples[mode]):.0f} MiB; slope {slope_t:+.2f} MiB/min ({low_t:+.2f} to {high_t:+.2f})")
         results[mode] = {"slope": slope, "low": low, "high": high, "requests": requests, "errors": errors,
                          "findings": finders[mode].answers}
     loads = [s[2] for s in samples[next(iter(modes))]]

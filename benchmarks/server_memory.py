@@ -97,6 +97,16 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
                 "duckdb": sum(c.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
                               or 0 for c in map(connection_of, readers) if c is not None) / 2**20,
                 "smaps": smaps_mib()}
+        trimmers = [o for o in gc.get_objects() if type(o).__name__ == "HeapTrimmer"]  # comgra/server/heap.py
+        if trimmers:
+            data["trims"], data["trim_cpu_s"] = trimmers[0].trims, trimmers[0].cpu_seconds
+        counts = {}
+        for o in gc.get_objects():
+            counts[type(o).__name__] = counts.get(type(o).__name__, 0) + 1
+        data["gc_objects"] = sum(counts.values())
+        data["types"] = dict(sorted(counts.items(), key=lambda kv: -kv[1])[:40])
+        with open(breakdown + ".history", "a") as out:  # every breakdown, one JSON line each: what grew by kind
+            out.write(json.dumps(data) + "\n")
         with open(breakdown + ".tmp", "w") as out:
             json.dump(data, out)
         os.replace(breakdown + ".tmp", breakdown)
@@ -119,6 +129,12 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
                     maps[-1][4] = int(first[1])
         with open(breakdown + ".maps", "w") as out:  # each anonymous mapping: address, perms, size and RSS in KiB
             json.dump([m for m in maps if m[2] != "file"], out)
+        for address, _, kind, size, rss in maps:  # anonymous memory outside glibc's main heap, by its likely owner
+            if kind == "anon":
+                start = int(address.split("-")[0], 16)
+                owner = ("glibc arenas" if start % (64 << 20) == 0 else "stacks" if size == 8192
+                         else "python arenas" if size == 1024 else "other anon")
+                kinds[owner] = kinds.get(owner, 0) + rss
         return {k: v / 1024 for k, v in kinds.items()}
     signal.signal(signal.SIGUSR2, tell)
 tracked = os.environ.get("COMGRA_BENCH_MEMRAY")
@@ -299,6 +315,8 @@ def breakdown_of(path: Path) -> str:
     return (f"arrow ({data.get('pool')}) {data['arrow']:.1f}  malloc used {data.get('malloc_used', 0):.1f} free {data.get('malloc_free', 0):.1f}"
             f"  duckdb {data.get('duckdb', 0):.1f}  python blocks {data['blocks']:,}  readers {data['readers']}"
             f"  kept tables {data['kept_tables']}  graphs {data.get('graphs')}  threads {data.get('threads')}"
+            f"  gc objects {data.get('gc_objects', 0):,}"
+            + (f"  trims {data['trims']} ({data['trim_cpu_s'] * 1000:.0f} ms CPU)" if "trims" in data else "")
             + "".join(f"  {k} {v:.1f}" for k, v in data.get("smaps", {}).items()))
 
 

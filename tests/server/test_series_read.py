@@ -154,3 +154,22 @@ def test_the_plotted_series_of_the_service_is_the_store_s(long_recording):
     assert np.array_equal(steps, want.column("training_step").to_numpy())
     assert np.array_equal(values, want.column("abs_max").to_numpy().astype(np.float64))
     assert pc.max(want.column("abs_max")).as_py() > 0
+
+
+def test_the_kept_series_are_bounded_in_bytes(long_recording, monkeypatch):
+    """A live run's series grow with it: the answers kept are bounded in bytes, not only in number (issue 31
+    item 13); the latest answer is always kept."""
+    from comgra.service import steps as step_module
+
+    service = RecordingService(long_recording)
+    trial_id = service.group.trials()[0]
+    selection = service.resolve({"trial": trial_id, "node_id": "block0.attention"}).selection
+    first = service.statistic_series(trial_id, selection, "abs_max")
+    one = first[0].nbytes + first[1].nbytes
+    monkeypatch.setattr(step_module, "SERIES_CACHE_BYTES", int(2.5 * one))
+    for statistic in ("mean", "std", "max", "min"):
+        last = service.statistic_series(trial_id, selection, statistic)
+    kept = service.step_reads._series
+    assert 1 <= len(kept) <= 2 and sum(s.nbytes + v.nbytes for s, v in kept.values()) <= 2.5 * one
+    assert any(answer is last for answer in kept.values())
+    service.close()

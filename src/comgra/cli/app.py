@@ -167,7 +167,9 @@ def _serve(args: argparse.Namespace) -> int:
     use_arrow_pool_that_gives_back()  # before pyarrow loads (see there), after a usage error, which imports nothing
     group = check_recording(_test_run_path() if args.use_path_for_test_run or path is None else path)
     from comgra.server.app import limit_malloc_arenas
+    from comgra.server.heap import keep_heap_small
     limit_malloc_arenas()  # before any thread: see there
+    keep_heap_small()  # glibc's freed memory goes back (server/heap.py)
     _repair_closed_trials(group)
     visualization = args.visualization_file
     if visualization is None and args.use_path_for_test_run:  # the tutorial comes with its visualization
@@ -270,7 +272,7 @@ def _run_server(group: Path | str, *, host: str, port: int, visualization_file: 
 
     try:
         app = create_app(group, visualization_file=visualization_file, poll_seconds=max(0.2, poll_seconds),
-                         findings_sensitivity=findings_sensitivity, findings_scan=findings_scan)
+                         findings_sensitivity=findings_sensitivity, findings_scan=findings_scan, scan_in_child=True)
         server = make_http_server(app, host=host, port=port, allow_hosts=allow_hosts or (), **(doors or {}))
     except (StoreError, ConfigError) as error:
         raise UsageError(str(error)) from None
@@ -314,8 +316,10 @@ def _demo(args: argparse.Namespace) -> int:
     from comgra.errors import ConfigError, StoreError
     use_arrow_pool_that_gives_back()
     from comgra.server.app import create_app, limit_malloc_arenas, make_http_server
+    from comgra.server.heap import keep_heap_small
 
     limit_malloc_arenas()
+    keep_heap_small()
     chosen = chosen_path(args)
     if isinstance(chosen, str):  # the demo records on this machine; a URL is for recordings made elsewhere
         raise UsageError(f"comgra demo records into a local folder, not {chosen!r}; give a folder, or none.")
@@ -326,7 +330,7 @@ def _demo(args: argparse.Namespace) -> int:
                          f"'comgra {group}', or choose another --path.")
     (group / "trials").mkdir(parents=True, exist_ok=True)
     try:  # the port first: a busy one fails now, with nothing recorded
-        app = create_app(group, visualization_file=bundled_visualization(), poll_seconds=1.0)
+        app = create_app(group, visualization_file=bundled_visualization(), poll_seconds=1.0, scan_in_child=True)
         server = make_http_server(app, host=args.host, port=args.port, allow_hosts=args.allow_host or (), **_doors(args))
     except (StoreError, ConfigError) as error:
         raise UsageError(str(error)) from None

@@ -44,19 +44,21 @@ _ALLOWED_HOSTS = "COMGRA_ALLOWED_HOSTS"  # Flask config key: a set of host names
 
 def create_app(path: str | Path, *, visualization_file: str | Path | None = None,
                poll_seconds: float = 2.0, warm_up: bool = True, findings_sensitivity: float | None = None,
-               findings_scan: bool = True) -> Dash:
+               findings_scan: bool = True, scan_in_child: bool = False) -> Dash:
     """The app for the group folder ``path`` (``comgra_root_path/group``).
 
     ``warm_up`` answers the first page's question once in a background thread,
     so that the lazy imports and the step index are ready when a browser asks.
     ``findings_scan=False`` scans nothing in the background: the Findings tab and the graph's badges
     show what ``comgra scan`` saved in the recording (a huge recording opens without a scan's cost).
+    ``scan_in_child`` runs each background scan in a child process (``comgra``'s own server: the scan's memory goes
+    back to the system with it; ``service/scan_process.py``).
     Raises ``StoreError`` if the folder does not exist.
     """
     _import_what_answers_need()
     service = RecordingService(path)
-    if findings_sensitivity is not None or not findings_scan:  # a bad sensitivity is a ConfigError
-        service.configure_findings(sensitivity=findings_sensitivity, background=findings_scan)
+    if findings_sensitivity is not None or not findings_scan or scan_in_child:  # a bad sensitivity: a ConfigError
+        service.configure_findings(sensitivity=findings_sensitivity, background=findings_scan, in_child=scan_in_child)
     visualization = VisualizationFile(visualization_file) if visualization_file else None
     title = str(service.group.path)
     app = Dash(__name__, title=f"comgra · {service.group.path.name}", assets_folder=str(ASSETS),

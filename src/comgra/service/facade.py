@@ -154,8 +154,9 @@ class RecordingService:
                                                   type_of_execution=type_of_execution)
 
     # -- findings ----------------------------------------------------------------------------------
-    def configure_findings(self, *, sensitivity: float | None = None, background: bool = True) -> None:
-        self.finding_questions.configure_findings(sensitivity=sensitivity, background=background)
+    def configure_findings(self, *, sensitivity: float | None = None, background: bool = True,
+                           in_child: bool = False) -> None:
+        self.finding_questions.configure_findings(sensitivity=sensitivity, background=background, in_child=in_child)
 
     @property
     def findings_options(self) -> ScanOptions:

@@ -146,12 +146,15 @@ class FindingsWorker:
     """
 
     def __init__(self, group: GroupReader, options: ScanOptions, *, background: bool = True,
-                 foreground: Foreground | None = None) -> None:
+                 foreground: Foreground | None = None, in_child: bool = False) -> None:
         self.group = group
         self.options = options
         self.foreground = foreground or Foreground()  # the app's requests, which the scan makes way for
         # False (``comgra --no-findings-scan``): nothing is scanned here; findings saved by ``comgra scan`` are shown.
         self.background = background
+        # ``in_child`` (``comgra``'s own server): each scan runs in a child process (service/scan_process.py), where a
+        # local group's detectors can all be imported by name; otherwise here.
+        self._process = _scan_process(group) if in_child and background else None
         self._scanner: Scanner | None = None
         self._scanner_lock = threading.Lock()  # not ``_changed``: importing the scanner takes seconds
         self._own_group: GroupReader | None = None
@@ -236,6 +239,8 @@ class FindingsWorker:
             self._queue.clear()
             self._changed.notify_all()
         self.foreground.wake()
+        if self._process is not None:
+            self._process.close()
 
     def _is_current(self, trial_id: str) -> bool:
         signature = self._signature(trial_id)
@@ -283,7 +288,8 @@ class FindingsWorker:
 
     def _work(self) -> None:
         try:
-            self._import_quietly()
+            if self._process is None:  # a child scans: this process needs none of the detectors' libraries
+                self._import_quietly()
             while True:
                 self.foreground.wait_quiet(stop=lambda: self._closed)
                 with self._changed:
@@ -325,7 +331,11 @@ class FindingsWorker:
             # new ones. A trial scanned for the first time (most of a sweep) lets go of them at once.
             live = trial_id in self._done
         try:
-            found, problems = self.scanner.scan_and_release(self._scan_group, trial_id, self.options)
+            if self._process is not None:
+                found, problems = self._process.scan(trial_id, self.options)
+                live = True  # nothing of the scan is held here
+            else:
+                found, problems = self.scanner.scan_and_release(self._scan_group, trial_id, self.options)
             if not live:
                 self.scanner.forget(self._scan_group, trial_id, reader=False, chunks=True)
         except ComgraError as error:
@@ -336,7 +346,7 @@ class FindingsWorker:
         with self._changed:
             self._finish(trial_id, signature, found, problems)
             idle = not self._queue and len(self._running) == 0
-        if idle:
+        if idle and self._process is None:
             # The findings are saved and kept above: the chunks the scan read are not needed until a live
             # run writes more (then read again), and they are most of what a scan leaves in memory.
             self.scanner.release()
@@ -355,14 +365,17 @@ class FindingQuestions:
         """A context in which the app answers a person: the background scanner starts no trial meanwhile."""
         return self.foreground.answering()
 
-    def configure_findings(self, *, sensitivity: float | None = None, background: bool = True) -> None:
+    def configure_findings(self, *, sensitivity: float | None = None, background: bool = True,
+                           in_child: bool = False) -> None:
         """The default sensitivity of the findings (``[anomalies] sensitivity`` of comgra.toml); with
-        ``background=False`` nothing is scanned in this process and only saved findings are shown."""
+        ``background=False`` nothing is scanned in this process and only saved findings are shown; with
+        ``in_child`` the background scans run in a child process (``comgra``'s own server)."""
         options = scan_options(sensitivity, source="[anomalies] sensitivity")
         with self._worker_lock:
             if self._worker is not None:
                 self._worker.close()
-            self._worker = FindingsWorker(self.group, options, background=background, foreground=self.foreground)
+            self._worker = FindingsWorker(self.group, options, background=background, foreground=self.foreground,
+                                          in_child=in_child)
 
     @property
     def findings_options(self) -> ScanOptions:
@@ -439,6 +452,16 @@ class FindingQuestions:
             except ComgraError:
                 continue
         return rank_findings(found)
+
+
+def _scan_process(group: GroupReader) -> Any:
+    """A ``ScanProcess`` for a local group folder whose user detectors another process can import; else None."""
+    from comgra.service.scan_process import ScanProcess, importable_detectors
+
+    detectors = importable_detectors()
+    if detectors is None or getattr(group, "mirror", None) is not None:  # a URL's mirror publishes from here
+        return None
+    return ScanProcess(str(group.path), detectors)
 
 
 def badges_of(findings: list[Finding]) -> dict[str, str]:

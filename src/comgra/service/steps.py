@@ -28,6 +28,9 @@ from comgra.service.trials import TrialQuestions
 from comgra.store.reader import TrialReader
 
 SERIES_CACHE_SIZE = 64  # answers of statistic_series kept; each is two arrays of one value per step
+# ... and at most this many bytes of them: a live run's series grow with it (16 bytes a step; 64 answers of a
+# 100,000-step run would be 100 MiB), and each new chunk makes new answers (issue 31 item 13).
+SERIES_CACHE_BYTES = 32 * 2**20
 STEP_CACHE_SIZE = 16  # whole steps kept (all rows of one step of one rank): a click in such a step reads no file
 # Recorded steps read along with a step that is not kept (see ``StepReads.step_rows``): the next
 # and previous step buttons then find their step kept.
@@ -289,8 +292,10 @@ class StepReads:
         with self._lock:
             self._series_reading.pop(key, None)
             self._series[key] = answer
-            while len(self._series) > SERIES_CACHE_SIZE:
-                self._series.popitem(last=False)
+            kept = sum(steps.nbytes + values.nbytes for steps, values in self._series.values())
+            while len(self._series) > SERIES_CACHE_SIZE or (kept > SERIES_CACHE_BYTES and len(self._series) > 1):
+                steps, values = self._series.popitem(last=False)[1]  # the least recently asked
+                kept -= steps.nbytes + values.nbytes
         mine.set_result(answer)
         return answer
 
