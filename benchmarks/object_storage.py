@@ -479,19 +479,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "comgra-object-storage-bench")
-    parser.add_argument("--pin", action="store_true",
-                        help="this process (the training, its writer and uploader) on the first CPU, moto's server on "
-                             "the others: a bucket elsewhere does not share the training machine's cores")
+    parser.add_argument("--pin", choices=["store", "both"], default=None,
+                        help="store: moto's server on the last CPU only (a bucket elsewhere does not share the "
+                             "training machine's cores); both: also this process (the training, its writer and "
+                             "uploader) on the other CPUs")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["XDG_CACHE_HOME"] = str(args.out / "cache")
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    pinned = args.pin and len(cpus) > 1
-    server, endpoint = start_moto(set(cpus[1:]) if pinned else None)
-    if pinned:
-        os.sched_setaffinity(0, {cpus[0]})
+    pinned = args.pin is not None and len(cpus) > 1
+    server, endpoint = start_moto({cpus[-1]} if pinned else None)
+    if pinned and args.pin == "both":
+        os.sched_setaffinity(0, set(cpus[:-1]))
     print(f"# moto S3 server at {endpoint}; {load()}; {os.cpu_count()} CPUs"
-          + (f"; this process on CPU {cpus[0]}, moto's on {cpus[1:]}" if pinned else ""))
+          + (f"; moto's server on CPU {cpus[-1]}" if pinned else "")
+          + (f", this process on {cpus[:-1]}" if pinned and args.pin == "both" else ""))
     try:
         for part in args.part or ["training", "app", "sweep"]:
             {"training": part_training, "app": part_app, "sweep": part_sweep}[part](args, args.out)
