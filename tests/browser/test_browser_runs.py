@@ -190,3 +190,49 @@ def test_the_rows_come_with_the_tab_and_a_fresh_app_shows_those_kept_only_while_
         assert not app.errors
     finally:
         app.page.context.close()
+
+
+def test_runs_clicked_before_the_first_page_drew_loads_no_plotly_until_tensors_is_shown(browser, serve, sweep) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    app = ComgraPage(context.new_page(), sweep)
+    page = app.page
+    page.set_default_timeout(SLOW)
+    scripts: list[str] = []
+    page.on("request", lambda request: scripts.append(request.url) if "plotly" in request.url else None)
+    held = []  # the first page's selection, answered only once Runs is clicked (as on a loaded machine)
+
+    def hold(route) -> None:
+        if "selection.data" in (route.request.post_data or ""):
+            held.append(route)
+        else:
+            route.continue_()
+
+    page.route("**/_dash-update-component*", hold)
+    try:
+        app.load(serve(sweep, warm_up=False), ready="#tabs")
+        page.get_by_role("tab", name="Runs").click()
+        expect(page.locator(ROWS)).to_have_count(4)
+        assert held, "the first page's selection was not asked for"
+        for route in held:
+            route.continue_()
+        page.unroute("**/_dash-update-component*", hold)
+        # The Tensors tab's plots were asked for while hidden: no graph, no plotly.js.
+        expect(page.locator("#series-plot .plot-later")).to_have_count(1)
+        expect(page.locator("#histogram-plot .plot-later")).to_have_count(1)
+        page.fill("#runs-filter", "lr=0\\.1$")
+        expect(page.locator("#runs-count")).to_have_text("2 of 4 trials")
+        assert not scripts and page.evaluate("typeof window.Plotly") == "undefined"
+        page.get_by_role("tab", name="Tensors").click()
+        expect(page.locator("#series-plot .js-plotly-plot")).to_have_count(1)
+        expect(page.locator("#histogram-plot .js-plotly-plot")).to_have_count(1)
+        expect(page.locator("#series-plot .gtitle")).to_contain_text("mean of")
+        assert any("plotly" in url for url in scripts)
+        # Away and back: what was drawn stays (the same element, not drawn again).
+        page.evaluate("document.querySelector('#series-plot .js-plotly-plot').dataset.kept = 'yes'")
+        page.get_by_role("tab", name="Runs").click()
+        page.get_by_role("tab", name="Tensors").click()
+        page.wait_for_timeout(500)
+        assert page.evaluate("document.querySelector('#series-plot .js-plotly-plot').dataset.kept") == "yes"
+        assert not app.errors
+    finally:
+        context.close()
