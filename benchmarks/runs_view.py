@@ -10,9 +10,11 @@ Printed, each measured in this one run (before and after interleaved, medians of
 - ``GET /trials/<t>/kpis`` of a 20,000-step trial: every point (``max_points=0``, the answer before) and the
   default answer (each curve cut to 2,000 points, keeping every bucket's extremes);
 - the Runs view in Chromium at 1280x800 (``--browser``, on by default): from clicking the tab on a freshly
-  started app (a process of its own), never scanned, to the first rows drawn, three ways (``FIRST_PAGE_MODES``:
-  cold, the rows computed at the click; at once, as ``comgra serve`` opens it, clicked at once; served, clicked once
-  the first page settled), with the server's CPU over that time; the regex filter (typing to the rows shown) and a
+  started app (a process of its own), never scanned, to the first rows drawn, four ways (``FIRST_PAGE_MODES``:
+  first open, a group no app opened before (no runs summary), the rows computed at the click; cold, the same over
+  a group an app opened before (its runs summary kept); at once, as ``comgra serve`` opens it, clicked at once;
+  served, clicked once the first page settled), with the server's CPU over that time and the load average at the
+  click; the regex filter (typing to the rows shown) and a
   sort (clicking a header to the rows reordered). With ``--baseline-src`` every one of them also for those sources,
   interleaved with this checkout's:
 
@@ -152,12 +154,15 @@ _IN_PAGE_CLOCKS = """() => {
 
 
 # The ways a first page of the Runs tab is timed, alternated in one run:
-#   "cold": an app made with warm_up=False, the tab clicked as soon as the tabs are on the page: the rows are computed
-#           at the click, while the app's own first page is still being answered;
+#   "first open": as "cold", over a group without a runs summary (GROUP/.runs-summary.parquet, removed before): no app
+#           opened it before, every row is computed at the click (the app then keeps them there);
+#   "cold": an app made with warm_up=False, the tab clicked as soon as the tabs are on the page: the rows are asked for
+#           at the click, while the app's own first page is still being answered (over a group an app opened before:
+#           the rows of the trials that did not change since come from its runs summary);
 #   "at once": the app as ``comgra serve`` makes it (warm_up=True: the Runs rows are computed after the first page's
 #           question), the tab clicked as soon as the tabs are on the page;
 #   "served": the same app, the tab clicked once the first page settled (no request for 1 s, or 30 s at most).
-FIRST_PAGE_MODES = ("cold", "at once", "served")
+FIRST_PAGE_MODES = ("first open", "cold", "at once", "served")
 
 # The app in a process of its own, from the sources on its PYTHONPATH (this checkout's, or --baseline-src): it prints
 # its address, then serves until killed.
@@ -172,10 +177,13 @@ server.serve_forever()
 
 
 def _forget_findings(group_dir: Path) -> None:
+    """The saved findings removed, so that the app scans the group again. The trial folders' analysis folders are
+    emptied, not removed: removing them would change every trial folder (a new modification time), and a trial
+    folder that changed is a trial whose runs summary row is out of date."""
     import shutil
 
-    for folder in group_dir.glob("trials/*/analysis"):
-        shutil.rmtree(folder)
+    for path in group_dir.glob("trials/*/analysis/*"):
+        path.unlink()
     shutil.rmtree(group_dir / "findings", ignore_errors=True)
 
 
@@ -208,6 +216,7 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
     from playwright.sync_api import sync_playwright
 
     first: dict[tuple[str, str], list[float]] = {(v, m): [] for v in versions for m in FIRST_PAGE_MODES}
+    loads: dict[tuple[str, str], list[float]] = {(v, m): [] for v in versions for m in FIRST_PAGE_MODES}
     cpu: dict[tuple[str, str], list[float]] = {(v, m): [] for v in versions for m in FIRST_PAGE_MODES}
     measured: dict[str, dict[str, list[float]]] = {v: {"filter": [], "sort": [], "in filter": [], "in sort": []}
                                                    for v in versions}
@@ -219,7 +228,10 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
                 for mode in FIRST_PAGE_MODES:
                     for version, sources in versions.items():  # interleaved
                         _forget_findings(group_dir)  # each app opens the group as never scanned
-                        process, url = _started_server(group_dir, sources, warm_up=mode != "cold")
+                        summary, aside = group_dir / ".runs-summary.parquet", group_dir / ".runs-summary.aside"
+                        if mode == "first open" and summary.exists():
+                            summary.replace(aside)  # back after the run if this app kept none (older sources)
+                        process, url = _started_server(group_dir, sources, warm_up=mode not in ("cold", "first open"))
                         try:
                             page = chromium.new_context(viewport={"width": 1280, "height": 800}).new_page()
                             page.set_default_timeout(120_000)
@@ -227,6 +239,7 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
                             page.wait_for_selector("#tabs")
                             if mode == "served":
                                 _settled(page)
+                            loads[version, mode].append(os.getloadavg()[0])
                             started, server_cpu = time.perf_counter(), _process_cpu(process)
                             page.get_by_role("tab", name="Runs").click()
                             page.wait_for_selector("#runs-grid .ag-center-cols-container .ag-row")
@@ -240,15 +253,19 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
                         finally:
                             process.kill()
                             process.wait()
+                            if aside.exists() and not summary.exists():
+                                aside.replace(summary)
+                            aside.unlink(missing_ok=True)
         finally:
             chromium.close()
     names = list(versions)
     print("  Runs view in Chromium at 1280x800, driver-timed, from the click on the tab to the first rows drawn "
           f"(medians of {repeat}; the server's CPU-s over that time):")
     for mode in FIRST_PAGE_MODES:
-        print(f"    first page, {mode:<8}" + "   ".join(
+        print(f"    first page, {mode:<10}" + "   ".join(
             f"{v} {statistics.median(first[v, mode]) * 1e3:6.0f} ms (CPU {statistics.median(cpu[v, mode]):4.2f} s; "
-            "each " + " ".join(f"{x:.2f}" for x in first[v, mode]) + ")" for v in names))
+            "each " + " ".join(f"{x:.2f}" for x in first[v, mode]) + "; load "
+            + " ".join(f"{x:.1f}" for x in loads[v, mode]) + ")" for v in names))
     for name, key in (("filter", "filter"), ("sort", "sort"), ("filter in the page", "in filter"),
                       ("sort in the page", "in sort")):
         print(f"    {name:<19}" + "   ".join(

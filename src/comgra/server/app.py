@@ -70,7 +70,7 @@ def create_app(path: str | Path, *, visualization_file: str | Path | None = None
         with_visualization=visualization is not None)
     app.layout = partial(_page, service, title=title, poll_ms=int(poll_seconds * 1000),
                          with_visualization=visualization is not None)
-    callbacks.register(app, service, visualization, build_panels=layout.panel_contents)
+    callbacks.register(app, service, visualization, build_panels=partial(layout.panel_contents, service=service))
     api.install(app.server, service)  # the REST API under /api/v1, from the same service
     app.server.wsgi_app = _answering(service, app.server.wsgi_app)  # type: ignore[method-assign]
     if warm_up:

@@ -58,6 +58,7 @@ class ID:
     DISTRIBUTION_MODE = "distribution-mode"  # TensorBoard's Distributions (bands) or Histograms (a row per step)
     DISTRIBUTION = "distribution-plot"  # the selected tensor's distribution across steps, trials side by side
     DISTRIBUTION_SHOWN = "distribution-shown"  # dcc.Store: whether the distribution plot is in view (comgra.js)
+    PLOTS_LATER = "plots-later"  # dcc.Store: the Tensors tab's plots drawn later, when the tab is shown (tensors.py)
     NETWORK = "network"
     NOTES = "notes"
     KPIS = "kpi-graphs"

@@ -22,7 +22,7 @@ from comgra.server import runs_view, start_here
 from comgra.server.dom import attributes
 from comgra.server.graph_view import legend
 from comgra.server.ids import ID, TABS
-from comgra.service import PLOT_STATISTICS
+from comgra.service import PLOT_STATISTICS, RecordingService
 
 TAB_LABELS = {"tensors": "Tensors", "runs": "Runs", "findings": "Findings", "health": "Health", "samples": "Samples", "images": "Images", "compare": "Compare", "network": "Network", "notes": "Notes", "graphs": "Graphs",
               "profile": "Profile", "resources": "Resources", "breakpoints": "Breakpoints", "visualization": "Visualization"}
@@ -55,10 +55,13 @@ def full_page(*, with_visualization: bool) -> html.Div:
     return _page("", "", 1000, with_visualization, built=True)
 
 
-def panel_contents(active: str, built: list[str], with_visualization: bool) -> dict[str, Component]:
-    """The panels to build when ``active`` is opened and ``built`` are already: tab -> its content."""
+def panel_contents(active: str, built: list[str], with_visualization: bool, *,
+                   service: RecordingService | None = None) -> dict[str, Component]:
+    """The panels to build when ``active`` is opened and ``built`` are already: tab -> its content. With ``service``,
+    the Runs tab's table comes filled (its rows in the same answer)."""
     wanted = OPENED_TOGETHER.get(active, (active,))
-    return {t: _PANELS[t]() for t in wanted if t in lazy_tabs(with_visualization) and t not in built}
+    return {t: runs_view.panel(service) if t == "runs" else _PANELS[t]() for t in wanted
+            if t in lazy_tabs(with_visualization) and t not in built}
 
 
 _PANELS = {
@@ -199,6 +202,7 @@ def _plots() -> list[Component]:
                                 {"label": "Histograms (a row per step)", "value": "histograms"}]),
         # Computed only while in view (issue 34): comgra.js sets DISTRIBUTION_SHOWN as the plot scrolls in and out.
         dcc.Store(id=ID.DISTRIBUTION_SHOWN, data=False),
+        dcc.Store(id=ID.PLOTS_LATER, data=[]),  # the plots asked for while another tab was shown (tensors.py)
         html.Div(id=ID.DISTRIBUTION, className="distribution-plot"),
         html.Div(id=ID.HISTOGRAM, className="histogram-plot"),
     ]

@@ -54,7 +54,11 @@ class ID:
     MESSAGE = "runs-message"
 
 
-def panel() -> html.Div:
+def panel(service: RecordingService | None = None) -> html.Div:
+    """The tab's panel; with ``service``, its table filled (the rows come with the tab's first answer: no second
+    request for them after the panel is drawn)."""
+    row_data, columns, names, kpis, chosen, message = table(service, None) if service is not None else \
+        ([], [], [], [], None, "")
     return html.Div(className="runs-panel", children=[
         dcc.Store(id=ID.SHOWN, data=None),
         html.Div(className="d-flex flex-wrap align-items-end gap-3 mb-2", children=[
@@ -70,8 +74,8 @@ def panel() -> html.Div:
                         title="Show the first ticked trial in the Tensors tab and compare the second with it"),
         ]),
         html.Div(id=ID.FILTER_NOTICE, className="selector-notice small", role="status"),
-        html.Div(id=ID.MESSAGE, className="selector-notice small", role="status"),
-        dag.AgGrid(id=ID.GRID, rowData=[], columnDefs=[], className="ag-theme-alpine runs-grid",
+        html.Div(message, id=ID.MESSAGE, className="selector-notice small", role="status"),
+        dag.AgGrid(id=ID.GRID, rowData=row_data, columnDefs=columns, className="ag-theme-alpine runs-grid",
                    style={"height": "420px", "width": "100%"},
                    defaultColDef={"sortable": True, "resizable": True, "filter": False, "minWidth": 90},
                    dashGridOptions={"rowSelection": "multiple", "suppressFieldDotNotation": True,
@@ -85,10 +89,10 @@ def panel() -> html.Div:
             html.Div(className="selector runs-group-by", style={"minWidth": "220px"}, children=[
                 html.Label("Group by hyperparameter (mean and band over the group)", htmlFor=ID.GROUP_BY,
                            className="form-label"),
-                dcc.Dropdown(id=ID.GROUP_BY, clearable=True, placeholder="e.g. lr")]),
+                dcc.Dropdown(id=ID.GROUP_BY, options=names, clearable=True, placeholder="e.g. lr")]),
             html.Div(className="selector runs-kpi", style={"minWidth": "260px"}, children=[
                 html.Label("KPI", htmlFor=ID.KPI, className="form-label"),
-                dcc.Dropdown(id=ID.KPI, clearable=False, placeholder="a KPI")]),
+                dcc.Dropdown(id=ID.KPI, options=kpis, value=chosen, clearable=False, placeholder="a KPI")]),
             html.Button("Draw the plots", id=ID.DRAW, className="btn btn-outline-primary btn-sm",
                         title="Draw the mean and band per group and the parallel coordinates of the trials shown; "
                               "once drawn, they follow the filter"),
@@ -110,6 +114,21 @@ def validation_panel() -> html.Div:
     built = panel()
     built.children[-1].children = plots_shown()
     return built
+
+
+def table(service: RecordingService, kpi: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str],
+                                                       list[str], str | None, str]:
+    """The grid's rows and columns, the hyperparameters and KPIs to choose from, the KPI chosen (``kpi`` if the
+    rows have it) and the message above the table."""
+    try:
+        runs = service.runs().runs
+    except ComgraError as error:
+        return [], [], [], [], None, str(error)
+    kpis = sorted({k for r in runs for k in r.kpis})
+    names = sorted({n for r in runs for n in r.hyperparameters})
+    chosen = kpi if kpi in kpis else (kpis[0] if kpis else None)
+    message = "" if runs else "This recording has no trials yet."
+    return [grid_row(r) for r in runs], column_defs(runs), names, kpis, chosen, message
 
 
 # -- pure builders ------------------------------------------------------------------------------------
@@ -249,19 +268,12 @@ function(rows, text) {
 def register(app: Dash, service: RecordingService, *, tabs: str, data_version: str, trial_select: str) -> None:
     @app.callback(Output(ID.GRID, "rowData"), Output(ID.GRID, "columnDefs"), Output(ID.GROUP_BY, "options"),
                   Output(ID.KPI, "options"), Output(ID.KPI, "value"), Output(ID.MESSAGE, "children"),
-                  Input(tabs, "active_tab"), Input(data_version, "data"), State(ID.KPI, "value"))
+                  Input(tabs, "active_tab"), Input(data_version, "data"), State(ID.KPI, "value"),
+                  prevent_initial_call=True)  # the panel is built with its rows (``panel``): not again as it appears
     def rows(active: str, _version: Any, kpi: Any) -> Any:
         if active != "runs":
             return (no_update,) * 6
-        try:
-            runs = service.runs().runs
-        except ComgraError as error:
-            return [], [], [], [], None, str(error)
-        kpis = sorted({k for r in runs for k in r.kpis})
-        names = sorted({n for r in runs for n in r.hyperparameters})
-        chosen = kpi if kpi in kpis else (kpis[0] if kpis else None)
-        message = "" if runs else "This recording has no trials yet."
-        return [grid_row(r) for r in runs], column_defs(runs), names, kpis, chosen, message
+        return table(service, kpi)
 
     app.clientside_callback(_ROWS_JS, Output(ID.FILTER_NOTICE, "children"), Output(ID.COUNT, "children"),
                             Output(ID.SHOWN, "data"), Input(ID.GRID, "rowData"), State(ID.FILTER, "value"))
@@ -313,4 +325,4 @@ def register(app: Dash, service: RecordingService, *, tabs: str, data_version: s
 
 
 __all__ = ["ID", "band_figure", "column_defs", "grid_row", "panel", "parallel_figure", "plots_shown", "register",
-           "validation_panel"]
+           "table", "validation_panel"]

@@ -208,8 +208,13 @@ def finite_summaries(summaries: dict[str, dict[str, float | None]]) -> dict[str,
 # -- series plot, tabs, polling ------------------------------------------------------------------------
 def _register_series(app: Dash, service: RecordingService) -> None:
     @app.callback(Output(ID.SERIES, "children"), Input(ID.SHOWN, "data"), Input(ID.STATISTIC, "value"),
-                  Input(ID.DATA_VERSION, "data"), Input(ID.RANK, "value"))
-    def update_series(shown: dict[str, Any] | None, statistic: str, _version: str, rank: Any = None) -> Any:
+                  Input(ID.DATA_VERSION, "data"), Input(ID.RANK, "value"), Input(ID.TABS, "active_tab"),
+                  State(ID.PLOTS_LATER, "data"))
+    def update_series(shown: dict[str, Any] | None, statistic: str, _version: str, rank: Any = None,
+                      active: Any = None, later: Any = None) -> Any:
+        drawn_later(ID.SERIES, active, later)
+        if active not in (None, "tensors"):
+            return plot_later()
         selection = selection_from(shown)
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
@@ -255,13 +260,52 @@ def _register_series(app: Dash, service: RecordingService) -> None:
             trials=service.trials()),
             figures.empty_figure))
 
+    app.clientside_callback(_PLOTS_LATER_JS % (json.dumps([ID.SERIES, ID.HISTOGRAM]), json.dumps(LATER_CLASS)),
+                            Output(ID.PLOTS_LATER, "data"), Input(ID.SERIES, "children"),
+                            Input(ID.HISTOGRAM, "children"))
+
     # A callback of its own, so that the values are shown before the plots are drawn.
-    @app.callback(Output(ID.HISTOGRAM, "children"), Input(ID.SHOWN, "data"))
-    def update_histogram(shown: dict[str, Any] | None) -> Any:
+    @app.callback(Output(ID.HISTOGRAM, "children"), Input(ID.SHOWN, "data"), Input(ID.TABS, "active_tab"),
+                  State(ID.PLOTS_LATER, "data"))
+    def update_histogram(shown: dict[str, Any] | None, active: Any = None, later: Any = None) -> Any:
+        drawn_later(ID.HISTOGRAM, active, later)
+        if active not in (None, "tensors"):
+            return plot_later()
         selection = selection_from(shown)
         if selection is None:
             return _graph(figures.empty_figure("Nothing selected."))
         return _graph(guarded(lambda: neuron_figure(service, selection), figures.empty_figure))
+
+
+# The plots of the Tensors tab are drawn only while it is shown: a graph in a hidden tab loads and parses plotly.js
+# (4.8 MB, a 2-5 s task of the browser's main thread on a loaded machine), which held the Runs tab's first rows or the
+# first filter typed in it when Runs was clicked before the first page had drawn. ``PLOTS_LATER`` lists the plots
+# waiting (a clientside callback keeps it from what the page shows); coming back to the tab draws those only, and a plot
+# already drawn stays as it is (its zoom too).
+LATER_CLASS = "plot-later"
+_PLOTS_LATER_JS = """
+function(...shown) {
+    const ids = %s, later = %s;
+    return ids.filter((id, i) => {
+        const props = (shown[i] && shown[i].props) || {};
+        return String(props.className || '').split(' ').includes(later);
+    });
+}
+"""
+
+
+def drawn_later(plot: str, active: Any, later: Any) -> None:
+    """Raise PreventUpdate where a tab switch leaves ``plot`` as it is: leaving the Tensors tab, or coming back to
+    it while ``plot`` is drawn already."""
+    if set(ctx.triggered_prop_ids) != {f"{ID.TABS}.active_tab"}:  # something else changed too: answer it
+        return
+    if active not in (None, "tensors") or plot not in (later or []):
+        raise PreventUpdate
+
+
+def plot_later() -> Any:
+    """In a plot's place while the Tensors tab is hidden: no graph, so plotly.js is not loaded for it."""
+    return html.Div("Drawn when the Tensors tab is shown.", className=f"{LATER_CLASS} text-muted small")
 
 
 def distribution_later() -> Any:

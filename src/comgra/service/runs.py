@@ -13,7 +13,9 @@ sentinels (every step) and the KPI timepoints, plus one. Duration: ``finished`` 
 for a running trial, now minus ``created``; unknown (None) for a crashed one.
 
 A row is computed once per change of its trial (``service.changes``): with 1,000 finished trials an
-answer lists the trials folder once and reads no chunk. "Best" is the minimum, or the maximum for a
+answer lists the trials folder once and reads no chunk. The rows are also kept in the group's runs summary
+(``service.runs_summary``, one small Parquet file), so that a fresh app takes the rows of the trials that
+did not change since from there and computes only the others. "Best" is the minimum, or the maximum for a
 KPI whose name says higher is better (``HIGHER_IS_BETTER``: accuracy, f1, auc, reward, ...).
 
     >>> RunQuestions(trial_questions, options).page(filter="lr=0.01", sort="-kpis.loss/train.best")  # doctest: +SKIP
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import re
 import threading
 import time
@@ -38,13 +39,13 @@ import pyarrow.compute as pc
 from comgra.analysis import saved
 from comgra.analysis.findings import ScanOptions
 from comgra.errors import ComgraError, ConfigError, did_you_mean
+from comgra.service import runs_summary
 from comgra.service.changes import TrialState
 from comgra.service.run_summaries import HIGHER_IS_BETTER, Summary, kpi_summaries
 from comgra.service.trials import TrialQuestions
-from comgra.store import chunk_checks
+from comgra.store import chunk_checks, layout
 from comgra.store import format as fmt
 from comgra.store import hyperparameters as hyperparameter_store
-from comgra.store import layout
 from comgra.store.reader import TrialReader
 
 KPI_STATISTICS = ("last", "best", "min", "max")
@@ -124,21 +125,47 @@ class RunQuestions:
         self._findings: dict[str, tuple[Any, dict[str, int]]] = {}
         self._lock = threading.Lock()
         self.computed = 0  # rows computed so far (tests and the benchmark read it)
+        self._kept: dict[str, runs_summary.KeptRow] | None = None  # the group's runs summary, read at the first answer
+        self.taken = 0  # rows taken from the runs summary so far, not computed (tests and the benchmark read it)
+        self.kept_writes = 0  # times the runs summary was written (tests read it)
 
     def runs(self) -> list[Run]:
-        """Every trial's row, sorted by trial id."""
+        """Every trial's row, sorted by trial id. A fresh service takes the rows of the group's runs summary
+        (``service.runs_summary``) whose trial did not change since, and computes the others."""
         states = self.trial_questions.poll().states
         options = self.options()
         with self._lock:
+            if self._kept is None:
+                self._kept = runs_summary.read(self.trial_questions.group.path)
             for trial in [t for t in self._rows if t not in states]:
                 del self._rows[trial]
                 self._findings.pop(trial, None)
             stale = [t for t in sorted(states) if t not in self._rows or self._rows[t][0] != states[t]]
-            made = self._rows_of(stale, states)
+            kept = {t: k for t in stale if (k := self._kept.get(t)) is not None and not states[t].live
+                    and k.folder == states[t].folder}
+            made = {**self._rows_of([t for t in stale if t not in kept], states),
+                    **{t: _run_of(k) for t, k in kept.items()}}
             for trial in stale:
                 self._rows[trial] = (states[trial], made[trial])
-                self.computed += 1
-            return [_with_findings(self._rows[t][1], self._finding_counts(t, options)) for t in sorted(states)]
+                self.computed += trial not in kept
+                self.taken += trial in kept
+            for trial, row in kept.items():  # counts of the same findings file need no reading
+                if row.counts is not None and trial not in self._findings:
+                    self._findings[trial] = (row.findings, row.counts)
+            runs = [_with_findings(self._rows[t][1], self._finding_counts(t, options)) for t in sorted(states)]
+            self._keep(runs, states)
+            return runs
+
+    def _keep(self, runs: list[Run], states: Mapping[str, TrialState]) -> None:
+        """Write the rows of the trials no writer holds (and without problems) to the group's runs summary, where
+        they differ from what it holds."""
+        rows = [runs_summary.KeptRow(r.trial, states[r.trial].folder, r.status, r.steps, r.created, r.ended,
+                                     r.hyperparameters, r.kpis, self._findings[r.trial][0],
+                                     self._findings[r.trial][1])
+                for r in runs if not states[r.trial].live and not r.problems and r.status != "running"]
+        if {row.trial: row for row in rows} != self._kept and runs_summary.write(self.trial_questions.group.path, rows):
+            self._kept = {row.trial: row for row in rows}
+            self.kept_writes += 1
 
     def page(self, *, filter: str | None = None, sort: str | None = None, offset: int = 0,
              limit: int | None = None) -> RunPage:
@@ -211,12 +238,7 @@ class RunQuestions:
     def _finding_counts(self, trial: str, options: ScanOptions) -> dict[str, int]:
         """Counts by severity of the trial's saved findings; read again only when their file changed."""
         directory = fmt.trial_dir(self.trial_questions.group.path, trial)
-        path = directory / _saved_name(options)
-        try:
-            status = os.stat(path)
-            key: Any = (str(path), status.st_mtime_ns, status.st_size)
-        except OSError:
-            key = None
+        key = runs_summary.findings_key(directory / _saved_name(options))
         kept = self._findings.get(trial)
         if kept is not None and kept[0] == key:
             return kept[1]
@@ -353,6 +375,10 @@ def _summaries(files: dict[str, list[Path]]) -> dict[str, Summary]:
     trials = list(files)
     middle = len(trials) // 2
     return {**_summaries({t: files[t] for t in trials[:middle]}), **_summaries({t: files[t] for t in trials[middle:]})}
+
+
+def _run_of(kept: runs_summary.KeptRow) -> Run:
+    return Run(kept.trial, kept.hyperparameters, kept.kpis, {}, kept.status, kept.steps, kept.created, kept.ended)
 
 
 def _with_findings(run: Run, counts: dict[str, int]) -> Run:
