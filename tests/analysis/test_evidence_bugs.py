@@ -192,12 +192,13 @@ def _profiled_run(directory: Path, seconds) -> list:
 
 @pytest.mark.slow
 def test_a_layer_that_stalls_on_one_step_and_one_that_slows_down(tmp_path: Path) -> None:
-    """Times on a shared machine are noisy: a stall of the OS's may add an info finding anywhere, so the test
-    asks for the planted ones, first, and for no slowdown where there is none."""
+    """Times on a shared machine are noisy: a stall of the OS's may add an info finding anywhere (on the small
+    Linear layer a 5 ms stall is a larger ratio than the planted one, and ranks above it), so the test asks for
+    the planted ones and for no slowdown where there is none."""
     spike = _profiled_run(tmp_path / "spike", lambda step: 0.3 if step == 20 else 0.002)
-    assert spike, "the planted stall was not found"
-    assert (spike[0].node, spike[0].training_step, spike[0].severity, spike[0].evidence["problem"]) == (
-        "net.0", 20, "info", "time_spike")
+    planted = [(f.node, f.training_step, f.severity, f.evidence["problem"]) for f in spike
+               if f.node == "net.0" and f.training_step == 20]
+    assert planted == [("net.0", 20, "info", "time_spike")], [(f.node, f.training_step) for f in spike]
     assert not any(f.node == "net" and f.training_step == 20 for f in spike)  # its parent's time: the child's spike
     slower = _profiled_run(tmp_path / "slower", lambda step: 0.002 if step < 16 else 0.05)
     assert [(f.node, f.severity) for f in slower if f.evidence["problem"] == "slowdown"] == [("net.0", "warning")]
