@@ -331,13 +331,12 @@ class FindingsWorker:
             # new ones. A trial scanned for the first time (most of a sweep) lets go of them at once.
             live = trial_id in self._done
         try:
-            if self._process is not None:
+            if self._process is not None:  # the child keeps what it read; nothing of the scan is held here
                 found, problems = self._process.scan(trial_id, self.options)
-                live = True  # nothing of the scan is held here
             else:
                 found, problems = self.scanner.scan_and_release(self._scan_group, trial_id, self.options)
-            if not live:
-                self.scanner.forget(self._scan_group, trial_id, reader=False, chunks=True)
+                if not live:
+                    self.scanner.forget(self._scan_group, trial_id, reader=False, chunks=True)
         except ComgraError as error:
             found, problems = [], [f"trial {trial_id!r}: {error}"]
         except Exception as error:  # noqa: BLE001 - a scanner fault must not stop the other trials
