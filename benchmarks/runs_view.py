@@ -165,11 +165,13 @@ _IN_PAGE_CLOCKS = """() => {
 FIRST_PAGE_MODES = ("first open", "cold", "at once", "served")
 
 # The app in a process of its own, from the sources on its PYTHONPATH (this checkout's, or --baseline-src): it prints
-# its address, then serves until killed.
+# its address, then serves until killed. Its findings scan runs as ``comgra`` runs it (``--scan child``: in a child
+# process, ``cli/app.py``) or in the server's own threads (``--scan in-process``: ``create_app``'s default, for an app
+# made in a notebook or a script), where importing the detectors' libraries holds the interpreter for about a second.
 _SERVER = """
 import sys
 from comgra.server.app import create_app, make_http_server, url_of
-app = create_app(sys.argv[1], warm_up=sys.argv[2] == "1", poll_seconds=600)
+app = create_app(sys.argv[1], warm_up=sys.argv[2] == "1", poll_seconds=600, scan_in_child=sys.argv[3] == "child")
 server = make_http_server(app, port=0)
 print(url_of(server), flush=True)
 server.serve_forever()
@@ -198,8 +200,11 @@ def _settled(page, quiet_s: float = 1.0, at_most_s: float = 30.0) -> float:
     return time.perf_counter() - started
 
 
+SCAN = ["child"]  # --scan: where the app's findings scan runs
+
+
 def _started_server(group_dir: Path, sources: Path, warm_up: bool) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen([sys.executable, "-c", _SERVER, str(group_dir), "1" if warm_up else "0"],
+    process = subprocess.Popen([sys.executable, "-c", _SERVER, str(group_dir), "1" if warm_up else "0", SCAN[0]],
                                env={**os.environ, "PYTHONPATH": str(sources)}, stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     return process, process.stdout.readline().strip() if process.stdout else ""
@@ -304,8 +309,13 @@ def main() -> None:
     parser.add_argument("--browser-only", action="store_true", help="the browser's figures only (at 1,000 trials)")
     parser.add_argument("--baseline-src", type=Path, help="the browser's figures also for these sources (e.g. "
                         "`git archive a311d6b src | tar -x -C /tmp/base`, then /tmp/base/src), interleaved")
+    parser.add_argument("--scan", choices=("child", "in-process"), default="child",
+                        help="where the app's findings scan runs: in a child process, as `comgra` serves (default), or "
+                             "in the server's threads, as create_app() makes the app by default")
     args = parser.parse_args()
-    print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} at start, {os.cpu_count()} cores")
+    SCAN[0] = args.scan
+    print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} at start, {os.cpu_count()} cores; "
+          f"the findings scan {args.scan}")
     for trials in args.trials:
         group_dir = sweep_group.write_group(OUT / f"sweep{trials}", trials, 50)
         print(f"{trials} trials ({group_dir}):")

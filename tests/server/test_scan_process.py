@@ -54,7 +54,10 @@ def test_the_server_scans_in_a_child_process_and_answers_as_an_in_process_scan(t
         assert [(f["detector"], f["node"], f["message"]) for f in found] == \
                [(f.detector, f.node, f.message) for f in expected] and expected
         children = psutil.Process(process.pid).children()
-        assert any("spawn_main" in " ".join(child.cmdline()) for child in children), children  # the scan's process
+        scanning = [child for child in children if "spawn_main" in " ".join(child.cmdline())]
+        assert scanning, children  # the scan's process
+        served = psutil.Process(process.pid).nice()  # the scan yields the cores to the server's answers
+        assert all(child.nice() == min(19, served + scan_process.NICENESS) for child in scanning)
         mapped = _mapped_libraries(process.pid)
         assert not [path for path in mapped if any(name in path for name in DETECTORS_LIBRARIES)]
         process.send_signal(signal.SIGINT)  # Ctrl+C: the child ends with the server, nothing left behind

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
@@ -28,7 +29,6 @@ from comgra.store import layout
 
 HIGHER_IS_BETTER = re.compile(r"acc|f1|auc|precision|recall|score|reward|bleu|rouge|iou|map|r2|return", re.I)
 _COLUMNS = ("kpi_group", "kpi_name", "timepoint", "value")
-_KEYS = ["trial", "kpi_group", "kpi_name"]
 
 
 @dataclass(frozen=True)
@@ -66,27 +66,54 @@ def kpi_summaries(files: Mapping[str, list[Path]]) -> dict[str, Summary] | None:
 
 def summaries_of(table: pa.Table) -> dict[str, Summary]:
     """Per trial of ``table`` (columns trial, rank, kpi_group, kpi_name, timepoint, value): the summary of each KPI
-    over its finite points in timepoint order (ties by rank), as ``service.runs.kpi_summary`` gives for one."""
-    latest = table.group_by("trial").aggregate([("timepoint", "max")])
-    found = {trial: Summary({}, int(step)) for trial, step in zip(latest["trial"].to_pylist(),
-                                                                 latest["timepoint_max"].to_pylist())}
-    # Every KPI a trial has, also one whose points are all NaN (its statistics are None then).
-    keys = table.group_by(_KEYS).aggregate([])
-    for trial, group, name in zip(*(keys[k].to_pylist() for k in _KEYS)):
-        found[trial].kpis[f"{group}/{name}"] = dict.fromkeys(("last", "best", "min", "max"))
-    values = table["value"].to_numpy(zero_copy_only=False)
-    finite = table.filter(pa.array(np.isfinite(values.astype(float)))).sort_by(
-        [("timepoint", "ascending"), ("rank", "ascending")])
-    # Single-threaded, so that "last" is the last in timepoint order.
-    statistics = finite.group_by(_KEYS, use_threads=False).aggregate(
-        [("value", "min"), ("value", "max"), ("value", "last")])
-    columns = [statistics[c].to_pylist() for c in (*_KEYS, "value_min", "value_max", "value_last")]
-    for trial, group, name, low, high, last in zip(*columns):
-        key = f"{group}/{name}"
-        found[trial].kpis[key] = {"last": float(last), "best": float(high if HIGHER_IS_BETTER.search(key) else low),
-                                  "min": float(low), "max": float(high)}
+    over its finite points in timepoint order (ties by rank, then by row order), as ``service.runs.kpi_summary``
+    gives for one. One stable NumPy sort of the rows by (trial, KPI, timepoint, rank) and reductions over its runs
+    (a grouped sort and three aggregations in Arrow took about four times as long for 100,000 rows)."""
+    if not table.num_rows:
+        return {}
+    trials, trial_codes = _codes(table["trial"])
+    groups, group_codes = _codes(table["kpi_group"])
+    names, name_codes = _codes(table["kpi_name"])
+    key = (trial_codes * len(groups) + group_codes) * len(names) + name_codes
+    timepoints = table["timepoint"].to_numpy(zero_copy_only=False).astype(np.int64)
+    ranks = table["rank"].to_numpy(zero_copy_only=False).astype(np.int64)
+    values = table["value"].to_numpy(zero_copy_only=False).astype(float)
+    order = np.lexsort((ranks, timepoints, key))  # stable: rows of one (timepoint, rank) keep their order
+    key, timepoints, values = key[order], timepoints[order], values[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    found: dict[str, Summary] = {}
+    latest = np.maximum.reduceat(timepoints, starts)  # of every point, NaN ones too
+    for start, step in zip(starts.tolist(), latest.tolist()):
+        code = int(key[start])
+        trial = trials[code // (len(groups) * len(names))]
+        summary = found.setdefault(trial, Summary({}, step))
+        if step > summary.last_timepoint:
+            found[trial] = summary = Summary(summary.kpis, step)
+        # Every KPI a trial has, also one whose points are all NaN (its statistics are None then).
+        summary.kpis[_kpi_name(code, groups, names)] = dict.fromkeys(("last", "best", "min", "max"))
+    finite = np.isfinite(values)
+    key, values = key[finite], values[finite]
+    if key.size:
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        ends = np.r_[starts[1:], key.size] - 1
+        columns = (key[starts].tolist(), np.minimum.reduceat(values, starts).tolist(),
+                   np.maximum.reduceat(values, starts).tolist(), values[ends].tolist())
+        for code, low, high, last in zip(*columns):
+            name = _kpi_name(code, groups, names)
+            found[trials[code // (len(groups) * len(names))]].kpis[name] = {
+                "last": last, "best": high if HIGHER_IS_BETTER.search(name) else low, "min": low, "max": high}
     return {trial: Summary(dict(sorted(summary.kpis.items())), summary.last_timepoint)
             for trial, summary in found.items()}
+
+
+def _codes(column: pa.ChunkedArray) -> tuple[list[str], np.ndarray]:
+    """The distinct values of a string column and each row's index into them."""
+    encoded = pc.dictionary_encode(column.combine_chunks())
+    return encoded.dictionary.to_pylist(), encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _kpi_name(code: int, groups: list[str], names: list[str]) -> str:
+    return f"{groups[code // len(names) % len(groups)]}/{names[code % len(names)]}"
 
 
 __all__ = ["HIGHER_IS_BETTER", "Summary", "kpi_summaries", "summaries_of"]

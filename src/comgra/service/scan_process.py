@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 SCANS_PER_PROCESS = 20  # then a fresh child: what its allocators kept of the chunks it read goes with it
 WATCH_PARENT_S = 0.5  # how often the child looks whether the server still runs
 IDLE_SECONDS = 30.0  # a child with nothing to scan for this long ends (spawning one costs about 2 s of CPU)
+NICENESS = 10  # the child's scheduling priority below the server's: a click's answer is not slowed by a scan
 
 
 def importable_detectors() -> list[tuple[str, str, str]] | None:
@@ -111,7 +112,13 @@ class ScanProcess:
 
 def end_with_parent(parent: int) -> None:
     """In the child: end as soon as the server has ended (Ctrl+C, killed): a worker of a ``ProcessPoolExecutor``
-    whose parent is gone waits for work forever, holding the server's stdout open."""
+    whose parent is gone waits for work forever, holding the server's stdout open. The child also runs at a lower
+    priority (``NICENESS``): on a machine whose cores are busy, the server's answers and the browser come first and
+    the scan takes what is left (a scan is background work; its findings are marked as being refreshed meanwhile)."""
+    try:
+        os.nice(NICENESS)
+    except OSError:  # not permitted here (a sandbox): the child runs at the server's priority
+        pass
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -51,8 +51,22 @@ def check_graph_hash(graph_hash: Any, trial_id: str) -> str:
 
 
 def inside(path: Path, folder: Path) -> bool:
-    """Whether ``path``, with every symlink followed, lies in ``folder`` (itself resolved)."""
+    """Whether ``path``, with every symlink followed, lies in ``folder`` (itself resolved).
+
+    A path written below ``folder`` (no ``..`` in either) none of whose parts below it is a link lies in it whatever
+    ``folder`` resolves to: that needs one ``lstat`` per part below ``folder``. Any other path is resolved whole
+    (``realpath``: an ``lstat`` per part from the root, for a trial's file about 20 in Python, 1,000 trials'
+    rows of the Runs view computed at a click spent a tenth of a second on them)."""
     try:
+        relative = os.path.relpath(path, folder)  # lexical: trusted only where neither path has a ".." part
+        if not any(".." in os.fspath(p).split(os.sep) for p in (path, folder, relative)):
+            below = os.fspath(folder)
+            for part in ([] if relative == "." else relative.split(os.sep)):
+                below = os.path.join(below, part)
+                if os.path.islink(below):
+                    break
+            else:
+                return True
         return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
     except (OSError, ValueError):
         return False
