@@ -159,10 +159,11 @@ _IN_PAGE_CLOCKS = """() => {
 #   "cold": an app made with warm_up=False, the tab clicked as soon as the tabs are on the page: the rows are asked for
 #           at the click, while the app's own first page is still being answered (over a group an app opened before:
 #           the rows of the trials that did not change since come from its runs summary);
+#   "first at once": as "at once" (below), over a group no app opened before: ``comgra``'s first start on a new sweep;
 #   "at once": the app as ``comgra serve`` makes it (warm_up=True: the Runs rows are computed after the first page's
 #           question), the tab clicked as soon as the tabs are on the page;
 #   "served": the same app, the tab clicked once the first page settled (no request for 1 s, or 30 s at most).
-FIRST_PAGE_MODES = ("first open", "cold", "at once", "served")
+FIRST_PAGE_MODES = ("first open", "first at once", "cold", "at once", "served")
 
 # The app in a process of its own, from the sources on its PYTHONPATH (this checkout's, or --baseline-src): it prints
 # its address, then serves until killed. Its findings scan runs as ``comgra`` runs it (``--scan child``: in a child
@@ -234,7 +235,7 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
                     for version, sources in versions.items():  # interleaved
                         _forget_findings(group_dir)  # each app opens the group as never scanned
                         summary, aside = group_dir / ".runs-summary.parquet", group_dir / ".runs-summary.aside"
-                        if mode == "first open" and summary.exists():
+                        if mode.startswith("first") and summary.exists():
                             summary.replace(aside)  # back after the run if this app kept none (older sources)
                         process, url = _started_server(group_dir, sources, warm_up=mode not in ("cold", "first open"))
                         try:
@@ -267,7 +268,7 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
     print("  Runs view in Chromium at 1280x800, driver-timed, from the click on the tab to the first rows drawn "
           f"(medians of {repeat}; the server's CPU-s over that time):")
     for mode in FIRST_PAGE_MODES:
-        print(f"    first page, {mode:<10}" + "   ".join(
+        print(f"    first page, {mode:<14}" + "   ".join(
             f"{v} {statistics.median(first[v, mode]) * 1e3:6.0f} ms (CPU {statistics.median(cpu[v, mode]):4.2f} s; "
             "each " + " ".join(f"{x:.2f}" for x in first[v, mode]) + "; load "
             + " ".join(f"{x:.1f}" for x in loads[v, mode]) + ")" for v in names))

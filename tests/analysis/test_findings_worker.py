@@ -252,3 +252,23 @@ service.close()
     lines = done.stdout.splitlines()
     assert lines[:3] == ["while answering: []", "pending: []", "after: []"]
     assert int(lines[3].rpartition(" ")[2]) >= 5  # waited between the parts (not only before the first trial)
+
+
+def test_the_queue_puts_the_trials_asked_for_first_in_their_order(two_trials) -> None:
+    """``request`` moves the trials it is asked for to the front of the queue (in the order asked), leaves a trial
+    being scanned out of it, and keeps the rest behind them in their order, once each."""
+    from comgra.service.findings import FindingsWorker
+    from comgra.store.reader import GroupReader
+
+    worker = FindingsWorker(GroupReader(two_trials), scan.ScanOptions())
+    worker._is_current = lambda trial: False  # every trial's data is new: each one asked for is stale
+    worker._take_saved = lambda trial: False
+    worker._threads = MAX_SCAN_THREADS  # no scan thread starts: the queue is looked at as it is
+    worker.request(["a", "b", "c", "d"])
+    assert worker._queue == ["a", "b", "c", "d"]
+    worker._running.add(worker._queue.pop(0))  # "a" is being scanned
+    assert worker.request(["c", "a", "y", "c"]) == ["c", "a", "y", "c"]
+    assert worker._queue == ["c", "y", "b", "d"]
+    worker.request([f"t{i}" for i in range(2000)])
+    assert worker._queue[:2] == ["t0", "t1"] and worker._queue[-4:] == ["c", "y", "b", "d"]
+    assert len(worker._queue) == len(set(worker._queue)) == 2004

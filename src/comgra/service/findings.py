@@ -192,11 +192,11 @@ class FindingsWorker:
         with self._changed:
             if self._closed:
                 return stale
-            for trial in reversed(stale):
-                if trial in self._queue:
-                    self._queue.remove(trial)
-                if trial not in self._running:
-                    self._queue.insert(0, trial)
+            # The stale ones first (in their order), then the rest: one pass, not a search of the queue per trial
+            # (the app asks this of every trial every second; 1,000 queued trials made that a million steps).
+            first = set(stale)
+            self._queue = [*dict.fromkeys(t for t in stale if t not in self._running),
+                           *(t for t in self._queue if t not in first)]
             wanted = min(MAX_SCAN_THREADS, os.cpu_count() or 1, len(self._queue)) - self._threads
             for _ in range(max(0, wanted)):
                 self._threads += 1
