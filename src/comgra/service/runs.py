@@ -223,14 +223,15 @@ class RunQuestions:
                     rows[trial] = _unreadable(trial, states[trial], error)
                     continue
                 summary = Summary(kpi_summary(table), pc.max(table["timepoint"]).as_py() if table.num_rows else None)
-            rows[trial] = self._row(trial, states[trial], reader.metadata, values, summary)
+            rows[trial] = self._row(trial, states[trial], reader, values, summary)
         return rows
 
-    def _row(self, trial: str, state: TrialState, metadata: Mapping[str, Any], values: dict[str, Any],
+    def _row(self, trial: str, state: TrialState, reader: TrialReader, values: dict[str, Any],
              summary: Summary) -> Run:
+        metadata = reader.metadata
         status = "running" if state.live else "finished" if metadata.get("finished") or metadata.get(
             "types_of_execution") else "crashed"
-        last_step = max([-1, *_last_steps(self.trial_questions, trial),
+        last_step = max([-1, *_last_steps(reader),
                          *([summary.last_timepoint] if summary.last_timepoint is not None else [])])
         return Run(trial, values, summary.kpis, {}, status, last_step + 1, _number(metadata.get("created")),
                    _number(metadata.get("finished")))
@@ -385,11 +386,13 @@ def _with_findings(run: Run, counts: dict[str, int]) -> Run:
     return run if run.findings == counts else Run(**{**run.__dict__, "findings": counts})
 
 
-def _last_steps(trials: TrialQuestions, trial: str) -> list[int]:
-    """The last training step each table's chunk names give (no file is opened)."""
+def _last_steps(reader: TrialReader) -> list[int]:
+    """The last training step each table's chunk names give (no file is opened), in the trial's layout (a trial
+    that migrates meanwhile changes its folder: its row is computed again)."""
     found: list[int] = []
     for table in ("steps", "sentinels"):
-        found.extend(fmt.step_range_of(name)[1] for name in trials.group.chunk_names(trial, table))
+        for folder in layout.table_dirs(reader.directory, table, reader.format_version):
+            found.extend(fmt.step_range_of(name)[1] for name in fmt.chunk_names(folder))
     return found
 
 
