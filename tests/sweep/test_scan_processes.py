@@ -56,3 +56,31 @@ def test_a_bad_number_of_workers_is_a_usage_error_naming_it(sweep, value) -> Non
                              value], capture_output=True, text=True, timeout=300, check=False)
     assert answer.returncode == 2
     assert f"{value!r} is not a number of worker processes" in answer.stderr
+
+
+def test_a_scan_of_a_sweep_keeps_its_runs_rows_for_the_first_app(sweep) -> None:
+    """After ``comgra scan``, a fresh app's Runs rows come from the group's runs summary (no trial read at the
+    click), with the findings counts of what the scan saved."""
+    from comgra.analysis import ScanOptions, saved
+    from comgra.service import RecordingService
+    from comgra.service import runs_summary
+    from comgra.store import GroupReader
+
+    everyone = GroupReader(sweep).trials()
+    chosen = everyone[:3]
+    assert not runs_summary.path_of(sweep).exists()
+    _cpu_and_document(sweep, chosen, "--workers", "1")
+    assert runs_summary.path_of(sweep).is_file()
+    service = RecordingService(sweep)
+    try:
+        rows = {r.trial: r for r in service.runs().runs}
+        questions = service.run_questions
+        assert (questions.taken, questions.computed) == (len(everyone), 0)
+        group = GroupReader(sweep)
+        for trial in chosen:
+            found = saved.read(group.trial(trial), ScanOptions())
+            expected = {s: sum(f.severity == s for f in found.findings) for s in ("error", "warning", "info")}
+            assert rows[trial].findings == expected, trial
+        group.close()
+    finally:
+        service.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import re
 import shlex
@@ -30,6 +31,8 @@ from typing import Any
 
 from comgra.cli.arguments import USAGE_ERROR, UsageError, add_path, check_recording, chosen_path, drop_recording_paths
 from comgra.errors import ComgraError
+
+log = logging.getLogger(__name__)
 
 PROGRESS_AFTER_SECONDS = 1.0
 PLAIN_EVERY_SECONDS = 10.0
@@ -90,6 +93,7 @@ def run(arguments: list[str]) -> int:
                                                                        on_trial=progress.update)
     except ComgraError as error:
         raise UsageError(str(error).splitlines()[0]) from None
+    _keep_runs_rows(group, len(result.trials))
     if args.json:
         print(json.dumps(document(result.findings, result.problems, link=finding_link), indent=1))
     else:
@@ -97,6 +101,23 @@ def run(arguments: list[str]) -> int:
         print_findings(console, result.findings, result.problems, result.trials, verbose=args.verbose,
                        link=finding_link, path=str(path))
     return 0
+
+
+def _keep_runs_rows(group: Path | str, trials: int) -> None:
+    """After a scan of a local sweep, its Runs rows computed and kept in the group (``service.runs_summary``), so
+    that the first app over it reads one file instead of every trial at the click (about 0.5 CPU-s at 1,000 trials
+    here, beside the scan's minutes). Nothing is raised: the app computes what is not kept."""
+    if not isinstance(group, Path) or trials < 2:
+        return
+    from comgra.service import RecordingService
+
+    service = RecordingService(group)
+    try:
+        service.runs()
+    except Exception as error:  # noqa: BLE001 - a cache; the scan's answer stands
+        log.debug("comgra scan: the Runs rows of %s are not kept (%s)", group, error)
+    finally:
+        service.close()
 
 
 def _scan_on_ray(group: Path | str, args: argparse.Namespace, options: Any, on_trial: Callable[[str, int, int], None]) -> Any:
