@@ -261,8 +261,7 @@ def test_the_queue_puts_the_trials_asked_for_first_in_their_order(two_trials) ->
     from comgra.store.reader import GroupReader
 
     worker = FindingsWorker(GroupReader(two_trials), scan.ScanOptions())
-    worker._is_current = lambda trial: False  # every trial's data is new: each one asked for is stale
-    worker._take_saved = lambda trial: False
+    worker._stale = lambda trial: True  # every trial's data is new: each one asked for is stale
     worker._threads = MAX_SCAN_THREADS  # no scan thread starts: the queue is looked at as it is
     worker.request(["a", "b", "c", "d"])
     assert worker._queue == ["a", "b", "c", "d"]

@@ -186,7 +186,7 @@ class FindingsWorker:
         once (milliseconds, without loading the detectors) instead of being queued."""
         with self._changed:  # waiting or being scanned: stale without a look (the app polls this every second)
             pending = {*self._queue, *self._running}
-        stale = [t for t in trials if t in pending or (not self._is_current(t) and not self._take_saved(t))]
+        stale = [t for t in trials if t in pending or self._stale(t)]
         if not self.background:
             return []  # nothing will be scanned, so nothing is pending
         with self._changed:
@@ -242,16 +242,20 @@ class FindingsWorker:
         if self._process is not None:
             self._process.close()
 
-    def _is_current(self, trial_id: str) -> bool:
+    def _stale(self, trial_id: str) -> bool:
+        """Whether the trial's data changed since its last answer, and no saved findings of it are current (the
+        trial's signature, a listing of its chunks, taken once for both)."""
         signature = self._signature(trial_id)
+        return not self._is_current(trial_id, signature) and not self._take_saved(trial_id, signature)
+
+    def _is_current(self, trial_id: str, signature: tuple[str, ...]) -> bool:
         with self._changed:
             return trial_id in self._done and self._done[trial_id][0] == signature
 
-    def _take_saved(self, trial_id: str) -> bool:
-        """Take the findings saved in the recording for the trial's current data, if there are any. Saved
-        findings of older data (a run that went on after the last scan) are shown until the trial's new
+    def _take_saved(self, trial_id: str, signature: tuple[str, ...]) -> bool:
+        """Take the findings saved in the recording for the trial's current data (``signature``), if there are
+        any. Saved findings of older data (a run that went on after the last scan) are shown until the trial's new
         scan is done, as a scan of this process would be."""
-        signature = self._signature(trial_id)
         try:
             kept = saved.read(self.group.trial(trial_id), self.options) if signature else None
         except ComgraError:
