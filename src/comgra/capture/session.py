@@ -26,7 +26,7 @@ from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import RankInfo
 from comgra.capture.registry import RECORDING_TYPES, Registration
 from comgra.capture.sharded import ShardCombiner, StepShards
-from comgra.capture.step import StepOptions, StepRecording
+from comgra.capture.step import LaterRows, StepOptions, StepRecording
 from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError, disk_problem
 from comgra.objects import DecisionMakerForRecordings
@@ -230,12 +230,18 @@ class Session:
             choice = getattr(step, "choice", None) or SampleChoice(
                 list(range(min(step.batch_size, step.batch_size if self.options.max_samples is None
                                else self.options.max_samples))))
-            values, steps = step.to_tables(choice)
+            # On the CPU the rows are built on the writer's thread (capture/step.py, LATER_UP_TO_BYTES)
+            writer = self.writer if not self.broken else None
+            made = step.to_tables(choice, later=writer.takes_later if writer is not None else None)
             for graph_hash, document in self.graphs_of_step.items():
                 self.graphs_written.add(graph_hash)
                 self._put_json(f"graphs/{graph_hash}.json", document)
-            self._put_table("tensors", values)
-            self._put_table("steps", steps)
+            if isinstance(made, LaterRows):
+                self.writer.put_later(("tensors", "steps"), made.build, made.size)  # type: ignore[union-attr]
+                self._check_writer()
+            else:
+                self._put_table("tensors", made[0])
+                self._put_table("steps", made[1])
             policy.mark_recording_on_this_step(step.training_step, step.type_of_execution)  # type: ignore[arg-type]
         finally:
             self.abandon_step()
