@@ -1,7 +1,8 @@
 """A recorded step's last statistics and rows are built on the writer's thread where every value is on the CPU
 (capture/step.py, ``LaterRows``; store/writer.py, ``put_later``). What is recorded must be the same as when the
 training thread builds them: the same training recorded twice, once with every step's rows built on the training
-thread and once with every one built on the writer's, gives equal tables and graphs."""
+thread and once with every one built on the writer's, gives equal tables and graphs (the run evidence's rows,
+capture/evidence.py, go the same way)."""
 from __future__ import annotations
 
 import math
@@ -87,7 +88,7 @@ def _same_nan(value: Any) -> Any:
 
 def _tables(group: Path, trial: str) -> dict[str, Any]:
     found: dict[str, Any] = {}
-    for name in ("tensors", "steps"):
+    for name in ("tensors", "steps", "runinfo"):
         paths = sorted((group / name / f"trial={trial}").rglob("*.parquet"))
         assert paths, f"no {name} chunks of {trial}"
         table = pa.concat_tables([pq.read_table(path) for path in paths])
@@ -101,11 +102,11 @@ def _tables(group: Path, trial: str) -> dict[str, Any]:
 
 def test_rows_built_on_the_writer_equal_rows_built_on_the_training_thread(
         make_recorder, store_root, monkeypatch) -> None:
-    took: list[int] = []
+    took: list[tuple[tuple[str, ...], int]] = []
     original = writer_module.ChunkWriter.put_later
 
     def counted(self: Any, names: tuple[str, ...], make: Any, size: int) -> None:
-        took.append(size)
+        took.append((names, size))
         original(self, names, make, size)
 
     monkeypatch.setattr(writer_module.ChunkWriter, "put_later", counted)
@@ -114,7 +115,8 @@ def test_rows_built_on_the_writer_equal_rows_built_on_the_training_thread(
     assert took == []  # the training thread built every step's rows
     monkeypatch.setattr(writer_module.ChunkWriter, "takes_later", lambda self, size: True)
     _train(make_recorder(set(range(6)), trial_id="later"), 6)
-    assert len(took) == 6 and all(0 < size <= step_module.LATER_UP_TO_BYTES for size in took)
+    assert sorted(names for names, _ in took) == [("runinfo",)] * 6 + [("tensors", "steps")] * 6
+    assert all(0 < size <= step_module.LATER_UP_TO_BYTES for _, size in took)
 
     group = next(path.parent for path in store_root.rglob("trials") if path.is_dir())
     here, later = _tables(group, "here"), _tables(group, "later")
@@ -122,6 +124,7 @@ def test_rows_built_on_the_writer_equal_rows_built_on_the_training_thread(
     assert len(here["graphs"]) >= 2  # the branch taken shows in the graphs
     assert {r["tensor_name"] for r in here["tensors"]} >= {"encoded", "hidden", "custom", "loss", "h_0"}
     assert {r["kind"] for r in here["tensors"]} == {"forward", "gradients"}
+    assert {r["field"] for r in here["runinfo"]} >= {"value_sum", "value_norm", "grad_norm", "dtype", "mode"}
     assert here == later
 
 
@@ -136,3 +139,18 @@ def test_a_live_tensor_or_a_spectral_norm_is_never_left_for_the_writer() -> None
     assert step_module.later_size([(svd, copy)], [], with_svd=False) is None
     big = torch.zeros(step_module.LATER_UP_TO_BYTES // 4 + 1)
     assert step_module.later_size([(kept, big)], [], with_svd=False) is None
+
+
+def test_a_fault_in_the_evidence_rows_on_the_writer_stops_the_evidence_only(
+        make_recorder, open_trial, monkeypatch) -> None:
+    from comgra.capture import evidence
+    from comgra.capture.session import ComgraWarning
+
+    def broken(self: Any, rows: list, of_step: tuple) -> Any:
+        raise ValueError("planted")
+
+    monkeypatch.setattr(evidence.RunEvidence, "_table", broken)
+    monkeypatch.setattr(writer_module.ChunkWriter, "takes_later", lambda self, size: True)
+    with pytest.warns(ComgraWarning, match="stopped keeping the run's evidence.*planted"):
+        _train(make_recorder(set(range(4))), 4)  # said at the next step's start; the training and recording go on
+    assert sorted({r["training_step"] for r in open_trial().steps().to_pylist()}) == [0, 1, 2, 3]

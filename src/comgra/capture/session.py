@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -285,6 +286,16 @@ class Session:
     def put_table(self, name: str, table: pa.Table) -> None:
         """Hand a table of rows to the writer (``capture.evidence`` and the sentinels write theirs so)."""
         self._put_table(name, table)
+
+    def put_later(self, name: str, make: Callable[[], pa.Table], size: int = 0) -> None:
+        """The table ``make()`` builds, built on the writer's thread where the writer takes ``size`` more bytes now
+        (store/writer.py, ``put_later``), else here and now."""
+        writer = self.writer
+        if writer is not None and not self.broken and writer.takes_later(size):
+            writer.put_later((name,), lambda: (make(),), size)
+            self._check_writer()
+        else:
+            self._put_table(name, make())
 
     def _put_table(self, name: str, table: pa.Table) -> None:
         if self.writer is not None and not self.broken and table.num_rows:
