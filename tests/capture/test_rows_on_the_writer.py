@@ -137,6 +137,8 @@ def test_a_live_tensor_or_a_spectral_norm_is_never_left_for_the_writer() -> None
     assert step_module.later_size([(kept, copy)], [], with_svd=False) == copy.nbytes
     assert step_module.later_size([(live, copy)], [], with_svd=False) is None  # the user's own tensor: it changes
     assert step_module.later_size([(svd, copy)], [], with_svd=False) is None
+    elsewhere = torch.empty(4, 3, device="meta")  # not in the CPU's memory (as a GPU's): summarised on its own thread
+    assert step_module.later_size([(kept, elsewhere)], [], with_svd=False) is None
     big = torch.zeros(step_module.LATER_UP_TO_BYTES // 4 + 1)
     assert step_module.later_size([(kept, big)], [], with_svd=False) is None
 
