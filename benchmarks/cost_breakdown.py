@@ -110,7 +110,7 @@ def instrument(calls_only: bool = False) -> None:
     _patch(step.StepRecording, "to_tables", "rows: to_tables")
     _patch(step.StepRecording, "record_gradients", "gradients: snapshot")
     _patch(summaries, "largest_singular_values", "statistics: spectral norms")
-    _patch(evidence.RunEvidence, "_put", "evidence: Arrow table")
+    _patch(evidence.RunEvidence, "_table" if hasattr(evidence.RunEvidence, "_table") else "_put", "evidence: Arrow table")
     try:
         from comgra.capture import background
         _patch(background.Job, "wait", "waiting for the statistics worker")

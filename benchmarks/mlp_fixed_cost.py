@@ -11,7 +11,9 @@ into a temporary folder, as benchmarks/regression.py does). Each trains three co
 training thread's CPU clock (``time.thread_time``), and keeps per round the recorded and the unrecorded block's
 extra over the plain blocks beside it, per step. On a shared machine other processes only ever add time, in bursts:
 the table gives percentiles of the rounds (10th, 25th, median), the low ones being the least disturbed. Each
-child's plain step is printed too: compare sides only where their plain steps agree.
+child's plain step is printed too: compare sides only where their plain steps agree. Then the process's CPU clock
+(every thread: the writer's work too, which a 2-core machine pays) and the wall clock, over 300-step blocks each
+ended by a flush, so that the writer's work for a block is done inside it.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 REPOSITORY = HERE.parent
 
 
-def child(rounds: int, block: int) -> dict[str, Any]:
+def child(rounds: int, block: int, long_rounds: int = 5, long_block: int = 300) -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
     import breakdown_workloads as wl
     wl.setup_process()
@@ -56,6 +58,24 @@ def child(rounds: int, block: int) -> dict[str, Any]:
             found["recorded"].append(recorded - (first + second) / 2)
             found["unrecorded"].append(unrecorded - (second + third) / 2)
             found["plain"].append(second)
+        # The process's CPU (every thread: the writer's work, which a 2-core machine pays too) and the wall clock, over
+        # long blocks each ended by a flush (the writer's work for them done inside the block: short blocks would hand
+        # it to the next one), about what the writer's own cadence (every 2 s) does.
+        long_batches = [workload.batch(step) for step in range(long_block)]
+
+        def run_long(name: str) -> tuple[float, float]:
+            start, wall = time.process_time(), time.perf_counter()
+            for batch in long_batches:
+                trainers[name].step(batch)
+            if name in recorders:
+                recorders[name].flush()
+            return ((time.process_time() - start) / long_block * 1e3, (time.perf_counter() - wall) / long_block * 1e3)
+        for _ in range(long_rounds):
+            first_long, recorded_long, second_long = run_long("plain"), run_long("every1"), run_long("plain")
+            for index, clock in enumerate(("process", "wall")):
+                found.setdefault(f"{clock}_recorded", []).append(
+                    recorded_long[index] - (first_long[index] + second_long[index]) / 2)
+                found.setdefault(f"{clock}_plain", []).append(second_long[index])
         for recorder in recorders.values():
             recorder.finalize()
     import comgra
@@ -106,6 +126,14 @@ def main(argv: list[str] | None = None) -> None:
         found = results[side]["found"]
         print(f"  {side:<6}{_percentiles(found['plain']):<26}{_percentiles(found['recorded']):<26}"
               f"{_percentiles(found['unrecorded']):<26}")
+    print("\nprocess CPU (all threads) and wall clock, 300-step blocks each ended by a flush, ms per step; lowest and "
+          "median of the rounds")
+    print(f"  {'side':<6}{'plain: process':<18}{'recorded extra: process':<26}{'plain: wall':<18}{'recorded extra: wall'}")
+    for side in ("ref", "now"):
+        found = results[side]["found"]
+        cells = [f"{min(found[key]):+7.3f} {statistics.median(found[key]):+7.3f}"
+                 for key in ("process_plain", "process_recorded", "wall_plain", "wall_recorded")]
+        print(f"  {side:<6}{cells[0]:<18}{cells[1]:<26}{cells[2]:<18}{cells[3]}")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -266,7 +266,7 @@ class ComgraRecorder(WatchedTensors):
         self._check_stage("start_iteration")
         self.current_stage = "forward"
         self._iteration_serial += 1
-        if self._breakpoints is not None:
+        if self._breakpoints is not None and not self._quiet:  # quiet: no breakpoint watches this step (no call)
             self._breakpoints.start_iteration()
         if self._recording_step and self._recording:
             self._guarded(lambda session: session.step.start_iteration())
@@ -352,7 +352,7 @@ class ComgraRecorder(WatchedTensors):
             return _untraced(ComgraRecorder.finish_iteration)(self)
         self._check_stage("finish_iteration")
         self.current_stage = "after_iteration"
-        if self._breakpoints is not None:
+        if self._breakpoints is not None and not self._quiet:  # quiet: no replay of this step is kept (no call)
             self._breakpoints.keep(("finish_iteration",))
         if self._recording_step and self._recording:
             self._guarded(lambda session: session.finish_iteration())

@@ -8,6 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from comgra.capture import iteration_graph  # noqa: E402
 from comgra.capture import step as step_module  # noqa: E402
 
 B = 4
@@ -32,7 +33,7 @@ def _record(recorder: Any, model: torch.nn.Module, generator: torch.Generator, s
 
 def test_same_graph_reuses_the_document_and_a_changed_one_is_built_afresh(
         make_recorder, open_trial, generator, edges, monkeypatch) -> None:
-    step_module._DOCUMENTS.clear()
+    iteration_graph._DOCUMENTS.clear()
     returned: list[dict[str, Any]] = []
     fresh: list[dict[str, Any]] = []
     original = step_module.StepRecording._document

@@ -36,6 +36,7 @@ class RunEvidence:
 
     def __init__(self, session: Any, modules: ModuleTracker, sentinels: Any):
         self.session, self.modules, self.sentinels = session, modules, sentinels
+        self._later_fault: Exception | None = None
         self.optimizers: list[Any] = []
         self.broken = False
         self._rows: list[tuple[str, str, str, str, float]] | None = None  # this step's, when it is recorded
@@ -122,6 +123,8 @@ class RunEvidence:
                                            f"error: {type(error).__name__}: {error}. Recording and training go on.")
 
     def _start_batch(self, training_step: int, type_of_execution: str | None, batch_size: int, recording: bool) -> None:
+        if self._later_fault is not None:  # the last recorded step's rows failed on the writer's thread
+            raise self._later_fault
         self.sentinels.start_batch(training_step, type_of_execution, batch_size, recording)
         self._step = (training_step, type_of_execution)
         self._rows = None
@@ -245,23 +248,38 @@ class RunEvidence:
         if rows is not None:
             found_values, self._value_fingerprints = self._value_fingerprints, ([], None)
             found_grads, self._grad_fingerprints = self._grad_fingerprints or ([], None), None
-            for subject, found in (("value", found_values), ("grad", found_grads)):
-                if found[1] is None:
-                    continue
-                # grad_sum: read by rank agreement only (a distributed run); a one-process run does not compute it
-                with_sum = subject == "value" or self.exact
-                for name, (total, norm) in zip(found[0], found[1].tolist()):
-                    if with_sum:
-                        rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
-                    rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
-            self._put(rows)
+            step, exact = self._step, self.exact
+
+            def make() -> pa.Table:
+                try:
+                    return rows_of(rows)
+                except Exception as error:  # noqa: BLE001 - on the writer's thread: said at the next start_batch
+                    self._later_fault = error
+                    return fmt.RUNINFO_SCHEMA.empty_table()
+
+            def rows_of(rows: list[tuple[str, str, str, str, float]]) -> pa.Table:
+                for subject, found in (("value", found_values), ("grad", found_grads)):
+                    if found[1] is None:
+                        continue
+                    # grad_sum: read by rank agreement only (a distributed run); a one-process run does not compute it
+                    with_sum = subject == "value" or exact
+                    for name, (total, norm) in zip(found[0], found[1].tolist()):
+                        if with_sum:
+                            rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
+                        rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
+                return self._table(rows, step)
+            # On the CPU the rows are made on the writer's thread (a device's fingerprints are read here: a host sync)
+            if all(found[1] is None or found[1].is_cpu for found in (found_values, found_grads)):
+                self.session.put_later("runinfo", make, 64 * len(rows))
+            else:
+                self.session.put_table("runinfo", make())
         self.sentinels.finish_batch(pausable=pausable)
 
-    def _put(self, rows: list[tuple[str, str, str, str, float]]) -> None:
+    def _table(self, rows: list[tuple[str, str, str, str, float]], of_step: tuple[int, str | None]) -> pa.Table:
         """Each column made in the schema's type at once: a table of inferred types cast to the schema cost 2-4x
         as much (75-150 us against 36 us for 60 rows). The naming columns (subject, name, field) are made once per
         set of rows and reused at the next recorded steps."""
-        step, kind = self._step
+        step, kind = of_step
         subject, name, field, value, number = zip(*rows)
         count = len(rows)
         names = self._names.get((subject, name, field))  # the same every recorded step of a fixed model and optimizer
@@ -275,8 +293,7 @@ class RunEvidence:
                                                                                                    pa.string()),
                    "subject": names[0], "name": names[1], "field": names[2], "value": pa.array(value, pa.string()),
                    "number": pa.array(number, pa.float64())}
-        self.session.put_table("runinfo", pa.Table.from_arrays([columns[f.name] for f in fmt.RUNINFO_SCHEMA],
-                                                               schema=fmt.RUNINFO_SCHEMA))
+        return pa.Table.from_arrays([columns[f.name] for f in fmt.RUNINFO_SCHEMA], schema=fmt.RUNINFO_SCHEMA)
 
 
 # A tensor up to this many elements is reduced in float64 (its cast costs little); a larger one in a one-process run is

@@ -14,6 +14,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +27,7 @@ from comgra.capture.options import RecorderOptions
 from comgra.capture.ranks import RankInfo
 from comgra.capture.registry import RECORDING_TYPES, Registration
 from comgra.capture.sharded import ShardCombiner, StepShards
-from comgra.capture.step import StepOptions, StepRecording
+from comgra.capture.step import LaterRows, StepOptions, StepRecording
 from comgra.capture.summaries import SampleChoice, prepare
 from comgra.errors import RecordingError, disk_problem
 from comgra.objects import DecisionMakerForRecordings
@@ -230,12 +231,18 @@ class Session:
             choice = getattr(step, "choice", None) or SampleChoice(
                 list(range(min(step.batch_size, step.batch_size if self.options.max_samples is None
                                else self.options.max_samples))))
-            values, steps = step.to_tables(choice)
+            # On the CPU the rows are built on the writer's thread (capture/step.py, LATER_UP_TO_BYTES)
+            writer = self.writer if not self.broken else None
+            made = step.to_tables(choice, later=writer.takes_later if writer is not None else None)
             for graph_hash, document in self.graphs_of_step.items():
                 self.graphs_written.add(graph_hash)
                 self._put_json(f"graphs/{graph_hash}.json", document)
-            self._put_table("tensors", values)
-            self._put_table("steps", steps)
+            if isinstance(made, LaterRows):
+                self.writer.put_later(("tensors", "steps"), made.build, made.size)  # type: ignore[union-attr]
+                self._check_writer()
+            else:
+                self._put_table("tensors", made[0])
+                self._put_table("steps", made[1])
             policy.mark_recording_on_this_step(step.training_step, step.type_of_execution)  # type: ignore[arg-type]
         finally:
             self.abandon_step()
@@ -279,6 +286,16 @@ class Session:
     def put_table(self, name: str, table: pa.Table) -> None:
         """Hand a table of rows to the writer (``capture.evidence`` and the sentinels write theirs so)."""
         self._put_table(name, table)
+
+    def put_later(self, name: str, make: Callable[[], pa.Table], size: int = 0) -> None:
+        """The table ``make()`` builds, built on the writer's thread where the writer takes ``size`` more bytes now
+        (store/writer.py, ``put_later``), else here and now."""
+        writer = self.writer
+        if writer is not None and not self.broken and writer.takes_later(size):
+            writer.put_later((name,), lambda: (make(),), size)
+            self._check_writer()
+        else:
+            self._put_table(name, make())
 
     def _put_table(self, name: str, table: pa.Table) -> None:
         if self.writer is not None and not self.broken and table.num_rows:

@@ -11,7 +11,7 @@ import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import torch
@@ -20,7 +20,8 @@ from comgra.capture import background
 from comgra.capture import gradients as scaling
 from comgra.capture import graph as graphs
 from comgra.capture import sharded, shards
-from comgra.capture.checkpointing import UNSEEN, Checkpoints, Region
+from comgra.capture.checkpointing import Checkpoints, Region
+from comgra.capture.iteration_graph import IterationGraphs
 from comgra.capture.registry import Registration
 from comgra.capture.summaries import (Block, SampleChoice, complex_notice, summarize_values, to_table,
                                       unsummarisable)
@@ -36,6 +37,34 @@ from comgra.store import format as fmt
 # what batching would, and copying would double the tensor's memory (the copy of a tensor just below
 # the threshold is 256 KiB in float32). The summary's kernels are queued at once: no host sync.
 SUMMARIZE_AT_REGISTRATION_FROM = 65_536
+
+# A recorded step's rows are built on the writer's thread (``StepRecording.to_tables(later=...)``) where its copies
+# to summarise take at most this many bytes; the writer holds at most store.writer.MAX_LATER such steps.
+LATER_UP_TO_BYTES = 4 << 20
+
+
+class LaterRows(NamedTuple):
+    """A recorded step's rows, to be built by ``build()`` on the writer's thread, holding ``size`` bytes meanwhile."""
+
+    build: Callable[[], tuple[pa.Table, pa.Table]]
+    size: int
+
+
+def later_size(pending: list[tuple[Registration, torch.Tensor]], blocks: list[Block], with_svd: bool) -> int | None:
+    """The bytes a step's last statistics and rows hold while they wait for another thread, or None where they may
+    not wait: every value must be on the CPU, each one ``pending`` a copy that only comgra holds (not a live tensor
+    of the user's), with no spectral norm among them (its power iteration starts from the last step's vector)."""
+    size = 0
+    for registration, value in pending:
+        if (value is registration.tensor or not value.is_cpu or registration.recording_type == "kpis_and_svd"
+                or (with_svd and registration.tensor_type == "parameter")):
+            return None
+        size += value.nbytes
+    for block in blocks:
+        if not block.summary.per_sample.is_cpu:
+            return None
+        size += block.summary.per_sample.nbytes + block.summary.neurons.nbytes
+    return size if size <= LATER_UP_TO_BYTES else None
 
 
 @contextlib.contextmanager
@@ -70,7 +99,7 @@ class StepOptions:
 
 
 @dataclass
-class StepRecording:
+class StepRecording(IterationGraphs):
     training_step: int
     batch_size: int
     type_of_execution: str | None
@@ -343,20 +372,35 @@ class StepRecording:
         if suspected is not None:
             self.report(f"loss-scale:{kind}", scaling.warning_of_unknown_scale(kind, *suspected))
 
-    def to_tables(self, choice: SampleChoice, now: float | None = None) -> tuple[pa.Table, pa.Table]:
-        """The tensors rows and the steps rows of this step (one host transfer)."""
-        self._summarize_pending()
-        self.blocks += self.dtensors.blocks(self.training_step) if self.dtensors is not None else []
-        values = to_table(self.training_step, self._finished_blocks(), choice)
-        values = values.append_column(fmt.ADDED_COLUMNS["tensors"][0], pa.repeat(  # a step is (step, type)
-            pa.scalar(self.type_of_execution, pa.string()), values.num_rows))
+    def to_tables(self, choice: SampleChoice, now: float | None = None, *, later: Callable[[int], bool] | None = None
+                  ) -> tuple[pa.Table, pa.Table] | LaterRows:
+        """The tensors rows and the steps rows of this step (one host transfer). ``later(size)``: whether the writer
+        takes ``size`` bytes now; where it does and ``later_size`` allows, the rows to build on its thread."""
         rows = [{
             "training_step": self.training_step, "type_of_execution": self.type_of_execution,
             "iteration": i, "graph": document["hash"], "batch_size": self.batch_size,
             "kinds": list(self.kinds), "samples": list(choice.indices), "categories": choice.categories,
             "wall_time": now if now is not None else time.time(),
         } for i, document in enumerate(self.graph_documents)]
-        return values, pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA)
+        pending, self._pending_forward = self._pending_forward, []
+        blocks = self._finished_blocks()  # a worker's job is settled here, where its tensors' versions are read
+        size = later_size(pending, blocks, self.options.with_svd) if later is not None else None
+        if size is not None and not later(size):  # type: ignore[misc]
+            size = None
+        if size is None and pending:
+            blocks += self._summarizer(fmt.FORWARD)(pending)
+            pending = []
+        extra = self.dtensors.blocks(self.training_step) if self.dtensors is not None else []
+        training_step, of_type, options = self.training_step, self.type_of_execution, self.options
+
+        def build() -> tuple[pa.Table, pa.Table]:
+            every = blocks + (summarize_values(fmt.FORWARD, pending, max_neurons=options.max_neurons,
+                                               with_svd=options.with_svd) if pending else []) + extra
+            values = to_table(training_step, every, choice)
+            values = values.append_column(fmt.ADDED_COLUMNS["tensors"][0], pa.repeat(  # a step is (step, type)
+                pa.scalar(of_type, pa.string()), values.num_rows))
+            return values, pa.Table.from_pylist(rows, schema=fmt.STEPS_SCHEMA)
+        return LaterRows(build, size) if size is not None and not extra else build()
 
     def _wait_for_parameters(self) -> None:
         if self._parameter_job is not None:
@@ -393,92 +437,3 @@ class StepRecording:
             registration.grad_fn = None
         self.connections = graphs.Connections()
         self.blocks.clear()
-
-    # -- the graph of one iteration -----------------------------------------------------------
-    def _graph_of_iteration(self, groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-        memo: dict[Any, frozenset] = {}
-        if self.checkpoints.regions:
-            self.checkpoints.settle(self)
-        targets = [r for r in self.registrations.values() if r.iteration == self.iteration]
-        edges: set[tuple[Any, Any]] = set()
-        for registration in targets:
-            tensor = registration.tensor
-            if tensor is None:
-                continue
-            grad_fn = registration.grad_fn  # the one at registration, not one an in-place op made since
-            if registration.same_as is not None:  # the same tensor under a second name
-                sources: frozenset = frozenset([registration.same_as])
-            else:
-                sources = graphs.dependencies(tensor, grad_fn, self.connections, memo)
-            edges |= {(source, registration.key) for source in sources if source != registration.key}
-        if self.report is not None and self.checkpoints.unseen(memo, self.connections):
-            self.report("reentrant-unseen", UNSEEN)
-        return self._document(targets, edges, groups_of_parameters)
-
-    def _document(self, targets: list[Registration], edges: set[tuple[Any, Any]],
-                  groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-        """The graph document of this iteration; an iteration with the same nodes and edges as an
-        earlier one (every step of a fixed network) reuses that document: layout, hashing and JSON
-        cost milliseconds per step on a net with a hundred nodes, the key a tenth of that."""
-        keys = {r.key for r in targets} | {k for edge in edges for k in edge}
-        cache_key = self._document_key(targets, keys, edges, groups_of_parameters)
-        cached = _DOCUMENTS.get(cache_key)
-        if cached is None:
-            cached = self._new_document(targets, keys, edges, groups_of_parameters)
-            if len(_DOCUMENTS) >= _MAX_CACHED_DOCUMENTS:
-                _DOCUMENTS.clear()
-            _DOCUMENTS[cache_key] = cached
-        document, unconnected = cached
-        return document, list(unconnected)
-
-    def _document_key(self, targets: list[Registration], keys: set[tuple[int, str]], edges: set[tuple[Any, Any]],
-                      groups_of_parameters: dict[str, str]) -> tuple[Any, ...]:
-        """Everything the document and the unconnected names are computed from."""
-        nodes = []
-        for key in sorted(keys):
-            r = self.registrations[key]
-            nodes.append((key, r.node, r.role, r.tensor_type, r.module_type, r.batch_dim is not None,
-                          groups_of_parameters.get(r.tensor_name, ""),
-                          tuple(self.parameter_aliases.get(r.tensor_name, ()))))
-        return (self.iteration, tuple(nodes), tuple((r.key, r.tensor_name) for r in targets), frozenset(edges))
-
-    def _new_document(self, targets: list[Registration], keys: set[tuple[int, str]], edges: set[tuple[Any, Any]],
-                      groups_of_parameters: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
-        nodes: dict[str, dict[str, Any]] = {}
-        for key in sorted(keys, key=lambda k: (k[0], k[1])):
-            registration = self.registrations[key]
-            node_id = self._node_id(registration)
-            node = nodes.setdefault(node_id, graphs.node_entry(node_id, registration, self.iteration, groups_of_parameters))
-            if registration.role not in node["roles"]:
-                node["roles"].append(registration.role)
-            aliases = self.parameter_aliases.get(registration.tensor_name)
-            if aliases:  # a tied parameter: one tensor under several names, recorded under the first
-                node.setdefault("aliases", []).extend(a for a in aliases if a not in node.get("aliases", []))
-        edge_rows = sorted({(self._node_id(self.registrations[s]), self.registrations[s].role,
-                             self._node_id(self.registrations[t]), self.registrations[t].role) for s, t in edges})
-        for node_id in graphs.outputs(nodes, [(e[0], e[2]) for e in edge_rows]):
-            nodes[node_id]["role"] = "output"
-        node_list = list(nodes.values())
-        graphs.layout(node_list, [(e[0], e[2]) for e in edge_rows])
-        document = {
-            "format_version": fmt.FORMAT_VERSION,
-            "nodes": node_list,
-            "edges": [dict(zip(("source", "source_role", "target", "target_role"), e)) for e in edge_rows],
-        }
-        document["hash"] = graphs.graph_hash(document)
-        touched = {e[0] for e in edge_rows} | {e[2] for e in edge_rows}
-        unconnected = [r.tensor_name for r in targets if self._node_id(r) not in touched]
-        return document, unconnected
-
-    def _node_id(self, registration: Registration) -> str:
-        if registration.iteration < 0 or registration.iteration == self.iteration:
-            return registration.node
-        back = self.iteration - registration.iteration
-        return f"{registration.node}*old" + ("" if back == 1 else str(back))
-
-
-# Graph documents by everything they are computed from (StepRecording._document_key), shared by the
-# steps of a process; documents are never changed once made. Cleared when full: a network whose
-# graph changes every step would otherwise grow it without end.
-_DOCUMENTS: dict[tuple[Any, ...], tuple[dict[str, Any], list[str]]] = {}
-_MAX_CACHED_DOCUMENTS = 256

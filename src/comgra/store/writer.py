@@ -39,6 +39,10 @@ class TrialFolderGone(StoreError):
 _FOLDER = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 
 
+# At most this many bytes (the caller's estimate of what each holds) wait in put_later calls; beyond, the caller
+# builds its tables itself.
+LATER_BYTES = 32 << 20
+
 # At close, each table of the writer's rank becomes one file (store/compaction.py). Tools and tests that want the
 # chunks a run leaves without it (one per flush, merged in tiers) pass compact_at_close=False or turn this off.
 COMPACT_AT_CLOSE = True
@@ -119,6 +123,7 @@ class ChunkWriter:
         self.error: BaseException | None = None
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max_queued_items)
         self._seq = 0
+        self._later_put = self._later_done = 0  # put_later's bytes queued, and done (each counter has one writing thread)
         self.merge_every = merge_every
         self.max_merged_rows = max_merged_rows
         self.compact_at_close = COMPACT_AT_CLOSE if compact_at_close is None else compact_at_close
@@ -144,6 +149,17 @@ class ChunkWriter:
     # -- called from the training thread -------------------------------------------------
     def put_table(self, name: str, table: pa.Table) -> None:
         self._put(("table", (name, table)))
+
+    def put_later(self, names: tuple[str, ...], make: Callable[[], tuple[pa.Table, ...]], size: int) -> None:
+        """``make()`` runs on this writer's thread, in queue order, and its tables go to ``names`` (capture/step.py:
+        a recorded step's rows built here, off the training thread); ``size``: the bytes it holds meanwhile. A fault
+        in it is the writer's fault."""
+        self._later_put += size
+        self._put(("later", (names, make, size)))
+
+    def takes_later(self, size: int) -> bool:
+        """Whether a ``put_later`` of ``size`` bytes is welcome now: what waits stays under LATER_BYTES."""
+        return self._later_put - self._later_done + size <= LATER_BYTES and self.error is None
 
     def put_json(self, relative_path: str, document: dict[str, Any]) -> None:
         """Written with the next flush (within ``flush_seconds``, or at ``flush``), before its steps chunk."""
@@ -195,6 +211,15 @@ class ChunkWriter:
             self._buffer.add(*payload)
         elif kind == "json":
             self._buffer.add_document(*payload)
+        elif kind == "later":
+            names, make, size = payload
+            try:
+                tables = make()
+            finally:
+                self._later_done += size
+            for name, table in zip(names, tables):
+                if table.num_rows:
+                    self._buffer.add(name, table)
         elif kind == "flush":
             try:
                 self._write_buffer()
