@@ -202,6 +202,7 @@ def _settled(page, quiet_s: float = 1.0, at_most_s: float = 30.0) -> float:
 
 
 SCAN = ["child"]  # --scan: where the app's findings scan runs
+MODES = list(FIRST_PAGE_MODES)  # --modes: the ways the first page is timed
 
 
 def _started_server(group_dir: Path, sources: Path, warm_up: bool) -> tuple[subprocess.Popen, str]:
@@ -231,7 +232,7 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
                                               args=["--no-sandbox", "--disable-gpu"])
         try:
             for _ in range(repeat):
-                for mode in FIRST_PAGE_MODES:
+                for mode in MODES:
                     for version, sources in versions.items():  # interleaved
                         _forget_findings(group_dir)  # each app opens the group as never scanned
                         summary, aside = group_dir / ".runs-summary.parquet", group_dir / ".runs-summary.aside"
@@ -267,18 +268,21 @@ def browser(group_dir: Path, repeat: int, versions: dict[str, Path]) -> None:
     names = list(versions)
     print("  Runs view in Chromium at 1280x800, driver-timed, from the click on the tab to the first rows drawn "
           f"(medians of {repeat}; the server's CPU-s over that time):")
-    for mode in FIRST_PAGE_MODES:
+    for mode in MODES:
         print(f"    first page, {mode:<14}" + "   ".join(
             f"{v} {statistics.median(first[v, mode]) * 1e3:6.0f} ms (CPU {statistics.median(cpu[v, mode]):4.2f} s; "
             "each " + " ".join(f"{x:.2f}" for x in first[v, mode]) + "; load "
             + " ".join(f"{x:.1f}" for x in loads[v, mode]) + ")" for v in names))
     for name, key in (("filter", "filter"), ("sort", "sort"), ("filter in the page", "in filter"),
                       ("sort in the page", "in sort")):
+        if "cold" not in MODES:  # the filter and the sort are timed in the "cold" app
+            break
         print(f"    {name:<19}" + "   ".join(
             f"{v} {statistics.median(measured[v][key]) * 1e3:5.0f} ms (each "
             + " ".join(f"{x * 1e3:.0f}" for x in measured[v][key]) + ")" for v in names))
-    print("  (in the page: performance.now() from the input event or the mouse press to the count or the sort arrow "
-          "changed)")
+    if "cold" in MODES:
+        print("  (in the page: performance.now() from the input event or the mouse press to the count or the sort "
+              "arrow changed)")
 
 
 def _filter_and_sort(page, group_dir: Path, filters: list, sorts: list, inside_filters: list,
@@ -310,11 +314,14 @@ def main() -> None:
     parser.add_argument("--browser-only", action="store_true", help="the browser's figures only (at 1,000 trials)")
     parser.add_argument("--baseline-src", type=Path, help="the browser's figures also for these sources (e.g. "
                         "`git archive a311d6b src | tar -x -C /tmp/base`, then /tmp/base/src), interleaved")
+    parser.add_argument("--modes", nargs="+", choices=FIRST_PAGE_MODES, default=list(FIRST_PAGE_MODES),
+                        help="the ways the first page is timed (default: all)")
     parser.add_argument("--scan", choices=("child", "in-process"), default="child",
                         help="where the app's findings scan runs: in a child process, as `comgra` serves (default), or "
                              "in the server's threads, as create_app() makes the app by default")
     args = parser.parse_args()
     SCAN[0] = args.scan
+    MODES[:] = args.modes
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} at start, {os.cpu_count()} cores; "
           f"the findings scan {args.scan}")
     for trials in args.trials:
