@@ -13,9 +13,9 @@ import socket
 import threading
 from typing import Any
 
-import comgra.server.api as api
 import comgra.service.findings as findings_module
 from comgra.breakpoints import control
+from comgra.server import api
 from comgra.server.app import create_app
 from comgra.store import GroupReader
 from comgra.store import format as fmt
