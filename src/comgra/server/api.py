@@ -32,6 +32,7 @@ from comgra.errors import (BreakpointError, ComgraError, ConfigError, NotPaused,
 from comgra.server.api_spec import API_PREFIX, openapi_document
 from comgra.server.doors import (READS_CONFIG, TOKEN_CONFIG, ApiError, accept_token_link, check_breakpoint_target,
                                  check_read, check_state_change, trial_folder)
+from comgra.server.json_rows import object_json, rows_json
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.service.kpi_points import MAX_POINTS, downsampled
 from comgra.store import format as fmt
@@ -297,14 +298,13 @@ class Routes:
         return answer({"trials": self.service.trials()})
 
     def steps(self, trial: str) -> Response:
-        self._trial(trial)
-        rank = self._rank(trial)
-        rows = self.service.step_index(trial, rank).table.to_pylist()
-        return self._answer(trial, {"trial": trial, "rank": rank, "steps": rows})
+        rank = self._rank(self._trial(trial))
+        rows = rows_json(self.service.step_index(trial, rank).table, plain=plain)  # grows with the run: by slices
+        return Response(object_json({"trial": trial, "rank": rank, "steps": rows, "problems": self._problems(trial)},
+                                    plain=plain), mimetype="application/json")
 
     def graph(self, trial: str) -> Response:
-        self._trial(trial)
-        rank = self._rank(trial)
+        rank = self._rank(self._trial(trial))
         step, rows = self._step_rows(trial, rank)
         row = self._iteration_row(rows)
         try:
