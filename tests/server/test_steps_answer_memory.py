@@ -70,3 +70,23 @@ def test_the_steps_answer_is_the_same_text_as_the_whole_list_s(recording) -> Non
         expected = flask_json.dumps(plain({"trial": trial, "rank": 0, "steps": rows, "problems": []}),
                                     separators=(",", ":"))
     assert body.decode() == expected and len(rows) > 1
+
+
+def test_the_step_index_keeps_no_python_object_per_step() -> None:
+    """The index of a live run is built again at each new steps chunk and grows with the run: each step's type is
+    a code of 4 bytes, not a Python string (about 65 bytes a step before)."""
+    from comgra.service.steps import StepIndex
+
+    rows = 20_000
+    table = _steps_table(rows).set_column(1, "type_of_execution",
+                                          pa.array(["training", "evaluation"] * (rows // 2)))
+    tracemalloc.start()
+    try:
+        index = StepIndex(table)
+        kept, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert kept / rows < 16, kept / rows
+    assert index.types_of_execution() == ["evaluation", "training"] and index.main_type() == "evaluation"
+    assert index.steps_of("evaluation").tolist() == list(range(10, rows * 10, 20))
+    assert index.types_at(20) == ["training"] and index.steps_of("none of them").tolist() == []
