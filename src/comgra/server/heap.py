@@ -29,7 +29,11 @@ import time
 from typing import Any
 
 TRIM_EVERY_S = 30.0
-MMAP_THRESHOLD_BYTES = 256 * 1024  # glibc's default starts at 128 KiB and rises up to 32 MiB as blocks are freed
+# glibc's default starts at 128 KiB and rises up to 32 MiB as blocks are freed. 256 KiB until round six: a live
+# run's answers hold arrays of a value per step (the KPI rows' downsampling: 8 bytes a step), which passed through
+# the 64-256 KiB range as the run grew, each leaving its pages in the thread arena (8 minutes side by side: the arena's
+# resident pages 11 -> 13 MiB at 256 KiB, flat at 7.6-8.4 at 64; RSS slope +1.07 against +0.75, docs/performance.md).
+MMAP_THRESHOLD_BYTES = 64 * 1024
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 
