@@ -49,4 +49,36 @@ def native_heap_mib() -> dict[str, float]:
     if _MALLINFO2 is None:
         return {}
     info = _MALLINFO2()
-    return {"malloc_used": (info.uordblks + info.hblkhd) / 2**20, "malloc_free": info.fordblks / 2**20}
+    return {"malloc_used": (info.uordblks + info.hblkhd) / 2**20, "malloc_free": info.fordblks / 2**20,
+            "malloc_mapped": info.hblkhd / 2**20}
+
+
+def pymalloc_mib() -> dict[str, float]:
+    """Python's own allocator (``sys._debugmallocstats``, which writes to the C stderr): its arenas (1 MiB each, all
+    resident once touched) against the bytes in live blocks; arenas growing while blocks do not is fragmentation."""
+    import os
+    import re
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryFile(mode="w+") as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(captured.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        text = captured.read()
+
+    def number(label: str) -> float:
+        found = re.search(re.escape(label) + r"\s*=\s*([0-9,]+)", text)
+        return float(found.group(1).replace(",", "")) if found else float("nan")
+
+    return {"py_arenas": number("# arenas allocated current"),
+            "py_arenas_most": number("# arenas highwater mark"),
+            "py_in_blocks": number("# bytes in allocated blocks") / 2**20,
+            "py_free_blocks": number("# bytes in available blocks") / 2**20,
+            "py_free_pools": number("unused pools * 16384 bytes") / 2**20 if "unused pools" in text else float("nan")}

@@ -80,7 +80,7 @@ breakdown = os.environ.get("COMGRA_BENCH_BREAKDOWN")
 if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark; a signal runs between requests)
     import gc, json, threading  # pyarrow only when asked: comgra chooses Arrow's pool before pyarrow loads
     sys.path.insert(0, os.environ["COMGRA_BENCH_HERE"])
-    from process_memory import native_heap_mib
+    from process_memory import native_heap_mib, pymalloc_mib
     def tell(*_):
         try:
             told()
@@ -90,7 +90,7 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
         import pyarrow as pa
         from comgra.store.reader import TrialReader
         readers = [o for o in gc.get_objects() if isinstance(o, TrialReader)]
-        data = {"arrow": pa.total_allocated_bytes() / 2**20, "pool": pa.default_memory_pool().backend_name, **native_heap_mib(), "blocks": sys.getallocatedblocks(),
+        data = {"arrow": pa.total_allocated_bytes() / 2**20, "pool": pa.default_memory_pool().backend_name, **native_heap_mib(), **pymalloc_mib(), "blocks": sys.getallocatedblocks(),
                 "threads": threading.active_count(), "readers": len(readers),
                 "kept_tables": sum(len(r._small._cache) for r in readers),
                 "graphs": sum(len(r._graphs) for r in readers),
@@ -316,6 +316,7 @@ def breakdown_of(path: Path) -> str:
             f"  duckdb {data.get('duckdb', 0):.1f}  python blocks {data['blocks']:,}  readers {data['readers']}"
             f"  kept tables {data['kept_tables']}  graphs {data.get('graphs')}  threads {data.get('threads')}"
             f"  gc objects {data.get('gc_objects', 0):,}"
+            + (f"  py arenas {data['py_arenas']:.0f} (blocks {data['py_in_blocks']:.1f} MiB)" if "py_arenas" in data else "")
             + (f"  trims {data['trims']} ({data['trim_cpu_s'] * 1000:.0f} ms CPU)" if "trims" in data else "")
             + "".join(f"  {k} {v:.1f}" for k, v in data.get("smaps", {}).items()))
 

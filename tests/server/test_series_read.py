@@ -114,7 +114,7 @@ def test_the_parsed_footers_kept_stay_within_the_budget(long_recording):
     rows = _whole_chunks(trial)
     empty = rows.schema.empty_table().select(["training_step", "max"])  # format 3 files hold no rank column
     for budget, kept in ((sizes[0] + sizes[1], 2), (0, 0), (sum(sizes), len(paths))):
-        reader = SeriesReader(footer_budget=budget)
+        reader = SeriesReader(footer_budget=budget, keep_from=0)
         for key in _series_keys(rows)[::97][:3]:
             filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
             got = reader.read(paths, ["training_step", "max"], filters, empty)
@@ -173,3 +173,29 @@ def test_the_kept_series_are_bounded_in_bytes(long_recording, monkeypatch):
     assert 1 <= len(kept) <= 2 and sum(s.nbytes + v.nbytes for s, v in kept.values()) <= 2.5 * one
     assert any(answer is last for answer in kept.values())
     service.close()
+
+
+def test_only_large_footers_are_kept_parsed(long_recording):
+    """A live run writes many small chunks: their footers, kept parsed, grew with it (ten times their size on disk).
+    Only a footer of at least ``KEEP_PARSED_FROM_BYTES`` on disk, costly to parse again, is kept; the series is the
+    same either way."""
+    from comgra.store.series_read import KEEP_PARSED_FROM_BYTES, PARSED_FOOTER_FACTOR, SeriesReader
+
+    trial = GroupReader(long_recording).trial(GroupReader(long_recording).trials()[0])
+    paths = trial.tensor_chunks()
+    sizes = [pq.read_metadata(p).serialized_size for p in paths]
+    rows = _whole_chunks(trial)
+    empty = rows.schema.empty_table().select(["training_step", "max"])
+    cut = sorted(sizes)[len(sizes) // 2]  # the larger half of this recording's footers stand for large ones
+    key = _series_keys(rows)[0]
+    filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+    for keep_from, kept in ((cut, [s for s in sizes if s >= cut]), (KEEP_PARSED_FROM_BYTES,
+                                                                     [s for s in sizes if s >= KEEP_PARSED_FROM_BYTES])):
+        reader = SeriesReader(keep_from=keep_from)
+        got = reader.read(paths, ["training_step", "max"], filters, empty)
+        assert got.num_rows == _expected(rows, *key, "max").num_rows == 60
+        assert len(reader._parsed) == len(kept) and reader.kept_footer_bytes == PARSED_FOOTER_FACTOR * sum(kept)
+        assert reader.read(paths, ["training_step", "max"], filters, empty).equals(got)  # parsed again: the same
+    trial.series(node=key[0], role=key[1], kind=key[2], iteration=key[3])  # the reader's own: small ones not kept
+    assert trial._series_reader.kept_footer_bytes == PARSED_FOOTER_FACTOR * sum(
+        s for s in sizes if s >= KEEP_PARSED_FROM_BYTES)

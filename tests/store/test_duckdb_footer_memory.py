@@ -70,3 +70,28 @@ def test_the_readers_duckdb_hands_freed_memory_back_after_small_queries(fresh_re
     (threshold,) = connection.execute(
         "SELECT value FROM duckdb_settings() WHERE name = 'allocator_flush_threshold'").fetchone()
     assert threshold in ("4MB", "4.0 MB", "4000000B", "4194304B", "3.8 MiB", "4.0 MiB"), threshold
+
+
+def _footer_cache_on(trial) -> bool:
+    return bool(trial._duck.connection.execute("SELECT current_setting('parquet_metadata_cache')").fetchone()[0])
+
+
+def test_duckdb_keeps_no_small_footer_and_caches_large_ones(fresh_recording: Path, monkeypatch) -> None:
+    """A live run's chunks have small footers, cheap to parse again: DuckDB's footer cache stays off for them (it
+    held every live chunk's footer, ten times its size, and grew with the run); a chunk with a footer of at least
+    ``CACHE_FOOTERS_FROM_BYTES`` turns it on, for that reader's later connections too."""
+    from comgra.store import duck_connection
+
+    group = GroupReader(fresh_recording)
+    (trial_id,) = group.trials()
+    trial = group.trial(trial_id)
+    chunks = fmt.chunk_files(layout.rank_dir(trial.directory, "tensors", 0))
+    assert max(duck_connection.footer_bytes(str(c)) for c in chunks) < duck_connection.CACHE_FOOTERS_FROM_BYTES
+    step = fmt.parse_chunk_name(chunks[0].name).first
+    expected = trial.selection(training_step=step)
+    assert not _footer_cache_on(trial) and expected.num_rows
+    monkeypatch.setattr(duck_connection, "CACHE_FOOTERS_FROM_BYTES", 1)  # every footer counts as large now
+    fresh = GroupReader(fresh_recording).trial(trial_id)
+    assert fresh.selection(training_step=step).equals(expected) and _footer_cache_on(fresh)
+    fresh._duck._connection = None  # let go, as past the budget of chunks gone: the next one caches from the start
+    assert fresh.selection(training_step=step).equals(expected) and _footer_cache_on(fresh)

@@ -29,7 +29,13 @@ import time
 from typing import Any
 
 TRIM_EVERY_S = 30.0
-MMAP_THRESHOLD_BYTES = 256 * 1024  # glibc's default starts at 128 KiB and rises up to 32 MiB as blocks are freed
+# glibc's default starts at 128 KiB and rises up to 32 MiB as blocks are freed. 256 KiB until round six: a live
+# run's answers build arrays of a value per step (the KPIs' downsampling, a series: 8 bytes a step), which pass
+# through 64-256 KiB as the run grows; below the threshold they come from the thread arena (8 minutes side by side:
+# its resident pages 11 -> 13 MiB at 256 KiB, flat at 7.6-8.4 at 64; RSS slope +1.07 against +0.75 MiB/min, the
+# intervals overlapping; docs/performance.md). Blocks of 64 KiB and more then cost a mapping each (no fewer requests
+# were answered).
+MMAP_THRESHOLD_BYTES = 64 * 1024
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
 
 

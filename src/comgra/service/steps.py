@@ -49,7 +49,11 @@ class StepIndex:
         self.table = table
         self.chunks = chunks  # the steps chunks it was built from: its version
         self.steps = table.column("training_step").to_numpy()
-        self.types = np.asarray(table.column("type_of_execution").to_pylist(), dtype=object)
+        # Each step's type as a small code into ``names`` (None: a row without one), not a Python string per step:
+        # the index grows with a live run, and is built again at each new steps chunk (issue 31 item 13).
+        encoded = pc.dictionary_encode(table.column("type_of_execution").combine_chunks())
+        self.names: list[str | None] = [*encoded.dictionary.to_pylist(), None]
+        self.codes = encoded.indices.fill_null(len(self.names) - 1).to_numpy().astype(np.int32)
         # Answers kept with the index (it never changes): every click asks them again, and over 12,000
         # steps they cost tens of milliseconds each.
         self._types: list[str] | None = None
@@ -59,13 +63,13 @@ class StepIndex:
 
     def types_of_execution(self) -> list[str]:
         if self._types is None:
-            self._types = sorted(set(self.types.tolist()))
+            self._types = sorted({self.names[code] for code in np.unique(self.codes).tolist()})
         return list(self._types)
 
     def steps_of(self, type_of_execution: str) -> np.ndarray:
         steps = self._steps_of.get(type_of_execution)
         if steps is None:
-            steps = self.steps if type_of_execution == ANY_TYPE else self.steps[self.types == type_of_execution]
+            steps = self.steps if type_of_execution == ANY_TYPE else self.steps[self.codes == self._code(type_of_execution)]
             steps = self._steps_of[type_of_execution] = np.unique(steps)
             steps.flags.writeable = False  # shared by every caller
         return steps
@@ -78,7 +82,8 @@ class StepIndex:
         if kept is None:
             first: dict[tuple[int, str], float] = {}
             times = self.table.column("wall_time").to_pylist() if "wall_time" in self.table.column_names else []
-            for position, (step, kind) in enumerate(zip(self.steps.tolist(), self.types.tolist())):
+            for position, (step, code) in enumerate(zip(self.steps.tolist(), self.codes.tolist())):
+                kind = self.names[code]
                 if type_of_execution in (ANY_TYPE, kind):
                     when = times[position] if position < len(times) and times[position] is not None else 0.0
                     first[(step, kind)] = min(first.get((step, kind), when), when)
@@ -88,17 +93,23 @@ class StepIndex:
     def main_type(self) -> str | None:
         """The type most steps have (the training steps): what a step number that several types share shows
         when no type is asked for."""
-        if not len(self.types):
+        if not len(self.codes):
             return None
         if self._main is None:  # the index never changes: once
-            names, counts = np.unique(self.types.astype(str), return_counts=True)
-            self._main = str(names[int(np.argmax(counts))])
+            counts = {}
+            for code, count in zip(*(part.tolist() for part in np.unique(self.codes, return_counts=True))):
+                counts[str(self.names[code])] = counts.get(str(self.names[code]), 0) + count
+            self._main = max(sorted(counts), key=lambda name: counts[name])
         return self._main
 
     def types_at(self, training_step: int) -> list[str]:
         """The types of the steps numbered ``training_step`` (an evaluation may share a training step's number)."""
         first, last = np.searchsorted(self.steps, [training_step, training_step + 1])
-        return sorted(set(self.types[first:last].tolist()))
+        return sorted({self.names[code] for code in self.codes[first:last].tolist()})
+
+    def _code(self, type_of_execution: str | None) -> int:
+        """The code of a type (-1: none of the index's steps has it)."""
+        return self.names.index(type_of_execution) if type_of_execution in self.names else -1
 
     def rows_of(self, training_step: int, type_of_execution: str | None = None) -> list[dict[str, Any]]:
         """The rows (one per iteration) of one step: of ``type_of_execution`` where several types share the number;

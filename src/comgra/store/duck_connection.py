@@ -23,8 +23,14 @@ from pathlib import Path
 import duckdb
 
 PARSED_FOOTER_FACTOR = 10  # DuckDB's parsed footer against the footer on disk (measured: about 9)
-GONE_BUDGET_BYTES = 8 * 2**20  # estimated memory of the cached footers of chunks gone, before a fresh connection
+# Estimated memory of the cached footers of chunks gone, before a fresh connection. The RSS of a server on a live run
+# is a saw of this height (a fresh connection every few minutes of 20 steps a second): 8 MiB before round six.
+GONE_BUDGET_BYTES = 2 * 2**20
 UNKNOWN_FOOTER_BYTES = 16 * 1024  # a footer whose size cannot be read (a remote chunk's tail not fetched yet)
+# DuckDB's footer cache is turned on once a chunk with a footer this large is read (as ``series_read`` keeps only
+# such footers parsed): parsing a small one again costs about 11 us per KiB, while a live run's small chunks, all
+# kept parsed, grew with it (issue 31 item 13, round six).
+CACHE_FOOTERS_FROM_BYTES = 64 * 1024
 
 
 class ReaderConnection:
@@ -37,6 +43,7 @@ class ReaderConnection:
         self._read: dict[str, int] = {}  # chunk read by the open connection -> estimated bytes DuckDB keeps of it
         self._gone = 0  # estimated bytes DuckDB keeps of chunks no longer listed
         self._budget = GONE_BUDGET_BYTES if gone_budget is None else gone_budget
+        self._cache_footers = False  # DuckDB's parquet_metadata_cache: on once a large footer was met (then for good)
         self._lock = threading.Lock()
 
     @property
@@ -54,8 +61,8 @@ class ReaderConnection:
         with self._lock:
             if self._connection is None:
                 self._connection = duckdb.connect()
-                # GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer.
-                self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
+                if self._cache_footers:
+                    self._turn_on_footer_cache()
                 # DuckDB's allocator keeps what a query freed until a query's peak passes this (128 MiB by
                 # default): a server answering many small queries kept it all (docs/performance.md).
                 self._connection.execute("SET GLOBAL allocator_flush_threshold = '4MB'")
@@ -70,13 +77,22 @@ class ReaderConnection:
         self._local.cursor = (generation, cursor)
         return cursor
 
+    def _turn_on_footer_cache(self) -> None:
+        """Under the lock. GLOBAL: a plain SET does not reach the per-thread cursors, which then re-read every footer."""
+        if self._connection is not None:
+            self._connection.execute("SET GLOBAL parquet_metadata_cache = true")
+
     def reading(self, paths: Iterable[Path]) -> None:
-        """Count the chunks a query is about to read (each once per connection, by its footer's size)."""
+        """Count the chunks a query is about to read (each once per connection, by its footer's size); a large
+        footer among them turns DuckDB's footer cache on."""
         with self._lock:
             new = [str(p) for p in paths if str(p) not in self._read]
-        sizes = {path: PARSED_FOOTER_FACTOR * footer_bytes(path) for path in new}  # outside the lock: file reads
+        sizes = {path: footer_bytes(path) for path in new}  # outside the lock: file reads
         with self._lock:
-            self._read.update(sizes)
+            if not self._cache_footers and any(size >= CACHE_FOOTERS_FROM_BYTES for size in sizes.values()):
+                self._cache_footers = True
+                self._turn_on_footer_cache()
+            self._read.update({path: PARSED_FOOTER_FACTOR * size for path, size in sizes.items()})
 
     def listed(self, paths: Iterable[Path]) -> None:
         """Every tensors chunk of the trial now: those read and no longer here are gone (merged away or
@@ -86,7 +102,8 @@ class ReaderConnection:
         names = {str(p) for p in paths}
         with self._lock:
             for gone in [p for p in self._read if p not in names]:
-                self._gone += self._read.pop(gone)
+                kept = self._read.pop(gone)
+                self._gone += kept if self._cache_footers else 0  # with its cache off, DuckDB keeps nothing of it
             if self._gone > self._budget:
                 self._connection, self._read, self._gone = None, {}, 0
 

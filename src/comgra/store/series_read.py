@@ -44,6 +44,10 @@ PARSED_FOOTER_FACTOR = 10
 # with 1 GiB kept, half of them are parsed again by each series (about 7 ms of CPU per chunk): a series of
 # a new tensor there costs 2.1-2.9 s of CPU instead of 0.9-1.2 s (0.5 GiB: 3.5-4.9 s).
 FOOTER_BUDGET_BYTES = 2**30
+# Only a footer at least this large on disk is kept parsed: parsing one again costs about 11 us per KiB (a 10 KiB
+# footer 0.11 ms, against the millisecond its row groups' read takes), while a live run's many small chunks kept
+# parsed grew with it (ten times their footers, about 0.25 MiB a minute at 20 steps a second; issue 31 item 13).
+KEEP_PARSED_FROM_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -84,19 +88,21 @@ class SeriesReader:
     """Reads one series from tensors chunks; thread-safe. What is kept is keyed by file and version (path,
     size, modification time), so a file replaced under the same name is read again.
 
-    Every chunk's row-group bounds are kept; its parsed footer only while the footers kept fit in
-    ``footer_budget`` bytes (estimated). Footers met first are kept, later ones are parsed, used and let go:
+    Every chunk's row-group bounds are kept; its parsed footer only if it is at least ``keep_from`` bytes on disk, and
+    while the footers kept fit in ``footer_budget`` bytes (estimated). Footers met first are kept, later ones are parsed, used and let go:
     a series reads every chunk in the same order, and a least-recently-used cache smaller than the trial
     would drop each footer just before the next series needs it again, keeping none of use.
     """
 
     def __init__(self, footer_budget: int = FOOTER_BUDGET_BYTES, *,
-                 fill: Callable[[Path, list[int], list[str]], None] | None = None) -> None:
+                 fill: Callable[[Path, list[int], list[str]], None] | None = None,
+                 keep_from: int = KEEP_PARSED_FROM_BYTES) -> None:
         self._fill = fill  # a recording at a URL: the row groups' ranges fetched before they are read (store.ranges)
         self._bounds: dict[tuple[str, int, int], _Bounds] = {}
         self._parsed: dict[tuple[str, int, int], pq.FileMetaData] = {}
         self._parsed_bytes = 0
         self._budget = footer_budget
+        self._keep_from = keep_from * PARSED_FOOTER_FACTOR  # compared with ``_Bounds.parsed_bytes``
         self._lock = threading.Lock()
 
     @property
@@ -164,7 +170,7 @@ class SeriesReader:
         with self._lock:
             if key not in self._bounds:
                 self._bounds[key] = bounds
-                if self._parsed_bytes + bounds.parsed_bytes <= self._budget:
+                if self._keep_from <= bounds.parsed_bytes and self._parsed_bytes + bounds.parsed_bytes <= self._budget:
                     self._parsed[key] = metadata
                     self._parsed_bytes += bounds.parsed_bytes
         return bounds, metadata
