@@ -346,3 +346,29 @@ def test_slider_marks_do_not_overlap_with_hundreds_of_steps(serve, open_page, tm
     assert 3 <= len(boxes) <= 11
     boxes.sort()
     assert all(right < next_left for (_, right), (next_left, _) in itertools.pairwise(boxes)), boxes
+
+
+def test_a_series_plot_overtaken_by_a_tab_switch_is_drawn_on_return(serve, open_page, recording, monkeypatch):
+    """The series plot's first answer is still on its way (a loaded machine) when the user opens another tab: Dash
+    drops that answer for the tab's newer request, so coming back to the Tensors tab must draw the plot (it waited
+    forever: the tab's return drew only plots marked as waiting, and a plot never drawn was not marked)."""
+    import time
+
+    from comgra.server import tensors
+
+    real, calls = tensors.series, []
+
+    def slow_first(*args, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            time.sleep(4)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tensors, "series", slow_first)
+    page = open_page(serve(recording), recording)
+    assert calls, "the first series answer was asked for with the page"
+    page.page.get_by_role("tab", name="Network").click()
+    expect(page.page.locator("#network [data-module='main_model']")).to_be_visible()
+    time.sleep(4.5)  # the first answer came back meanwhile, for a request Dash no longer waits for
+    page.page.get_by_role("tab", name="Tensors").click()
+    expect(page.page.locator("#series-plot .js-plotly-plot")).to_have_count(1, timeout=15_000)

@@ -202,7 +202,7 @@ def _plots() -> list[Component]:
                                 {"label": "Histograms (a row per step)", "value": "histograms"}]),
         # Computed only while in view (issue 34): comgra.js sets DISTRIBUTION_SHOWN as the plot scrolls in and out.
         dcc.Store(id=ID.DISTRIBUTION_SHOWN, data=False),
-        dcc.Store(id=ID.PLOTS_LATER, data=[]),  # the plots asked for while another tab was shown (tensors.py)
+        dcc.Store(id=ID.PLOTS_LATER, data=[ID.SERIES, ID.HISTOGRAM]),  # plots not drawn yet (tensors.py)
         html.Div(id=ID.DISTRIBUTION, className="distribution-plot"),
         html.Div(id=ID.HISTOGRAM, className="histogram-plot"),
     ]

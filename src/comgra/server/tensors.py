@@ -280,14 +280,16 @@ def _register_series(app: Dash, service: RecordingService) -> None:
 # The plots of the Tensors tab are drawn only while it is shown: a graph in a hidden tab loads and parses plotly.js
 # (4.8 MB, a 2-5 s task of the browser's main thread on a loaded machine), which held the Runs tab's first rows or the
 # first filter typed in it when Runs was clicked before the first page had drawn. ``PLOTS_LATER`` lists the plots
-# waiting (a clientside callback keeps it from what the page shows); coming back to the tab draws those only, and a plot
-# already drawn stays as it is (its zoom too).
+# waiting (a clientside callback keeps it from what the page shows): those drawn later and those never drawn (a first
+# answer still on its way when the tab changed is dropped by Dash for the newer request); coming back to the tab draws
+# those only, and a plot already drawn stays as it is (its zoom too).
 LATER_CLASS = "plot-later"
 _PLOTS_LATER_JS = """
 function(...shown) {
     const ids = %s, later = %s;
     return ids.filter((id, i) => {
-        const props = (shown[i] && shown[i].props) || {};
+        if (!shown[i]) { return true; }  // never drawn (its first answer dropped for a newer request): waiting
+        const props = shown[i].props || {};
         return String(props.className || '').split(' ').includes(later);
     });
 }

@@ -96,7 +96,7 @@ class StepIndex:
         if not len(self.codes):
             return None
         if self._main is None:  # the index never changes: once
-            counts = {}
+            counts: dict[str, int] = {}
             for code, count in zip(*(part.tolist() for part in np.unique(self.codes, return_counts=True))):
                 counts[str(self.names[code])] = counts.get(str(self.names[code]), 0) + count
             self._main = max(sorted(counts), key=lambda name: counts[name])
