@@ -252,22 +252,21 @@ class RunEvidence:
 
             def make() -> pa.Table:
                 try:
-                    return rows_of(rows)
+                    for subject, found in (("value", found_values), ("grad", found_grads)):
+                        if found[1] is None:
+                            continue
+                        # grad_sum: read by rank agreement only (a distributed run); a one-process run does not
+                        # compute it
+                        with_sum = subject == "value" or exact
+                        for name, (total, norm) in zip(found[0], found[1].tolist()):
+                            if with_sum:
+                                rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
+                            rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
+                    return self._table(rows, step)
                 except Exception as error:  # noqa: BLE001 - on the writer's thread: said at the next start_batch
                     self._later_fault = error
                     return fmt.RUNINFO_SCHEMA.empty_table()
 
-            def rows_of(rows: list[tuple[str, str, str, str, float]]) -> pa.Table:
-                for subject, found in (("value", found_values), ("grad", found_grads)):
-                    if found[1] is None:
-                        continue
-                    # grad_sum: read by rank agreement only (a distributed run); a one-process run does not compute it
-                    with_sum = subject == "value" or exact
-                    for name, (total, norm) in zip(found[0], found[1].tolist()):
-                        if with_sum:
-                            rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
-                        rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
-                return self._table(rows, step)
             # On the CPU the rows are made on the writer's thread (a device's fingerprints are read here: a host sync)
             if all(found[1] is None or found[1].is_cpu for found in (found_values, found_grads)):
                 self.session.put_later("runinfo", make, 64 * len(rows))

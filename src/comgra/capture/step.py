@@ -39,7 +39,7 @@ from comgra.store import format as fmt
 SUMMARIZE_AT_REGISTRATION_FROM = 65_536
 
 # A recorded step's rows are built on the writer's thread (``StepRecording.to_tables(later=...)``) where its copies
-# to summarise take at most this many bytes; the writer holds at most store.writer.MAX_LATER such steps.
+# to summarise take at most this many bytes; the writer holds at most store.writer.LATER_BYTES of such steps.
 LATER_UP_TO_BYTES = 4 << 20
 
 

@@ -389,11 +389,7 @@ def _with_findings(run: Run, counts: dict[str, int]) -> Run:
 def _last_steps(reader: TrialReader) -> list[int]:
     """The last training step each table's chunk names give (no file is opened), in the trial's layout (a trial
     that migrates meanwhile changes its folder: its row is computed again)."""
-    found: list[int] = []
-    for table in ("steps", "sentinels"):
-        for folder in layout.table_dirs(reader.directory, table, reader.format_version):
-            found.extend(fmt.step_range_of(name)[1] for name in fmt.chunk_names(folder))
-    return found
+    return [fmt.step_range_of(name)[1] for table in ("steps", "sentinels") for name in reader.chunk_names(table)]
 
 
 def _present(value: Any) -> bool:
