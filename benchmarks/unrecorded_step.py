@@ -10,7 +10,7 @@ of the rounds is ten times the 0.05 ms asked of an unrecorded step. Here each of
 timed inside the training loop of the MLP 64-4x256-10 (batch 64; benchmarks/breakdown_workloads.py, no step
 recorded) with ``time.perf_counter`` (the thread's CPU clock is a system call that costs microseconds itself),
 less one read of the clock made right after each call; a step's figure is the sum of its calls, and the low
-percentiles are the steps no other process interrupted. A recorder whose methods do nothing measures 10-14 us a
+percentiles are the steps no other process interrupted. A recorder whose methods do nothing (the row "noop") measures 10-14 us a
 step this way (calls from cold caches and the timing itself). What they cost the training's own code (the caches they
 use) is not in it. The garbage collector's collections during the run are timed too (``gc.callbacks``): a full
 collection of a process that imported torch takes tenths of a second, and what sets it off is the objects the
@@ -60,7 +60,21 @@ class _Timed:
             setattr(self, name, timed)
 
 
-def child(steps: int) -> dict[str, Any]:
+class _Nothing:
+    """A recorder whose calls do nothing: what the timing itself and six calls from cold caches cost (the floor)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return _nothing
+
+    def track_module(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def child(steps: int, noop: bool = False) -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
     import breakdown_workloads as wl
     wl.setup_process()
@@ -74,7 +88,7 @@ def child(steps: int) -> dict[str, Any]:
             spent = time.thread_time() - on_collection.started  # type: ignore[attr-defined]
             collections.append((info["generation"], spent))
     with tempfile.TemporaryDirectory() as folder:
-        recorder = wl.make_recorder(Path(folder), "unrecorded", "never")
+        recorder = _Nothing() if noop else wl.make_recorder(Path(folder), "unrecorded", "never")
         timed = _Timed(recorder)
         trainer = wl.Trainer(workload, recorder)
         trainer.recorder = timed
@@ -95,7 +109,8 @@ def child(steps: int) -> dict[str, Any]:
             gc.callbacks.remove(on_collection)
         by_call = {name: statistics.median(values) for name, values in per_call.items()}
         counts = _count_calls(trainer, batches)
-        recorder.finalize()
+        if not noop:
+            recorder.finalize()
     import comgra
     return {"per_step_us": per_step, "collections": collections, "calls": counts,
             "by_call_us": by_call, "comgra_file": comgra.__file__}
@@ -134,22 +149,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3000, help="timed unrecorded steps per child")
     parser.add_argument("--children", type=int, default=2, help="child processes per side")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--noop", action="store_true", help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
     if options.child:
-        print("RESULT " + json.dumps(child(options.steps)))
+        print("RESULT " + json.dumps(child(options.steps, options.noop)))
         return
     print(f"reference {options.ref} against the current tree; load average before: {os.getloadavg()[0]:.2f}; "
           f"{options.children} children per side, {options.steps} unrecorded MLP steps each")
-    found: dict[str, list[dict[str, float]]] = {"ref": [], "now": []}
+    found: dict[str, list[dict[str, float]]] = {"ref": [], "now": [], "noop": []}
     with tempfile.TemporaryDirectory() as folder:
         target = Path(folder) / "reference"
         subprocess.run(["git", "-C", str(REPOSITORY), "worktree", "add", "--detach", str(target), options.ref],
                        check=True, capture_output=True, text=True)
         try:
             for _ in range(options.children):
-                for side, source in (("ref", target), ("now", REPOSITORY)):
+                for side, source in (("ref", target), ("now", REPOSITORY), ("noop", REPOSITORY)):
                     process = subprocess.run(
-                        [sys.executable, str(HERE / "unrecorded_step.py"), "--child", "--steps", str(options.steps)],
+                        [sys.executable, str(HERE / "unrecorded_step.py"), "--child", "--steps", str(options.steps)]
+                        + (["--noop"] if side == "noop" else []),
                         env=dict(os.environ, PYTHONPATH=str(source / "src")), capture_output=True, text=True)
                     lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
                     if process.returncode != 0 or not lines:
@@ -161,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     print("\ncomgra's calls of an unrecorded step, inside the training loop, us per step (median over the children)")
     print(f"  {'side':<5}{'10th pct':>10}{'median':>10}{'mean':>10}{'GC us/step':>12}{'full GCs':>10}{'young GCs':>11}"
           f"{'Py calls':>10}{'C calls':>9}")
-    for side in ("ref", "now"):
+    for side in ("ref", "now", "noop"):
         rows = found[side]
 
         def middle(key: str) -> float:
@@ -173,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     print("  per call, us per step (median of the steps; the 8 registrations together): " + "; ".join(
         f"{side} " + ", ".join(f"{name} {statistics.median(row['call:' + name] for row in found[side]):.1f}"
                                for name in _CALLS) for side in ("ref", "now")))
+    print("  noop: a recorder whose calls do nothing, timed the same way (the floor: comgra's cost is the rest)")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

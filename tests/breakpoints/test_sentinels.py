@@ -174,25 +174,83 @@ def test_the_device_path_reads_integer_inputs_without_a_norm_in_order() -> None:
     assert (row["value_min"], row["value_max"]) == (0.0, 0.0)
 
 
-def test_a_steps_small_cpu_tensors_are_reduced_in_one_kernel_call_at_its_end() -> None:
-    """With the kernel wired, registration keeps the tensor (no torch call) and finish_batch reduces every small CPU
-    tensor of the step in one call; what the kernel cannot read (bfloat16, a transposed view) goes to torch there."""
+def test_the_small_cpu_tensors_of_held_steps_are_reduced_in_one_kernel_call() -> None:
+    """With the kernel wired, registration keeps the tensor (no torch call), and all-CPU steps are held: every
+    HOLD_STEPS steps their small tensors are reduced in one call, what the kernel cannot read (bfloat16) in torch; the
+    rows are each step's own values, in order, and a tensor with autograd history is held detached."""
+    from comgra.breakpoints import sentinels as module
     calls: list[int] = []
-    sentinels = _with_kernel(Sentinels(put=lambda table: None, warn=lambda key, message: None, note=lambda note: None))
+    tables: list[Any] = []
+    sentinels = _with_kernel(Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None))
     reduce_many = sentinels.reduce_many
     assert reduce_many is not None
     sentinels.reduce_many = lambda specs: calls.append(len(specs)) or reduce_many(specs)
     sentinels.configure(None, enabled=True, pause_on_error=False)
-    for step in range(3):
+    expected = {}
+    for step in range(module.HOLD_STEPS + 2):
         sentinels.start_batch(step, "training", 8, recorded=False)
-        sentinels.register("input", torch.randn(8, 64), is_loss=False, is_input=True)
+        inputs = torch.randn(8, 64) * (step + 1)
+        sentinels.register("input", inputs, is_loss=False, is_input=True)
         sentinels.register("target", torch.randint(0, 10, (8,)), is_loss=False, is_input=True)
         sentinels.register("half", torch.randn(8, 2, dtype=torch.bfloat16), is_loss=False, is_input=True)
-        sentinels.register("loss", torch.tensor(0.5, requires_grad=True) * 2, is_loss=True)
-        assert calls == [3] * step  # nothing reduced at registration
+        weight = torch.tensor(0.5, requires_grad=True)
+        sentinels.register("loss", weight * (step + 1), is_loss=True)
+        assert sentinels.step is not None and not sentinels.step.pending[-1][1].requires_grad  # held detached
+        expected[step] = (float(inputs.min()), float(inputs.max()), float(torch.linalg.vector_norm(inputs.double())))
         sentinels.finish_batch(pausable=False)
-    assert calls == [3, 3, 3]
+        assert calls == ([] if step < module.HOLD_STEPS - 1 else [3 * module.HOLD_STEPS])  # one call for 16 steps
+    sentinels.flush()  # the last two steps: read at a flush (and at a pause and the run's end)
+    assert calls == [3 * module.HOLD_STEPS, 3 * 2]
+    rows = [row for table in tables for row in table.to_pylist()]
+    inputs_rows = [row for row in rows if row["name"] == "input"]
+    assert [row["training_step"] for row in inputs_rows] == list(range(module.HOLD_STEPS + 2))
+    for row in inputs_rows:
+        low, high, norm = expected[row["training_step"]]
+        assert (row["value_min"], row["value_max"]) == pytest.approx((low, high), rel=1e-6)
+        assert row["norm"] == pytest.approx(norm, rel=1e-5)
+    assert [row["value_max"] for row in rows if row["name"] == "loss"] == [0.5 * (s + 1) for s in range(18)]
     assert sentinels.events == []
+
+
+def test_held_steps_are_read_after_hold_seconds_and_at_once_with_pause_on_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN on a held step is said at most HOLD_SECONDS later (a slow step is read at its own end), and with
+    pause_on_error every step is read in the step itself."""
+    from comgra.breakpoints import sentinels as module
+    sentinels = _with_kernel(Sentinels(put=lambda table: None, warn=lambda key, message: None, note=lambda note: None))
+    sentinels.configure(["x"], enabled=True, pause_on_error=False)
+    clock = iter([0.0, 0.1, 0.7, 0.8])
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
+    for step, value in enumerate((1.0, math.nan, 2.0, 3.0)):
+        sentinels.start_batch(step, "training", 2, recorded=False)
+        sentinels.register("x", torch.tensor([value, 2.0]), is_loss=False)
+        sentinels.finish_batch(pausable=False)
+        assert sentinels.events == ([] if step < 2 else [(1, "x", "nan")])  # 0.7 s after the first held step
+    sentinels.configure(["x"], enabled=True, pause_on_error=True)
+    sentinels.start_batch(4, "training", 2, recorded=False)
+    sentinels.register("x", torch.tensor([math.inf, 2.0]), is_loss=False)
+    sentinels.finish_batch(pausable=True)
+    assert sentinels.events[-1] == (4, "x", "inf")
+
+
+def test_a_held_tensor_changed_in_place_after_its_step_is_reduced_at_registration_from_then_on() -> None:
+    """An input buffer the user fills again at every step (``buffer.copy_(batch)``): held steps would all read its
+    last values; its version counter shows the change when they are read, and from then on it is reduced at
+    registration."""
+    from comgra.breakpoints import sentinels as module
+    tables: list[Any] = []
+    sentinels = _with_kernel(Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None))
+    sentinels.configure(["buffer"], enabled=True, pause_on_error=False)
+    buffer = torch.zeros(4)
+    for step in range(module.HOLD_STEPS + 3):
+        buffer.copy_(torch.full((4,), float(step)))
+        sentinels.start_batch(step, "training", 4, recorded=False)
+        sentinels.register("buffer", buffer, is_loss=False)
+        sentinels.finish_batch(pausable=False)
+    sentinels.close()
+    assert sentinels.in_place == {"buffer"}
+    maxima = [row["value_max"] for table in tables for row in table.to_pylist() if row["name"] == "buffer"]
+    assert maxima[module.HOLD_STEPS:] == [float(step) for step in range(module.HOLD_STEPS, module.HOLD_STEPS + 3)]
 
 
 def test_a_tensor_changed_in_place_after_its_registration_is_read_at_registration_from_then_on() -> None:
@@ -207,5 +265,6 @@ def test_a_tensor_changed_in_place_after_its_registration_is_read_at_registratio
         sentinels.register("x", x, is_loss=False)
         x.nan_to_num_(0.0).mul_(3)
         sentinels.finish_batch(pausable=False)
-    assert sentinels.in_place == {"x"}
+    assert sentinels.in_place == {"x"}  # seen at the step's end, not when the held steps are read
+    sentinels.flush()
     assert sentinels.events == [(1, "x", "nan")]

@@ -15,6 +15,13 @@ CPU tensor (up to 65,536 values) is kept at registration instead and reduced at 
 in one call of comgra's C kernel (capture/fused.py): the inputs, targets and loss of a small model cost one call per
 step, not five torch calls each. Its value at the step's end is its value as registered unless it was changed in
 place in between: its version counter shows that, and from the next step on that name is reduced at registration.
+A step whose tensors are all of that kind is held, and the steps held are reduced and read together, in one kernel
+call, every ``HOLD_STEPS`` steps or ``HOLD_SECONDS`` (and at every recorded step, flush, pause and the run's end;
+at most ``HOLD_VALUES`` values held, small tensors of the user's kept alive that long): each visit of
+this code from a training step finds the CPU's caches cold (a call that takes 2 us in a loop takes 20 there), and one
+visit per 16 steps instead of one per step is what brings the sentinels of a 2 ms step under 1% of it
+(``benchmarks/sentinel_share.py``). A held tensor with autograd history is held detached (its graph is not kept). Its
+NaN is then said up to ``HOLD_SECONDS`` later; ``pause_on_error=True`` reads every step in the step itself.
 
 On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
 when the copy is long done: no step waits on the GPU for them. On the CPU they are read at once. A step with
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +53,11 @@ __all__ = ["Sentinels"]
 log = logging.getLogger("comgra.sentinels")
 
 ROWS_PER_TABLE = 2048  # rows buffered before they go to the writer (and at every flush and pause)
+# All-CPU steps held before their small tensors are reduced and read together (see the module): at most this many
+# steps, this many values (the tensors held alive: 8 MiB of float64 at most) and this long since the first one.
+HOLD_STEPS = 16
+HOLD_VALUES = 1 << 20
+HOLD_SECONDS = 0.5
 ERROR_EVENTS = ("nan", "inf", "empty", "zero_batch")
 _SCHEMA = pa.schema([*fmt.SENTINELS_SCHEMA, *fmt.ADDED_COLUMNS["sentinels"]])  # the rows, with value_min, value_max
 _WORDS = {"nan": "a NaN", "inf": "an infinite value", "empty": "no elements", "zero_batch": "an empty batch"}
@@ -69,6 +82,7 @@ class _Step:
     pending: list[tuple[int, torch.Tensor, bool, int | None]] = field(default_factory=list)
     ready: Any = None  # the CUDA event after the copy; None: ``host`` is complete
     on_device: bool = False  # a part is a device tensor's reductions (stacked and copied at finish_batch)
+    values: int = 0  # the values of the tensors in ``pending``
 
 
 class Sentinels:
@@ -86,6 +100,9 @@ class Sentinels:
         self.outputs: set[str] = set()  # output tensors' names, learned from the recorded steps' graphs
         self.step: _Step | None = None
         self._waiting: _Step | None = None  # the previous step's results, read at the next step (CUDA)
+        self._held: list[_Step] = []  # all-CPU steps not read yet, in order (see HOLD_STEPS)
+        self._held_values = 0  # the values of the tensors they hold
+        self._held_since = 0.0  # time.perf_counter() at the first of them
         # The rows so far, column by column in the order of _SCHEMA: numbers, strings, booleans and None only, which the
         # garbage collector does not track (a tuple per row would: on a 2-core run its full collections, set off by
         # the rows kept, cost more than the sentinels themselves).
@@ -164,6 +181,9 @@ class Sentinels:
                 version: int | None = tensor._version
             except RuntimeError:  # an inference tensor has no version counter
                 version = None
+            if tensor.requires_grad:  # held past the step maybe: not its autograd graph (the same values and version)
+                tensor = tensor.detach()
+            step.values += count
             step.names.append((name, source, -1))  # its number of values is taken at the end
             step.pending.append((len(step.parts), tensor, is_input, version))
             step.parts.append((math.nan, math.nan, math.nan))
@@ -174,37 +194,64 @@ class Sentinels:
         if not isinstance(part[0], float):
             step.on_device = True
 
-    def _reduce_pending(self, step: _Step) -> None:
-        """The small CPU tensors of the step, reduced in one call of the kernel (those it cannot read in torch). A
-        tensor changed in place since its registration (its version moved) is read as it is now, and its name is
-        reduced at registration from the next step on."""
-        pending, step.pending = step.pending, []
-        specs, kernel_parts = [], []
-        for index, tensor, is_input, version in pending:
-            name, source, _ = step.names[index]
+    def _moved(self, step: _Step) -> None:
+        """A pending tensor changed in place since its registration (its version moved): its name is reduced at
+        registration from the next step on (this step's value is read as it is now)."""
+        for index, tensor, _, version in step.pending:
             if version is not None and tensor._version != version:
-                self.in_place.add(name)
-            spec = self.spec(tensor) if self.spec is not None else None
-            if spec is None:
-                count, step.parts[index] = _reduce(tensor, is_input)
-            else:
-                count = spec[1]
-                specs.append(spec)
-                kernel_parts.append(index)
-            step.names[index] = (name, source, count)
+                self.in_place.add(step.names[index][0])
+
+    def _reduce_pending(self, steps: list[_Step]) -> None:
+        """The small CPU tensors of ``steps``, reduced in one call of the kernel (those it cannot read in torch). A
+        tensor changed in place since its registration is read as it is now (see ``_moved``)."""
+        specs: list[tuple[int, int, int]] = []
+        targets: list[tuple[_Step, int]] = []
+        held = []
+        for step in steps:
+            pending, step.pending = step.pending, []
+            held.append(pending)
+            for index, tensor, is_input, version in pending:
+                name, source, _ = step.names[index]
+                if version is not None and tensor._version != version:
+                    self.in_place.add(name)
+                spec = self.spec(tensor) if self.spec is not None else None
+                if spec is None:
+                    count, step.parts[index] = _reduce(tensor, is_input)
+                else:
+                    count = spec[1]
+                    specs.append(spec)
+                    targets.append((step, index))
+                step.names[index] = (name, source, count)
         if specs:
             assert self.reduce_many is not None
-            for index, (low, high, squares) in zip(kernel_parts, self.reduce_many(specs)):
+            for (step, index), (low, high, squares) in zip(targets, self.reduce_many(specs)):
                 step.parts[index] = (low, high, math.sqrt(squares))
-        del pending  # the tensors are let go only after the kernel has read them
+        del held  # the tensors are let go only after the kernel has read them
 
     def finish_batch(self, *, pausable: bool) -> None:
         """The step's reductions go to the host; the previous step's (CUDA) or this step's (CPU) are read."""
         step, self.step = self.step, None
         if step is None:
             return
+        pause = self.pause_on_error and pausable
+        if not (step.on_device or pause or step.recorded):  # all on the CPU: held, read with the next (see the module)
+            if step.pending:
+                self._moved(step)
+            waiting, self._waiting = self._waiting, None
+            if waiting is not None:
+                self._read(waiting, pausable=False)
+            held = self._held
+            held.append(step)
+            now = time.perf_counter()
+            if len(held) == 1:
+                self._held_since = now
+            self._held_values += step.values
+            if len(held) >= HOLD_STEPS or self._held_values > HOLD_VALUES or now - self._held_since > HOLD_SECONDS:
+                self._read_held()
+            return
+        self._read_held()
         if step.pending:
-            self._reduce_pending(step)
+            self._reduce_pending([step])
         if step.on_device:
             _start_transfer(step)
         waiting, self._waiting = self._waiting, None
@@ -224,7 +271,16 @@ class Sentinels:
         if len(self.outputs) != known:
             self.unwatched.clear()  # (in place: the recorder holds this set)
 
+    def _read_held(self) -> None:
+        """The steps held so far, reduced in one kernel call and read in order."""
+        held, self._held, self._held_values = self._held, [], 0
+        if held:
+            self._reduce_pending([step for step in held if step.pending])
+            for step in held:
+                self._read(step, pausable=False)
+
     def close(self) -> None:
+        self._read_held()
         waiting, self._waiting = self._waiting, None
         if waiting is not None:
             self._read(waiting, pausable=False)
@@ -312,6 +368,7 @@ class Sentinels:
 
     def flush(self) -> None:
         """Hand the rows so far to the writer (the recorder's flush and a pause)."""
+        self._read_held()
         self._put_rows()
 
 
