@@ -174,11 +174,14 @@ def test_the_device_path_reads_integer_inputs_without_a_norm_in_order() -> None:
     assert (row["value_min"], row["value_max"]) == (0.0, 0.0)
 
 
-def test_the_small_cpu_tensors_of_held_steps_are_reduced_in_one_kernel_call() -> None:
+def test_the_small_cpu_tensors_of_held_steps_are_reduced_in_one_kernel_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """With the kernel wired, registration keeps the tensor (no torch call), and all-CPU steps are held: every
     HOLD_STEPS steps their small tensors are reduced in one call, what the kernel cannot read (bfloat16) in torch; the
-    rows are each step's own values, in order, and a tensor with autograd history is held detached."""
+    rows are each step's own values, in order, and a tensor with autograd history is held detached. (The first step
+    has no step before it: read at once.)"""
     from comgra.breakpoints import sentinels as module
+    ticks = iter(range(1000))
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(ticks) * 0.001)  # a step every millisecond
     calls: list[int] = []
     tables: list[Any] = []
     sentinels = _with_kernel(Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None))
@@ -198,9 +201,9 @@ def test_the_small_cpu_tensors_of_held_steps_are_reduced_in_one_kernel_call() ->
         assert sentinels.step is not None and not sentinels.step.pending[-1][1].requires_grad  # held detached
         expected[step] = (float(inputs.min()), float(inputs.max()), float(torch.linalg.vector_norm(inputs.double())))
         sentinels.finish_batch(pausable=False)
-        assert calls == ([] if step < module.HOLD_STEPS - 1 else [3 * module.HOLD_STEPS])  # one call for 16 steps
-    sentinels.flush()  # the last two steps: read at a flush (and at a pause and the run's end)
-    assert calls == [3 * module.HOLD_STEPS, 3 * 2]
+        assert calls == ([3] if step < module.HOLD_STEPS else [3, 3 * module.HOLD_STEPS])  # one call for 16 steps
+    sentinels.flush()  # the last step: read at a flush (and at a pause, a recorded step and the run's end)
+    assert calls == [3, 3 * module.HOLD_STEPS, 3]
     rows = [row for table in tables for row in table.to_pylist()]
     inputs_rows = [row for row in rows if row["name"] == "input"]
     assert [row["training_step"] for row in inputs_rows] == list(range(module.HOLD_STEPS + 2))
@@ -214,30 +217,35 @@ def test_the_small_cpu_tensors_of_held_steps_are_reduced_in_one_kernel_call() ->
 
 def test_held_steps_are_read_after_hold_seconds_and_at_once_with_pause_on_error(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A NaN on a held step is said at most HOLD_SECONDS later (a slow step is read at its own end), and with
-    pause_on_error every step is read in the step itself."""
+    """A NaN on a held step is said once HOLD_SECONDS have passed since the first step held; a step that came more
+    than HOLD_SECONDS after the last one (a slow training) is read at its own end, as is every step with
+    pause_on_error."""
     from comgra.breakpoints import sentinels as module
     sentinels = _with_kernel(Sentinels(put=lambda table: None, warn=lambda key, message: None, note=lambda note: None))
     sentinels.configure(["x"], enabled=True, pause_on_error=False)
-    clock = iter([0.0, 0.1, 0.7, 0.8])
+    clock = iter([10.0, 10.1, 10.2, 10.8, 11.9, 12.0])  # time.perf_counter() at each finish_batch
     monkeypatch.setattr(module.time, "perf_counter", lambda: next(clock))
-    for step, value in enumerate((1.0, math.nan, 2.0, 3.0)):
+    expected = [[], [], [], [(1, "x", "nan")], [(1, "x", "nan"), (4, "x", "inf")]]
+    for step, value in enumerate((1.0, math.nan, 2.0, 3.0, math.inf)):
         sentinels.start_batch(step, "training", 2, recorded=False)
         sentinels.register("x", torch.tensor([value, 2.0]), is_loss=False)
         sentinels.finish_batch(pausable=False)
-        assert sentinels.events == ([] if step < 2 else [(1, "x", "nan")])  # 0.7 s after the first held step
+        assert sentinels.events == expected[step], step  # step 3: 0.7 s after step 1; step 4: 1.1 s after step 3
     sentinels.configure(["x"], enabled=True, pause_on_error=True)
-    sentinels.start_batch(4, "training", 2, recorded=False)
-    sentinels.register("x", torch.tensor([math.inf, 2.0]), is_loss=False)
-    sentinels.finish_batch(pausable=True)
-    assert sentinels.events[-1] == (4, "x", "inf")
+    sentinels.start_batch(5, "training", 2, recorded=False)
+    sentinels.register("x", torch.tensor([-math.inf, 2.0]), is_loss=False)
+    sentinels.finish_batch(pausable=True)  # 0.1 s after the last: read at once all the same
+    assert sentinels.events[-1] == (5, "x", "inf")
 
 
-def test_a_held_tensor_changed_in_place_after_its_step_is_reduced_at_registration_from_then_on() -> None:
+def test_a_held_tensor_changed_in_place_after_its_step_is_reduced_at_registration_from_then_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """An input buffer the user fills again at every step (``buffer.copy_(batch)``): held steps would all read its
     last values; its version counter shows the change when they are read, and from then on it is reduced at
     registration."""
     from comgra.breakpoints import sentinels as module
+    ticks = iter(range(1000))
+    monkeypatch.setattr(module.time, "perf_counter", lambda: next(ticks) * 0.001)  # a step every millisecond
     tables: list[Any] = []
     sentinels = _with_kernel(Sentinels(put=tables.append, warn=lambda key, message: None, note=lambda note: None))
     sentinels.configure(["buffer"], enabled=True, pause_on_error=False)

@@ -19,9 +19,10 @@ A step whose tensors are all of that kind is held, and the steps held are reduce
 call, every ``HOLD_STEPS`` steps or ``HOLD_SECONDS`` (and at every recorded step, flush, pause and the run's end;
 at most ``HOLD_VALUES`` values held, small tensors of the user's kept alive that long): each visit of
 this code from a training step finds the CPU's caches cold (a call that takes 2 us in a loop takes 20 there), and one
-visit per 16 steps instead of one per step is what brings the sentinels of a 2 ms step under 1% of it
-(``benchmarks/sentinel_share.py``). A held tensor with autograd history is held detached (its graph is not kept). Its
-NaN is then said up to ``HOLD_SECONDS`` later; ``pause_on_error=True`` reads every step in the step itself.
+visit per 16 steps instead of one per step cut the sentinels of a 2.5 ms MLP step by a third
+(``benchmarks/unrecorded_step.py``). A held tensor with autograd history is held detached (its graph is not kept).
+Its NaN is then said up to ``HOLD_SECONDS`` later; a step that came more than ``HOLD_SECONDS`` after the last one is
+not held, and ``pause_on_error=True`` reads every step in the step itself.
 
 On CUDA the results of a step are copied to pinned host memory without waiting and read one step later,
 when the copy is long done: no step waits on the GPU for them. On the CPU they are read at once. A step with
@@ -103,6 +104,7 @@ class Sentinels:
         self._held: list[_Step] = []  # all-CPU steps not read yet, in order (see HOLD_STEPS)
         self._held_values = 0  # the values of the tensors they hold
         self._held_since = 0.0  # time.perf_counter() at the first of them
+        self._last_finish = -math.inf  # time.perf_counter() at the last finish_batch
         # The rows so far, column by column in the order of _SCHEMA: numbers, strings, booleans and None only, which the
         # garbage collector does not track (a tuple per row would: on a 2-core run its full collections, set off by
         # the rows kept, cost more than the sentinels themselves).
@@ -234,7 +236,9 @@ class Sentinels:
         if step is None:
             return
         pause = self.pause_on_error and pausable
-        if not (step.on_device or pause or step.recorded):  # all on the CPU: held, read with the next (see the module)
+        now = time.perf_counter()
+        slow, self._last_finish = now - self._last_finish > HOLD_SECONDS, now  # a slow step is read at once
+        if not (step.on_device or pause or step.recorded or slow):  # all on the CPU: held (see the module)
             if step.pending:
                 self._moved(step)
             waiting, self._waiting = self._waiting, None
@@ -242,7 +246,6 @@ class Sentinels:
                 self._read(waiting, pausable=False)
             held = self._held
             held.append(step)
-            now = time.perf_counter()
             if len(held) == 1:
                 self._held_since = now
             self._held_values += step.values
