@@ -15,11 +15,11 @@ CPU tensor (up to 65,536 values) is kept at registration instead and reduced at 
 in one call of comgra's C kernel (capture/fused.py): the inputs, targets and loss of a small model cost one call per
 step, not five torch calls each. Its value at the step's end is its value as registered unless it was changed in
 place in between: its version counter shows that, and from the next step on that name is reduced at registration.
-A step whose tensors are all of that kind is held, and the steps held are reduced and read together, in one kernel
-call, every ``HOLD_STEPS`` steps or ``HOLD_SECONDS`` (and at every recorded step, flush, pause and the run's end;
-at most ``HOLD_VALUES`` values held, small tensors of the user's kept alive that long): each visit of
-this code from a training step finds the CPU's caches cold (a call that takes 2 us in a loop takes 20 there), and one
-visit per 16 steps instead of one per step cut the sentinels of a 2.5 ms MLP step by a third
+An unrecorded step whose watched tensors are all on the CPU is held, and the steps held are reduced and read
+together, in one kernel call, every ``HOLD_STEPS`` steps or ``HOLD_SECONDS`` (and at every recorded step, flush, pause
+and the run's end; at most ``HOLD_VALUES`` values held, small tensors of the user's kept alive that long): each visit
+of this code from a training step finds the CPU's caches cold (a call that takes 2 us in a loop takes 20 there), and
+one visit per 16 steps instead of one per step cut comgra's calls of an unrecorded 2.5 ms MLP step by a third
 (``benchmarks/unrecorded_step.py``). A held tensor with autograd history is held detached (its graph is not kept).
 Its NaN is then said up to ``HOLD_SECONDS`` later; a step that came more than ``HOLD_SECONDS`` after the last one is
 not held, and ``pause_on_error=True`` reads every step in the step itself.
