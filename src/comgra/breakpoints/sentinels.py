@@ -231,7 +231,8 @@ class Sentinels:
         del held  # the tensors are let go only after the kernel has read them
 
     def finish_batch(self, *, pausable: bool) -> None:
-        """The step's reductions go to the host; the previous step's (CUDA) or this step's (CPU) are read."""
+        """The step's reductions go to the host; the previous step's (CUDA) or this step's (CPU) are read, or this step
+        is held with the others (an unrecorded step all on the CPU: see the module)."""
         step, self.step = self.step, None
         if step is None:
             return
