@@ -222,3 +222,35 @@ def test_fresh_chunks_go_up_once_their_delay_is_over_and_finish_sends_everything
     waiting = Uploader(local, location, journal_root=tmp_path, delay=3600.0).start()
     result = waiting.finish(30)  # finalize: everything at once, the delay notwithstanding
     assert not result.pending and later.relative_to(local).as_posix() in location.list_files()
+
+
+def _claim_after_the_others(folder: str, url: str, items: list[tuple[str, int, int]], ready: Any, done: Any,
+                            out: Any) -> None:
+    """A process of the node: claims ``items`` in the journal at the same moment as the others (a barrier)."""
+    journal = Journal(Path(folder), url)
+    ready.wait()
+    mine = journal.claim(items, lambda key, size, mtime: (
+        (entry := journal.entries.get(key)) is not None and entry.pid != os.getpid() and entry.op == "P"))
+    out.put([key for key, _, _ in mine])
+    done.wait()  # alive until every process has claimed (a dead process's claims are taken again by design)
+
+
+def test_uploaders_starting_together_never_claim_one_file_twice(tmp_path: Path) -> None:
+    """Two ``comgra sync`` of one spool once sent 15 files for 8: each read the journal before the other's claims were
+    in it. Reading, choosing and claiming are one step under the journal's lock: four processes claiming 300 files at
+    the same moment claim each exactly once."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    items = [(f"tensors/trial=t/chunk-{i:04d}.parquet", 1000 + i, 17) for i in range(300)]
+    ready, done, out = context.Barrier(4), context.Barrier(4), context.Queue()
+    processes = [context.Process(target=_claim_after_the_others,
+                                 args=(str(tmp_path), "s3://bucket/runs", items, ready, done, out)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    claimed = [out.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+    assert all(process.exitcode == 0 for process in processes)
+    everything = [key for keys in claimed for key in keys]
+    assert sorted(everything) == sorted(key for key, _, _ in items)  # each once, none left out

@@ -98,6 +98,35 @@ class Journal:
             for key, size, mtime in items:
                 self.entries[key] = _Entry(op, size, mtime, pid)
 
+    def claim(self, items: list[tuple[str, int, int]],
+              taken: Callable[[str, int, int], bool]) -> list[tuple[str, int, int]]:
+        """The items that ``taken`` does not say another process has, claimed (P) in one write: reading what others
+        appended, choosing and appending happen under an exclusive lock, so that two uploaders starting together
+        cannot both claim a file (each read the journal before the other's claims were in it)."""
+        pid = os.getpid()
+        with self._lock:
+            while True:
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX)
+                    try:
+                        current = os.stat(self.path).st_ino
+                    except FileNotFoundError:
+                        current = None
+                    if current != os.fstat(descriptor).st_ino:
+                        continue  # compacted (replaced) meanwhile: the new file
+                    self._read_new()
+                    mine = [item for item in items if not taken(*item)]
+                    if mine:
+                        os.write(descriptor, "".join(f"P\t{size}\t{mtime}\t{pid}\t{_HOST}\t{key}\n"
+                                                     for key, size, mtime in mine).encode())
+                    break
+                finally:
+                    os.close(descriptor)  # the lock with it
+            for key, size, mtime in mine:
+                self.entries[key] = _Entry("P", size, mtime, pid)
+        return mine
+
     def compact(self, keep: Callable[[str, _Entry], bool]) -> bool:
         """Rewrite the journal with the last line of each key that ``keep`` keeps (under an exclusive lock: the
         lines other processes append wait for it, and none is lost). Returns whether it was rewritten."""

@@ -342,16 +342,14 @@ class Uploader:
         none contending for the GIL with the training; elsewhere (``finish``, ``comgra sync``) on ``workers``."""
         if not items:
             return
-        self.journal.read_new()  # what other processes of the node claimed or uploaded since the pass began
-        queue: list[tuple[str, int, int]] = []
+        # Claimed before the PUTs (a crash leaves claims of a process that died, which the next uploader sends again),
+        # in one step with reading what other processes of the node claimed or uploaded since the pass began.
+        queue = self.journal.claim(items, self._claimed_elsewhere)
+        chosen = set(queue)
         for key, size, mtime in items:
-            if self._claimed_elsewhere(key, size, mtime):
+            if (key, size, mtime) not in chosen:
                 result.pending += 1
                 result.pending_bytes += size
-            else:
-                queue.append((key, size, mtime))
-        # Before the PUTs: a crash leaves claims (of a process that died), which the next uploader sends again.
-        self.journal.append_many("P", queue)
         queue.reverse()  # popped from the end: in the order of ``items``
         lock = threading.Lock()
 
