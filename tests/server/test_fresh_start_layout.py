@@ -42,7 +42,8 @@ def test_every_fresh_start_answers_its_first_page_at_once(recording: Path) -> No
     failed = []
     for start in range(STARTS):
         process = subprocess.Popen([sys.executable, "-m", "comgra.cli.app", "--path", str(recording), "--port", "0"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             link = next(m.group(1) for line in process.stdout if (m := re.search(r"(http://\S+)", line)))  # type: ignore[union-attr]
             answers = _first_requests(link)
