@@ -77,55 +77,44 @@ class Journal:
 
     def append_many(self, op: str, items: list[tuple[str, int, int]]) -> None:
         """One line per (key, size, mtime), appended in one write (a pass claims its files in one)."""
-        if not items:
-            return
-        pid = os.getpid()
-        data = "".join(f"{op}\t{size}\t{mtime}\t{pid}\t{_HOST}\t{key}\n" for key, size, mtime in items).encode()
-        with self._lock:
-            while True:
-                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(descriptor, fcntl.LOCK_SH)  # not while ``compact`` rewrites it
-                    try:
-                        current = os.stat(self.path).st_ino
-                    except FileNotFoundError:
-                        current = None
-                    if current == os.fstat(descriptor).st_ino:
-                        os.write(descriptor, data)  # one write of whole lines: appends of processes never interleave
-                        break
-                finally:
-                    os.close(descriptor)  # the lock with it
-            for key, size, mtime in items:
-                self.entries[key] = _Entry(op, size, mtime, pid)
+        if items:
+            self._append(op, lambda: items, fcntl.LOCK_SH)  # shared: not while ``compact`` rewrites it
 
     def claim(self, items: list[tuple[str, int, int]],
               taken: Callable[[str, int, int], bool]) -> list[tuple[str, int, int]]:
         """The items that ``taken`` does not say another process has, claimed (P) in one write: reading what others
         appended, choosing and appending happen under an exclusive lock, so that two uploaders starting together
         cannot both claim a file (each read the journal before the other's claims were in it)."""
+        def choose() -> list[tuple[str, int, int]]:
+            self._read_new()
+            return [item for item in items if not taken(*item)]
+        return self._append("P", choose, fcntl.LOCK_EX)
+
+    def _append(self, op: str, choose: Callable[[], list[tuple[str, int, int]]],
+                lock: int) -> list[tuple[str, int, int]]:
+        """Lines ``op`` for the items ``choose()`` returns, chosen and written under ``lock`` on the journal file
+        (the one ``compact`` has not replaced meanwhile) in one write: appends of processes never interleave."""
         pid = os.getpid()
         with self._lock:
             while True:
                 descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
-                    fcntl.flock(descriptor, fcntl.LOCK_EX)
+                    fcntl.flock(descriptor, lock)
                     try:
                         current = os.stat(self.path).st_ino
                     except FileNotFoundError:
                         current = None
-                    if current != os.fstat(descriptor).st_ino:
-                        continue  # compacted (replaced) meanwhile: the new file
-                    self._read_new()
-                    mine = [item for item in items if not taken(*item)]
-                    if mine:
-                        os.write(descriptor, "".join(f"P\t{size}\t{mtime}\t{pid}\t{_HOST}\t{key}\n"
-                                                     for key, size, mtime in mine).encode())
-                    break
+                    if current == os.fstat(descriptor).st_ino:
+                        chosen = choose()
+                        if chosen:
+                            os.write(descriptor, "".join(f"{op}\t{size}\t{mtime}\t{pid}\t{_HOST}\t{key}\n"
+                                                         for key, size, mtime in chosen).encode())
+                        break
                 finally:
                     os.close(descriptor)  # the lock with it
-            for key, size, mtime in mine:
-                self.entries[key] = _Entry("P", size, mtime, pid)
-        return mine
+            for key, size, mtime in chosen:
+                self.entries[key] = _Entry(op, size, mtime, pid)
+        return chosen
 
     def compact(self, keep: Callable[[str, _Entry], bool]) -> bool:
         """Rewrite the journal with the last line of each key that ``keep`` keeps (under an exclusive lock: the
