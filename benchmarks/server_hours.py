@@ -53,13 +53,17 @@ memory = _server_memory()
 
 
 def start_server(group: Path, findings_scan: bool, source: str | None = None,
-                 breakdown: Path | None = None, memray_file: Path | None = None) -> tuple[subprocess.Popen, str]:
+                 breakdown: Path | None = None, memray_file: Path | None = None,
+                 preload: str | None = None) -> tuple[subprocess.Popen, str]:
     """``comgra`` on ``group`` (through server_memory's wrapper: comgra's own CLI, which tells where its memory is
-    on SIGUSR2 into ``breakdown``); ``source``: another tree's ``src`` folder to run instead (a baseline)."""
+    on SIGUSR2 into ``breakdown``); ``source``: another tree's ``src`` folder to run instead (a baseline);
+    ``preload``: a shared library put in ``LD_PRELOAD`` (another allocator for the whole process)."""
     options = [] if findings_scan else ["--no-findings-scan"]
     env = {**os.environ, "COMGRA_BENCH_HERE": str(HERE)}
     if source:
         env["PYTHONPATH"] = source
+    if preload:
+        env["LD_PRELOAD"] = preload
     if breakdown is not None:
         env["COMGRA_BENCH_BREAKDOWN"] = str(breakdown)
     if memray_file is not None:
@@ -159,13 +163,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                                               steps_per_second=args.steps_per_second))
     modes = {"findings scan": True, "no findings scan": False}
     modes = {mode: scan for mode, scan in modes.items() if mode in args.modes.split(",")}
-    sources = {mode: None for mode in modes}
-    for other in (args.baseline_src or "").split(","):
-        name, _, source = other.rpartition("=")
-        if source:
-            for mode, scan in list(modes.items()):
-                if mode in sources and sources[mode] is None:
-                    modes[f"{mode}, {name or 'baseline'}"], sources[f"{mode}, {name or 'baseline'}"] = scan, source
+    sources: dict[str, str | None] = {mode: None for mode in modes}
+    preloads: dict[str, str | None] = {mode: None for mode in modes}
+    for option, into in ((args.baseline_src, sources), (args.preload, preloads)):
+        for other in (option or "").split(","):
+            name, _, value = other.rpartition("=")
+            if value:
+                for mode, scan in [(m, s) for m, s in modes.items() if m in sources and sources[m] is None
+                                   and preloads[m] is None]:  # one variant per mode as it was given
+                    variant = f"{mode}, {name or 'baseline'}"
+                    modes[variant], sources[variant], preloads[variant] = scan, None, None
+                    into[variant] = value
     servers, urls, breakdowns = {}, {}, {}
     stops = [float(s) for s in args.memray_stops.split(",")] if args.memray else []
     untrack_at = {}
@@ -176,7 +184,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             tracked = Path(args.memray) / f"server-{index}.bin"
             untrack_at[mode] = stops[index % len(stops)] if stops else args.seconds - 2 * args.sample_every
             print(f"{mode}: memray into {tracked}, until {untrack_at[mode]:g} s", flush=True)
-        servers[mode], urls[mode] = start_server(root / memory.GROUP, scan, sources[mode], breakdowns[mode], tracked)
+        servers[mode], urls[mode] = start_server(root / memory.GROUP, scan, sources[mode], breakdowns[mode], tracked,
+                                                 preloads[mode])
     stop = threading.Event()
     threads, tallies, finders = [], {}, {}
     for mode, url in urls.items():
@@ -243,6 +252,8 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--modes", default="findings scan,no findings scan", help="which servers, comma-separated")
     result.add_argument("--baseline-src", help="other trees' src folders, [NAME=]SRC,...: one more server per mode "
                                                "runs each (e.g. the code before a change, from git archive), side by side")
+    result.add_argument("--preload", help="[NAME=]LIB,...: one more server per mode with LIB in LD_PRELOAD (e.g. "
+                                           "jemalloc=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2), side by side")
     result.add_argument("--memray", metavar="DIR", help="track each server with memray (native stacks, aggregated) "
                                                         "into DIR/server-N.bin until --memray-stops (then: memray "
                                                         "stats / flamegraph --leaks DIR/server-N.bin)")

@@ -2,6 +2,7 @@
 kernel is not there: no compiler, a failed build, a kernel that fails its self-test, switched off."""
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -352,3 +353,29 @@ def test_the_sentinels_reductions_in_the_kernel_equal_torchs(kernel: None, dtype
     assert fused.extremes(torch.zeros(limit, dtype=dtype)) is not None
     assert fused.extremes(torch.zeros(limit + 1, dtype=dtype)) is None  # large: torch's vectorised kernels
     assert fused.extremes(torch.zeros(3, dtype=torch.complex64)) is None
+
+
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 47, 64, 1000, 4099])
+def test_float_reductions_in_vector_lanes_and_the_tail_equal_numpys(kernel: None, size: int) -> None:
+    """The kernel's float32 loops (four float64 lanes at a time where the compiler has vector types, the rest one at a
+    time): the sentinels' extremes and the fingerprints' wide sums against NumPy in float64, with a NaN, an inf or a
+    -0.0 at the first value, in the middle, at the last of the vector part and in the tail."""
+    base = (np.random.default_rng(size).standard_normal(size) * 1e3).astype(np.float32)
+    positions = sorted({0, size // 2, max(0, size - size % 16 - 1), size - 1})
+    for position in positions:
+        for special in (None, np.nan, np.inf, -np.inf, -0.0):
+            values = base.copy()
+            if special is not None:
+                values[position] = special
+            tensor = torch.from_numpy(values)
+            wide = values.astype(np.float64)
+            low, high, norm = fused.extremes(tensor)
+            if special is not None and np.isnan(special):
+                assert math.isnan(low) and math.isnan(high) and math.isnan(norm), (position, special)
+            else:
+                assert (low, high) == (wide.min(), wide.max()), (position, special)
+                assert norm == pytest.approx(float(np.sqrt((wide * wide).sum())), rel=1e-12)
+            (total, squares), = fused.wide_sums([tensor])
+            expected = (wide.sum(), (wide * wide).sum())
+            for found, wanted in zip((total, squares), expected):
+                assert (math.isnan(found) and math.isnan(wanted)) or found == pytest.approx(wanted, rel=1e-9, abs=1e-6)
