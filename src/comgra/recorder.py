@@ -230,12 +230,7 @@ class ComgraRecorder(WatchedTensors):
             raise RecordingError(f"start_batch({training_step}) was called while training step {self.training_step} "
                                  "is still open; call finish_batch() at the end of each training step, or "
                                  "abandon_step() to drop a step that an exception interrupted.")
-        step_control.check_order(self, training_step, type_of_execution)  # a step is (number, type)
-        known = isinstance(type_of_execution, str) and type_of_execution in self._types_seen
-        if type_of_execution is not None and not known:  # a type is checked once, not on every step
-            stages.check_type(type_of_execution)
-            self._types_seen.add(type_of_execution)
-        step_control.opened(self, training_step, type_of_execution)  # what abandon_step() goes back to
+        step_control.opened(self, training_step, type_of_execution)  # checked; what abandon_step() goes back to
         self.training_step, self.type_of_execution = training_step, type_of_execution
         self._batch_size = current_batch_size
         self.current_stage = "started"
@@ -253,7 +248,7 @@ class ComgraRecorder(WatchedTensors):
         self._quiet = not wanted  # nothing of this step is taken but the sentinels' (see register_tensor)
         self.instruments.start_step(training_step, recording)
         self._evidence.start_batch(training_step, type_of_execution, current_batch_size, recording)
-        if wanted or self.instruments.wants_eager_step:  # compiled models run eagerly until the step ends (see
+        if wanted or self.instruments.profiler is not None and self.instruments.wants_eager_step:  # compiled models (see
             self._eager.enter()  # comgra.capture.compiled); a FLOPs step too (Profiler.counts_flops)
         for listener in list(self._step_listeners) if self._step_listeners else ():  # comgra.watch
             listener(wanted)
@@ -388,14 +383,18 @@ class ComgraRecorder(WatchedTensors):
         if self._dynamic:
             raise RecordingError(f"Training step {self.training_step} started with type_of_execution=None; call "
                                  "decide_recording_of_batch(type_of_execution, category_per_sample) before finish_batch().")
-        self.current_stage, self._quiet = "inactive", False
+        quiet, self.current_stage, self._quiet = self._quiet, "inactive", False
+        settles = self._breakpoints is not None
         try:
             for listener in list(self._step_listeners) if self._step_listeners else ():
                 listener(False)
             recording = self._recording_step and self._recording
-            self._evidence.finish_batch(recording, self.type_of_execution, pausable=self._breakpoints is not None)
-            if self._breakpoints is not None:  # the ranks agree on a hit; a rank that did not record replays the step
-                self._breakpoints.settle()
+            self._evidence.finish_batch(recording, self.type_of_execution, pausable=settles)
+            # A quiet step (neither recorded nor watched by a breakpoint since start_batch) has nothing to settle, let
+            # go of or pause for, unless a sentinel's error asked for a pause (its hit): then no call.
+            settles = settles and not (quiet and self._breakpoints.monitor.step.hit is None)  # type: ignore[union-attr]
+            if settles:  # the ranks agree on a hit; a rank that did not record replays the step
+                self._breakpoints.settle()  # type: ignore[union-attr]
                 recording = self._recording  # a breakpoint's hit may have started recording this step
             if recording:
                 self._guarded(lambda session: session.finish_step(self.decision_maker_for_recordings))
@@ -405,8 +404,8 @@ class ComgraRecorder(WatchedTensors):
             self.instruments.finish_step(type_of_execution=self.type_of_execution)
         finally:
             self._end_eager_step()
-        if self._breakpoints is not None:  # pauses here when a breakpoint held; raises TrainingAborted on abort
-            self._breakpoints.finish_batch()
+        if settles:  # pauses here when a breakpoint held; raises TrainingAborted on abort
+            self._breakpoints.finish_batch()  # type: ignore[union-attr]
 
     @_never_traced
     def finalize(self) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from comgra.errors import BreakpointError, ComgraError, NotPaused, StoreError, UnknownBreakpoint, did_you_mean
-from comgra.breakpoints import peers, private_files
+from comgra.breakpoints import peers, private_files, run_state_writer
 from comgra.breakpoints.conditions import parse_condition
 
 __all__ = ["ACTIONS", "add_breakpoint", "list_breakpoints", "remove_breakpoint", "run_state", "send_command",
@@ -232,9 +232,16 @@ def read_run_document(trial_dir: str | Path) -> dict[str, Any]:
     return document
 
 
-def write_run_state(trial_dir: str | Path, document: dict[str, Any]) -> None:
-    """Publish the training process's state (atomic: readers never see half a file)."""
-    _write_private(trial_dir, RUN_FILE, {**document, "updated": time.time()})
+def write_run_state(trial_dir: str | Path, document: dict[str, Any], *, on_error: Callable[[BaseException], None] |
+                    None = None) -> None:
+    """Publish the training process's state (atomic: readers never see half a file), in order with the others;
+    ``on_error``: on another thread (breakpoints/run_state_writer.py), told there where the write fails."""
+    full = {**document, "updated": time.time()}
+    key = str(trial_dir)
+    if on_error is None:
+        run_state_writer.now(key, lambda: _write_private(trial_dir, RUN_FILE, full))
+    else:
+        run_state_writer.soon(key, lambda: _write_private(trial_dir, RUN_FILE, full), on_error)
 
 
 def wait_for_command(trial_dir: str | Path, state: dict[str, Any], timeout: float | None) -> str:

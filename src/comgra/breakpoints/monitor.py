@@ -98,6 +98,7 @@ class BreakpointMonitor:
         self.shared = world_size > 1 and (bool(initial) or settings.sync_without_breakpoints)
         self._group: Any = None  # comgra's own gloo group, made at the first shared step
         self._notice: str | None = None
+        self._publish_failed: BaseException | None = None  # a write on the run-state thread that failed
         entries: list[dict[str, Any]] = []  # the other ranks get rank 0's at step 1
         if self.lead:
             if initial is not None:  # (the first poll reads the file again: an edit made meanwhile is not lost)
@@ -297,7 +298,7 @@ class BreakpointMonitor:
             self._signature = signature
             self._load(self._read())
         if self.lead:
-            self._publish("running")
+            self._publish("running", later=True)
 
     def _read_if_lead(self) -> list[dict[str, Any]] | None:
         """Rank 0: the breakpoints if the file changed since the last read (else None); the others: None."""
@@ -305,7 +306,7 @@ class BreakpointMonitor:
             return None
         if time.monotonic() >= self._next_poll:  # "running" with a fresh time stamp, as often as without ranks
             self._next_poll = time.monotonic() + self.settings.poll_interval_s
-            self._publish("running")
+            self._publish("running", later=True)
         signature = control.breakpoints_signature(self.trial_dir)
         if signature == self._signature:
             return None
@@ -457,12 +458,24 @@ class BreakpointMonitor:
                 "breakpoint": None, "hits": dict(self.hits), "ranks": self.world_size, "pid": os.getpid(),
                 "hostname": socket.gethostname(), "notice": self._notice, **extra}
 
-    def _publish(self, state: str, **extra: Any) -> None:
+    def _publish(self, state: str, *, later: bool = False, **extra: Any) -> None:
+        """``later``: written on comgra's run-state thread (the periodic "running"; see control.write_run_state)."""
+        failed, self._publish_failed = self._publish_failed, None
+        if failed is not None:
+            self._publish_fault(failed)
         try:
-            control.write_run_state(self.trial_dir, self._state(state, **extra))
-        except FileNotFoundError:
-            pass  # the trial folder is gone: the writer reports that, and nothing recreates it
-        except (OSError, ComgraError) as error:  # a full disk, a live/ that is a link: never stop the training
+            control.write_run_state(self.trial_dir, self._state(state, **extra),
+                                    on_error=self._note_publish_failure if later else None)
+        except (OSError, ComgraError) as error:
+            self._publish_fault(error)
+
+    def _note_publish_failure(self, error: BaseException) -> None:  # on the run-state thread: said at the next publish
+        self._publish_failed = error
+
+    def _publish_fault(self, error: BaseException) -> None:
+        if isinstance(error, FileNotFoundError):
+            return  # the trial folder is gone: the writer reports that, and nothing recreates it
+        if isinstance(error, (OSError, ComgraError)):  # a full disk, a live/ that is a link: never stop the training
             self.warn("bp-publish", f"comgra cannot publish the run state in {str(self.trial_dir)!r}: {error}")
 
 

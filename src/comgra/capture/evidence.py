@@ -110,7 +110,11 @@ class RunEvidence:
         if self.broken:
             return
         try:
-            self._start_batch(training_step, type_of_execution, batch_size, recording)
+            if recording or self._later_fault is not None or self._optimizer_hook is not None:
+                self._start_batch(training_step, type_of_execution, batch_size, recording)
+            else:  # the usual unrecorded step, without the call (see step_control.opened)
+                self.sentinels.start_batch(training_step, type_of_execution, batch_size, recording)
+                self._step, self._rows = (training_step, type_of_execution), None
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
@@ -207,7 +211,10 @@ class RunEvidence:
             self._rows = None
         self._step = (self._step[0], type_of_execution)
         try:
-            self._finish_batch(pausable)
+            if self._rows is None:  # the usual unrecorded step: only the sentinels'
+                self.sentinels.finish_batch(pausable=pausable)
+            else:
+                self._finish_batch(pausable)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training

@@ -13,12 +13,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from comgra.capture import open_recorders
+from comgra.capture import open_recorders, stages
 from comgra.errors import RecordingError
 
 
 def opened(recorder: Any, training_step: int, type_of_execution: str | None) -> None:
-    """At ``start_batch``, before the step's number is taken: remember what ``abandon`` goes back to."""
+    """At ``start_batch``, before the step's number is taken: the number and the type checked (``check_order``; a
+    type once, not on every step), then what ``abandon`` goes back to remembered. One call: on an unrecorded step
+    each call into comgra costs microseconds of cold caches (benchmarks/unrecorded_step.py)."""
+    check_order(recorder, training_step, type_of_execution)  # a step is (number, type)
+    if type_of_execution is not None and not (isinstance(type_of_execution, str)
+                                              and type_of_execution in recorder._types_seen):
+        stages.check_type(type_of_execution)
+        recorder._types_seen.add(type_of_execution)
     if recorder.session is not None and recorder.session.closed:  # finalized: perhaps replaced by a new recorder
         open_recorders.check_not_replaced(recorder)
     recorder._step_before = recorder.training_step
