@@ -237,11 +237,13 @@ def write_run_state(trial_dir: str | Path, document: dict[str, Any], *, on_error
     """Publish the training process's state (atomic: readers never see half a file), in order with the others;
     ``on_error``: on another thread (breakpoints/run_state_writer.py), told there where the write fails."""
     full = {**document, "updated": time.time()}
-    key = str(trial_dir)
+
+    def write() -> None:
+        _write_private(trial_dir, RUN_FILE, full)
     if on_error is None:
-        run_state_writer.now(key, lambda: _write_private(trial_dir, RUN_FILE, full))
+        run_state_writer.now(str(trial_dir), write)
     else:
-        run_state_writer.soon(key, lambda: _write_private(trial_dir, RUN_FILE, full), on_error)
+        run_state_writer.soon(str(trial_dir), write, on_error)
 
 
 def wait_for_command(trial_dir: str | Path, state: dict[str, Any], timeout: float | None) -> str:

@@ -473,9 +473,8 @@ class BreakpointMonitor:
         self._publish_failed = error
 
     def _publish_fault(self, error: BaseException) -> None:
-        if isinstance(error, FileNotFoundError):
-            return  # the trial folder is gone: the writer reports that, and nothing recreates it
-        if isinstance(error, (OSError, ComgraError)):  # a full disk, a live/ that is a link: never stop the training
+        """A full disk, a live/ that is a link (or anything on the run-state thread): said, never the training's end."""
+        if not isinstance(error, FileNotFoundError):  # the trial folder is gone: the writer reports that
             self.warn("bp-publish", f"comgra cannot publish the run state in {str(self.trial_dir)!r}: {error}")
 
 

@@ -21,14 +21,15 @@ _thread: dict[str, threading.Thread | int | None] = {"thread": None, "pid": None
 
 
 def _next(key: str) -> int:
-    with _NUMBERS_LOCK:
-        number = _numbers[key] = _numbers.get(key, 0) + 1
-        return number
+    """Under _NUMBERS_LOCK: the number of a new state of ``key``."""
+    number = _numbers[key] = _numbers.get(key, 0) + 1
+    return number
 
 
 def now(key: str, write: Callable[[], None]) -> None:
     """``write()`` on this thread, after any write of ``key`` in progress; one queued before is dropped."""
-    _next(key)
+    with _NUMBERS_LOCK:
+        _next(key)
     with _WRITE_LOCK:
         write()
 
@@ -36,9 +37,8 @@ def now(key: str, write: Callable[[], None]) -> None:
 def soon(key: str, write: Callable[[], None], on_error: Callable[[BaseException], None]) -> None:
     """``write()`` on the run-state thread (the latest of ``key`` only), unless ``now`` writes ``key`` first;
     ``on_error(error)`` there where it raises."""
-    number = _next(key)
-    with _NUMBERS_LOCK:
-        _pending[key] = (number, write, on_error)
+    with _NUMBERS_LOCK:  # numbered and queued at once: two calls of ``soon`` never queue the older one last
+        _pending[key] = (_next(key), write, on_error)
     thread = _thread["thread"]
     if thread is None or _thread["pid"] != os.getpid():  # a forked child starts its own
         thread = threading.Thread(target=_run, name="comgra-run-state", daemon=True)

@@ -110,11 +110,12 @@ class RunEvidence:
         if self.broken:
             return
         try:
-            if recording or self._later_fault is not None or self._optimizer_hook is not None:
-                self._start_batch(training_step, type_of_execution, batch_size, recording)
-            else:  # the usual unrecorded step, without the call (see step_control.opened)
-                self.sentinels.start_batch(training_step, type_of_execution, batch_size, recording)
-                self._step, self._rows = (training_step, type_of_execution), None
+            if self._later_fault is not None:  # the last recorded step's rows failed on the writer's thread
+                raise self._later_fault
+            self.sentinels.start_batch(training_step, type_of_execution, batch_size, recording)
+            self._step, self._rows = (training_step, type_of_execution), None
+            if recording or self._optimizer_hook is not None:  # (the usual unrecorded step: no call, see
+                self._start_batch(batch_size, recording)  # step_control.opened)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
@@ -126,14 +127,9 @@ class RunEvidence:
         self.session.warn_once("evidence", f"comgra stopped keeping the run's evidence and sentinels after an internal "
                                            f"error: {type(error).__name__}: {error}. Recording and training go on.")
 
-    def _start_batch(self, training_step: int, type_of_execution: str | None, batch_size: int, recording: bool) -> None:
-        if self._later_fault is not None:  # the last recorded step's rows failed on the writer's thread
-            raise self._later_fault
-        self.sentinels.start_batch(training_step, type_of_execution, batch_size, recording)
-        self._step = (training_step, type_of_execution)
-        self._rows = None
-        if self._optimizer_hook is not None or recording:
-            self._watch_optimizers(recording)
+    def _start_batch(self, batch_size: int, recording: bool) -> None:
+        """The optimizers watched (or no longer), and a recorded step's modes, dtypes, groups and fingerprints."""
+        self._watch_optimizers(recording)
         if not recording:
             return
         self._rows = rows = [("step", "", "batch_size", str(batch_size), float(batch_size))]
@@ -211,10 +207,9 @@ class RunEvidence:
             self._rows = None
         self._step = (self._step[0], type_of_execution)
         try:
-            if self._rows is None:  # the usual unrecorded step: only the sentinels'
-                self.sentinels.finish_batch(pausable=pausable)
-            else:
-                self._finish_batch(pausable)
+            if self._rows is not None:  # (the usual unrecorded step: no call)
+                self._finish_rows()
+            self.sentinels.finish_batch(pausable=pausable)
         except Warning:  # a warning the user made an error (pytest's -W error): theirs to see
             raise
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
@@ -238,11 +233,15 @@ class RunEvidence:
         except Exception as error:  # noqa: BLE001 - a fault of comgra's own never stops the training
             self._fault(error)
 
-    def _finish_batch(self, pausable: bool) -> None:
-        if self._rows is not None and self._grad_fingerprints is None:
+    def _finish_rows(self) -> None:
+        """A recorded step's rows: its gradients' fingerprints where no record_current_gradients took them, then the
+        rows to the writer."""
+        if self._grad_fingerprints is None:
             self.gradients()
         rows, self._rows = self._rows, None
-        if rows is not None and self._tensors_seen:
+        if rows is None:
+            return  # gradients() met a fault of comgra's own (said once: the evidence is off)
+        if self._tensors_seen:
             # A training step that also computes something under no_grad (a metric, model.generate()) is a training
             # step still: autograd history on any of its tensors says so.
             trains = self._grad_enabled or self._history
@@ -252,34 +251,32 @@ class RunEvidence:
                 rows.append(("autocast", device, "enabled", str(enabled), float(enabled)))
                 if enabled:
                     rows.append(("autocast", device, "dtype", self._autocast[device], math.nan))
-        if rows is not None:
-            found_values, self._value_fingerprints = self._value_fingerprints, ([], None)
-            found_grads, self._grad_fingerprints = self._grad_fingerprints or ([], None), None
-            step, exact = self._step, self.exact
+        found_values, self._value_fingerprints = self._value_fingerprints, ([], None)
+        found_grads, self._grad_fingerprints = self._grad_fingerprints or ([], None), None
+        step, exact = self._step, self.exact
 
-            def make() -> pa.Table:
-                try:
-                    for subject, found in (("value", found_values), ("grad", found_grads)):
-                        if found[1] is None:
-                            continue
-                        # grad_sum: read by rank agreement only (a distributed run); a one-process run does not
-                        # compute it
-                        with_sum = subject == "value" or exact
-                        for name, (total, norm) in zip(found[0], found[1].tolist()):
-                            if with_sum:
-                                rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
-                            rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
-                    return self._table(rows, step)
-                except Exception as error:  # noqa: BLE001 - on the writer's thread: said at the next start_batch
-                    self._later_fault = error
-                    return fmt.RUNINFO_SCHEMA.empty_table()
+        def make() -> pa.Table:
+            try:
+                for subject, found in (("value", found_values), ("grad", found_grads)):
+                    if found[1] is None:
+                        continue
+                    # grad_sum: read by rank agreement only (a distributed run); a one-process run does not
+                    # compute it
+                    with_sum = subject == "value" or exact
+                    for name, (total, norm) in zip(found[0], found[1].tolist()):
+                        if with_sum:
+                            rows.append(("parameter", name, f"{subject}_sum", repr(total), total))
+                        rows.append(("parameter", name, f"{subject}_norm", repr(norm), norm))
+                return self._table(rows, step)
+            except Exception as error:  # noqa: BLE001 - on the writer's thread: said at the next start_batch
+                self._later_fault = error
+                return fmt.RUNINFO_SCHEMA.empty_table()
 
-            # On the CPU the rows are made on the writer's thread (a device's fingerprints are read here: a host sync)
-            if all(found[1] is None or found[1].is_cpu for found in (found_values, found_grads)):
-                self.session.put_later("runinfo", make, 64 * len(rows))
-            else:
-                self.session.put_table("runinfo", make())
-        self.sentinels.finish_batch(pausable=pausable)
+        # On the CPU the rows are made on the writer's thread (a device's fingerprints are read here: a host sync)
+        if all(found[1] is None or found[1].is_cpu for found in (found_values, found_grads)):
+            self.session.put_later("runinfo", make, 64 * len(rows))
+        else:
+            self.session.put_table("runinfo", make())
 
     def _table(self, rows: list[tuple[str, str, str, str, float]], of_step: tuple[int, str | None]) -> pa.Table:
         """Each column made in the schema's type at once: a table of inferred types cast to the schema cost 2-4x

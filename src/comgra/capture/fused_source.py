@@ -168,8 +168,10 @@ void comgra_finish(long count, long rows, const double *widths, const double *su
     for (long i = 0; i < n; i++) { T e = v[i]; mn = e < mn ? e : mn; mx = e > mx ? e : mx; \
                                    q += (double)e * (double)e; } \
     out[0] = (double)mn; out[1] = (double)mx; out[2] = q; }
-#define EXTREMES_LANES(T) { const T *v = (const T *)x; T mn[16], mx[16]; double q[16]; long i = 0; \
+/* VECTOR_PART: a first loop over the same lanes (see FLOAT_VECTORS), or nothing; the scalar loop takes what it left. */
+#define EXTREMES_LANES(T, VECTOR_PART) { const T *v = (const T *)x; T mn[16], mx[16]; double q[16]; long i = 0; \
     for (int l = 0; l < 16; l++) { mn[l] = INFINITY; mx[l] = -INFINITY; q[l] = 0; } \
+    VECTOR_PART \
     for (; i + 16 <= n; i += 16) \
         for (int l = 0; l < 16; l++) { T e = v[i + l]; mn[l] = e < mn[l] ? e : mn[l]; mx[l] = e > mx[l] ? e : mx[l]; \
                                        q[l] += (double)e * (double)e; } \
@@ -178,38 +180,29 @@ void comgra_finish(long count, long rows, const double *widths, const double *su
     double s = 0; T lo = mn[0], hi = mx[0]; \
     for (int l = 0; l < 16; l++) { s += q[l]; lo = mn[l] < lo ? mn[l] : lo; hi = mx[l] > hi ? mx[l] : hi; } \
     out[0] = s != s ? NAN : (double)lo; out[1] = s != s ? NAN : (double)hi; out[2] = s; }
-/* Floats as EXTREMES_LANES(float), with vector types where there are: a comparison gives -1 in the lanes where it holds
-   (never for a NaN, as in e < mn ? e : mn), and the lanes then take the new value or keep the old one by bits. */
-MULTIVERSION
-static void extremes_float(const void *x, long n, double *out) {
-    const float *v = (const float *)x; float mn[16], mx[16]; double q[16]; long i = 0;
-    for (int l = 0; l < 16; l++) { mn[l] = INFINITY; mx[l] = -INFINITY; q[l] = 0; }
+/* Floats' lanes in vector types where there are: a comparison gives -1 in the lanes where it holds (never for a NaN,
+   as in e < mn ? e : mn), and the lanes then take the new value or keep the old one by bits. */
 #ifdef VECTORS
-    f4 vmn[4], vmx[4]; d4 vq[4] = {{0}};
-    for (int k = 0; k < 4; k++) { vmn[k] = (f4){INFINITY, INFINITY, INFINITY, INFINITY}; vmx[k] = -vmn[k]; }
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 4; k++) {
-            f4 e;
-            memcpy(&e, v + i + 4 * k, sizeof e);
-            i4 lower = e < vmn[k], higher = e > vmx[k];
-            vmn[k] = (f4)(((i4)e & lower) | ((i4)vmn[k] & ~lower));
-            vmx[k] = (f4)(((i4)e & higher) | ((i4)vmx[k] & ~higher));
-            d4 w = __builtin_convertvector(e, d4);
-            vq[k] += w * w;
-        }
-    memcpy(mn, vmn, sizeof mn); memcpy(mx, vmx, sizeof mx); memcpy(q, vq, sizeof q);
+#define FLOAT_VECTORS { f4 vmn[4], vmx[4]; d4 vq[4] = {{0}}; \
+    for (int k = 0; k < 4; k++) { vmn[k] = (f4){INFINITY, INFINITY, INFINITY, INFINITY}; vmx[k] = -vmn[k]; } \
+    for (; i + 16 <= n; i += 16) \
+        for (int k = 0; k < 4; k++) { \
+            f4 e; \
+            memcpy(&e, v + i + 4 * k, sizeof e); \
+            i4 lower = e < vmn[k], higher = e > vmx[k]; \
+            vmn[k] = (f4)(((i4)e & lower) | ((i4)vmn[k] & ~lower)); \
+            vmx[k] = (f4)(((i4)e & higher) | ((i4)vmx[k] & ~higher)); \
+            d4 w = __builtin_convertvector(e, d4); \
+            vq[k] += w * w; \
+        } \
+    memcpy(mn, vmn, sizeof mn); memcpy(mx, vmx, sizeof mx); memcpy(q, vq, sizeof q); }
+#else
+#define FLOAT_VECTORS
 #endif
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) { float e = v[i + l]; mn[l] = e < mn[l] ? e : mn[l]; mx[l] = e > mx[l] ? e : mx[l];
-                                       q[l] += (double)e * (double)e; }
-    for (; i < n; i++) { float e = v[i]; mn[0] = e < mn[0] ? e : mn[0]; mx[0] = e > mx[0] ? e : mx[0];
-                         q[0] += (double)e * (double)e; }
-    double s = 0; float lo = mn[0], hi = mx[0];
-    for (int l = 0; l < 16; l++) { s += q[l]; lo = mn[l] < lo ? mn[l] : lo; hi = mx[l] > hi ? mx[l] : hi; }
-    out[0] = s != s ? NAN : (double)lo; out[1] = s != s ? NAN : (double)hi; out[2] = s;
-}
 MULTIVERSION
-static void extremes_double(const void *x, long n, double *out) EXTREMES_LANES(double)
+static void extremes_float(const void *x, long n, double *out) EXTREMES_LANES(float, FLOAT_VECTORS)
+MULTIVERSION
+static void extremes_double(const void *x, long n, double *out) EXTREMES_LANES(double, )
 void comgra_extremes(const void *x, long n, int kind, double *out) {
     if (n <= 0) { out[0] = out[1] = out[2] = NAN; return; }
     switch (kind) {
