@@ -142,7 +142,10 @@ def test_parameters_have_no_batch_dimension_and_a_frozen_one_no_gradient(app):
 
 
 def _box(app, node_id: str) -> dict:
-    return app.page.locator(f'#dependency-graph [data-node="{node_id}"]').bounding_box()
+    """Where the node sits in the graph's layout: unlike the screen, that does not move when the view scrolls to
+    keep the selection in sight or when the page above the graph grows."""
+    return app.page.locator(f'#dependency-graph [data-node="{node_id}"]').evaluate(
+        "e => ({x: e.offsetLeft, y: e.offsetTop})")
 
 
 def _selected(app) -> str:

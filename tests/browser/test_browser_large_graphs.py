@@ -85,8 +85,9 @@ def test_every_node_is_findable_by_name_and_parameters_sit_in_module_boxes(serve
     expect(box).to_contain_text("attn.q_proj")
     weight = app.page.locator('[data-node="model.blocks.2.attn.q_proj.weight"]')
     expect(weight.locator(".node-name")).to_have_text("weight")  # the box's prefix is dropped inside it
-    consumer = app.page.locator('[data-node="block2.q"]').bounding_box()
-    frame = box.bounding_box()
+    # Both boxes read in one frame: the page above the graph may still grow (a callback's answer) between two reads.
+    consumer, frame = app.page.evaluate("""() => ['[data-node="block2.q"]', '[data-group="model.blocks.2.attn.q_proj"]']
+      .map(s => { const r = document.querySelector(s).getBoundingClientRect(); return {x: r.x, y: r.y}; })""")
     assert abs(frame["x"] - consumer["x"]) < 1 and 0 < frame["y"] - consumer["y"] < 80  # right under its consumer
     for node in ("model.blocks.3.mlp.fc2.bias", "block1.attention", "loss"):
         search(app, node, node)
