@@ -50,7 +50,7 @@ def test_a_long_run_s_steps_answer_is_not_a_python_object_per_row_at_once(record
     http.get(f"/api/v1/trials/{trial}/steps")  # the imports and the trial's first reads, outside the count
     table = _steps_table(6000)
     monkeypatch.setattr(RecordingService, "step_index", lambda self, trial_id, rank=None: _Index(table))
-    peak, body = _peak_of_answer(http, f"/api/v1/trials/{trial}/steps")
+    peak, body = _peak_of_answer(http, f"/api/v1/trials/{trial}/steps?limit=6000")
     answer = json.loads(body)
     assert answer["steps"] == plain(table.to_pylist()) and answer["trial"] == trial and answer["rank"] == 0
     # Before: 12.5 times the answer's 1.3 MiB (a dict of 11 items and its values per row, twice); the text, its
@@ -67,7 +67,8 @@ def test_the_steps_answer_is_the_same_text_as_the_whole_list_s(recording) -> Non
     body = app.server.test_client().get(f"/api/v1/trials/{trial}/steps").data
     with app.server.app_context():
         rows = GroupReader(recording).trial(trial).steps(0).to_pylist()
-        expected = flask_json.dumps(plain({"trial": trial, "rank": 0, "steps": rows, "problems": []}),
+        expected = flask_json.dumps(plain({"trial": trial, "rank": 0, "steps": rows, "problems": [], "total": len(rows),
+                                           "offset": 0}),
                                     separators=(",", ":"))
     assert body.decode() == expected and len(rows) > 1
 
@@ -90,3 +91,30 @@ def test_the_step_index_keeps_no_python_object_per_step() -> None:
     assert index.types_of_execution() == ["evaluation", "training"] and index.main_type() == "evaluation"
     assert index.steps_of("evaluation").tolist() == list(range(10, rows * 10, 20))
     assert index.types_at(20) == ["training"] and index.steps_of("none of them").tolist() == []
+
+
+def test_a_long_run_s_steps_come_whole_or_a_page_at_a_time(recording, monkeypatch) -> None:
+    """Without ``limit`` every row from ``offset``; pages of ``limit`` rows, followed until ``offset + len(steps)``
+    reaches ``total``, are the index's rows in order; a page past the end is empty; a bad limit is a 400."""
+    trial = GroupReader(recording).trials()[0]
+    http = create_app(recording, poll_seconds=60, warm_up=False, findings_scan=False).server.test_client()
+    table = _steps_table(2445)
+    monkeypatch.setattr(RecordingService, "step_index", lambda self, trial_id, rank=None: _Index(table))
+    whole = http.get(f"/api/v1/trials/{trial}/steps").get_json()
+    assert whole["steps"] == plain(table.to_pylist()) and whole["total"] == table.num_rows and whole["offset"] == 0
+    rows, offset, sizes = [], 0, []
+    while True:
+        page = http.get(f"/api/v1/trials/{trial}/steps?offset={offset}&limit=700").get_json()
+        assert page["offset"] == offset and page["total"] == table.num_rows
+        rows += page["steps"]
+        sizes.append(len(page["steps"]))
+        offset += len(page["steps"])
+        if offset >= page["total"]:
+            break
+    assert rows == whole["steps"] and sizes == [700, 700, 700, 345]
+    assert http.get(f"/api/v1/trials/{trial}/steps?offset=2000").get_json()["steps"] == whole["steps"][2000:]
+    past = http.get(f"/api/v1/trials/{trial}/steps?offset={table.num_rows + 5}").get_json()
+    assert past["steps"] == [] and past["total"] == table.num_rows
+    refused = http.get(f"/api/v1/trials/{trial}/steps?limit=0")
+    error = refused.get_json()["error"]
+    assert refused.status_code == 400 and error["field"] == "limit" and "limit" in error["message"]

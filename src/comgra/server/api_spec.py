@@ -104,13 +104,14 @@ _RUNS = _object({"runs": {"type": "array", "items": _RUN_ROW},
                  "total": {"type": "integer", "minimum": 0, "description": "Rows that pass the filter."}})
 SORT_PATTERN = (r"^[-+]?(trial|status|steps|duration|hyperparameters\..+|kpis\..+\.(last|best|min|max)"
                 r"|findings\.(error|warning|info))$")
+_OFFSET = _query("offset", {"type": "integer", "minimum": 0, "maximum": 2**62 - 1}, "Skip this many rows (default 0).")
 _RUNS_QUERY = [
     _query("filter", {"type": "string"}, "A regular expression searched in each trial id, hyperparameter value and "
                                          "'name=value' (e.g. 'lr=0\\.01', '^sweep_a'); a bad one is a 400."),
     _query("sort", {"type": "string", "pattern": SORT_PATTERN}, "trial, status, steps, duration, hyperparameters.<name>, "
                                        "kpis.<group/name>.<last|best|min|max> or findings.<severity>; "
                                        "a leading '-' sorts descending. Rows without the value come last."),
-    _query("offset", {"type": "integer", "minimum": 0, "maximum": 2**62 - 1}, "Skip this many rows (default 0)."),
+    _OFFSET,
     _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, "At most this many rows (default 100)."),
 ]
 
@@ -121,9 +122,14 @@ def _paths() -> dict[str, Any]:
     return {
         "/trials": {"get": _operation("The trials of the recording.", _object({"trials": {
             "type": "array", "items": {"type": "string"}}}), errors=())},
-        f"{t}/steps": {"get": _operation("The recorded training steps (one row per step and iteration).",
-                                         _from_trial({"trial": {"type": "string"}, "steps": _ROWS}),
-                                         parameters=[_TRIAL, _RANK])},
+        f"{t}/steps": {"get": _operation(
+            "The recorded training steps (one row per step and iteration), all or a page: rows only append, so "
+            "offset + len(steps) < total says there are more.",
+            _from_trial({"trial": {"type": "string"}, "steps": _ROWS, "offset": _INT,
+                         "total": {"type": "integer", "minimum": 0, "description": "Rows of the whole index."}}),
+            parameters=[_TRIAL, _RANK, _OFFSET,
+                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 2**62 - 1},
+                               "At most this many rows (default: every row from offset).")], errors=(400, 404))},
         f"{t}/graph": {"get": _operation("The dependency graph of one step and iteration.",
                                          _from_trial({"graph": _ANY_OBJECT, "training_step": _INT, "iteration": _INT,
                                                       "type_of_execution": {"type": "string"}}),
