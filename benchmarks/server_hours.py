@@ -192,7 +192,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         tallies[mode] = memory.Tally()
         finders[mode] = FindingsClient(url, args.findings_every)
         threads.append(threading.Thread(target=finders[mode].run, args=(stop,), daemon=True))
-        threads += [threading.Thread(target=memory.Client(url, seed, tallies[mode]).run, args=(stop, args.think),
+        skip = tuple(r for r in (args.skip_routes or "").split(",") if r)
+        threads += [threading.Thread(target=memory.Client(url, seed, tallies[mode], skip).run, args=(stop, args.think),
                                      daemon=True) for seed in range(args.clients)]
     for thread in threads:
         thread.start()
@@ -248,6 +249,7 @@ def parser() -> argparse.ArgumentParser:
     result.add_argument("--sample-every", type=float, default=5.0)
     result.add_argument("--every", type=int, default=10, help="one training step in EVERY is recorded in full")
     result.add_argument("--steps-per-second", type=float, default=20.0)
+    result.add_argument("--skip-routes", help="routes the REST clients never ask, comma-separated (e.g. series,kpis)")
     result.add_argument("--out", help="the recording's folder (default: a fresh temporary one)")
     result.add_argument("--modes", default="findings scan,no findings scan", help="which servers, comma-separated")
     result.add_argument("--baseline-src", help="other trees' src folders, [NAME=]SRC,...: one more server per mode "

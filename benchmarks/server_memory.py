@@ -227,7 +227,7 @@ class Tally:
 class Client:
     """One REST client: knows the recorded steps, the nodes it has seen and their roles."""
 
-    def __init__(self, base: str, seed: int, tally: Tally):
+    def __init__(self, base: str, seed: int, tally: Tally, skip: tuple[str, ...] = ()):
         self.api = f"{base}/api/v1"
         self.trial = f"{self.api}/trials/{TRIAL}"
         self.random = random.Random(seed)
@@ -235,6 +235,7 @@ class Client:
         self.steps: list[int] = []
         self.nodes: dict[int, list[str]] = {}  # step -> node ids of its graph
         self.roles: dict[str, tuple[str, str]] = {}  # node id -> (node, role) for series
+        self.skip = skip  # routes this client never asks (what a route's answers cost, by its absence)
 
     def get(self, route: str, url: str) -> Any:
         began, error, data = time.perf_counter(), None, None
@@ -255,8 +256,10 @@ class Client:
                 self.steps = sorted({row["training_step"] for row in data["steps"]})
             return
         step = self.random.choice(self.steps)
-        route = self.random.choices(["graph", "values", "series", "kpis", "layers", "modules", "notes", "trials", "run"],
-                                    weights=[3, 8, 3, 2, 1, 1, 1, 1, 1])[0]
+        routes = {"graph": 3, "values": 8, "series": 3, "kpis": 2, "layers": 1, "modules": 1, "notes": 1, "trials": 1,
+                  "run": 1}
+        routes = {route: weight for route, weight in routes.items() if route not in self.skip}
+        route = self.random.choices(list(routes), weights=list(routes.values()))[0]
         if route == "graph" or (route == "values" and step not in self.nodes):
             data = self.get("graph", f"{self.trial}/graph?step={step}")
             if data:

@@ -35,8 +35,7 @@ from comgra.server.doors import (READS_CONFIG, TOKEN_CONFIG, ApiError, accept_to
 from comgra.server.json_rows import object_json, rows_json
 from comgra.service import RecordingService, aggregation_value, view_link
 from comgra.service.kpi_points import MAX_POINTS, downsampled
-from comgra.store import format as fmt
-from comgra.store import layout
+from comgra.store import format as fmt, layout
 
 INT_LIMIT = 2**62
 _INTEGER = re.compile(r"-?[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²" and "٣"
@@ -298,15 +297,11 @@ class Routes:
         return answer({"trials": self.service.trials()})
 
     def steps(self, trial: str) -> Response:
-        """The step index, whole or a page (``offset``, ``limit``): it grows with the run (2,400 rows and 580 KB
-        after 20 minutes at 20 steps a second). Rows only ever append, so a live run's pages stay put."""
-        rank = self._rank(self._trial(trial))
-        offset, limit = int_arg("offset", default=0, minimum=0), int_arg("limit", minimum=1)
-        table = self.service.step_index(trial, rank).table
-        rows = rows_json(table.slice(offset, limit), plain=plain)  # by slices
-        return Response(object_json({"trial": trial, "rank": rank, "steps": rows, "total": table.num_rows,
-                                     "offset": offset, "problems": self._problems(trial)},
-                                    plain=plain), mimetype="application/json")
+        rank, offset = self._rank(self._trial(trial)), int_arg("offset", default=0, minimum=0)  # rows only append:
+        table = self.service.step_index(trial, rank).table  # a page stays put; the JSON is built by slices
+        rows = rows_json(table.slice(offset, int_arg("limit", minimum=1)), plain=plain)
+        return Response(object_json({"trial": trial, "rank": rank, "steps": rows, "total": table.num_rows, "offset": offset,
+                                     "problems": self._problems(trial)}, plain=plain), mimetype="application/json")
 
     def graph(self, trial: str) -> Response:
         rank = self._rank(self._trial(trial))
