@@ -188,11 +188,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                                  preloads[mode])
     stop = threading.Event()
     threads, tallies, finders = [], {}, {}
+    skip = tuple(r for r in (args.skip_routes or "").split(",") if r)
     for mode, url in urls.items():
         tallies[mode] = memory.Tally()
         finders[mode] = FindingsClient(url, args.findings_every)
         threads.append(threading.Thread(target=finders[mode].run, args=(stop,), daemon=True))
-        skip = tuple(r for r in (args.skip_routes or "").split(",") if r)
         threads += [threading.Thread(target=memory.Client(url, seed, tallies[mode], skip).run, args=(stop, args.think),
                                      daemon=True) for seed in range(args.clients)]
     for thread in threads:

@@ -224,6 +224,10 @@ class Tally:
                 self.last_error = f"{route}: {error}"
 
 
+ROUTE_WEIGHTS = {"graph": 3, "values": 8, "series": 3, "kpis": 2, "layers": 1, "modules": 1, "notes": 1, "trials": 1,
+                 "run": 1}  # how often a client asks each route, besides the steps
+
+
 class Client:
     """One REST client: knows the recorded steps, the nodes it has seen and their roles."""
 
@@ -235,7 +239,8 @@ class Client:
         self.steps: list[int] = []
         self.nodes: dict[int, list[str]] = {}  # step -> node ids of its graph
         self.roles: dict[str, tuple[str, str]] = {}  # node id -> (node, role) for series
-        self.skip = skip  # routes this client never asks (what a route's answers cost, by its absence)
+        # The routes it asks, with their weights; ``skip``: those it never asks (a route's cost, by its absence)
+        self.routes = {route: weight for route, weight in ROUTE_WEIGHTS.items() if route not in skip}
 
     def get(self, route: str, url: str) -> Any:
         began, error, data = time.perf_counter(), None, None
@@ -256,10 +261,7 @@ class Client:
                 self.steps = sorted({row["training_step"] for row in data["steps"]})
             return
         step = self.random.choice(self.steps)
-        routes = {"graph": 3, "values": 8, "series": 3, "kpis": 2, "layers": 1, "modules": 1, "notes": 1, "trials": 1,
-                  "run": 1}
-        routes = {route: weight for route, weight in routes.items() if route not in self.skip}
-        route = self.random.choices(list(routes), weights=list(routes.values()))[0]
+        route = self.random.choices(list(self.routes), weights=list(self.routes.values()))[0]
         if route == "graph" or (route == "values" and step not in self.nodes):
             data = self.get("graph", f"{self.trial}/graph?step={step}")
             if data:

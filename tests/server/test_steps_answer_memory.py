@@ -50,7 +50,7 @@ def test_a_long_run_s_steps_answer_is_not_a_python_object_per_row_at_once(record
     http.get(f"/api/v1/trials/{trial}/steps")  # the imports and the trial's first reads, outside the count
     table = _steps_table(6000)
     monkeypatch.setattr(RecordingService, "step_index", lambda self, trial_id, rank=None: _Index(table))
-    peak, body = _peak_of_answer(http, f"/api/v1/trials/{trial}/steps?limit=6000")
+    peak, body = _peak_of_answer(http, f"/api/v1/trials/{trial}/steps")
     answer = json.loads(body)
     assert answer["steps"] == plain(table.to_pylist()) and answer["trial"] == trial and answer["rank"] == 0
     # Before: 12.5 times the answer's 1.3 MiB (a dict of 11 items and its values per row, twice); the text, its
