@@ -199,3 +199,52 @@ def test_only_large_footers_are_kept_parsed(long_recording):
     trial.series(node=key[0], role=key[1], kind=key[2], iteration=key[3])  # the reader's own: small ones not kept
     assert trial._series_reader.kept_footer_bytes == PARSED_FOOTER_FACTOR * sum(
         s for s in sizes if s >= KEEP_PARSED_FROM_BYTES)
+
+
+def test_a_series_asked_again_reads_only_the_chunks_written_since(long_recording):
+    """A live run's series is asked again and again while chunks are added and merged: each chunk's rows are kept per
+    series (a chunk never changes), so a request reads only the new chunks, and the answer is the one a reader that
+    kept nothing gives (issue 31 item 13: every request read every chunk, work that grew with the run)."""
+    from comgra.store.series_read import SeriesReader
+
+    trial = GroupReader(long_recording).trial(GroupReader(long_recording).trials()[0])
+    paths = trial.tensor_chunks()
+    rows = _whole_chunks(trial)
+    empty = rows.schema.empty_table().select(["training_step", "max"])
+    keys = _series_keys(rows)[::53][:4]
+    reader = SeriesReader()
+    for grown in range(1, len(paths) + 1):  # the chunks as they appear
+        for key in keys:
+            filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+            before = reader.chunks_read
+            got = reader.read(paths[:grown], ["training_step", "max"], filters, empty)
+            assert got.equals(SeriesReader(memo_budget=0).read(paths[:grown], ["training_step", "max"], filters, empty))
+            new_holding = int(bool(reader.row_groups_of(paths[grown - 1], key[0])))  # the one new chunk has the node
+            assert reader.chunks_read - before == new_holding, (grown, key)
+    whole = reader.read(paths, ["training_step", "max"], filters, empty)
+    assert whole.num_rows == 60 and reader.kept_series_bytes > 0
+    reader.forget_all_but(paths[1:])  # the first chunk merged away: its parts are let go
+    assert all(all(version[0] != str(paths[0]) for version in parts) for parts in reader._memo.values())
+
+
+def test_the_kept_series_rows_stay_within_their_budget(long_recording):
+    """Past the budget the least recently read series is let go; the answers stay the store's."""
+    from comgra.store.series_read import SeriesReader
+
+    trial = GroupReader(long_recording).trial(GroupReader(long_recording).trials()[0])
+    paths = trial.tensor_chunks()
+    rows = _whole_chunks(trial)
+    empty = rows.schema.empty_table().select(["training_step", "max"])
+    keys = _series_keys(rows)[::41][:6]
+    one = SeriesReader()
+    filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), keys[0]), rank=None)
+    one.read(paths, ["training_step", "max"], filters, empty)
+    budget = int(2.5 * one.kept_series_bytes)
+    reader = SeriesReader(memo_budget=budget)
+    for key in keys:
+        filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+        got = reader.read(paths, ["training_step", "max"], filters, empty)
+        want = _expected(rows, *key, "max")
+        assert sorted(got.column("training_step").to_pylist()) == want.column("training_step").to_pylist()
+        assert 0 < reader.kept_series_bytes <= budget and len(reader._memo) <= 2
+    assert next(reversed(reader._memo))[1] == tuple(sorted({k: v for k, v in filters.items() if v is not None}.items()))

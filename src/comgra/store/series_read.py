@@ -18,6 +18,7 @@ import bisect
 import os
 import sys
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +49,12 @@ FOOTER_BUDGET_BYTES = 2**30
 # footer 0.11 ms, against the millisecond its row groups' read takes), while a live run's many small chunks kept
 # parsed grew with it (ten times their footers, about 0.25 MiB a minute at 20 steps a second; issue 31 item 13).
 KEEP_PARSED_FROM_BYTES = 64 * 1024
+# The rows each chunk gave a series, kept per series (least recently read first out) within this many bytes: a
+# chunk never changes, so asking a live run's series again reads only the chunks written (or merged) since. Without
+# them every request read every chunk again: the work, and the heap it churns, grew with the run (issue 31 item 13).
+SERIES_MEMO_BYTES = 16 * 2**20
+# What a kept part costs besides its buffers (the Table and its arrays' objects), counted against the budget.
+_PART_OVERHEAD_BYTES = 512
 
 
 @dataclass(frozen=True)
@@ -84,6 +91,11 @@ def _bounds(metadata: pq.FileMetaData) -> _Bounds:
                    "rank" in metadata.schema.names, _TYPE in metadata.schema.names)
 
 
+def _size(parts: dict[Any, pa.Table | None]) -> int:
+    """What a series' kept parts take in memory (estimated)."""
+    return sum(_PART_OVERHEAD_BYTES + (0 if part is None else part.nbytes) for part in parts.values())
+
+
 class SeriesReader:
     """Reads one series from tensors chunks; thread-safe. What is kept is keyed by file and version (path,
     size, modification time), so a file replaced under the same name is read again.
@@ -92,11 +104,14 @@ class SeriesReader:
     while the footers kept fit in ``footer_budget`` bytes (estimated). Footers met first are kept, later ones are parsed, used and let go:
     a series reads every chunk in the same order, and a least-recently-used cache smaller than the trial
     would drop each footer just before the next series needs it again, keeping none of use.
+
+    The rows each chunk gave a series are kept too (``memo_budget`` bytes, ``SERIES_MEMO_BYTES`` by default; the
+    least recently read series let go first): the same series asked again reads only the chunks it has not read.
     """
 
     def __init__(self, footer_budget: int = FOOTER_BUDGET_BYTES, *,
                  fill: Callable[[Path, list[int], list[str]], None] | None = None,
-                 keep_from: int = KEEP_PARSED_FROM_BYTES) -> None:
+                 keep_from: int = KEEP_PARSED_FROM_BYTES, memo_budget: int | None = None) -> None:
         self._fill = fill  # a recording at a URL: the row groups' ranges fetched before they are read (store.ranges)
         self._bounds: dict[tuple[str, int, int], _Bounds] = {}
         self._parsed: dict[tuple[str, int, int], pq.FileMetaData] = {}
@@ -104,6 +119,17 @@ class SeriesReader:
         self._budget = footer_budget
         self._keep_from = keep_from * PARSED_FOOTER_FACTOR  # compared with ``_Bounds.parsed_bytes``
         self._lock = threading.Lock()
+        # (columns, filters) -> {chunk version -> its rows, None where it has none}, and each entry's bytes
+        self._memo: OrderedDict[tuple, dict[tuple[str, int, int], pa.Table | None]] = OrderedDict()
+        self._memo_bytes: dict[tuple, int] = {}
+        self._memo_budget = SERIES_MEMO_BYTES if memo_budget is None else memo_budget
+        self.chunks_read = 0  # chunks whose row groups were read (not taken from what is kept): for tests
+
+    @property
+    def kept_series_bytes(self) -> int:
+        """The bytes of the series' rows kept now (at most the budget)."""
+        with self._lock:
+            return sum(self._memo_bytes.values())
 
     @property
     def kept_footer_bytes(self) -> int:
@@ -117,47 +143,80 @@ class SeriesReader:
         chunk (the caller falls back to a read that finds and reports it), and ``ReadCancelled`` as soon as
         ``cancelled()`` is true between two chunks (a read of seconds, which a newer one made useless)."""
         active = {k: v for k, v in filters.items() if v is not None}
-        parts = []
+        memo_key = (tuple(columns), tuple(sorted(active.items(), key=lambda item: item[0])))
+        with self._lock:
+            known = self._memo.get(memo_key, {})
+        parts, now = [], {}
         for path in paths:
             if cancelled is not None and cancelled():
                 raise ReadCancelled(f"the series of {active['node']!r} is no longer wanted")
-            bounds, metadata = self._footer_of(path)
-            groups = bounds.row_groups(active["node"])
-            if groups:
-                # A format-3 chunk holds one rank's rows, named by its folder: the rank is no column to filter.
-                rank = None if bounds.has_rank else layout.rank_of_chunk(path)
-                if rank is not None and active.get("rank", rank) != rank:
-                    continue
-                # An older chunk has no type column: its step numbers were unique, its rows are any type's.
-                here = {k: v for k, v in active.items() if (bounds.has_rank or k != "rank")
-                        and (k != _TYPE or bounds.has_type)}
-                condition = None
-                for name, value in here.items():
-                    term = pc.field(name) == value
-                    if name == _TYPE:
-                        term = term | pc.field(name).is_null()
-                    condition = term if condition is None else condition & term
-                needed = list(dict.fromkeys([*(c for c in columns if bounds.has_rank or c != "rank"), *here]))
-                # Each page read is checked against its checksum: a failure sends the caller to the reader's
-                # own route, which reports the chunk.
-                if self._fill is not None:
-                    self._fill(path, groups, needed)
-                rows = pq.ParquetFile(path, metadata=metadata, page_checksum_verification=True).read_row_groups(
-                    groups, columns=needed, use_threads=False).filter(condition)
-                if rank is not None and "rank" in columns:
-                    rows = rows.append_column(fmt.RANK_FIELD, pa.repeat(pa.scalar(rank, pa.int32()), rows.num_rows))
-                parts.append(rows.select(columns))
+            status = os.stat(path)
+            version = (str(path), status.st_size, status.st_mtime_ns)
+            if version in known:
+                part = now[version] = known[version]
+            else:
+                part = now[version] = self._read_chunk(path, version, columns, active)
+            if part is not None:
+                parts.append(part)
+        self._keep(memo_key, now)
         return pa.concat_tables(parts) if parts else empty
+
+    def _read_chunk(self, path: Path, version: tuple[str, int, int], columns: list[str],
+                    active: dict[str, Any]) -> pa.Table | None:
+        """The rows of one chunk (None: it has none)."""
+        bounds, metadata = self._footer_of(path, version)
+        groups = bounds.row_groups(active["node"])
+        if not groups:
+            return None
+        # A format-3 chunk holds one rank's rows, named by its folder: the rank is no column to filter.
+        rank = None if bounds.has_rank else layout.rank_of_chunk(path)
+        if rank is not None and active.get("rank", rank) != rank:
+            return None
+        # An older chunk has no type column: its step numbers were unique, its rows are any type's.
+        here = {k: v for k, v in active.items() if (bounds.has_rank or k != "rank") and (k != _TYPE or bounds.has_type)}
+        condition = None
+        for name, value in here.items():
+            term = pc.field(name) == value
+            if name == _TYPE:
+                term = term | pc.field(name).is_null()
+            condition = term if condition is None else condition & term
+        needed = list(dict.fromkeys([*(c for c in columns if bounds.has_rank or c != "rank"), *here]))
+        # Each page read is checked against its checksum: a failure sends the caller to the reader's own route,
+        # which reports the chunk.
+        if self._fill is not None:
+            self._fill(path, groups, needed)
+        rows = pq.ParquetFile(path, metadata=metadata, page_checksum_verification=True).read_row_groups(
+            groups, columns=needed, use_threads=False).filter(condition)
+        self.chunks_read += 1
+        if rank is not None and "rank" in columns:
+            rows = rows.append_column(fmt.RANK_FIELD, pa.repeat(pa.scalar(rank, pa.int32()), rows.num_rows))
+        return rows.select(columns).combine_chunks()
+
+    def _keep(self, memo_key: tuple, parts: dict[tuple[str, int, int], pa.Table | None]) -> None:
+        """Keep a series' parts (those of the chunks it read now only: one merged away is let go), the least recently
+        read series let go first past the budget; one larger than the budget alone is not kept."""
+        size = _size(parts)
+        with self._lock:
+            self._memo.pop(memo_key, None)
+            self._memo_bytes.pop(memo_key, None)
+            if size > self._memo_budget:
+                return
+            self._memo[memo_key], self._memo_bytes[memo_key] = parts, size
+            kept = sum(self._memo_bytes.values())
+            while kept > self._memo_budget:
+                oldest, _ = self._memo.popitem(last=False)
+                kept -= self._memo_bytes.pop(oldest)
 
     def row_groups_of(self, path: Path, node: str) -> list[int]:
         """The row groups of a chunk that can hold ``node`` (all of them where its footer cannot tell)."""
         return self._footer_of(path)[0].row_groups(node)
 
-    def _footer_of(self, path: Path) -> tuple[_Bounds, pq.FileMetaData | None]:
+    def _footer_of(self, path: Path, key: tuple[str, int, int] | None = None) -> tuple[_Bounds, pq.FileMetaData | None]:
         """The chunk's bounds, and its parsed footer where it is kept or parsed now (None: ParquetFile
-        parses it again)."""
-        status = os.stat(path)
-        key = (str(path), status.st_size, status.st_mtime_ns)
+        parses it again); ``key``: the chunk's version, where the caller has it."""
+        if key is None:
+            status = os.stat(path)
+            key = (str(path), status.st_size, status.st_mtime_ns)
         with self._lock:
             bounds, metadata = self._bounds.get(key), self._parsed.get(key)
         if bounds is not None:
@@ -183,3 +242,7 @@ class SeriesReader:
                 self._bounds = {k: v for k, v in self._bounds.items() if k[0] in names}
                 self._parsed = {k: v for k, v in self._parsed.items() if k[0] in names}
                 self._parsed_bytes = sum(self._bounds[k].parsed_bytes for k in self._parsed)
+                stale = [key for key, parts in self._memo.items() if any(v[0] not in names for v in parts)]
+                for memo_key in stale:  # a series' parts of chunks merged away
+                    parts = {k: v for k, v in self._memo[memo_key].items() if k[0] in names}
+                    self._memo[memo_key], self._memo_bytes[memo_key] = parts, _size(parts)
