@@ -2,8 +2,13 @@
 plot that proves it, one click each.
 
 A newcomer opened the demo at step 0, iteration 0, where neither the output nor the loss is in the graph, and
-had to find the Findings tab alone. This strip appears once the background scan found a warning or an error
-(it fills in while the scan runs) and can be closed; the browser remembers that (local storage).
+had to find the Findings tab alone. This strip shows the most important warning or error the background scan found
+and can be closed; the browser remembers that (local storage).
+
+Its line is there from the first drawing of the page, so that nothing below it moves when the scan ends: while the
+scan runs it says so, and a scan that found no warning or error says that. (The strip used to appear alone, about
+2 s after the page, and pushed the graph 39 px down under the user's pointer.) A page of a browser that closed it
+hides the line before it is drawn (``assets/comgra.js``).
 
 - *The finding* opens the Findings tab, where it is listed first.
 - *The node that shows it* opens the Tensors view on the finding's selection (``finding_link``).
@@ -22,8 +27,9 @@ from comgra.analysis.findings import Finding
 from comgra.errors import ComgraError
 from comgra.server.dom import attributes
 from comgra.service import RecordingService, finding_link, view_link
+from comgra.service.findings import FindingsProgress
 
-__all__ = ["panel", "register", "start_here", "SHOW_SERIES"]
+__all__ = ["line", "panel", "register", "start_here", "SHOW_SERIES"]
 
 SHOW_SERIES = "show=series"  # in a view link: scroll to the series plot once it is drawn
 POLL_MS = 1000
@@ -31,7 +37,7 @@ GUIDED = ("error", "warning")  # the severities worth a newcomer's first click
 
 
 class ID:
-    BOX = "start-here"
+    BOX = "start-here"  # the line: a status (``start-here-status``) or the strip (``start-here-box``)
     POLL = "start-here-poll"
     DISMISSED = "start-here-dismissed"  # dcc.Store in local storage: closed by the user
     CLOSE = "start-here-close"
@@ -39,13 +45,36 @@ class ID:
 
 
 def panel() -> list[Component]:
-    return [html.Div(id=ID.BOX, className="start-here"), dcc.Interval(id=ID.POLL, interval=POLL_MS),
+    return [html.Div(id=ID.BOX, className="start-here", children=status(SCANNING)),
+            dcc.Interval(id=ID.POLL, interval=POLL_MS),
             dcc.Store(id=ID.DISMISSED, storage_type="local"), dcc.Store(id=ID.SCROLLED)]
 
 
 def guide_finding(found: list[Finding]) -> Finding | None:
     """The finding the path starts from: the first (most important) error or warning, if any."""
     return next((f for f in found if f.severity in GUIDED), None)
+
+
+SCANNING = "the background scan is looking for problems\u2026"
+NOTHING_FOUND = "the background scan found no warning or error (the Findings tab lists what it checked)"
+NO_SCAN = "no findings to show: the background scan could not run"
+SCAN_OFF = "the background scan is off here (--no-findings-scan): only findings saved by `comgra scan` are shown"
+
+
+def status(text: str) -> Component:
+    """The line while there is no finding to start from: the same height as the strip (nothing moves when the strip
+    replaces it), and it closes the same way."""
+    return html.Div(className="start-here-status", role="status", children=[
+        html.Strong("Start here", className="start-here-title"), html.Span(text, className="start-here-text"),
+        _close_button()])
+
+
+def _close_button() -> Component:
+    # A pattern-matching id: the button exists only with the line, and an ALL input with no match is no error (a plain
+    # id missing from the first layout was one, in the console on every load).
+    return html.Button("\u00d7", id={"type": ID.CLOSE, "index": 0}, n_clicks=0,
+                       className="btn-close-text start-here-close",
+                       title="Close (comgra remembers it in this browser)", **attributes({"aria-label": "Close"}))
 
 
 def start_here(finding: Finding | None) -> Component | None:
@@ -68,11 +97,16 @@ def start_here(finding: Finding | None) -> Component | None:
                 html.A(label, href=href, className="start-here-link", title=href),
                 html.Span(" " + text, className="start-here-text")])
             for number, label, href, text in steps]),
-        # A pattern-matching id: the button exists only with the strip, and an ALL input with no match is no
-        # error (a plain id missing from the first layout was one, in the console on every load).
-        html.Button("\u00d7", id={"type": ID.CLOSE, "index": 0}, n_clicks=0, className="btn-close-text start-here-close",
-                    title="Close (comgra remembers it in this browser)", **attributes({"aria-label": "Close"})),
+        _close_button(),
     ])
+
+
+def line(progress: FindingsProgress) -> Component:
+    """What the line shows: the strip of the first warning or error found, else where the scan stands."""
+    strip = start_here(guide_finding(progress.findings))
+    if strip is not None:
+        return strip
+    return status(SCANNING if progress.pending else NOTHING_FOUND if progress.background else SCAN_OFF)
 
 
 def register(app: Dash, service: RecordingService, *, series: str, url: str) -> None:
@@ -86,8 +120,8 @@ def register(app: Dash, service: RecordingService, *, series: str, url: str) -> 
         try:
             progress = service.findings_progress()
         except ComgraError:
-            return None, True
-        return start_here(guide_finding(progress.findings)), not progress.pending
+            return status(NO_SCAN), True
+        return line(progress), not progress.pending
 
     @app.callback(Output(ID.DISMISSED, "data"), Input({"type": ID.CLOSE, "index": ALL}, "n_clicks"),
                   prevent_initial_call=True)

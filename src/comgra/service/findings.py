@@ -135,6 +135,7 @@ class FindingsProgress:
     pending: list[str]
     problems: list[str]
     version: int  # ``findings_version()`` when this was taken
+    background: bool = True  # False: nothing is scanned in this process (only saved findings are shown)
 
 
 class FindingsWorker:
@@ -231,7 +232,7 @@ class FindingsWorker:
             done = [self._done[t] for t in trials if t in self._done]
             version = self._version
         return FindingsProgress(rank_findings([f for _, found, _ in done for f in found]), pending,
-                                [p for _, _, problems in done for p in problems], version)
+                                [p for _, _, problems in done for p in problems], version, self.background)
 
     def close(self) -> None:
         with self._changed:

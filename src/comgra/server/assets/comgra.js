@@ -17,6 +17,10 @@
  */
 (function () {
   "use strict";
+  try {  // the "Start here" line closed in this browser (server/start_here.py): hidden before the page is drawn
+    if (window.localStorage.getItem("start-here-dismissed") === "true")
+      document.documentElement.classList.add("comgra-start-here-closed");
+  } catch (ignored) { /* storage refused: the line shows, and its callback empties it */ }
   var NODE_W = 184, NODE_H = 40, MEMBER_W = 168, MEMBER_H = 30, COLUMN_GAP = 54, ROW_GAP = 12, PAD = 14;
   var BOX_HEAD = 18, BOX_PAD = 6, MEMBER_GAP = 4;
   var KEYS = { ArrowLeft: "left", ArrowRight: "right", ArrowUp: "up", ArrowDown: "down" };
