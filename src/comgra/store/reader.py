@@ -408,18 +408,26 @@ class TrialReader:
         """The visible chunks of ``table``; with ``rank``, only those that rank wrote (by name: no file opened)."""
         bad = self._skipped()
         folders = layout.table_dirs(self.directory, table, self.format_version)
-        visible = [p for folder in folders for p in fmt.visible_chunks(
-            [p for p in fmt.settled_chunk_files(folder) if str(p) not in bad and self._own_chunk(p)])]
+        visible = [p for folder in folders for p in fmt.visible_chunks(self._own_chunks(folder, bad))]
         if table == "tensors":
             self._duck.listed(visible)  # what DuckDB keeps of chunks merged away is bounded
         return visible if rank is None else [p for p in visible if layout.rank_of_chunk(p) == rank]
 
-    def _own_chunk(self, path: Path) -> bool:
-        # Format 3: inside the trial's folder of the table (GROUP/<table>/trial=<id>/).
-        problem = chunk_checks.not_own_chunk(path, self.directory if self.format_version < 3 else path.parent.parent)
-        if problem:
-            self._report_problem(path, problem)
-        return problem is None
+    def _own_chunks(self, folder: Path, bad: set[str], attempts: int = 8) -> list[Path]:
+        """The listed chunks that may be opened; one gone since (merged away) makes the listing stale: list again."""
+        inside = self.directory if self.format_version < 3 else folder.parent  # format 3: GROUP/<table>/trial=<id>/
+        for _ in range(attempts):
+            own, stale = [], False
+            for path in (p for p in fmt.settled_chunk_files(folder) if str(p) not in bad):
+                problem = chunk_checks.not_own_chunk(path, inside)
+                stale = stale or problem == ""
+                if problem:
+                    self._report_problem(path, problem)
+                elif problem is None:
+                    own.append(path)
+            if not stale:
+                break
+        return own
 
     def _verified(self, table: str, files: list[Path], columns: Iterable[str] | None = None,
                   node: Any = None) -> list[Path]:
