@@ -44,6 +44,11 @@ def _expected(rows: pa.Table, node, role, kind, iteration, aggregation, sample, 
     return chosen.take(pa.array(order)).select(["training_step", statistic, "rank"])
 
 
+def _filters(key: tuple) -> dict:
+    """A series key of ``_series_keys`` as the filters of ``SeriesReader.read`` (every rank)."""
+    return dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+
+
 def _series_keys(rows: pa.Table) -> list[tuple]:
     keys = rows.select(["node", "role", "kind", "iteration", "aggregation", "sample"]).group_by(
         ["node", "role", "kind", "iteration", "aggregation", "sample"]).aggregate([]).to_pylist()
@@ -116,7 +121,7 @@ def test_the_parsed_footers_kept_stay_within_the_budget(long_recording):
     for budget, kept in ((sizes[0] + sizes[1], 2), (0, 0), (sum(sizes), len(paths))):
         reader = SeriesReader(footer_budget=budget, keep_from=0)
         for key in _series_keys(rows)[::97][:3]:
-            filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+            filters = _filters(key)
             got = reader.read(paths, ["training_step", "max"], filters, empty)
             want = _expected(rows, *key, "max")
             assert got.num_rows == want.num_rows == 60, (budget, key)
@@ -188,7 +193,7 @@ def test_only_large_footers_are_kept_parsed(long_recording):
     empty = rows.schema.empty_table().select(["training_step", "max"])
     cut = sorted(sizes)[len(sizes) // 2]  # the larger half of this recording's footers stand for large ones
     key = _series_keys(rows)[0]
-    filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+    filters = _filters(key)
     for keep_from, kept in ((cut, [s for s in sizes if s >= cut]), (KEEP_PARSED_FROM_BYTES,
                                                                      [s for s in sizes if s >= KEEP_PARSED_FROM_BYTES])):
         reader = SeriesReader(keep_from=keep_from)
@@ -215,7 +220,7 @@ def test_a_series_asked_again_reads_only_the_chunks_written_since(long_recording
     reader = SeriesReader()
     for grown in range(1, len(paths) + 1):  # the chunks as they appear
         for key in keys:
-            filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+            filters = _filters(key)
             before = reader.chunks_read
             got = reader.read(paths[:grown], ["training_step", "max"], filters, empty)
             assert got.equals(SeriesReader(memo_budget=0).read(paths[:grown], ["training_step", "max"], filters, empty))
@@ -237,12 +242,12 @@ def test_the_kept_series_rows_stay_within_their_budget(long_recording):
     empty = rows.schema.empty_table().select(["training_step", "max"])
     keys = _series_keys(rows)[::41][:6]
     one = SeriesReader()
-    filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), keys[0]), rank=None)
+    filters = _filters(keys[0])
     one.read(paths, ["training_step", "max"], filters, empty)
     budget = int(2.5 * one.kept_series_bytes)
     reader = SeriesReader(memo_budget=budget)
     for key in keys:
-        filters = dict(zip(("node", "role", "kind", "iteration", "aggregation", "sample"), key), rank=None)
+        filters = _filters(key)
         got = reader.read(paths, ["training_step", "max"], filters, empty)
         want = _expected(rows, *key, "max")
         assert sorted(got.column("training_step").to_pylist()) == want.column("training_step").to_pylist()
