@@ -28,7 +28,7 @@ from typing import Any
 
 from comgra import terminal
 from comgra.cli.arguments import USAGE_ERROR, UsageError, add_path, check_recording, chosen_path, drop_recording_paths, positive_int
-from comgra.cli.arrow_pool import use_arrow_pool_that_gives_back
+from comgra.store.arrow_pool import use_arrow_pool_that_gives_back
 
 __all__ = ["main"]
 

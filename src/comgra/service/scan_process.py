@@ -119,6 +119,9 @@ def end_with_parent(parent: int) -> None:
         os.nice(NICENESS)
     except OSError:  # not permitted here (a sandbox): the child runs at the server's priority
         pass
+    from comgra.store.arrow_pool import give_back_at_once
+
+    give_back_at_once()  # Arrow's pool is the server's, inherited through the environment (store/arrow_pool.py)
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -25,20 +25,19 @@ def use_arrow_pool_that_gives_back() -> str | None:
     user's ``ARROW_DEFAULT_MEMORY_POOL`` says otherwise.
 
     Called first thing when ``comgra`` serves, before pyarrow is imported: Arrow's C++ code takes its pool
-    from ``ARROW_DEFAULT_MEMORY_POOL`` once, when pyarrow loads, and the setting is taken out of the
-    environment again at once, so that no child process inherits it. Where pyarrow is loaded already, the
-    pool pyarrow's own calls use is set (parts of Arrow's C++ code then still use mimalloc). A notebook's app
-    runs in the user's process and never calls this: its pool is the user's."""
+    from ``ARROW_DEFAULT_MEMORY_POOL`` once, when pyarrow loads. The setting stays in the environment, naming the
+    pool chosen, so that the findings scan's child (``service/scan_process.py``, spawned) loads pyarrow with the same
+    pool: with mimalloc it kept what each scan of a live trial freed (523 MiB at 20 minutes, against 361 MiB for
+    the whole trial scanned once with jemalloc; docs/performance.md). Where pyarrow is loaded already, the pool
+    pyarrow's own calls use is set (parts of Arrow's C++ code then still use mimalloc). A notebook's app runs in
+    the user's process and never calls this: its pool is the user's."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return None
     if "pyarrow" not in sys.modules:
         os.environ["ARROW_DEFAULT_MEMORY_POOL"] = POOL
-        try:
-            import pyarrow as pa
+        import pyarrow as pa
 
-            pa.default_memory_pool()  # Arrow reads the setting now
-        finally:
-            del os.environ["ARROW_DEFAULT_MEMORY_POOL"]
+        pa.default_memory_pool()  # Arrow reads the setting now
     import pyarrow as pa
 
     try:
@@ -46,6 +45,15 @@ def use_arrow_pool_that_gives_back() -> str | None:
     except NotImplementedError:  # a pyarrow built without jemalloc
         pool = pa.system_memory_pool()
     pa.set_memory_pool(pool)
-    if pool.backend_name == "jemalloc":
-        pa.jemalloc_set_decay_ms(0)  # freed pages go back to the OS at once (a request's buffers, then nothing)
+    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = str(pool.backend_name)  # for the scan's child (see above)
+    give_back_at_once()
     return str(pool.backend_name)
+
+
+def give_back_at_once() -> None:
+    """Where Arrow's pool is jemalloc: pages freed go back to the OS at once (a request's buffers, then nothing), not
+    after jemalloc's decay of a second. The scan's child calls this too: the decay is not in the environment."""
+    import pyarrow as pa
+
+    if pa.default_memory_pool().backend_name == "jemalloc":
+        pa.jemalloc_set_decay_ms(0)
