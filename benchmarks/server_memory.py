@@ -94,6 +94,8 @@ if breakdown:  # on SIGUSR2: where the memory is, as JSON (read by the benchmark
                 "threads": threading.active_count(), "readers": len(readers),
                 "kept_tables": sum(len(r._small._cache) for r in readers),
                 "graphs": sum(len(r._graphs) for r in readers),
+                "series_memo": sum(getattr(getattr(r, "_series_reader", None), "kept_series_bytes", 0) for r in readers) / 2**20,
+                "footers": sum(getattr(getattr(r, "_series_reader", None), "kept_footer_bytes", 0) for r in readers) / 2**20,
                 "duckdb": sum(c.execute("SELECT sum(memory_usage_bytes) FROM duckdb_memory()").fetchone()[0]
                               or 0 for c in map(connection_of, readers) if c is not None) / 2**20,
                 "smaps": smaps_mib()}
@@ -320,6 +322,7 @@ def breakdown_of(path: Path) -> str:
     return (f"arrow ({data.get('pool')}) {data['arrow']:.1f}  malloc used {data.get('malloc_used', 0):.1f} free {data.get('malloc_free', 0):.1f}"
             f"  duckdb {data.get('duckdb', 0):.1f}  python blocks {data['blocks']:,}  readers {data['readers']}"
             f"  kept tables {data['kept_tables']}  graphs {data.get('graphs')}  threads {data.get('threads')}"
+            f"  series memo {data.get('series_memo', 0):.1f} footers {data.get('footers', 0):.1f}"
             f"  gc objects {data.get('gc_objects', 0):,}"
             + (f"  py arenas {data['py_arenas']:.0f} (blocks {data['py_in_blocks']:.1f} MiB)" if "py_arenas" in data else "")
             + (f"  trims {data['trims']} ({data['trim_cpu_s'] * 1000:.0f} ms CPU)" if "trims" in data else "")
