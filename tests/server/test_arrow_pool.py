@@ -16,6 +16,7 @@ from comgra.server import app
 PROBE = """
 import json, sys
 from comgra.store.arrow_pool import use_arrow_pool_that_gives_back
+assert "pyarrow" not in sys.modules  # the module loads nothing that loads pyarrow (its choice must come first)
 chosen = use_arrow_pool_that_gives_back()  # as comgra calls it: before pyarrow loads
 import os
 # the scan's child inherits the choice; the user's own setting is left as it was
