@@ -19,8 +19,7 @@ from comgra.store.arrow_pool import use_arrow_pool_that_gives_back
 assert "pyarrow" not in sys.modules  # the module loads nothing that loads pyarrow (its choice must come first)
 chosen = use_arrow_pool_that_gives_back()  # as comgra calls it: before pyarrow loads
 import os
-# the scan's child inherits the choice; the user's own setting is left as it was
-assert os.environ["ARROW_DEFAULT_MEMORY_POOL"] == (chosen or "mimalloc")
+assert "ARROW_DEFAULT_MEMORY_POOL" not in os.environ or sys.argv[2] == "user's"  # children inherit nothing
 import pyarrow as pa, pyarrow.parquet as pq
 pools = {"mimalloc": pa.mimalloc_memory_pool()}
 try:
@@ -84,28 +83,28 @@ def test_building_the_app_leaves_the_users_pool_alone(recording) -> None:
 
 
 CHILD_PROBE = """
-import json, multiprocessing, os, sys
-from concurrent.futures import ProcessPoolExecutor
-from comgra.service import scan_process
+import json, os, sys
+# Nothing heavy at the top: a spawned child runs this file again as its main module, as it runs ``comgra``'s
+# (whose imports are light: comgra --help loads no pyarrow).
 
 
 def pool_of_child():
+    before = "pyarrow" in sys.modules  # already loaded by the initializer, with the pool it chose
     import pyarrow as pa, pyarrow.parquet as pq
-    pools = {"mimalloc": pa.mimalloc_memory_pool()}
-    before = pools["mimalloc"].bytes_allocated()
+    mimalloc = pa.mimalloc_memory_pool()
+    was = mimalloc.bytes_allocated()
     table = pq.read_table(sys.argv[1])
-    return {"default": pa.default_memory_pool().backend_name, "rows": table.num_rows,
-            "mimalloc_grew": pools["mimalloc"].bytes_allocated() - before}
+    return {"default": pa.default_memory_pool().backend_name, "rows": table.num_rows, "loaded": before,
+            "mimalloc_grew": mimalloc.bytes_allocated() - was, "inherited": os.environ.get("ARROW_DEFAULT_MEMORY_POOL")}
 
 
 if __name__ == "__main__":
     from comgra.store.arrow_pool import use_arrow_pool_that_gives_back
 
     use_arrow_pool_that_gives_back()  # as comgra calls it: before pyarrow loads
-    import pyarrow  # the server's own reads, before it starts the scan's child
-    # the scan's child as ScanProcess starts it: spawned, with its initializer
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=scan_process.end_with_parent,
-                             initargs=(os.getpid(),)) as pool:
+    from comgra.service import scan_process  # loads pyarrow (the server's own reads)
+
+    with scan_process.child_pool() as pool:  # the child ScanProcess starts
         print(json.dumps(pool.submit(pool_of_child).result()))
 """
 
@@ -124,6 +123,7 @@ def test_the_scans_child_takes_arrows_buffers_from_a_pool_that_gives_back(tmp_pa
                           timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["rows"] == 50_000
+    assert found["rows"] == 50_000 and found["loaded"]
     assert found["default"] in ("jemalloc", "system"), found
-    assert found["mimalloc_grew"] == 0, found
+    assert found["mimalloc_grew"] == 0, found  # before: the child's every read took its buffers from mimalloc
+    assert found["inherited"] is None  # the choice is the child's own: the server's environment stays clean

@@ -20,11 +20,14 @@ import atexit
 import importlib
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
+
+from comgra.store.arrow_pool import start_child
 
 if TYPE_CHECKING:
     from comgra.analysis.findings import Finding, ScanOptions
@@ -67,9 +70,7 @@ class ScanProcess:
                 self._idle.cancel()
                 self._idle = None
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                 max_tasks_per_child=SCANS_PER_PROCESS,
-                                                 initializer=end_with_parent, initargs=(os.getpid(),))
+                self._pool = child_pool()
                 if not self.started:  # before multiprocessing's own exit handler, which would wait for the child
                     atexit.register(self.close)
                 self.started += 1
@@ -110,6 +111,21 @@ class ScanProcess:
                 process.terminate()
 
 
+def child_pool() -> ProcessPoolExecutor:
+    """The scan's child: one spawned worker, replaced after ``SCANS_PER_PROCESS`` tasks, that ends with this
+    process (``end_with_parent``) and takes Arrow's buffers from this process's pool, chosen before its pyarrow
+    loads (``store.arrow_pool.start_child``)."""
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=SCANS_PER_PROCESS,
+                               initializer=start_child,
+                               initargs=(arrow_pool(), f"{__name__}:end_with_parent", os.getpid()))
+
+
+def arrow_pool() -> str | None:
+    """The name of Arrow's pool in this process where pyarrow is loaded (the server's: jemalloc), else None."""
+    pyarrow = sys.modules.get("pyarrow")
+    return str(pyarrow.default_memory_pool().backend_name) if pyarrow is not None else None
+
+
 def end_with_parent(parent: int) -> None:
     """In the child: end as soon as the server has ended (Ctrl+C, killed): a worker of a ``ProcessPoolExecutor``
     whose parent is gone waits for work forever, holding the server's stdout open. The child also runs at a lower
@@ -119,9 +135,6 @@ def end_with_parent(parent: int) -> None:
         os.nice(NICENESS)
     except OSError:  # not permitted here (a sandbox): the child runs at the server's priority
         pass
-    from comgra.store.arrow_pool import give_back_at_once
-
-    give_back_at_once()  # Arrow's pool is the server's, inherited through the environment (store/arrow_pool.py)
 
     def watch() -> None:
         while os.getppid() == parent:

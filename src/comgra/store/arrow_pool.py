@@ -14,6 +14,7 @@ docs/performance.md). The slope is lower, not level.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -25,34 +26,53 @@ def use_arrow_pool_that_gives_back() -> str | None:
     user's ``ARROW_DEFAULT_MEMORY_POOL`` says otherwise.
 
     Called first thing when ``comgra`` serves, before pyarrow is imported: Arrow's C++ code takes its pool
-    from ``ARROW_DEFAULT_MEMORY_POOL`` once, when pyarrow loads. The setting stays in the environment, naming the
-    pool chosen, so that the findings scan's child (``service/scan_process.py``, spawned) loads pyarrow with the same
-    pool: with mimalloc it kept what each scan of a live trial freed (523 MiB at 20 minutes, against 361 MiB for
-    the whole trial scanned once with jemalloc; docs/performance.md). Where pyarrow is loaded already, the pool
-    pyarrow's own calls use is set (parts of Arrow's C++ code then still use mimalloc). A notebook's app runs in
-    the user's process and never calls this: its pool is the user's."""
+    from ``ARROW_DEFAULT_MEMORY_POOL`` once, when pyarrow loads, and the setting is taken out of the
+    environment again at once, so that no child process inherits it (the findings scan's child is given the same
+    pool by ``start_child``). Where pyarrow is loaded already, the pool pyarrow's own calls use is set (parts of
+    Arrow's C++ code then still use mimalloc). A notebook's app runs in the user's process and never calls this:
+    its pool is the user's."""
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         return None
-    if "pyarrow" not in sys.modules:
-        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = POOL
-        import pyarrow as pa
+    return _choose(POOL)
 
-        pa.default_memory_pool()  # Arrow reads the setting now
+
+def _choose(name: str) -> str:
+    if "pyarrow" not in sys.modules:
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = name
+        try:
+            import pyarrow as pa
+
+            pa.default_memory_pool()  # Arrow reads the setting now
+        finally:
+            del os.environ["ARROW_DEFAULT_MEMORY_POOL"]
     import pyarrow as pa
 
     try:
-        pool = pa.jemalloc_memory_pool()
+        pool = pa.jemalloc_memory_pool() if name == "jemalloc" else pa.system_memory_pool()
     except NotImplementedError:  # a pyarrow built without jemalloc
         pool = pa.system_memory_pool()
     pa.set_memory_pool(pool)
-    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = str(pool.backend_name)  # for the scan's child (see above)
     give_back_at_once()
     return str(pool.backend_name)
 
 
+def start_child(pool: str | None, then: str, *arguments: object) -> None:
+    """A child process's initializer (``ProcessPoolExecutor``, spawned): Arrow's pool ``pool`` (the parent's, e.g.
+    ``comgra``'s jemalloc; None: pyarrow's default) before pyarrow loads, then ``then(*arguments)`` (``module:name``,
+    imported only after the choice, as it may load pyarrow). This module loads nothing heavy, so a spawned child
+    that unpickles this function as its initializer has not loaded pyarrow yet (``comgra``'s main module is light
+    too: ``comgra --help`` loads no pyarrow). The findings scan's child (``service/scan_process.py``) starts so: with
+    mimalloc, pyarrow's default, it kept what each scan of a live trial freed (504 MiB at 20 minutes, against 383
+    MiB with jemalloc; docs/performance.md)."""
+    if pool in ("jemalloc", "system") and not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        _choose(pool)
+    module, _, name = then.partition(":")
+    getattr(importlib.import_module(module), name)(*arguments)
+
+
 def give_back_at_once() -> None:
     """Where Arrow's pool is jemalloc: pages freed go back to the OS at once (a request's buffers, then nothing), not
-    after jemalloc's decay of a second. The scan's child calls this too: the decay is not in the environment."""
+    after jemalloc's decay of a second."""
     import pyarrow as pa
 
     if pa.default_memory_pool().backend_name == "jemalloc":
