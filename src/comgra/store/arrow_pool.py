@@ -61,9 +61,9 @@ def start_child(pool: str | None, then: str, *arguments: object) -> None:
     ``comgra``'s jemalloc; None: pyarrow's default) before pyarrow loads, then ``then(*arguments)`` (``module:name``,
     imported only after the choice, as it may load pyarrow). This module loads nothing heavy, so a spawned child
     that unpickles this function as its initializer has not loaded pyarrow yet (``comgra``'s main module is light
-    too: ``comgra --help`` loads no pyarrow). The findings scan's child (``service/scan_process.py``) starts so: with
-    mimalloc, pyarrow's default, it kept what each scan of a live trial freed (504-516 MiB at 20 minutes, against 383-390
-    MiB with jemalloc; docs/performance.md)."""
+    too: ``comgra --help`` loads no pyarrow). The findings scan's child (``service/scan_process.py``) starts so:
+    with mimalloc, pyarrow's default, it kept what each scan of a live trial freed (504-516 MiB at 20 minutes,
+    against 383-390 MiB with jemalloc; docs/performance.md)."""
     if pool in ("jemalloc", "system") and not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         _choose(pool)
     module, _, name = then.partition(":")
