@@ -115,8 +115,8 @@ def child_pool() -> ProcessPoolExecutor:
     """The scan's child: one spawned worker, replaced after ``SCANS_PER_PROCESS`` tasks, that ends with this
     process (``end_with_parent``) and takes Arrow's buffers from this process's pool, chosen before its pyarrow
     loads (``store.arrow_pool.start_child``)."""
-    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=SCANS_PER_PROCESS,
-                               initializer=start_child,
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                               max_tasks_per_child=SCANS_PER_PROCESS, initializer=start_child,
                                initargs=(arrow_pool(), f"{__name__}:end_with_parent", os.getpid()))
 
 
