@@ -52,7 +52,8 @@ def _choose(name: str) -> str:
     except NotImplementedError:  # a pyarrow built without jemalloc
         pool = pa.system_memory_pool()
     pa.set_memory_pool(pool)
-    give_back_at_once()
+    if pool.backend_name == "jemalloc":
+        pa.jemalloc_set_decay_ms(0)  # freed pages go back to the OS at once (a request's buffers, then nothing)
     return str(pool.backend_name)
 
 
@@ -69,11 +70,3 @@ def start_child(pool: str | None, then: str, *arguments: object) -> None:
     module, _, name = then.partition(":")
     getattr(importlib.import_module(module), name)(*arguments)
 
-
-def give_back_at_once() -> None:
-    """Where Arrow's pool is jemalloc: pages freed go back to the OS at once (a request's buffers, then nothing), not
-    after jemalloc's decay of a second."""
-    import pyarrow as pa
-
-    if pa.default_memory_pool().backend_name == "jemalloc":
-        pa.jemalloc_set_decay_ms(0)
